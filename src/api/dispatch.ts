@@ -1,0 +1,114 @@
+/**
+ * Request flow for every route: match (404/405) → authenticate (401) → rate limit (429) →
+ * scope (403) → content type (415) and JSON (400) → handler → JSON reply. Any thrown value
+ * becomes problem+json in `problemReply`, carrying the rate-limit headers already earned.
+ */
+import { requireScope, type AuthService, type Principal, type RateLimiter } from '../auth/index.js';
+import { AgentError } from '../core/errors.js';
+import type { Logger } from '../core/logger.js';
+import type { IncomingRequest, OutgoingReply, RouteDecision } from '../http/server.js';
+import { problemReply, toAgentError } from './problem.js';
+import type { RouteDef } from './route.js';
+import { Router } from './router.js';
+
+export interface DispatcherOptions {
+  routes: readonly RouteDef[];
+  auth: AuthService;
+  rateLimiter: RateLimiter;
+  log: Logger;
+  maxBodyBytes: number;
+  /** A host-based handler (load-balancing endpoints) tried before the route table. */
+  hostHandler?: (method: string, path: string, headers: Readonly<Record<string, string>>) => RouteDecision | undefined;
+}
+
+const JSON_TYPE = /^application\/(?:[\w.+-]+\+)?json\s*(?:;|$)/i;
+
+export function isJsonContentType(value: string | undefined): boolean {
+  return value !== undefined && JSON_TYPE.test(value.trim());
+}
+
+export function createDispatcher(options: DispatcherOptions): (method: string, path: string, headers: Readonly<Record<string, string>>) => RouteDecision {
+  const router = new Router<RouteDef>();
+  for (const r of options.routes) router.add(r.method, r.path, r);
+  const { auth, rateLimiter, log } = options;
+
+  const fail = (err: unknown, req: IncomingRequest, headers: Record<string, string> = {}): OutgoingReply => {
+    const e = toAgentError(err);
+    if (e.status >= 500) log.error('request failed', { err: e.cause ?? e, requestId: req.id, method: req.method, path: req.path });
+    return problemReply(e, req.id, headers);
+  };
+
+  const staticError = (err: AgentError, headers: Record<string, string> = {}): RouteDecision => ({
+    maxBodyBytes: options.maxBodyBytes,
+    handle: (req) => problemReply(err, req.id, headers),
+  });
+
+  return (method, path, headers) => {
+    const viaHost = options.hostHandler?.(method, path, headers);
+    if (viaHost) return viaHost;
+    const { match, allowed } = router.find(method, path);
+    if (!match) {
+      if (allowed) {
+        return staticError(new AgentError('METHOD_NOT_ALLOWED', `${method} is not allowed on ${path}; allowed: ${allowed.join(', ')}.`), { allow: allowed.join(', ') });
+      }
+      return staticError(new AgentError('ROUTE_NOT_FOUND', `No route for ${method} ${path}.`));
+    }
+    const route = match.route;
+    return {
+      maxBodyBytes: route.maxBodyBytes ?? options.maxBodyBytes,
+      handle: async (req) => {
+        let rateHeaders: Record<string, string> = {};
+        try {
+          let principal: Principal | undefined;
+          if (route.auth !== 'none') {
+            principal = auth.authenticate(req.headers);
+            if (!principal.exempt && !route.skipRateLimit) {
+              const decision = rateLimiter.take(principal.userId);
+              rateHeaders = decision.headers;
+              if (!decision.allowed && decision.violated) {
+                const w = decision.violated.window;
+                throw new AgentError('RATE_LIMITED', `Rate limit exceeded for the "${w.name}" window (${w.quota} requests per ${w.seconds} s). Retry after ${decision.violated.retryAfter} s.`, {
+                  extensions: { window: w.name, 'violated-policies': [w.name] },
+                });
+              }
+            }
+            if (route.auth === 'worker') {
+              if (!principal.scopes.has('worker') && !principal.scopes.has('admin')) {
+                throw new AgentError('FORBIDDEN', 'This route is for worker keys.');
+              }
+            } else if (principal.scopes.has('worker')) {
+              throw new AgentError('FORBIDDEN', 'Worker keys can only take jobs and post results for their endpoint.');
+            }
+            if (route.scope) requireScope(principal, route.scope);
+          }
+          let body: unknown;
+          if (route.body !== undefined) {
+            const hasBody = req.body.length > 0;
+            if (route.body === 'json' && !isJsonContentType(req.headers['content-type'])) {
+              throw new AgentError('UNSUPPORTED_MEDIA_TYPE', `Send the body as application/json (got ${req.headers['content-type'] ? JSON.stringify(req.headers['content-type']) : 'no Content-Type'}).`);
+            }
+            if (route.body === 'json' && !hasBody) throw new AgentError('BAD_REQUEST', 'A JSON request body is required.');
+            if (hasBody) {
+              try {
+                body = JSON.parse(req.body.toString('utf8'));
+              } catch (err) {
+                throw new AgentError('INVALID_JSON', `The body is not valid JSON: ${(err as Error).message}.`);
+              }
+            }
+          }
+          const result = await route.handle({ req, params: match.params, principal: principal as Principal, body });
+          if (result.reply) {
+            result.reply.headers = { ...rateHeaders, ...result.reply.headers };
+            return result.reply;
+          }
+          const headers: Record<string, string> = { ...rateHeaders, ...result.headers };
+          if (result.body === undefined) return { status: result.status, headers };
+          headers['content-type'] ??= 'application/json';
+          return { status: result.status, headers, body: typeof result.body === 'string' ? result.body : JSON.stringify(result.body) };
+        } catch (err) {
+          return fail(err, req, rateHeaders);
+        }
+      },
+    };
+  };
+}

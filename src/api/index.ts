@@ -1,0 +1,65 @@
+import type { AuthService, RateLimiter } from '../auth/index.js';
+import type { Logger } from '../core/logger.js';
+import type { OutgoingReply, RouteDecision } from '../http/server.js';
+import { catalogRoutes } from './catalog.js';
+import { createDispatcher } from './dispatch.js';
+import { identityRoutes } from './identity.js';
+import { legacyRoutes } from './legacy.js';
+import { managementRoutes } from './management.js';
+import { buildOpenApi } from './openapi.js';
+import { problemReply } from './problem.js';
+import { AgentError } from '../core/errors.js';
+import type { RouteDef } from './route.js';
+import type { ApiServices } from './services.js';
+
+export type { ApiServices, InventoryGpu } from './services.js';
+export type { RouteDef } from './route.js';
+export { buildOpenApi } from './openapi.js';
+
+export interface Api {
+  routes: readonly RouteDef[];
+  resolve(method: string, path: string, headers: Readonly<Record<string, string>>): RouteDecision;
+  earlyError(kind: 'payload-too-large' | 'internal', detail: string, requestId: string): OutgoingReply;
+}
+
+export interface CreateApiOptions {
+  services: ApiServices;
+  rateLimiter: RateLimiter;
+  auth: AuthService;
+  log: Logger;
+  maxBodyBytes: number;
+  /** Routes contributed by other components (queue, workers, logs). */
+  extraRoutes?: readonly RouteDef[];
+}
+
+export function createApi(options: CreateApiOptions): Api {
+  const s = options.services;
+  const routes: RouteDef[] = [
+    {
+      method: 'GET', path: '/healthz', operationId: 'healthz', summary: 'Liveness and readiness (no auth)', tag: 'Meta', auth: 'none',
+      successStatus: 200, responseSchema: 'Healthz', problems: [],
+      handle: () => ({ status: 200, body: { status: 'ok', version: s.version } }),
+    },
+    ...managementRoutes(s),
+    ...catalogRoutes(s),
+    ...identityRoutes(s),
+    ...legacyRoutes(s),
+    ...(options.extraRoutes ?? []),
+  ];
+  let openapi: string | undefined;
+  routes.push({
+    method: 'GET', path: '/v2/openapi.json', operationId: 'openapi', summary: 'This OpenAPI 3.1 document', tag: 'Meta', auth: 'none',
+    successStatus: 200, responseSchema: null, problems: [],
+    handle: () => {
+      openapi ??= JSON.stringify(buildOpenApi(routes, s.version));
+      return { status: 200, body: openapi };
+    },
+  });
+  const resolve = createDispatcher({ routes, auth: options.auth, rateLimiter: options.rateLimiter, log: options.log, maxBodyBytes: options.maxBodyBytes });
+  return {
+    routes,
+    resolve,
+    earlyError: (kind, detail, requestId) =>
+      problemReply(new AgentError(kind === 'payload-too-large' ? 'PAYLOAD_TOO_LARGE' : 'INTERNAL', detail), requestId),
+  };
+}

@@ -1,0 +1,124 @@
+/**
+ * Older REST create (`POST /v1/endpoints`, spec "Older REST create"). The body is translated
+ * into a v2 create and checked by the same rules. `gpuTypeIds` are tried in priority order:
+ * they become the pools they belong to, with every other member of those pools excluded, and
+ * the order is kept for placement.
+ */
+import { GPU_POOLS, gpuType } from '../catalog/index.js';
+import { validationError } from '../core/errors.js';
+import { assertSchema } from '../core/schemas.js';
+import type { EndpointSpec } from '../endpoints/index.js';
+import type { ResourceRow } from '../store/index.js';
+import type { RouteDef } from './route.js';
+import type { ApiServices } from './services.js';
+
+interface LegacyBody {
+  name: string;
+  templateId: string;
+  type?: 'QB' | 'LB' | 'QUEUE' | 'LOAD_BALANCER';
+  computeType?: 'GPU' | 'CPU';
+  gpuTypeIds?: string[];
+  gpuCount?: number;
+  cpuFlavorIds?: string[];
+  vcpuCount?: number;
+  allowedCudaVersions?: string[];
+  workersMin?: number;
+  workersMax?: number;
+  idleTimeout?: number;
+  scalerType?: 'QUEUE_DELAY' | 'REQUEST_COUNT';
+  scalerValue?: number;
+  executionTimeoutMs?: number;
+  flashboot?: boolean;
+  dataCenterIds?: string[];
+  networkVolumeId?: string;
+}
+
+/** Maps GPU type ids (priority order) onto pools and exclusions. */
+export function gpuSelectionFor(typeIds: readonly string[]): { pools: string[]; excludedTypes: string[] } {
+  const errors: string[] = [];
+  const pools: string[] = [];
+  typeIds.forEach((id, i) => {
+    const t = gpuType(id);
+    if (!t) errors.push(`/gpuTypeIds/${i}: unknown GPU type "${id}"`);
+    else if (t.pool === null) errors.push(`/gpuTypeIds/${i}: "${id}" belongs to no serverless pool`);
+    else if (!pools.includes(t.pool)) pools.push(t.pool);
+  });
+  if (errors.length) throw validationError(errors);
+  const excludedTypes = pools.flatMap((p) => (GPU_POOLS.get(p) ?? []).filter((t) => !typeIds.includes(t)));
+  return { pools, excludedTypes };
+}
+
+function toV2(b: LegacyBody): Record<string, unknown> {
+  const type = b.type === 'LB' || b.type === 'LOAD_BALANCER' ? 'LOAD_BALANCER' : 'QUEUE';
+  const scalerType = b.scalerType ?? (type === 'LOAD_BALANCER' ? 'REQUEST_COUNT' : 'QUEUE_DELAY');
+  const value = b.scalerValue ?? 4;
+  const v2: Record<string, unknown> = {
+    name: b.name,
+    type,
+    templateId: b.templateId,
+    scaling: scalerType === 'QUEUE_DELAY' ? { type: scalerType, queueDelay: value } : { type: scalerType, requestCount: Math.max(1, Math.round(value)) },
+    flashboot: b.flashboot === false ? 'OFF' : 'FLASHBOOT',
+  };
+  const workers: Record<string, number> = {};
+  if (b.workersMin !== undefined) workers['min'] = b.workersMin;
+  if (b.workersMax !== undefined) workers['max'] = b.workersMax;
+  if (b.idleTimeout !== undefined) workers['idleTimeout'] = b.idleTimeout;
+  if (Object.keys(workers).length) v2['workers'] = workers;
+  if (b.executionTimeoutMs !== undefined) v2['timeout'] = b.executionTimeoutMs;
+  if (b.dataCenterIds !== undefined) v2['dataCenterIds'] = b.dataCenterIds;
+  if (b.networkVolumeId !== undefined) v2['mounts'] = { network: [{ volumeId: b.networkVolumeId }] };
+  if (b.computeType === 'CPU') {
+    const vcpuCount = b.vcpuCount ?? 2;
+    v2['cpu'] = (b.cpuFlavorIds ?? ['cpu3c']).map((id) => ({ id, vcpuCount }));
+    if (b.allowedCudaVersions !== undefined) v2['allowedCudaVersions'] = b.allowedCudaVersions;
+  } else {
+    const gpu: Record<string, unknown> = b.gpuTypeIds ? gpuSelectionFor(b.gpuTypeIds) : { pools: [...GPU_POOLS.keys()] };
+    if (b.gpuCount !== undefined) gpu['count'] = b.gpuCount;
+    if (b.allowedCudaVersions !== undefined) gpu['allowedCudaVersions'] = b.allowedCudaVersions;
+    v2['gpu'] = gpu;
+  }
+  return v2;
+}
+
+export function legacyView(row: ResourceRow<EndpointSpec>): Record<string, unknown> {
+  const s = row.data;
+  const scalerValue = s.scaling.type === 'QUEUE_DELAY' ? s.scaling.queueDelay : s.scaling.requestCount;
+  const gpuTypeIds = s.gpuTypePriority?.length
+    ? s.gpuTypePriority
+    : s.gpu ? s.gpu.pools.flatMap((p) => GPU_POOLS.get(p) ?? []).filter((t) => !s.gpu?.excludedTypes.includes(t)) : [];
+  return {
+    id: row.id, name: s.name, templateId: s.templateId, type: s.type === 'QUEUE' ? 'QB' : 'LB',
+    computeType: s.gpu ? 'GPU' : 'CPU',
+    gpuTypeIds, gpuCount: s.gpu?.count ?? 0,
+    cpuFlavorIds: s.cpu ? [...new Set(s.cpu.map((c) => c.id))] : [], vcpuCount: s.cpu?.[0]?.vcpuCount ?? 0,
+    allowedCudaVersions: s.gpu?.allowedCudaVersions ?? [],
+    workersMin: s.workers.min, workersMax: s.workers.max, idleTimeout: s.workers.idleTimeout,
+    scalerType: s.scaling.type, scalerValue, executionTimeoutMs: s.timeout, flashboot: s.flashboot !== 'OFF',
+    dataCenterIds: s.dataCenterIds, networkVolumeId: s.mounts.network[0] ?? null, createdAt: new Date(row.createdAt).toISOString(),
+  };
+}
+
+export function legacyRoutes(s: ApiServices): RouteDef[] {
+  return [
+    {
+      method: 'POST', path: '/v1/endpoints', operationId: 'createEndpointV1', summary: 'Older REST create', tag: 'Older REST API',
+      auth: 'user', scope: 'endpoints:write', body: 'json', requestSchema: 'LegacyEndpointCreate', successStatus: 201, responseSchema: 'LegacyEndpoint',
+      problems: [400, 401, 403, 404, 413, 415, 422, 429],
+      handle: ({ principal, body }) => {
+        const b = assertSchema<LegacyBody>('LegacyEndpointCreate', body);
+        const row = s.endpoints.create(principal.ownerId, toV2(b), b.computeType !== 'CPU' && b.gpuTypeIds ? { gpuTypePriority: b.gpuTypeIds } : {});
+        return { status: 201, body: legacyView(row) };
+      },
+    },
+    {
+      method: 'GET', path: '/v1/endpoints', operationId: 'listEndpointsV1', summary: 'Older REST list', tag: 'Older REST API',
+      auth: 'user', scope: 'endpoints:read', successStatus: 200, responseSchema: 'LegacyEndpoint', responseIsArray: true, problems: [401, 403, 429],
+      handle: ({ principal }) => ({ status: 200, body: s.endpoints.list(principal.ownerId).map(legacyView) }),
+    },
+    {
+      method: 'GET', path: '/v1/endpoints/{endpointId}', operationId: 'getEndpointV1', summary: 'Older REST get', tag: 'Older REST API',
+      auth: 'user', scope: 'endpoints:read', successStatus: 200, responseSchema: 'LegacyEndpoint', problems: [401, 403, 404, 429],
+      handle: ({ principal, params }) => ({ status: 200, body: legacyView(s.endpoints.get(principal.ownerId, params['endpointId'] as string)) }),
+    },
+  ];
+}

@@ -1,0 +1,43 @@
+/**
+ * Every non-2xx response leaves through here as RFC 9457 `application/problem+json`:
+ * `type` (a stable URI per code), `title`, `status`, `detail`, `instance` (the request id),
+ * plus `code` and, for validation, `errors[]`. Unknown failures become a generic 500; the
+ * stack goes to the log only, never into a body.
+ */
+import { AgentError, ERROR_CODES, type ErrorCode } from '../core/errors.js';
+import type { OutgoingReply } from '../http/server.js';
+
+export const PROBLEM_CONTENT_TYPE = 'application/problem+json';
+const TYPE_BASE = 'https://flashd.dev/problems/';
+
+export function problemType(code: ErrorCode): string {
+  if (code === 'RATE_LIMITED') return 'https://iana.org/assignments/http-problem-types#quota-exceeded';
+  return TYPE_BASE + code.toLowerCase().replace(/_/g, '-');
+}
+
+export function problemReply(err: AgentError, requestId: string, extraHeaders: Record<string, string> = {}): OutgoingReply {
+  const body: Record<string, unknown> = {
+    type: problemType(err.code),
+    title: err.title,
+    status: err.status,
+    detail: err.message,
+    instance: requestId,
+    code: err.code,
+  };
+  if (err.errors?.length) body['errors'] = err.errors;
+  if (err.extensions) Object.assign(body, err.extensions);
+  return {
+    status: err.status,
+    headers: { 'content-type': PROBLEM_CONTENT_TYPE, ...extraHeaders, ...err.headers },
+    body: JSON.stringify(body),
+  };
+}
+
+export function toAgentError(err: unknown): AgentError {
+  if (err instanceof AgentError) return err;
+  return new AgentError('INTERNAL', 'The server failed to handle this request. The incident is in the server log under this request id.', { cause: err });
+}
+
+export function allCodes(): ErrorCode[] {
+  return Object.keys(ERROR_CODES) as ErrorCode[];
+}

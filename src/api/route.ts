@@ -1,0 +1,52 @@
+import type { Principal, Scope } from '../auth/index.js';
+import type { IncomingRequest, OutgoingReply } from '../http/server.js';
+
+export interface QueryParam {
+  name: string;
+  description: string;
+  schema: Record<string, unknown>;
+}
+
+export interface ApiContext {
+  req: IncomingRequest;
+  params: Record<string, string>;
+  /** Present on every route whose `auth` is not `none`. */
+  principal: Principal;
+  /** Parsed JSON body (routes with `body: 'json'`), or undefined. */
+  body: unknown;
+}
+
+export interface ApiResult {
+  status: number;
+  body?: unknown;
+  headers?: Record<string, string>;
+  /** A reply built by hand (streams, non-JSON bodies). */
+  reply?: OutgoingReply;
+}
+
+/** One served route: the router, the dispatcher and the OpenAPI document all read this. */
+export interface RouteDef {
+  method: 'GET' | 'POST' | 'PATCH' | 'PUT' | 'DELETE';
+  path: string;
+  operationId: string;
+  summary: string;
+  tag: string;
+  /** `none`: public. `user`: API key or session. `worker`: worker key of the endpoint in the path. */
+  auth: 'none' | 'user' | 'worker';
+  scope?: Scope;
+  /** `json`: the body must be JSON (415 otherwise). `raw`: any content type, parsed as JSON anyway. */
+  body?: 'json' | 'raw' | 'optional-json';
+  /** Schema component that documents the body (validation happens in the domain). */
+  requestSchema?: string;
+  successStatus: number;
+  /** Schema component of the success body; null for no body. */
+  responseSchema: string | null;
+  /** Wrap responseSchema as an array in the document. */
+  responseIsArray?: boolean;
+  problems: number[];
+  query?: QueryParam[];
+  maxBodyBytes?: number;
+  /** Requests that do not count against or report rate limits (worker protocol). */
+  skipRateLimit?: boolean;
+  handle(ctx: ApiContext): ApiResult | Promise<ApiResult>;
+}

@@ -1,0 +1,74 @@
+/**
+ * A segment trie: static segments win over `{param}` segments, so `/v2/serverless` is never
+ * taken for a queue operation on an endpoint called "serverless". Matching a path that exists
+ * with another method gives the allowed methods for a 405.
+ */
+export interface Match<R> {
+  route: R;
+  params: Record<string, string>;
+}
+
+interface Node<R> {
+  statics: Map<string, Node<R>>;
+  param?: { name: string; node: Node<R> };
+  routes: Map<string, R>;
+}
+
+const newNode = <R>(): Node<R> => ({ statics: new Map(), routes: new Map() });
+
+export class Router<R> {
+  readonly #root: Node<R> = newNode();
+
+  add(method: string, path: string, route: R): void {
+    let node = this.#root;
+    for (const seg of path.split('/').filter(Boolean)) {
+      const m = /^\{(\w+)\}$/.exec(seg);
+      if (m) {
+        if (node.param && node.param.name !== m[1]) throw new Error(`conflicting parameter names at ${path}`);
+        node.param ??= { name: m[1] as string, node: newNode() };
+        node = node.param.node;
+      } else {
+        let next = node.statics.get(seg);
+        if (!next) node.statics.set(seg, (next = newNode()));
+        node = next;
+      }
+    }
+    if (node.routes.has(method)) throw new Error(`duplicate route ${method} ${path}`);
+    node.routes.set(method, route);
+  }
+
+  /** The route for method and path; `allowed` lists methods when only the method is wrong. */
+  find(method: string, path: string): { match?: Match<R>; allowed?: string[] } {
+    const segs = path.split('/').filter(Boolean);
+    const params: Record<string, string> = {};
+    const node = this.#walk(this.#root, segs, 0, params);
+    if (!node) return {};
+    const route = node.routes.get(method) ?? (method === 'HEAD' ? node.routes.get('GET') : undefined);
+    if (route) return { match: { route, params } };
+    return { allowed: [...node.routes.keys()] };
+  }
+
+  #walk(node: Node<R>, segs: string[], i: number, params: Record<string, string>): Node<R> | undefined {
+    if (i === segs.length) return node.routes.size ? node : undefined;
+    const seg = segs[i] as string;
+    const s = node.statics.get(seg);
+    if (s) {
+      const found = this.#walk(s, segs, i + 1, params);
+      if (found) return found;
+    }
+    if (node.param) {
+      let value: string;
+      try {
+        value = decodeURIComponent(seg);
+      } catch {
+        return undefined;
+      }
+      const found = this.#walk(node.param.node, segs, i + 1, params);
+      if (found) {
+        params[node.param.name] = value;
+        return found;
+      }
+    }
+    return undefined;
+  }
+}

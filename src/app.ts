@@ -1,0 +1,117 @@
+/**
+ * Composition root: `createAgent(config)` builds every component with explicit arguments, in
+ * order, and `close()` takes them down in reverse. No module-level state. Tests use it too.
+ */
+import { chmodSync, existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { randomBytes } from 'node:crypto';
+import { join, resolve } from 'node:path';
+import pkg from '../package.json' with { type: 'json' };
+import { createApi, type Api } from './api/index.js';
+import { AuthService, RateLimiter } from './auth/index.js';
+import type { FlashdConfig } from './config/index.js';
+import { systemClock, type Clock } from './core/clock.js';
+import { createLogger, type LogSink, type Logger } from './core/logger.js';
+import { createSecretBox } from './core/secret-box.js';
+import { EndpointService, type PublicUrls } from './endpoints/index.js';
+import { createHttpServer, type HttpServer } from './http/server.js';
+import { IdentityRepo, openDb, type Db } from './store/index.js';
+
+export const VERSION: string = pkg.version;
+
+export interface AgentOptions {
+  config: FlashdConfig;
+  clock?: Clock;
+  /** Where log lines go (default stderr). */
+  logSink?: LogSink;
+  /** Where the one-time admin key notice goes (default stdout). */
+  announce?: (text: string) => void;
+}
+
+export interface Agent {
+  readonly config: FlashdConfig;
+  readonly log: Logger;
+  readonly db: Db;
+  readonly api: Api;
+  readonly endpoints: EndpointService;
+  readonly auth: AuthService;
+  /** The bound port (differs from config.port when that is 0). */
+  readonly port: number;
+  /** http://host:port of this server. */
+  readonly url: string;
+  /** The admin key generated on this start, if one was (it is also in <data-dir>/admin-api-key). */
+  readonly generatedAdminKey: string | null;
+  close(): Promise<void>;
+}
+
+/** The 32-byte key that seals secrets at rest; created with mode 0600 on first start. */
+function loadSecretKey(dataDir: string): Buffer {
+  const file = join(dataDir, 'secret.key');
+  if (!existsSync(file)) writeFileSync(file, randomBytes(32).toString('base64'), { mode: 0o600 });
+  const key = Buffer.from(readFileSync(file, 'utf8').trim(), 'base64');
+  if (key.length !== 32) throw new Error(`${file} is not a 32-byte base64 key`);
+  return key;
+}
+
+export async function createAgent(options: AgentOptions): Promise<Agent> {
+  const config = options.config;
+  const clock = options.clock ?? systemClock;
+  const log = createLogger({ level: config.logLevel, format: config.logFormat, ...(options.logSink ? { sink: options.logSink } : {}) });
+  const dataDir = resolve(config.dataDir);
+  mkdirSync(dataDir, { recursive: true, mode: 0o700 });
+
+  const db = openDb({ dataDir, synchronous: config.sqliteSynchronous, log: log.child({ component: 'store' }) });
+  const closers: (() => Promise<void> | void)[] = [() => {
+    db.close();
+  }];
+  try {
+    const identity = new IdentityRepo(db);
+    const auth = new AuthService(identity, clock, log.child({ component: 'auth' }), config.sessionTtlSeconds);
+    const { generated } = auth.bootstrap(config.adminApiKey);
+    if (generated) {
+      const file = join(dataDir, 'admin-api-key');
+      writeFileSync(file, generated + '\n', { mode: 0o600 });
+      chmodSync(file, 0o600);
+      (options.announce ?? ((t) => process.stdout.write(t)))(
+        `\nFirst start: created an admin API key. It is shown once here and saved to ${file} (mode 0600):\n\n    ${generated}\n\n`,
+      );
+    }
+
+    let port = config.port;
+    const host = config.host === '0.0.0.0' || config.host === '::' ? '127.0.0.1' : config.host;
+    const urls: PublicUrls = {
+      queueBaseUrl: () => config.publicUrl ?? `http://${host.includes(':') ? `[${host}]` : host}:${port}`,
+      endpointHost: () => config.endpointHost ?? `lb.localhost:${port}`,
+      endpointScheme: config.endpointScheme,
+    };
+    const dataCenters = [{ id: config.dataCenterId, name: `${config.dataCenterId} (this installation)` }];
+    const endpoints = new EndpointService({
+      db, clock, log: log.child({ component: 'endpoints' }), secrets: createSecretBox(loadSecretKey(dataDir)),
+      dataCenterIds: () => dataCenters.map((d) => d.id),
+    });
+    const rateLimiter = new RateLimiter({ minute: config.rateLimitMinute, hour: config.rateLimitHour, day: config.rateLimitDay }, clock);
+    const api = createApi({
+      services: { endpoints, auth, urls, dataCenters: () => dataCenters, inventory: () => [], version: VERSION },
+      auth, rateLimiter, log: log.child({ component: 'api' }), maxBodyBytes: config.maxBodyBytes,
+    });
+    const http: HttpServer = createHttpServer({
+      host: config.host, port: config.port, log: log.child({ component: 'http' }),
+      resolve: api.resolve, onEarlyError: api.earlyError,
+    });
+    port = (await http.listen()).port;
+    closers.push(() => http.close());
+    log.info('flashd listening', { url: `http://${host}:${port}`, dataDir, version: VERSION });
+
+    let closed = false;
+    return {
+      config, log, db, api, endpoints, auth, port, url: `http://${host}:${port}`, generatedAdminKey: generated,
+      close: async () => {
+        if (closed) return;
+        closed = true;
+        for (const c of closers.reverse()) await c();
+      },
+    };
+  } catch (err) {
+    for (const c of closers.reverse()) await c();
+    throw err;
+  }
+}

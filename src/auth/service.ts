@@ -1,0 +1,311 @@
+import { randomBytes } from 'node:crypto';
+import type { Clock } from '../core/clock.js';
+import { AgentError } from '../core/errors.js';
+import { newId } from '../core/ids.js';
+import type { Logger } from '../core/logger.js';
+import type { ApiKeyRow, IdentityRepo, TeamRow, UserRow } from '../store/index.js';
+import { isUserScope, type Scope } from './scopes.js';
+import { checkKeyFormat, generateApiKey, hashKey, keyPrefix, signSession, verifySession } from './tokens.js';
+
+/** Who is calling, and for which account. */
+export interface Principal {
+  readonly via: 'key' | 'session';
+  readonly userId: string;
+  /** The account the request acts for: a team id or the user's own id. */
+  readonly ownerId: string;
+  readonly teamId: string | null;
+  readonly scopes: ReadonlySet<Scope>;
+  readonly keyId: string;
+  /** Worker keys are bound to one endpoint. */
+  readonly endpointId: string | null;
+  readonly exempt: boolean;
+}
+
+export interface NewKeyInput {
+  name: string;
+  scopes: string[];
+  /** Defaults to the caller. Only admins may name another user. */
+  userId?: string;
+  teamId?: string | null;
+  exempt?: boolean;
+  expiresAt?: number | null;
+}
+
+export interface IssuedKey {
+  row: ApiKeyRow;
+  /** The secret, returned once and never stored. */
+  key: string;
+}
+
+const unauthenticated = (detail: string): AgentError =>
+  new AgentError('UNAUTHENTICATED', detail, { headers: { 'www-authenticate': 'Bearer realm="flashd"' } });
+
+export class AuthService {
+  readonly #repo: IdentityRepo;
+  readonly #clock: Clock;
+  readonly #log: Logger;
+  readonly #sessionSecret: string;
+  readonly #sessionTtlMs: number;
+  /** Key rows by hash for the hot path; every write to a key goes through this class. */
+  readonly #cache = new Map<string, ApiKeyRow | null>();
+
+  constructor(repo: IdentityRepo, clock: Clock, log: Logger, sessionTtlSeconds: number) {
+    this.#repo = repo;
+    this.#clock = clock;
+    this.#log = log;
+    this.#sessionTtlMs = sessionTtlSeconds * 1000;
+    let secret = repo.getSetting('session_secret');
+    if (!secret) {
+      secret = randomBytes(32).toString('base64url');
+      repo.putSetting('session_secret', secret);
+    }
+    this.#sessionSecret = secret;
+  }
+
+  /**
+   * First start: make sure an admin user exists, and an admin key. With `envKey` (from
+   * FLASHD_ADMIN_API_KEY) a key with exactly that value exists afterwards. Otherwise a key is
+   * generated only when none exists; it is returned so the caller can print and save it once.
+   */
+  bootstrap(envKey: string | null): { generated: string | null } {
+    const now = this.#clock.now();
+    let admin = this.#repo.getUser('usr_admin');
+    if (!admin) {
+      admin = { id: 'usr_admin', name: 'admin', isAdmin: true, createdAt: now };
+      this.#repo.insertUser(admin);
+    }
+    if (envKey !== null) {
+      const hash = hashKey(envKey);
+      const existing = this.#repo.keyByHash(hash);
+      if (!existing || existing.revokedAt !== null) {
+        if (existing) throw new AgentError('CONFLICT', 'FLASHD_ADMIN_API_KEY names a key that was revoked; choose a new value');
+        this.#insertKey(envKey, { name: 'admin (FLASHD_ADMIN_API_KEY)', scopes: ['admin'] }, admin.id, 'user', null);
+        this.#log.info('admin key from environment registered');
+      }
+      return { generated: null };
+    }
+    if (this.#repo.activeKeyCount() > 0) return { generated: null };
+    const key = generateApiKey('usr');
+    this.#insertKey(key, { name: 'first admin key', scopes: ['admin'] }, admin.id, 'user', null);
+    return { generated: key };
+  }
+
+  #insertKey(key: string, input: NewKeyInput, userId: string, kind: 'user' | 'worker', endpointId: string | null): ApiKeyRow {
+    const row: ApiKeyRow = {
+      id: newId('key'),
+      name: input.name,
+      kind,
+      userId,
+      teamId: input.teamId ?? null,
+      endpointId,
+      scopes: [...new Set(input.scopes)],
+      hash: hashKey(key),
+      prefix: keyPrefix(key),
+      exempt: input.exempt ?? false,
+      createdAt: this.#clock.now(),
+      expiresAt: input.expiresAt ?? null,
+      revokedAt: null,
+    };
+    this.#repo.insertKey(row);
+    this.#cache.delete(row.hash);
+    return row;
+  }
+
+  /** Resolves the Authorization header (with or without `Bearer `) to a principal, or throws 401. */
+  authenticate(headers: Readonly<Record<string, string>>): Principal {
+    const raw = headers['authorization'];
+    if (raw === undefined || raw.trim() === '') throw unauthenticated('Missing Authorization header. Send "Authorization: Bearer <API key>".');
+    const m = /^\s*(?:Bearer\s+)?(\S+)\s*$/i.exec(raw);
+    if (!m) throw unauthenticated('Malformed Authorization header. Send "Authorization: Bearer <API key>".');
+    const token = m[1] as string;
+    if (/^Bearer$/i.test(token)) throw unauthenticated('The Authorization header has no token after "Bearer".');
+    if (token.startsWith('fds_')) return this.#fromSession(token, headers['x-team-id']);
+    if (checkKeyFormat(token) === 'malformed') throw unauthenticated('The API key is malformed (bad format or checksum).');
+    const row = this.#lookup(hashKey(token));
+    if (!row) throw unauthenticated('The API key is not valid.');
+    this.#checkUsable(row);
+    return {
+      via: 'key',
+      userId: row.userId,
+      ownerId: row.teamId ?? row.userId,
+      teamId: row.teamId,
+      scopes: new Set(row.scopes as Scope[]),
+      keyId: row.id,
+      endpointId: row.endpointId,
+      exempt: row.exempt,
+    };
+  }
+
+  #lookup(hash: string): ApiKeyRow | undefined {
+    let row = this.#cache.get(hash);
+    if (row === undefined) {
+      row = this.#repo.keyByHash(hash) ?? null;
+      if (this.#cache.size > 10_000) this.#cache.clear();
+      this.#cache.set(hash, row);
+    }
+    return row ?? undefined;
+  }
+
+  #checkUsable(row: ApiKeyRow): void {
+    if (row.revokedAt !== null) throw unauthenticated('The API key has been revoked.');
+    if (row.expiresAt !== null && row.expiresAt <= this.#clock.now()) throw unauthenticated('The API key has expired.');
+  }
+
+  #fromSession(token: string, teamHeader: string | undefined): Principal {
+    const claims = verifySession(token, this.#sessionSecret);
+    if (!claims) throw unauthenticated('The session token is not valid.');
+    if (claims.e <= this.#clock.now()) throw unauthenticated('The session token has expired. Sign in again.');
+    const key = this.#repo.keyById(claims.k);
+    if (!key) throw unauthenticated('The session token is not valid.');
+    this.#checkUsable(key);
+    // Spec, Authentication 3: X-Team-Id applies only when the user owns or belongs to the team;
+    // otherwise the request runs against the user's own account.
+    let teamId: string | null = null;
+    if (teamHeader && this.#repo.member(teamHeader.trim(), claims.u)) teamId = teamHeader.trim();
+    return {
+      via: 'session',
+      userId: claims.u,
+      ownerId: teamId ?? claims.u,
+      teamId,
+      scopes: new Set(key.scopes as Scope[]),
+      keyId: key.id,
+      endpointId: null,
+      exempt: key.exempt,
+    };
+  }
+
+  /** Opens a console session for the user behind `principal` (which must be a key). */
+  openSession(principal: Principal): { token: string; expiresAt: number } {
+    const expiresAt = this.#clock.now() + this.#sessionTtlMs;
+    return { token: signSession({ u: principal.userId, k: principal.keyId, e: expiresAt }, this.#sessionSecret), expiresAt };
+  }
+
+  /** Creates a user key. Non-admins may only create keys for themselves with scopes they hold. */
+  createKey(caller: Principal, input: NewKeyInput): IssuedKey {
+    const isAdmin = caller.scopes.has('admin');
+    const userId = input.userId ?? caller.userId;
+    const errors: string[] = [];
+    for (const s of input.scopes) if (!isUserScope(s)) errors.push(`/scopes: unknown scope "${s}"`);
+    if (errors.length) throw new AgentError('VALIDATION_FAILED', errors.join('; '), { errors });
+    if (!isAdmin) {
+      if (userId !== caller.userId) throw new AgentError('FORBIDDEN', 'Only admins can create keys for another user.');
+      const missing = input.scopes.filter((s) => !caller.scopes.has(s as Scope));
+      if (missing.length) throw new AgentError('FORBIDDEN', `A key cannot grant scopes its creator lacks: ${missing.join(', ')}.`);
+      if (input.exempt) throw new AgentError('FORBIDDEN', 'Only admins can make a key exempt from rate limits.');
+    }
+    if (!this.#repo.getUser(userId)) throw new AgentError('NOT_FOUND', `User ${userId} does not exist.`);
+    const teamId = input.teamId ?? null;
+    if (teamId !== null && !this.#repo.member(teamId, userId)) {
+      throw new AgentError('NOT_FOUND', `Team ${teamId} does not exist or the user is not a member.`);
+    }
+    const key = generateApiKey('usr');
+    const row = this.#insertKey(key, { ...input, teamId }, userId, 'user', null);
+    this.#log.info('api key created', { keyId: row.id, userId, teamId, scopes: row.scopes.join(',') });
+    return { row, key };
+  }
+
+  /** A worker key: scope `worker`, bound to one endpoint, acting for the endpoint's owner. */
+  createWorkerKey(userId: string, teamId: string | null, endpointId: string, name: string): IssuedKey {
+    const key = generateApiKey('wkr');
+    const row = this.#insertKey(key, { name, scopes: ['worker'], teamId }, userId, 'worker', endpointId);
+    return { row, key };
+  }
+
+  /** Keys visible to the caller: admins see every user key, others their own. */
+  listKeys(caller: Principal): ApiKeyRow[] {
+    return this.#repo.userKeys(caller.scopes.has('admin') ? null : caller.userId);
+  }
+
+  /** A key the caller may manage, or a 404 (never a leak of another user's key). */
+  keyFor(caller: Principal, id: string): ApiKeyRow {
+    const row = this.#repo.keyById(id);
+    if (!row || row.kind !== 'user' || (row.userId !== caller.userId && !caller.scopes.has('admin'))) {
+      throw new AgentError('NOT_FOUND', `API key ${id} not found.`);
+    }
+    return row;
+  }
+
+  updateKey(caller: Principal, id: string, patch: { name?: string; exempt?: boolean }): ApiKeyRow {
+    const row = this.keyFor(caller, id);
+    if (patch.exempt !== undefined) {
+      if (!caller.scopes.has('admin')) throw new AgentError('FORBIDDEN', 'Only admins can change rate-limit exemption.');
+      this.#repo.setKeyExempt(id, patch.exempt);
+    }
+    if (patch.name !== undefined) this.#repo.renameKey(id, patch.name);
+    this.#cache.delete(row.hash);
+    return this.#repo.keyById(id) as ApiKeyRow;
+  }
+
+  revokeKey(caller: Principal, id: string): void {
+    const row = this.keyFor(caller, id);
+    this.#repo.revokeKey(id, this.#clock.now());
+    this.#cache.delete(row.hash);
+    this.#log.info('api key revoked', { keyId: id });
+  }
+
+  /** Revokes every worker key bound to an endpoint (on delete). */
+  forgetHash(hash: string): void {
+    this.#cache.delete(hash);
+  }
+
+  // Users and teams -------------------------------------------------------------------------
+
+  createUser(caller: Principal, name: string): UserRow {
+    if (!caller.scopes.has('admin')) throw new AgentError('FORBIDDEN', 'Only admins can create users.');
+    const user: UserRow = { id: newId('usr'), name, isAdmin: false, createdAt: this.#clock.now() };
+    this.#repo.insertUser(user);
+    return user;
+  }
+
+  listUsers(caller: Principal): UserRow[] {
+    if (caller.scopes.has('admin')) return this.#repo.listUsers();
+    const me = this.#repo.getUser(caller.userId);
+    return me ? [me] : [];
+  }
+
+  createTeam(caller: Principal, name: string): TeamRow {
+    const now = this.#clock.now();
+    const team: TeamRow = { id: newId('team'), name, ownerUserId: caller.userId, createdAt: now };
+    this.#repo.insertTeam(team);
+    this.#repo.putMember(team.id, caller.userId, 'owner', now);
+    return team;
+  }
+
+  teamsOf(caller: Principal): TeamRow[] {
+    return this.#repo.teamsOf(caller.userId);
+  }
+
+  /** A team the caller belongs to (or any team, for admins), else 404. */
+  team(caller: Principal, teamId: string): { team: TeamRow; members: ReturnType<IdentityRepo['members']> } {
+    const team = this.#repo.getTeam(teamId);
+    if (!team || (!this.#repo.member(teamId, caller.userId) && !caller.scopes.has('admin'))) {
+      throw new AgentError('NOT_FOUND', `Team ${teamId} not found.`);
+    }
+    return { team, members: this.#repo.members(teamId) };
+  }
+
+  addMember(caller: Principal, teamId: string, userId: string): void {
+    const { team } = this.team(caller, teamId);
+    if (team.ownerUserId !== caller.userId && !caller.scopes.has('admin')) {
+      throw new AgentError('FORBIDDEN', 'Only the team owner can add members.');
+    }
+    if (!this.#repo.getUser(userId)) throw new AgentError('NOT_FOUND', `User ${userId} does not exist.`);
+    if (this.#repo.member(teamId, userId)?.role === 'owner') return;
+    this.#repo.putMember(teamId, userId, 'member', this.#clock.now());
+  }
+
+  removeMember(caller: Principal, teamId: string, userId: string): void {
+    const { team } = this.team(caller, teamId);
+    if (team.ownerUserId !== caller.userId && !caller.scopes.has('admin') && caller.userId !== userId) {
+      throw new AgentError('FORBIDDEN', 'Only the team owner can remove other members.');
+    }
+    if (!this.#repo.removeMember(teamId, userId)) throw new AgentError('NOT_FOUND', `User ${userId} is not a removable member of ${teamId}.`);
+  }
+}
+
+/** Throws 403 unless the principal holds `scope` (admin holds all). */
+export function requireScope(principal: Principal, scope: Scope): void {
+  if (principal.scopes.has(scope)) return;
+  if (scope !== 'worker' && principal.scopes.has('admin')) return;
+  throw new AgentError('FORBIDDEN', `This action needs the "${scope}" scope, which the credential lacks.`);
+}

@@ -1,0 +1,2 @@
+export * from './gpu-types.js';
+export * from './cpu-flavors.js';

@@ -1,0 +1,54 @@
+/**
+ * `flashd [serve] [flags]` runs the server; `flashd --help` describes every flag. Exit codes:
+ * 0 clean shutdown, 1 runtime failure, 2 bad usage or configuration.
+ */
+import { configHelp, loadConfig } from '../config/index.js';
+import { AgentError } from '../core/errors.js';
+import { serve } from './serve.js';
+
+const USAGE = `flashd: self-hosted serverless GPU endpoints
+
+Usage:
+  flashd [serve] [flags]     run the server (management API, queue API, workers)
+  flashd --help              show this help
+  flashd --version           print the version
+
+Settings come from embedded defaults, then a JSON file (--config FILE), then FLASHD_* environment
+variables, then flags; later ones win. On first start flashd creates an admin API key, prints it
+once and saves it to <data-dir>/admin-api-key (mode 0600); set FLASHD_ADMIN_API_KEY to choose it.
+
+Flags:
+  --config <file>
+      JSON file with any of the settings below, by their camelCase names (e.g. {"port": 9000}).
+${configHelp()}
+
+Exit codes: 0 clean shutdown, 1 runtime failure, 2 invalid usage or configuration.
+`;
+
+export async function main(argv: readonly string[], env: NodeJS.ProcessEnv, version: string): Promise<number> {
+  const args = [...argv];
+  if (args.includes('--help') || args.includes('-h') || args[0] === 'help') {
+    process.stdout.write(USAGE);
+    return 0;
+  }
+  if (args.includes('--version') || args.includes('-v')) {
+    process.stdout.write(`flashd ${version}\n`);
+    return 0;
+  }
+  const command = args[0] !== undefined && !args[0].startsWith('-') ? (args.shift() as string) : 'serve';
+  if (command !== 'serve') {
+    process.stderr.write(`flashd: unknown command "${command}" (see flashd --help)\n`);
+    return 2;
+  }
+  let config;
+  try {
+    config = loadConfig({ argv: args, env });
+  } catch (err) {
+    if (err instanceof AgentError) {
+      process.stderr.write(`flashd: ${err.message}\n`);
+      return 2;
+    }
+    throw err;
+  }
+  return serve(config);
+}

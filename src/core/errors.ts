@@ -1,0 +1,74 @@
+/**
+ * The one error catalogue (fastify `lib/errors.js`, undici `lib/core/errors.js` style).
+ * Code branches on `err.code`, never on message text. `api/problem.ts` turns any
+ * thrown value into RFC 9457 problem+json in one place.
+ */
+
+export interface ErrorSpec {
+  readonly status: number;
+  readonly title: string;
+}
+
+export const ERROR_CODES = {
+  VALIDATION_FAILED: { status: 400, title: 'Request validation failed' },
+  BAD_REQUEST: { status: 400, title: 'Bad request' },
+  INVALID_JSON: { status: 400, title: 'Malformed JSON body' },
+  UNAUTHENTICATED: { status: 401, title: 'Unauthorized' },
+  FORBIDDEN: { status: 403, title: 'Forbidden' },
+  NOT_FOUND: { status: 404, title: 'Not found' },
+  ROUTE_NOT_FOUND: { status: 404, title: 'Route not found' },
+  METHOD_NOT_ALLOWED: { status: 405, title: 'Method not allowed' },
+  CONFLICT: { status: 409, title: 'Conflict' },
+  STALE_ATTEMPT: { status: 409, title: 'Stale job attempt' },
+  JOB_NOT_IN_STATE: { status: 409, title: 'Job is not in a state that allows this' },
+  GONE: { status: 410, title: 'Gone' },
+  PAYLOAD_TOO_LARGE: { status: 413, title: 'Payload too large' },
+  UNSUPPORTED_MEDIA_TYPE: { status: 415, title: 'Unsupported media type' },
+  UNPROCESSABLE: { status: 422, title: 'Unprocessable request' },
+  RATE_LIMITED: { status: 429, title: 'Too many requests' },
+  HEADERS_TOO_LARGE: { status: 431, title: 'Request header fields too large' },
+  INTERNAL: { status: 500, title: 'Internal server error' },
+  UNAVAILABLE: { status: 503, title: 'Service unavailable' },
+} as const satisfies Record<string, ErrorSpec>;
+
+export type ErrorCode = keyof typeof ERROR_CODES;
+
+export interface AgentErrorOptions {
+  /** Individual validation failures, one human-readable string each. */
+  errors?: string[];
+  /** Extra problem+json members (RFC 9457 extensions), e.g. `window`. */
+  extensions?: Record<string, unknown>;
+  /** Extra response headers, e.g. `Retry-After`. */
+  headers?: Record<string, string>;
+  cause?: unknown;
+}
+
+export class AgentError extends Error {
+  readonly code: ErrorCode;
+  readonly status: number;
+  readonly title: string;
+  readonly errors: string[] | undefined;
+  readonly extensions: Record<string, unknown> | undefined;
+  readonly headers: Record<string, string> | undefined;
+
+  constructor(code: ErrorCode, detail: string, options: AgentErrorOptions = {}) {
+    super(detail, options.cause === undefined ? undefined : { cause: options.cause });
+    this.name = 'AgentError';
+    this.code = code;
+    this.status = ERROR_CODES[code].status;
+    this.title = ERROR_CODES[code].title;
+    this.errors = options.errors;
+    this.extensions = options.extensions;
+    this.headers = options.headers;
+  }
+}
+
+export function isAgentError(value: unknown): value is AgentError {
+  return value instanceof AgentError;
+}
+
+/** Shorthand for the common validation failure with a list of reasons. */
+export function validationError(errors: string[], status: 400 | 422 = 400): AgentError {
+  const detail = errors.length === 1 ? (errors[0] as string) : `${errors.length} validation errors: ${errors.join('; ')}`;
+  return new AgentError(status === 422 ? 'UNPROCESSABLE' : 'VALIDATION_FAILED', detail, { errors });
+}

@@ -1,0 +1,67 @@
+/**
+ * A small structured logger: fixed lower-case messages, data in fields, one child per component.
+ * `text` prints one readable line per event; `json` prints one JSON object per line for shippers.
+ * Secrets never reach it: callers pass ids and counts, never keys, passwords or env values.
+ */
+export type LogLevel = 'debug' | 'info' | 'warn' | 'error' | 'silent';
+export type LogFormat = 'text' | 'json';
+
+const RANK: Record<LogLevel, number> = { debug: 10, info: 20, warn: 30, error: 40, silent: 100 };
+
+export interface LogSink {
+  write(line: string): void;
+}
+
+export interface Logger {
+  debug(msg: string, fields?: Record<string, unknown>): void;
+  info(msg: string, fields?: Record<string, unknown>): void;
+  warn(msg: string, fields?: Record<string, unknown>): void;
+  error(msg: string, fields?: Record<string, unknown>): void;
+  child(bindings: Record<string, unknown>): Logger;
+}
+
+export interface LoggerOptions {
+  level?: LogLevel;
+  format?: LogFormat;
+  sink?: LogSink;
+}
+
+function formatValue(value: unknown): string {
+  if (value instanceof Error) return JSON.stringify(value.message);
+  if (typeof value === 'string') return /[\s="]/.test(value) || value === '' ? JSON.stringify(value) : value;
+  return JSON.stringify(value) ?? 'undefined';
+}
+
+export function createLogger(options: LoggerOptions = {}, bindings: Record<string, unknown> = {}): Logger {
+  const threshold = RANK[options.level ?? 'info'];
+  const format = options.format ?? 'text';
+  const sink = options.sink ?? process.stderr;
+
+  const emit = (level: Exclude<LogLevel, 'silent'>, msg: string, fields?: Record<string, unknown>): void => {
+    if (RANK[level] < threshold) return;
+    const all: Record<string, unknown> = { ...bindings, ...fields };
+    for (const [k, v] of Object.entries(all)) {
+      if (v instanceof Error) all[k] = { message: v.message, code: (v as { code?: unknown }).code, stack: v.stack };
+    }
+    const time = new Date().toISOString();
+    if (format === 'json') {
+      sink.write(JSON.stringify({ time, level, msg, ...all }) + '\n');
+      return;
+    }
+    const { component, ...rest } = all;
+    const pairs = Object.entries(rest)
+      .filter(([, v]) => v !== undefined)
+      .map(([k, v]) => `${k}=${formatValue(v)}`)
+      .join(' ');
+    const comp = component === undefined ? '' : `[${String(component)}] `;
+    sink.write(`${time} ${level.padEnd(5)} ${comp}${msg}${pairs ? ' ' + pairs : ''}\n`);
+  };
+
+  return {
+    debug: (m, f) => emit('debug', m, f),
+    info: (m, f) => emit('info', m, f),
+    warn: (m, f) => emit('warn', m, f),
+    error: (m, f) => emit('error', m, f),
+    child: (more) => createLogger(options, { ...bindings, ...more }),
+  };
+}

@@ -1,0 +1,102 @@
+/**
+ * The JSON Schemas in `schema/` are the one contract: they validate requests here and become
+ * the components of the OpenAPI document (api/openapi.ts). Validators are compiled once, at
+ * first use, and their failures become one readable string each for problem+json `errors`.
+ */
+import { Ajv2020, type ErrorObject, type ValidateFunction } from 'ajv/dist/2020.js';
+import addFormatsModule from 'ajv-formats';
+import endpointSchema from '../../schema/endpoint.schema.json' with { type: 'json' };
+import resourcesSchema from '../../schema/resources.schema.json' with { type: 'json' };
+import authSchema from '../../schema/auth.schema.json' with { type: 'json' };
+import problemSchema from '../../schema/problem.schema.json' with { type: 'json' };
+import { validationError } from './errors.js';
+
+/** Every schema document, keyed by file name. Their `$defs` names are unique across files. */
+export const SCHEMA_DOCUMENTS: Readonly<Record<string, { $id: string; $defs: Record<string, unknown> }>> = {
+  'endpoint.schema.json': endpointSchema as never,
+  'resources.schema.json': resourcesSchema as never,
+  'auth.schema.json': authSchema as never,
+  'problem.schema.json': problemSchema as never,
+};
+
+const addFormats = addFormatsModule as unknown as (ajv: Ajv2020) => void;
+const ajv = new Ajv2020({ allErrors: true, strict: true, discriminator: true, allowUnionTypes: true });
+addFormats(ajv);
+const defLocation = new Map<string, string>();
+for (const [file, doc] of Object.entries(SCHEMA_DOCUMENTS)) {
+  ajv.addSchema(doc);
+  for (const name of Object.keys(doc.$defs)) {
+    if (defLocation.has(name)) throw new Error(`schema name ${name} defined twice (${defLocation.get(name)} and ${file})`);
+    defLocation.set(name, `${doc.$id}#/$defs/${name}`);
+  }
+}
+
+const compiled = new Map<string, ValidateFunction>();
+
+function validatorFor(name: string): ValidateFunction {
+  let fn = compiled.get(name);
+  if (!fn) {
+    const ref = defLocation.get(name);
+    if (!ref) throw new Error(`unknown schema ${name}`);
+    fn = ajv.getSchema(ref);
+    if (!fn) throw new Error(`cannot compile schema ${name}`);
+    compiled.set(name, fn);
+  }
+  return fn;
+}
+
+export function hasSchema(name: string): boolean {
+  return defLocation.has(name);
+}
+
+/** One line per failure, pointing at the offending place in the body (JSON Pointer). */
+export function formatSchemaErrors(errors: readonly ErrorObject[]): string[] {
+  const out: string[] = [];
+  for (const e of errors) {
+    const at = e.instancePath || '(body)';
+    const p = e.params as Record<string, unknown>;
+    let line: string;
+    switch (e.keyword) {
+      case 'additionalProperties':
+        line = `${e.instancePath || ''}/${String(p['additionalProperty'])}: unknown property`;
+        break;
+      case 'required':
+        line = `${e.instancePath || ''}/${String(p['missingProperty'])}: is required`;
+        break;
+      case 'enum':
+        line = `${at}: must be one of ${(p['allowedValues'] as unknown[]).map((v) => JSON.stringify(v)).join(', ')}`;
+        break;
+      case 'const':
+        line = `${at}: must be ${JSON.stringify(p['allowedValue'])}`;
+        break;
+      case 'discriminator':
+        line = p['error'] === 'mapping'
+          ? `${at}/${String(p['tag'])}: must be one of "QUEUE_DELAY", "REQUEST_COUNT"`
+          : `${at}/${String(p['tag'])}: is required and must be a string`;
+        break;
+      case 'uniqueItems':
+        line = `${at}: must not contain duplicate items (items ${String(p['j'])} and ${String(p['i'])} are equal)`;
+        break;
+      case 'anyOf':
+      case 'oneOf':
+        continue; // the branch errors around it say more
+      default:
+        line = `${at}: ${e.message ?? 'is invalid'}`;
+    }
+    if (!out.includes(line)) out.push(line);
+  }
+  return out.length ? out : ['(body): is invalid'];
+}
+
+/** Validates `value` against the named schema; throws a 400 with every failure listed. */
+export function assertSchema<T>(name: string, value: unknown): T {
+  const fn = validatorFor(name);
+  if (!fn(value)) throw validationError(formatSchemaErrors(fn.errors ?? []));
+  return value as T;
+}
+
+/** Compiles every schema (tests call this so a strict-mode mistake fails CI, not a request). */
+export function compileAllSchemas(): string[] {
+  for (const name of defLocation.keys()) validatorFor(name);
+  return [...defLocation.keys()];
+}

@@ -1,0 +1,129 @@
+/**
+ * Command encoding (spec, "Command encoding"). `args` is one raw string: a shell-style string
+ * is the CMD split into arguments; a JSON object string `{"entrypoint": [...], "cmd": [...]}`
+ * sets either or both. `entrypoint` overrides the image's ENTRYPOINT; `cmd` is the argument
+ * list passed to it.
+ */
+export interface Command {
+  /** null: not set (the image's own ENTRYPOINT applies). */
+  entrypoint: string[] | null;
+  /** null: not set (the image's own CMD applies). */
+  cmd: string[] | null;
+}
+
+export class CommandError extends Error {}
+
+/** Splits a shell-style string into arguments: quotes and backslash escapes, no expansion. */
+export function shellSplit(input: string): string[] {
+  const out: string[] = [];
+  let cur = '';
+  let inWord = false;
+  let quote: '"' | "'" | null = null;
+  for (let i = 0; i < input.length; i++) {
+    const ch = input[i] as string;
+    if (quote === "'") {
+      if (ch === "'") quote = null;
+      else cur += ch;
+      continue;
+    }
+    if (quote === '"') {
+      if (ch === '"') quote = null;
+      else if (ch === '\\' && i + 1 < input.length && '"\\$`\n'.includes(input[i + 1] as string)) cur += input[++i];
+      else cur += ch;
+      continue;
+    }
+    if (ch === "'" || ch === '"') {
+      quote = ch;
+      inWord = true;
+    } else if (ch === '\\') {
+      if (i + 1 >= input.length) throw new CommandError('args ends with a lone backslash');
+      cur += input[++i];
+      inWord = true;
+    } else if (/\s/.test(ch)) {
+      if (inWord) out.push(cur);
+      cur = '';
+      inWord = false;
+    } else {
+      cur += ch;
+      inWord = true;
+    }
+  }
+  if (quote) throw new CommandError(`args has an unterminated ${quote === '"' ? 'double' : 'single'} quote`);
+  if (inWord) out.push(cur);
+  return out;
+}
+
+const isStringArray = (v: unknown): v is string[] => Array.isArray(v) && v.every((x) => typeof x === 'string');
+
+/** Deconstructs a stored `args` string. Throws CommandError with a readable reason. */
+export function parseArgs(args: string): Command {
+  const trimmed = args.trim();
+  if (trimmed === '') return { entrypoint: null, cmd: null };
+  if (trimmed.startsWith('{')) {
+    let parsed: unknown;
+    try {
+      parsed = JSON.parse(trimmed);
+    } catch {
+      throw new CommandError('args starts with "{" but is not valid JSON; use {"entrypoint": [...], "cmd": [...]} or a plain command string');
+    }
+    if (parsed === null || typeof parsed !== 'object' || Array.isArray(parsed)) throw new CommandError('args JSON must be an object');
+    const obj = parsed as Record<string, unknown>;
+    const extra = Object.keys(obj).filter((k) => k !== 'entrypoint' && k !== 'cmd');
+    if (extra.length) throw new CommandError(`args JSON may only have "entrypoint" and "cmd", not ${extra.map((k) => JSON.stringify(k)).join(', ')}`);
+    if (obj['entrypoint'] !== undefined && !isStringArray(obj['entrypoint'])) throw new CommandError('args JSON "entrypoint" must be an array of strings');
+    if (obj['cmd'] !== undefined && !isStringArray(obj['cmd'])) throw new CommandError('args JSON "cmd" must be an array of strings');
+    const entrypoint = (obj['entrypoint'] as string[] | undefined) ?? null;
+    const cmd = (obj['cmd'] as string[] | undefined) ?? null;
+    return { entrypoint: entrypoint && entrypoint.length ? entrypoint : null, cmd: cmd && cmd.length ? cmd : null };
+  }
+  const cmd = shellSplit(trimmed);
+  return { entrypoint: null, cmd: cmd.length ? cmd : null };
+}
+
+/** The stored `args` for a command given as arrays: the JSON-object form, or "" for none. */
+export function encodeArgs(command: Command): string {
+  const obj: Record<string, string[]> = {};
+  if (command.entrypoint?.length) obj['entrypoint'] = command.entrypoint;
+  if (command.cmd?.length) obj['cmd'] = command.cmd;
+  return Object.keys(obj).length ? JSON.stringify(obj) : '';
+}
+
+const same = (a: string[] | null, b: string[] | null): boolean => {
+  const x = a ?? [];
+  const y = b ?? [];
+  return x.length === y.length && x.every((v, i) => v === y[i]);
+};
+
+export interface CommandInput {
+  args?: string | undefined;
+  cmd?: string[] | undefined;
+  entrypoint?: string[] | undefined;
+}
+
+export interface StoredCommand {
+  args: string;
+  entrypoint: string[];
+  cmd: string[];
+}
+
+/**
+ * Applies a create or update body to the current command. `args` wins as a whole; `cmd` and
+ * `entrypoint` given beside it must describe the same command. Without `args`, a present
+ * `cmd` or `entrypoint` replaces that half (`[]` clears it) and `args` is re-encoded.
+ */
+export function applyCommand(current: StoredCommand, input: CommandInput): StoredCommand {
+  if (input.args !== undefined) {
+    const parsed = parseArgs(input.args);
+    if (input.entrypoint !== undefined && !same(input.entrypoint, parsed.entrypoint)) {
+      throw new CommandError(`entrypoint ${JSON.stringify(input.entrypoint)} does not match the entrypoint in args (${JSON.stringify(parsed.entrypoint ?? [])})`);
+    }
+    if (input.cmd !== undefined && !same(input.cmd, parsed.cmd)) {
+      throw new CommandError(`cmd ${JSON.stringify(input.cmd)} does not match the command in args (${JSON.stringify(parsed.cmd ?? [])})`);
+    }
+    return { args: input.args.trim() === '' ? '' : input.args, entrypoint: parsed.entrypoint ?? [], cmd: parsed.cmd ?? [] };
+  }
+  if (input.cmd === undefined && input.entrypoint === undefined) return current;
+  const entrypoint = input.entrypoint ?? current.entrypoint;
+  const cmd = input.cmd ?? current.cmd;
+  return { args: encodeArgs({ entrypoint, cmd }), entrypoint: [...entrypoint], cmd: [...cmd] };
+}

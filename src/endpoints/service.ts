@@ -1,0 +1,244 @@
+import type { Clock } from '../core/clock.js';
+import { AgentError } from '../core/errors.js';
+import { newEndpointId, newId } from '../core/ids.js';
+import type { Logger } from '../core/logger.js';
+import { assertSchema } from '../core/schemas.js';
+import type { SecretBox } from '../core/secret-box.js';
+import type { Db, ResourceRepo, ResourceRow } from '../store/index.js';
+import { ResourceRepo as Repo } from '../store/index.js';
+import { parseArgs, CommandError } from './command.js';
+import type { EndpointSpec, GlobalVolumeSpec, NetworkVolumeSpec, RegistryCredentialSpec, TemplateSpec } from './types.js';
+import { buildEndpoint, updateEndpoint, type UpdateOutcome, type ValidationContext } from './validate.js';
+
+export interface EndpointEvents {
+  /** After a create or update commits. */
+  changed?(endpointId: string, spec: EndpointSpec): void;
+  /** Before the row is removed (runtime state can still be looked up). */
+  deleting?(endpointId: string): void;
+}
+
+export interface EndpointServiceOptions {
+  db: Db;
+  clock: Clock;
+  log: Logger;
+  secrets: SecretBox;
+  dataCenterIds(): readonly string[];
+}
+
+/**
+ * Endpoints and the resources they reference, always scoped to an owner account: another
+ * account's id is indistinguishable from one that does not exist (404).
+ */
+export class EndpointService {
+  readonly endpoints: ResourceRepo<EndpointSpec>;
+  readonly templates: ResourceRepo<TemplateSpec>;
+  readonly networkVolumes: ResourceRepo<NetworkVolumeSpec>;
+  readonly globalVolumes: ResourceRepo<GlobalVolumeSpec>;
+  readonly registries: ResourceRepo<RegistryCredentialSpec>;
+  readonly #db: Db;
+  readonly #clock: Clock;
+  readonly #log: Logger;
+  readonly #secrets: SecretBox;
+  readonly #dataCenters: () => readonly string[];
+  readonly #listeners: EndpointEvents[] = [];
+
+  constructor(options: EndpointServiceOptions) {
+    this.#db = options.db;
+    this.#clock = options.clock;
+    this.#log = options.log;
+    this.#secrets = options.secrets;
+    this.#dataCenters = options.dataCenterIds;
+    this.endpoints = new Repo(options.db, 'endpoints');
+    this.templates = new Repo(options.db, 'templates');
+    this.networkVolumes = new Repo(options.db, 'network_volumes');
+    this.globalVolumes = new Repo(options.db, 'global_volumes');
+    this.registries = new Repo(options.db, 'registry_credentials');
+  }
+
+  on(listener: EndpointEvents): void {
+    this.#listeners.push(listener);
+  }
+
+  #context(ownerId: string): ValidationContext {
+    return {
+      knownDataCenters: this.#dataCenters(),
+      template: (id) => this.templates.getVisible(id, ownerId)?.data,
+      networkVolume: (id) => this.networkVolumes.get(id, ownerId)?.data,
+      globalVolumeExists: (id) => this.globalVolumes.get(id, ownerId) !== undefined,
+      registryExists: (id) => this.registries.get(id, ownerId) !== undefined,
+    };
+  }
+
+  // Endpoints ---------------------------------------------------------------------------------
+
+  /** `extra` carries internal fields a translated body cannot express (older REST priority). */
+  create(ownerId: string, body: unknown, extra: Pick<EndpointSpec, 'gpuTypePriority'> = {}): ResourceRow<EndpointSpec> {
+    const spec = { ...buildEndpoint(body, this.#context(ownerId)), ...extra };
+    const row = this.endpoints.insert(newEndpointId(), ownerId, spec, this.#clock.now());
+    this.#log.info('endpoint created', { endpointId: row.id, type: spec.type, hardware: spec.gpu ? 'gpu' : 'cpu' });
+    for (const l of this.#listeners) l.changed?.(row.id, spec);
+    return row;
+  }
+
+  get(ownerId: string, id: string): ResourceRow<EndpointSpec> {
+    const row = this.endpoints.get(id, ownerId);
+    if (!row) throw new AgentError('NOT_FOUND', `Endpoint ${id} not found.`);
+    return row;
+  }
+
+  list(ownerId: string): ResourceRow<EndpointSpec>[] {
+    return this.endpoints.list(ownerId);
+  }
+
+  update(ownerId: string, id: string, body: unknown): { row: ResourceRow<EndpointSpec> } & Omit<UpdateOutcome, 'spec'> {
+    const current = this.get(ownerId, id);
+    const { spec, restartReasons } = updateEndpoint(current.data, body, this.#context(ownerId));
+    const row = this.endpoints.update(current, spec, this.#clock.now());
+    this.#log.info('endpoint updated', { endpointId: id, restartReasons: restartReasons.join(',') || undefined });
+    for (const l of this.#listeners) l.changed?.(id, spec);
+    return { row, restartReasons };
+  }
+
+  /** Removes the configuration, logs, jobs and worker keys of an endpoint for good. */
+  delete(ownerId: string, id: string): void {
+    this.get(ownerId, id);
+    for (const l of this.#listeners) l.deleting?.(id);
+    this.#db.transaction(() => {
+      this.#db.prepare("UPDATE api_keys SET revoked_at = ? WHERE endpoint_id = ? AND revoked_at IS NULL").run(this.#clock.now(), id);
+      this.endpoints.delete(id, ownerId);
+    })();
+    this.#log.info('endpoint deleted', { endpointId: id });
+  }
+
+  /** Internal lookup without owner scoping, for the job path and workers. */
+  byId(id: string): ResourceRow<EndpointSpec> | undefined {
+    return this.endpoints.getUnscoped(id);
+  }
+
+  // Templates ---------------------------------------------------------------------------------
+
+  createTemplate(ownerId: string, raw: unknown): ResourceRow<TemplateSpec> {
+    const body = assertSchema<Partial<TemplateSpec> & { name: string; image: string; isPublic?: boolean }>('TemplateCreate', raw);
+    checkTemplateArgs(body.args);
+    if (body.registry) this.#requireRegistry(ownerId, body.registry);
+    const spec: TemplateSpec = {
+      name: body.name,
+      image: body.image,
+      args: body.args ?? '',
+      disk: body.disk ?? null,
+      ports: body.ports ?? [],
+      env: body.env ?? {},
+      registry: body.registry ?? null,
+      isServerless: body.isServerless ?? false,
+      allowedCudaVersions: body.allowedCudaVersions ?? [],
+      startSsh: body.startSsh ?? false,
+      startJupyter: body.startJupyter ?? false,
+      readme: body.readme ?? '',
+    };
+    return this.templates.insert(newId('tpl'), ownerId, spec, this.#clock.now(), body.isPublic ?? false);
+  }
+
+  updateTemplate(ownerId: string, id: string, raw: unknown): ResourceRow<TemplateSpec> {
+    const current = this.getOwned(this.templates, ownerId, id, 'Template');
+    const body = assertSchema<Partial<TemplateSpec> & { isPublic?: boolean }>('TemplateUpdate', raw);
+    checkTemplateArgs(body.args);
+    if (body.registry) this.#requireRegistry(ownerId, body.registry);
+    const { isPublic, ...fields } = body;
+    return this.templates.update(current, { ...current.data, ...fields }, this.#clock.now(), isPublic ?? current.isPublic);
+  }
+
+  // Volumes and registry credentials ------------------------------------------------------
+
+  createNetworkVolume(ownerId: string, raw: unknown): ResourceRow<NetworkVolumeSpec> {
+    const body = assertSchema<{ name: string; size: number; dataCenterId?: string }>('NetworkVolumeCreate', raw);
+    const dataCenterId = body.dataCenterId ?? (this.#dataCenters()[0] as string);
+    if (!this.#dataCenters().includes(dataCenterId)) {
+      throw new AgentError('VALIDATION_FAILED', `Unknown data center "${dataCenterId}".`, { errors: [`/dataCenterId: unknown data center "${dataCenterId}"`] });
+    }
+    return this.networkVolumes.insert(newId('nv'), ownerId, { name: body.name, size: body.size, dataCenterId }, this.#clock.now());
+  }
+
+  updateNetworkVolume(ownerId: string, id: string, raw: unknown): ResourceRow<NetworkVolumeSpec> {
+    const current = this.getOwned(this.networkVolumes, ownerId, id, 'Network volume');
+    const body = assertSchema<{ name?: string; size?: number }>('NetworkVolumeUpdate', raw);
+    if (body.size !== undefined && body.size < current.data.size) {
+      throw new AgentError('VALIDATION_FAILED', 'Volumes can grow but not shrink.', { errors: [`/size: must be at least the current ${current.data.size} GB`] });
+    }
+    return this.networkVolumes.update(current, { ...current.data, ...body }, this.#clock.now());
+  }
+
+  createGlobalVolume(ownerId: string, raw: unknown): ResourceRow<GlobalVolumeSpec> {
+    const body = assertSchema<GlobalVolumeSpec>('GlobalVolumeCreate', raw);
+    return this.globalVolumes.insert(newId('gv'), ownerId, { name: body.name, size: body.size }, this.#clock.now());
+  }
+
+  updateGlobalVolume(ownerId: string, id: string, raw: unknown): ResourceRow<GlobalVolumeSpec> {
+    const current = this.getOwned(this.globalVolumes, ownerId, id, 'Global volume');
+    const body = assertSchema<Partial<GlobalVolumeSpec>>('GlobalVolumeUpdate', raw);
+    if (body.size !== undefined && body.size < current.data.size) {
+      throw new AgentError('VALIDATION_FAILED', 'Volumes can grow but not shrink.', { errors: [`/size: must be at least the current ${current.data.size} GB`] });
+    }
+    return this.globalVolumes.update(current, { ...current.data, ...body }, this.#clock.now());
+  }
+
+  createRegistry(ownerId: string, raw: unknown): ResourceRow<RegistryCredentialSpec> {
+    const body = assertSchema<{ name: string; username: string; password: string }>('RegistryCredentialCreate', raw);
+    const spec = { name: body.name, username: body.username, sealedPassword: this.#secrets.seal(body.password) };
+    return this.registries.insert(newId('reg'), ownerId, spec, this.#clock.now());
+  }
+
+  updateRegistry(ownerId: string, id: string, raw: unknown): ResourceRow<RegistryCredentialSpec> {
+    const current = this.getOwned(this.registries, ownerId, id, 'Registry credential');
+    const body = assertSchema<{ name?: string; username?: string; password?: string }>('RegistryCredentialUpdate', raw);
+    const spec: RegistryCredentialSpec = {
+      name: body.name ?? current.data.name,
+      username: body.username ?? current.data.username,
+      sealedPassword: body.password === undefined ? current.data.sealedPassword : this.#secrets.seal(body.password),
+    };
+    return this.registries.update(current, spec, this.#clock.now());
+  }
+
+  /** The plain credential, for the container runtime's X-Registry-Auth only. */
+  registryAuth(ownerId: string, id: string): { username: string; password: string } | undefined {
+    const row = this.registries.get(id, ownerId);
+    return row && { username: row.data.username, password: this.#secrets.open(row.data.sealedPassword) };
+  }
+
+  getOwned<T>(repo: ResourceRepo<T>, ownerId: string, id: string, what: string): ResourceRow<T> {
+    const row = repo.get(id, ownerId);
+    if (!row) throw new AgentError('NOT_FOUND', `${what} ${id} not found.`);
+    return row;
+  }
+
+  /** Deletes a template, volume or credential; refuses while an endpoint still uses it. */
+  deleteResource<T>(repo: ResourceRepo<T>, ownerId: string, id: string, what: string): void {
+    this.getOwned(repo, ownerId, id, what);
+    const users = this.endpoints.list(ownerId).filter((e) => {
+      const s = e.data;
+      switch (repo.table) {
+        case 'network_volumes': return s.mounts.network.includes(id);
+        case 'global_volumes': return s.mounts.global.includes(id);
+        case 'registry_credentials': return s.registry === id;
+        default: return false;
+      }
+    });
+    if (users.length) {
+      throw new AgentError('CONFLICT', `${what} ${id} is used by endpoint${users.length > 1 ? 's' : ''} ${users.map((u) => u.id).join(', ')}; detach it first.`);
+    }
+    repo.delete(id, ownerId);
+  }
+
+  #requireRegistry(ownerId: string, id: string): void {
+    if (!this.registries.get(id, ownerId)) throw new AgentError('NOT_FOUND', `Registry credential ${id} not found.`);
+  }
+}
+
+function checkTemplateArgs(args: string | undefined): void {
+  if (args === undefined) return;
+  try {
+    parseArgs(args);
+  } catch (err) {
+    if (err instanceof CommandError) throw new AgentError('VALIDATION_FAILED', err.message, { errors: [`/args: ${err.message}`] });
+    throw err;
+  }
+}

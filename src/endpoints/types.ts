@@ -1,0 +1,90 @@
+/** Stored shapes of endpoints and the resources they reference (the JSON in each row's `data`). */
+export type EndpointType = 'QUEUE' | 'LOAD_BALANCER';
+export type Flashboot = 'OFF' | 'FLASHBOOT' | 'PRIORITY_FLASHBOOT';
+export type Scaling = { type: 'QUEUE_DELAY'; queueDelay: number } | { type: 'REQUEST_COUNT'; requestCount: number };
+
+export interface GpuSpec {
+  pools: string[];
+  excludedTypes: string[];
+  count: number;
+  allowedCudaVersions: string[];
+  minCudaVersion: string | null;
+}
+
+export interface CpuSpec {
+  id: string;
+  vcpuCount: number;
+}
+
+export interface WorkersSpec {
+  min: number;
+  max: number;
+  /** Kept even where it does not apply (QUEUE + REQUEST_COUNT), and hidden from responses there. */
+  idleTimeout: number;
+}
+
+export interface EndpointSpec {
+  name: string;
+  type: EndpointType;
+  image: string;
+  args: string;
+  entrypoint: string[];
+  cmd: string[];
+  disk: number | null;
+  ports: string[];
+  env: Record<string, string>;
+  registry: string | null;
+  gpu: GpuSpec | null;
+  cpu: CpuSpec[] | null;
+  workers: WorkersSpec;
+  scaling: Scaling;
+  dataCenterIds: string[];
+  mounts: { network: string[]; global: string[] };
+  timeout: number;
+  flashboot: Flashboot;
+  templateId: string | null;
+  /** GPU types in the order placement should try them (older REST `gpuTypeIds`); empty: any order. */
+  gpuTypePriority?: string[];
+}
+
+export interface TemplateSpec {
+  name: string;
+  image: string;
+  args: string;
+  disk: number | null;
+  ports: string[];
+  env: Record<string, string>;
+  registry: string | null;
+  isServerless: boolean;
+  allowedCudaVersions: string[];
+  startSsh: boolean;
+  startJupyter: boolean;
+  readme: string;
+}
+
+export interface NetworkVolumeSpec {
+  name: string;
+  size: number;
+  dataCenterId: string;
+}
+
+export interface GlobalVolumeSpec {
+  name: string;
+  size: number;
+}
+
+export interface RegistryCredentialSpec {
+  name: string;
+  username: string;
+  /** AES-256-GCM sealed password (core/secret-box.ts); never leaves the server in a response. */
+  sealedPassword: string;
+}
+
+export const DEFAULT_WORKERS: Readonly<WorkersSpec> = { min: 0, max: 3, idleTimeout: 10 };
+export const DEFAULT_TIMEOUT_MS = 300_000;
+export const DEFAULT_HEALTH_CHECK_PATH = '/ping';
+
+/** `idleTimeout` does not apply to queue endpoints that scale on REQUEST_COUNT. */
+export function idleTimeoutApplies(type: EndpointType, scaling: Scaling): boolean {
+  return !(type === 'QUEUE' && scaling.type === 'REQUEST_COUNT');
+}

@@ -1,0 +1,364 @@
+/**
+ * Create and update rules of the spec ("Create a serverless endpoint", "Resources and their
+ * fields", "Command encoding", "Mounts"). The JSON Schema checks shapes and bounds first; the
+ * rules here check what a schema cannot: cross-field conflicts, catalog membership and the
+ * resources a body refers to. Failures are gathered so one response lists them all.
+ */
+import { AgentError, validationError } from '../core/errors.js';
+import { assertSchema } from '../core/schemas.js';
+import { GPU_POOLS, cpuFlavor, gpuType } from '../catalog/index.js';
+import { applyCommand, CommandError } from './command.js';
+import {
+  DEFAULT_TIMEOUT_MS, DEFAULT_WORKERS, idleTimeoutApplies,
+  type CpuSpec, type EndpointSpec, type GpuSpec, type NetworkVolumeSpec, type Scaling, type TemplateSpec, type WorkersSpec,
+} from './types.js';
+
+/** Lookups the rules need, scoped to the caller's account. */
+export interface ValidationContext {
+  knownDataCenters: readonly string[];
+  /** The caller's own or a public template. */
+  template(id: string): TemplateSpec | undefined;
+  networkVolume(id: string): NetworkVolumeSpec | undefined;
+  globalVolumeExists(id: string): boolean;
+  registryExists(id: string): boolean;
+}
+
+interface GpuInput {
+  pools?: string[];
+  excludedTypes?: string[];
+  count?: number;
+  allowedCudaVersions?: string[];
+  minCudaVersion?: string | null;
+}
+
+interface MountsInput {
+  network?: { volumeId: string }[];
+  global?: { volumeId: string }[];
+}
+
+export interface EndpointBody {
+  name?: string;
+  type?: 'QUEUE' | 'LOAD_BALANCER';
+  scaling?: Scaling;
+  image?: string;
+  templateId?: string;
+  args?: string;
+  cmd?: string[];
+  entrypoint?: string[];
+  disk?: number;
+  env?: Record<string, string>;
+  ports?: string[];
+  registry?: string | null;
+  gpu?: GpuInput | null;
+  cpu?: CpuSpec[] | null;
+  dataCenterIds?: string[];
+  flashboot?: EndpointSpec['flashboot'];
+  networkVolumes?: string[];
+  mounts?: MountsInput;
+  timeout?: number;
+  workers?: Partial<WorkersSpec>;
+  allowedCudaVersions?: unknown;
+  minCudaVersion?: unknown;
+}
+
+const CUDA_KEYS = ['allowedCudaVersions', 'minCudaVersion'] as const;
+const isObject = (v: unknown): v is Record<string, unknown> => v !== null && typeof v === 'object' && !Array.isArray(v);
+
+/**
+ * Rule 2: CUDA constraints on a CPU endpoint are a 422, whether they come top level or as a
+ * `gpu` object holding only CUDA fields. Checked before the schema, which would otherwise
+ * report a missing `gpu.pools` as a 400.
+ */
+function rejectCudaOnCpu(body: Record<string, unknown>, resultIsCpu: boolean): void {
+  const topLevel = CUDA_KEYS.filter((k) => body[k] !== undefined);
+  const gpu = body['gpu'];
+  const gpuOnlyCuda = isObject(gpu) && Object.keys(gpu).length > 0 && Object.keys(gpu).every((k) => (CUDA_KEYS as readonly string[]).includes(k));
+  if (!resultIsCpu || (!topLevel.length && !gpuOnlyCuda)) return;
+  const where = [...topLevel.map((k) => `/${k}`), ...(gpuOnlyCuda ? Object.keys(gpu).map((k) => `/gpu/${k}`) : [])];
+  throw validationError(where.map((p) => `${p}: CUDA constraints apply only to GPU endpoints; this endpoint uses cpu`), 422);
+}
+
+function checkGpu(gpu: GpuSpec, errors: string[]): void {
+  const types = new Set<string>();
+  gpu.pools.forEach((pool, i) => {
+    const members = GPU_POOLS.get(pool);
+    if (members) {
+      members.forEach((t) => types.add(t));
+      return;
+    }
+    const asType = gpuType(pool);
+    errors.push(asType
+      ? `/gpu/pools/${i}: "${pool}" is a GPU type id, not a pool id${asType.pool ? `; use pool "${asType.pool}" (and excludedTypes for the others)` : '; it belongs to no serverless pool'}`
+      : `/gpu/pools/${i}: unknown pool "${pool}"; pools are ${[...GPU_POOLS.keys()].join(', ')}`);
+  });
+  const seen = new Set<string>();
+  gpu.excludedTypes.forEach((t, i) => {
+    if (seen.has(t)) errors.push(`/gpu/excludedTypes/${i}: duplicate GPU type "${t}" (after trimming white space)`);
+    seen.add(t);
+    if (!types.has(t) && errors.every((e) => !e.startsWith('/gpu/pools'))) {
+      errors.push(`/gpu/excludedTypes/${i}: "${t}" is not a GPU type in the selected pools (${gpu.pools.join(', ')})`);
+    }
+  });
+  if (types.size > 0 && [...types].every((t) => seen.has(t))) {
+    errors.push('/gpu/excludedTypes: excludes every GPU type of the selected pools; at least one must remain');
+  }
+  if (gpu.allowedCudaVersions.length > 0 && gpu.minCudaVersion !== null) {
+    errors.push('/gpu: allowedCudaVersions and minCudaVersion cannot be combined; send an empty allowedCudaVersions with a floor, or list the versions');
+  }
+}
+
+function checkCpu(cpu: CpuSpec[], errors: string[]): void {
+  cpu.forEach((item, i) => {
+    const flavor = cpuFlavor(item.id);
+    if (!flavor) {
+      errors.push(`/cpu/${i}/id: unknown CPU flavor "${item.id}"; flavors are cpu3c, cpu3g, cpu5c, cpu5g`);
+      return;
+    }
+    if ((item.vcpuCount & (item.vcpuCount - 1)) !== 0) {
+      errors.push(`/cpu/${i}/vcpuCount: must be a power of two, got ${item.vcpuCount}`);
+    } else if (!flavor.vcpuCounts.includes(item.vcpuCount)) {
+      errors.push(`/cpu/${i}/vcpuCount: ${item.vcpuCount} is not offered for ${flavor.id}; choose one of ${flavor.vcpuCounts.join(', ')}`);
+    }
+  });
+}
+
+function checkWorkers(workers: WorkersSpec, errors: string[]): void {
+  if (workers.min > workers.max) errors.push(`/workers: min (${workers.min}) must not exceed max (${workers.max})`);
+}
+
+function checkScaling(type: EndpointSpec['type'], scaling: Scaling, errors: string[]): void {
+  if (type === 'LOAD_BALANCER' && scaling.type !== 'REQUEST_COUNT') {
+    errors.push('/scaling/type: LOAD_BALANCER endpoints scale on REQUEST_COUNT');
+  }
+}
+
+function checkEnv(spec: EndpointSpec, errors: string[]): void {
+  const path = spec.env['HEALTH_CHECK_PATH'];
+  if (path !== undefined && !path.startsWith('/')) errors.push('/env/HEALTH_CHECK_PATH: must start with "/"');
+  for (const name of ['PORT', 'PORT_HEALTH']) {
+    const v = spec.env[name];
+    if (v !== undefined && !/^[0-9]{1,5}$/.test(v)) errors.push(`/env/${name}: must be a port number`);
+  }
+}
+
+/** Mount rules, plus the references every body can carry. 404 for ids the caller cannot see. */
+function checkReferences(spec: EndpointSpec, ctx: ValidationContext, errors: string[]): void {
+  spec.dataCenterIds.forEach((dc, i) => {
+    if (!ctx.knownDataCenters.includes(dc)) errors.push(`/dataCenterIds/${i}: unknown data center "${dc}"; this installation has ${ctx.knownDataCenters.join(', ')}`);
+  });
+  const { network, global } = spec.mounts;
+  if (network.length > 0 && global.length > 0) errors.push('/mounts: network and global volumes cannot both be mounted; send [] for one kind to switch');
+  if (global.length > 0 && spec.gpu === null) errors.push('/mounts/global: global volumes are for GPU endpoints only');
+  if (global.length > 1) errors.push('/mounts/global: at most one global volume');
+  const missing: string[] = [];
+  const perDc = new Map<string, string>();
+  network.forEach((id, i) => {
+    const vol = ctx.networkVolume(id);
+    if (!vol) {
+      missing.push(`network volume ${id}`);
+      return;
+    }
+    const other = perDc.get(vol.dataCenterId);
+    if (other !== undefined) errors.push(`/mounts/network/${i}: at most one network volume per data center; ${other} and ${id} are both in ${vol.dataCenterId}`);
+    perDc.set(vol.dataCenterId, id);
+    if (spec.dataCenterIds.length > 0 && !spec.dataCenterIds.includes(vol.dataCenterId)) {
+      errors.push(`/mounts/network/${i}: volume ${id} is in ${vol.dataCenterId}, which is not among dataCenterIds`);
+    }
+  });
+  for (const id of global) if (!ctx.globalVolumeExists(id)) missing.push(`global volume ${id}`);
+  if (spec.registry !== null && !ctx.registryExists(spec.registry)) missing.push(`registry credential ${spec.registry}`);
+  if (errors.length) throw validationError(errors);
+  if (missing.length) throw new AgentError('NOT_FOUND', `Not found or not accessible: ${missing.join(', ')}.`, { errors: missing.map((m) => `${m}: not found`) });
+}
+
+/** `network` may come with the deprecated `networkVolumes` only when the two agree exactly. */
+function resolveNetwork(body: EndpointBody, errors: string[]): string[] | undefined {
+  const fromMounts = body.mounts?.network?.map((m) => m.volumeId);
+  const legacy = body.networkVolumes;
+  if (fromMounts !== undefined && legacy !== undefined) {
+    const same = fromMounts.length === legacy.length && fromMounts.every((id, i) => id === legacy[i]);
+    if (!same) errors.push('/networkVolumes: must equal mounts.network exactly when both are sent (networkVolumes is deprecated; send only mounts.network)');
+  }
+  return fromMounts ?? legacy;
+}
+
+function command(current: Pick<EndpointSpec, 'args' | 'entrypoint' | 'cmd'>, body: EndpointBody, errors: string[]) {
+  try {
+    return applyCommand(current, { args: body.args, cmd: body.cmd, entrypoint: body.entrypoint });
+  } catch (err) {
+    if (!(err instanceof CommandError)) throw err;
+    errors.push(`/args: ${err.message}`);
+    return current;
+  }
+}
+
+function normalizeGpu(input: GpuInput, base: GpuSpec | null): GpuSpec {
+  const pools = input.pools ?? base?.pools ?? [];
+  // pools and excludedTypes are one selection: new pools without exclusions clear them.
+  const excluded = input.excludedTypes ?? (input.pools !== undefined ? [] : base?.excludedTypes ?? []);
+  return {
+    pools: [...pools],
+    excludedTypes: excluded.map((t) => t.trim()),
+    count: input.count ?? base?.count ?? 1,
+    allowedCudaVersions: [...(input.allowedCudaVersions ?? base?.allowedCudaVersions ?? [])],
+    minCudaVersion: input.minCudaVersion !== undefined ? input.minCudaVersion : base?.minCudaVersion ?? null,
+  };
+}
+
+/** Builds the stored spec of a new endpoint from a create body. */
+export function buildEndpoint(raw: unknown, ctx: ValidationContext): EndpointSpec {
+  if (isObject(raw)) {
+    const gpuGiven = isObject(raw['gpu']) && 'pools' in raw['gpu'];
+    rejectCudaOnCpu(raw, Array.isArray(raw['cpu']) && !gpuGiven);
+  }
+  const body = assertSchema<EndpointBody>('EndpointCreate', raw);
+  const errors: string[] = [];
+  for (const k of CUDA_KEYS) {
+    if (body[k] !== undefined) errors.push(`/${k}: unknown property; CUDA constraints go inside gpu`);
+  }
+  const hasGpu = body.gpu !== undefined && body.gpu !== null;
+  const hasCpu = body.cpu !== undefined && body.cpu !== null;
+  if (hasGpu === hasCpu) {
+    errors.push(hasGpu ? '(body): send exactly one of gpu and cpu, not both' : '(body): send exactly one of gpu or cpu');
+    throw validationError(errors);
+  }
+
+  // Rule 7: resolve the template first; explicit body fields win over it.
+  let template: TemplateSpec | undefined;
+  if (body.templateId !== undefined) {
+    template = ctx.template(body.templateId);
+    if (!template) throw new AgentError('NOT_FOUND', `Template ${body.templateId} not found or not accessible.`);
+    if (!template.isServerless) throw new AgentError('UNPROCESSABLE', `Template ${body.templateId} is not a serverless template.`, { errors: ['/templateId: template is not serverless'] });
+  }
+  const image = body.image ?? template?.image;
+  if (image === undefined) errors.push('/image: is required unless templateId is set');
+
+  const fromTemplate = body.args === undefined && body.cmd === undefined && body.entrypoint === undefined && template !== undefined
+    ? command({ args: '', entrypoint: [], cmd: [] }, { args: template.args }, errors)
+    : command({ args: '', entrypoint: [], cmd: [] }, body, errors);
+
+  let gpu: GpuSpec | null = null;
+  if (hasGpu) {
+    const input = body.gpu as GpuInput;
+    gpu = normalizeGpu(input, null);
+    if (template && input.allowedCudaVersions === undefined && (input.minCudaVersion ?? null) === null) {
+      gpu.allowedCudaVersions = [...template.allowedCudaVersions];
+    }
+    checkGpu(gpu, errors);
+  }
+  const cpu = hasCpu ? (body.cpu as CpuSpec[]).map((c) => ({ id: c.id, vcpuCount: c.vcpuCount })) : null;
+  if (cpu) checkCpu(cpu, errors);
+
+  const type = body.type as EndpointSpec['type'];
+  const scaling = body.scaling as Scaling;
+  checkScaling(type, scaling, errors);
+  if (!idleTimeoutApplies(type, scaling) && body.workers?.idleTimeout !== undefined) {
+    errors.push('/workers/idleTimeout: does not apply to QUEUE endpoints that scale on REQUEST_COUNT');
+  }
+  const workers: WorkersSpec = { ...DEFAULT_WORKERS, ...body.workers };
+  checkWorkers(workers, errors);
+  const network = resolveNetwork(body, errors) ?? [];
+
+  const spec: EndpointSpec = {
+    name: body.name as string,
+    type,
+    image: image ?? '',
+    ...fromTemplate,
+    disk: body.disk ?? template?.disk ?? null,
+    ports: [...(body.ports ?? template?.ports ?? [])],
+    env: { ...template?.env, ...body.env },
+    registry: body.registry !== undefined ? body.registry : template?.registry ?? null,
+    gpu,
+    cpu,
+    workers,
+    scaling,
+    dataCenterIds: [...(body.dataCenterIds ?? [])],
+    mounts: { network: [...network], global: (body.mounts?.global ?? []).map((m) => m.volumeId) },
+    timeout: body.timeout ?? DEFAULT_TIMEOUT_MS,
+    flashboot: body.flashboot ?? 'OFF',
+    templateId: body.templateId ?? null,
+  };
+  checkEnv(spec, errors);
+  checkReferences(spec, ctx, errors);
+  return spec;
+}
+
+export interface UpdateOutcome {
+  spec: EndpointSpec;
+  /** Changed fields that active workers only pick up after a restart. */
+  restartReasons: string[];
+}
+
+const RESTART_FIELDS = ['image', 'args', 'env', 'disk', 'ports', 'registry', 'gpu', 'cpu', 'dataCenterIds', 'flashboot'] as const;
+
+/** Applies a PATCH body to a stored spec (spec, "Update semantics"). */
+export function updateEndpoint(current: EndpointSpec, raw: unknown, ctx: ValidationContext): UpdateOutcome {
+  if (isObject(raw)) {
+    const switchesToGpu = isObject(raw['gpu']) && 'pools' in raw['gpu'];
+    const resultIsCpu = Array.isArray(raw['cpu']) || (current.cpu !== null && !switchesToGpu);
+    rejectCudaOnCpu(raw, resultIsCpu);
+  }
+  const body = assertSchema<EndpointBody>('EndpointUpdate', raw);
+  const errors: string[] = [];
+  for (const k of CUDA_KEYS) {
+    if (body[k] !== undefined) errors.push(`/${k}: unknown property; CUDA constraints go inside gpu`);
+  }
+  if (body.type !== undefined && body.type !== current.type) errors.push(`/type: the endpoint type is fixed at creation (${current.type})`);
+
+  let gpu = current.gpu;
+  let cpu = current.cpu;
+  const gpuGiven = body.gpu !== undefined && body.gpu !== null;
+  const cpuGiven = body.cpu !== undefined && body.cpu !== null;
+  if (gpuGiven && cpuGiven) errors.push('(body): send gpu or cpu, not both');
+  if (cpuGiven) {
+    cpu = (body.cpu as CpuSpec[]).map((c) => ({ id: c.id, vcpuCount: c.vcpuCount }));
+    gpu = null;
+    checkCpu(cpu, errors);
+  } else if (gpuGiven) {
+    const input = body.gpu as GpuInput;
+    if (current.gpu === null && input.pools === undefined) errors.push('/gpu/pools: is required to switch a CPU endpoint to GPU');
+    gpu = normalizeGpu(input, current.gpu);
+    cpu = null;
+    checkGpu(gpu, errors);
+  } else if ((body.gpu === null && current.gpu !== null) || (body.cpu === null && current.cpu !== null)) {
+    errors.push('(body): an endpoint needs gpu or cpu; switch by sending the other one');
+  }
+
+  const scaling = body.scaling ?? current.scaling;
+  checkScaling(current.type, scaling, errors);
+  if (!idleTimeoutApplies(current.type, scaling) && body.workers?.idleTimeout !== undefined) {
+    errors.push('/workers/idleTimeout: does not apply to QUEUE endpoints that scale on REQUEST_COUNT');
+  }
+  const workers: WorkersSpec = { ...current.workers, ...body.workers };
+  checkWorkers(workers, errors);
+
+  const network = resolveNetwork(body, errors) ?? current.mounts.network;
+  const global = body.mounts?.global !== undefined ? body.mounts.global.map((m) => m.volumeId) : current.mounts.global;
+  const cmd = command(current, body, errors);
+
+  const spec: EndpointSpec = {
+    ...current,
+    name: body.name ?? current.name,
+    image: body.image ?? current.image,
+    ...cmd,
+    disk: body.disk ?? current.disk,
+    ports: body.ports ?? current.ports,
+    env: body.env ?? current.env,
+    registry: body.registry !== undefined ? body.registry : current.registry,
+    gpu,
+    cpu,
+    workers,
+    scaling,
+    dataCenterIds: body.dataCenterIds ?? current.dataCenterIds,
+    mounts: { network: [...network], global: [...global] },
+    timeout: body.timeout ?? current.timeout,
+    flashboot: body.flashboot ?? current.flashboot,
+    // A new hardware selection drops the older REST priority order.
+    gpuTypePriority: gpuGiven || cpuGiven ? [] : current.gpuTypePriority ?? [],
+  };
+  checkEnv(spec, errors);
+  checkReferences(spec, ctx, errors);
+  const restartReasons = RESTART_FIELDS.filter((f) => JSON.stringify(spec[f]) !== JSON.stringify(current[f]));
+  if (spec.workers.max < current.workers.max) restartReasons.push('workers' as never);
+  return { spec, restartReasons: restartReasons as string[] };
+}

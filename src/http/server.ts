@@ -1,0 +1,245 @@
+/**
+ * The only importer of uWebSockets.js. Handlers never see uWS objects: they get a plain
+ * `IncomingRequest` and return an `OutgoingReply`. Rules kept here (uWS requirements):
+ * headers are copied synchronously, `onAborted` and `onData` are registered before the first
+ * await, every write happens inside `cork()`, and large bodies honour backpressure.
+ */
+import type { HttpResponse, us_listen_socket } from 'uWebSockets.js';
+import { randomUUID } from 'node:crypto';
+import { loadUws } from '../core/native.js';
+import type { Logger } from '../core/logger.js';
+
+const uws = loadUws();
+
+export interface IncomingRequest {
+  readonly id: string;
+  /** Upper-case method. */
+  readonly method: string;
+  /** Raw path, without the query string. */
+  readonly path: string;
+  readonly query: URLSearchParams;
+  /** Lower-case header names. */
+  readonly headers: Readonly<Record<string, string>>;
+  readonly remoteAddress: string;
+  /** Aborted when the client goes away before the reply is sent. */
+  readonly signal: AbortSignal;
+  /** The whole body (empty for bodiless requests), already bounded by the route's limit. */
+  readonly body: Buffer;
+}
+
+/** A reply streamed in pieces (log follow, server-sent data). */
+export interface StreamWriter {
+  write(chunk: string | Buffer): void;
+  end(): void;
+  readonly signal: AbortSignal;
+}
+
+export interface OutgoingReply {
+  status: number;
+  headers?: Record<string, string>;
+  body?: string | Buffer;
+  /** When set, headers go out at once and the function writes the body over time. */
+  stream?: (writer: StreamWriter) => void;
+}
+
+export interface RouteDecision {
+  /** Largest body accepted for this request, in bytes. */
+  maxBodyBytes: number;
+  /** Called with the complete request once the body is in. */
+  handle(req: IncomingRequest): Promise<OutgoingReply> | OutgoingReply;
+}
+
+export interface HttpServerOptions {
+  host: string;
+  port: number;
+  log: Logger;
+  /** Synchronous route choice, so the body limit is known before any byte is read. */
+  resolve(method: string, path: string, headers: Readonly<Record<string, string>>): RouteDecision;
+  /** Turns a payload-too-large or internal failure into a reply (problem+json lives in api/). */
+  onEarlyError(kind: 'payload-too-large' | 'internal', detail: string, requestId: string): OutgoingReply;
+}
+
+const STATUS_TEXT: Record<number, string> = {
+  200: 'OK', 201: 'Created', 202: 'Accepted', 204: 'No Content', 400: 'Bad Request', 401: 'Unauthorized',
+  403: 'Forbidden', 404: 'Not Found', 405: 'Method Not Allowed', 409: 'Conflict', 410: 'Gone',
+  413: 'Payload Too Large', 415: 'Unsupported Media Type', 422: 'Unprocessable Content',
+  429: 'Too Many Requests', 431: 'Request Header Fields Too Large', 500: 'Internal Server Error',
+  502: 'Bad Gateway', 503: 'Service Unavailable', 504: 'Gateway Timeout',
+};
+
+export interface HttpServer {
+  listen(): Promise<{ port: number }>;
+  close(): Promise<void>;
+}
+
+interface ResponseState {
+  aborted: boolean;
+  done: boolean;
+  controller: AbortController;
+}
+
+function writeHead(res: HttpResponse, reply: OutgoingReply, requestId: string): void {
+  res.writeStatus(`${reply.status} ${STATUS_TEXT[reply.status] ?? 'Status'}`);
+  res.writeHeader('x-request-id', requestId);
+  for (const [k, v] of Object.entries(reply.headers ?? {})) res.writeHeader(k, v);
+}
+
+/** Sends a complete body, continuing through onWritable when the socket is backed up. */
+function sendWhole(res: HttpResponse, state: ResponseState, body: Buffer, closeConnection: boolean): void {
+  if (closeConnection) {
+    res.end(body, true);
+    state.done = true;
+    return;
+  }
+  const base = res.getWriteOffset();
+  const [ok, done] = res.tryEnd(body, body.length);
+  state.done = done;
+  if (done || ok) return;
+  res.onWritable((offset) => {
+    if (state.aborted) return true;
+    const [more, finished] = res.tryEnd(body.subarray(offset - base), body.length);
+    state.done = finished;
+    return more;
+  });
+}
+
+export function createHttpServer(options: HttpServerOptions): HttpServer {
+  const app = uws.App();
+  let listenSocket: us_listen_socket | null = null;
+  const log = options.log;
+
+  const send = (res: HttpResponse, state: ResponseState, reply: OutgoingReply, requestId: string, closeConnection = false): void => {
+    if (state.aborted || state.done) return;
+    if (reply.stream) {
+      res.cork(() => {
+        writeHead(res, reply, requestId);
+        res.write('');
+      });
+      const writer: StreamWriter = {
+        signal: state.controller.signal,
+        write: (chunk) => {
+          if (state.aborted || state.done) return;
+          res.cork(() => res.write(chunk));
+        },
+        end: () => {
+          if (state.aborted || state.done) return;
+          state.done = true;
+          res.cork(() => res.end());
+        },
+      };
+      reply.stream(writer);
+      return;
+    }
+    const body = reply.body === undefined ? Buffer.alloc(0) : Buffer.isBuffer(reply.body) ? reply.body : Buffer.from(reply.body);
+    res.cork(() => {
+      writeHead(res, reply, requestId);
+      if (reply.status === 204 || reply.status === 304) {
+        res.endWithoutBody(0, closeConnection);
+        state.done = true;
+      } else {
+        sendWhole(res, state, body, closeConnection);
+      }
+    });
+  };
+
+  app.any('/*', (res, uReq) => {
+    const state: ResponseState = { aborted: false, done: false, controller: new AbortController() };
+    res.onAborted(() => {
+      state.aborted = true;
+      state.controller.abort();
+    });
+    const method = uReq.getCaseSensitiveMethod().toUpperCase();
+    const path = uReq.getUrl();
+    const rawQuery = uReq.getQuery() ?? '';
+    const headers: Record<string, string> = {};
+    uReq.forEach((k, v) => {
+      headers[k] = headers[k] === undefined ? v : `${headers[k]}, ${v}`;
+    });
+    const requestId = /^[A-Za-z0-9._-]{1,64}$/.test(headers['x-request-id'] ?? '') ? (headers['x-request-id'] as string) : randomUUID();
+    const remoteAddress = Buffer.from(res.getRemoteAddressAsText()).toString();
+
+    let decision: RouteDecision;
+    try {
+      decision = options.resolve(method, path, headers);
+    } catch (err) {
+      log.error('route resolution failed', { err });
+      send(res, state, options.onEarlyError('internal', 'The server could not route this request.', requestId), requestId);
+      return;
+    }
+
+    const run = (body: Buffer): void => {
+      const req: IncomingRequest = {
+        id: requestId, method, path, query: new URLSearchParams(rawQuery), headers, remoteAddress,
+        signal: state.controller.signal, body,
+      };
+      let result: Promise<OutgoingReply> | OutgoingReply;
+      try {
+        result = decision.handle(req);
+      } catch (err) {
+        result = Promise.reject(err);
+      }
+      Promise.resolve(result).then(
+        (reply) => send(res, state, reply, requestId),
+        (err: unknown) => {
+          log.error('unhandled handler failure', { err, requestId, method, path });
+          send(res, state, options.onEarlyError('internal', 'The server failed to handle this request.', requestId), requestId);
+        },
+      );
+    };
+
+    const tooLarge = (): void => {
+      const reply = options.onEarlyError('payload-too-large', `The request body is larger than the ${decision.maxBodyBytes} bytes this route accepts.`, requestId);
+      // The client may still be sending: close the connection after the 413.
+      send(res, state, reply, requestId, true);
+    };
+
+    const lengthHeader = headers['content-length'];
+    const declared = lengthHeader === undefined ? undefined : Number(lengthHeader);
+    const chunked = /chunked/i.test(headers['transfer-encoding'] ?? '');
+    if (declared !== undefined && Number.isFinite(declared) && declared > decision.maxBodyBytes) {
+      tooLarge();
+      return;
+    }
+    if (!chunked && (declared === undefined || declared === 0)) {
+      run(Buffer.alloc(0));
+      return;
+    }
+    const chunks: Buffer[] = [];
+    let received = 0;
+    let refused = false;
+    res.onData((ab, isLast) => {
+      if (refused) return;
+      received += ab.byteLength;
+      if (received > decision.maxBodyBytes) {
+        refused = true;
+        tooLarge();
+        return;
+      }
+      // uWS reuses the ArrayBuffer after this callback returns: copy it.
+      chunks.push(Buffer.from(new Uint8Array(ab).slice()));
+      if (isLast) run(chunks.length === 1 ? (chunks[0] as Buffer) : Buffer.concat(chunks, received));
+    });
+  });
+
+  return {
+    listen: () =>
+      new Promise((resolve, reject) => {
+        app.listen(options.host, options.port, (token) => {
+          if (!token) {
+            reject(new Error(`cannot listen on ${options.host}:${options.port} (address in use or not permitted)`));
+            return;
+          }
+          listenSocket = token;
+          resolve({ port: uws.us_socket_local_port(token) });
+        });
+      }),
+    close: async () => {
+      if (listenSocket) {
+        uws.us_listen_socket_close(listenSocket);
+        listenSocket = null;
+      }
+      // close() exists on the v20.30 binary but not in its typings.
+      (app as unknown as { close(): void }).close();
+    },
+  };
+}

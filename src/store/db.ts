@@ -1,0 +1,47 @@
+import { mkdirSync } from 'node:fs';
+import { join } from 'node:path';
+import Database from 'better-sqlite3';
+import type { Logger } from '../core/logger.js';
+import { MIGRATIONS } from './migrations.js';
+
+export type Db = Database.Database;
+
+export interface OpenDbOptions {
+  dataDir: string;
+  /**
+   * `full` (default): WAL synced on every commit, so a committed row survives power loss.
+   * `normal`: synced only at checkpoints; survives a crash of flashd, not of the machine.
+   * Group commit (one transaction per event-loop turn on the job path) makes `full` cheap.
+   */
+  synchronous: 'full' | 'normal';
+  log: Logger;
+}
+
+/** Opens `<dataDir>/flashd.db` in WAL mode and applies pending migrations. */
+export function openDb(options: OpenDbOptions): Db {
+  mkdirSync(options.dataDir, { recursive: true });
+  const db = new Database(join(options.dataDir, 'flashd.db'));
+  db.pragma('journal_mode = WAL');
+  db.pragma(`synchronous = ${options.synchronous === 'full' ? 'FULL' : 'NORMAL'}`);
+  db.pragma('foreign_keys = ON');
+  db.pragma('busy_timeout = 5000');
+  // Checkpoints are also run from a timer by the queue, off the request path.
+  db.pragma('wal_autocheckpoint = 4000');
+  migrate(db, options.log);
+  return db;
+}
+
+export function migrate(db: Db, log: Logger): void {
+  const current = db.pragma('user_version', { simple: true }) as number;
+  if (current > MIGRATIONS.length) {
+    throw new Error(`database schema version ${current} is newer than this flashd (${MIGRATIONS.length}); upgrade flashd`);
+  }
+  for (let version = current; version < MIGRATIONS.length; version++) {
+    const sql = MIGRATIONS[version] as string;
+    db.transaction(() => {
+      db.exec(sql);
+      db.pragma(`user_version = ${version + 1}`);
+    })();
+    log.info('store migrated', { version: version + 1 });
+  }
+}

@@ -1,0 +1,157 @@
+import type { Statement } from 'better-sqlite3';
+import type { Db } from './db.js';
+
+export interface UserRow {
+  id: string;
+  name: string;
+  isAdmin: boolean;
+  createdAt: number;
+}
+
+export interface TeamRow {
+  id: string;
+  name: string;
+  ownerUserId: string;
+  createdAt: number;
+}
+
+export interface TeamMemberRow {
+  teamId: string;
+  userId: string;
+  role: 'owner' | 'member';
+}
+
+export interface ApiKeyRow {
+  id: string;
+  name: string;
+  kind: 'user' | 'worker';
+  userId: string;
+  teamId: string | null;
+  endpointId: string | null;
+  scopes: string[];
+  hash: string;
+  prefix: string;
+  exempt: boolean;
+  createdAt: number;
+  expiresAt: number | null;
+  revokedAt: number | null;
+}
+
+interface RawKey {
+  id: string; name: string; kind: 'user' | 'worker'; user_id: string; team_id: string | null; endpoint_id: string | null;
+  scopes: string; hash: string; prefix: string; exempt: number; created_at: number; expires_at: number | null; revoked_at: number | null;
+}
+
+const mapKey = (r: RawKey): ApiKeyRow => ({
+  id: r.id, name: r.name, kind: r.kind, userId: r.user_id, teamId: r.team_id, endpointId: r.endpoint_id,
+  scopes: JSON.parse(r.scopes) as string[], hash: r.hash, prefix: r.prefix, exempt: r.exempt === 1,
+  createdAt: r.created_at, expiresAt: r.expires_at, revokedAt: r.revoked_at,
+});
+
+/** Users, teams, memberships, API keys and small settings. */
+export class IdentityRepo {
+  readonly #s: Record<string, Statement>;
+
+  constructor(db: Db) {
+    this.#s = {
+      insertUser: db.prepare('INSERT INTO users (id, name, is_admin, created_at) VALUES (?, ?, ?, ?)'),
+      getUser: db.prepare('SELECT id, name, is_admin, created_at FROM users WHERE id = ?'),
+      listUsers: db.prepare('SELECT id, name, is_admin, created_at FROM users ORDER BY created_at, id'),
+      insertTeam: db.prepare('INSERT INTO teams (id, name, owner_user_id, created_at) VALUES (?, ?, ?, ?)'),
+      getTeam: db.prepare('SELECT id, name, owner_user_id, created_at FROM teams WHERE id = ?'),
+      teamsOf: db.prepare(`SELECT t.id, t.name, t.owner_user_id, t.created_at FROM teams t
+        JOIN team_members m ON m.team_id = t.id WHERE m.user_id = ? ORDER BY t.created_at, t.id`),
+      insertMember: db.prepare('INSERT OR REPLACE INTO team_members (team_id, user_id, role, created_at) VALUES (?, ?, ?, ?)'),
+      deleteMember: db.prepare("DELETE FROM team_members WHERE team_id = ? AND user_id = ? AND role <> 'owner'"),
+      getMember: db.prepare('SELECT team_id, user_id, role FROM team_members WHERE team_id = ? AND user_id = ?'),
+      listMembers: db.prepare('SELECT team_id, user_id, role FROM team_members WHERE team_id = ? ORDER BY created_at, user_id'),
+      insertKey: db.prepare(`INSERT INTO api_keys (id, name, kind, user_id, team_id, endpoint_id, scopes, hash, prefix, exempt, created_at, expires_at)
+        VALUES (@id, @name, @kind, @userId, @teamId, @endpointId, @scopes, @hash, @prefix, @exempt, @createdAt, @expiresAt)`),
+      keyByHash: db.prepare('SELECT * FROM api_keys WHERE hash = ?'),
+      keyById: db.prepare('SELECT * FROM api_keys WHERE id = ?'),
+      keysOfUser: db.prepare("SELECT * FROM api_keys WHERE user_id = ? AND kind = 'user' ORDER BY created_at, id"),
+      allUserKeys: db.prepare("SELECT * FROM api_keys WHERE kind = 'user' ORDER BY created_at, id"),
+      countKeys: db.prepare('SELECT count(*) AS n FROM api_keys WHERE revoked_at IS NULL'),
+      revokeKey: db.prepare('UPDATE api_keys SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL'),
+      setExempt: db.prepare('UPDATE api_keys SET exempt = ? WHERE id = ?'),
+      renameKey: db.prepare('UPDATE api_keys SET name = ? WHERE id = ?'),
+      getSetting: db.prepare('SELECT value FROM settings WHERE key = ?'),
+      putSetting: db.prepare('INSERT OR REPLACE INTO settings (key, value) VALUES (?, ?)'),
+    };
+  }
+
+  #user(r: { id: string; name: string; is_admin: number; created_at: number } | undefined): UserRow | undefined {
+    return r && { id: r.id, name: r.name, isAdmin: r.is_admin === 1, createdAt: r.created_at };
+  }
+
+  #team(r: { id: string; name: string; owner_user_id: string; created_at: number } | undefined): TeamRow | undefined {
+    return r && { id: r.id, name: r.name, ownerUserId: r.owner_user_id, createdAt: r.created_at };
+  }
+
+  insertUser(user: UserRow): void {
+    this.#s['insertUser']!.run(user.id, user.name, user.isAdmin ? 1 : 0, user.createdAt);
+  }
+  getUser(id: string): UserRow | undefined {
+    return this.#user(this.#s['getUser']!.get(id) as never);
+  }
+  listUsers(): UserRow[] {
+    return (this.#s['listUsers']!.all() as never[]).map((r) => this.#user(r) as UserRow);
+  }
+  insertTeam(team: TeamRow): void {
+    this.#s['insertTeam']!.run(team.id, team.name, team.ownerUserId, team.createdAt);
+  }
+  getTeam(id: string): TeamRow | undefined {
+    return this.#team(this.#s['getTeam']!.get(id) as never);
+  }
+  teamsOf(userId: string): TeamRow[] {
+    return (this.#s['teamsOf']!.all(userId) as never[]).map((r) => this.#team(r) as TeamRow);
+  }
+  putMember(teamId: string, userId: string, role: 'owner' | 'member', now: number): void {
+    this.#s['insertMember']!.run(teamId, userId, role, now);
+  }
+  removeMember(teamId: string, userId: string): boolean {
+    return this.#s['deleteMember']!.run(teamId, userId).changes > 0;
+  }
+  member(teamId: string, userId: string): TeamMemberRow | undefined {
+    const r = this.#s['getMember']!.get(teamId, userId) as { team_id: string; user_id: string; role: 'owner' | 'member' } | undefined;
+    return r && { teamId: r.team_id, userId: r.user_id, role: r.role };
+  }
+  members(teamId: string): TeamMemberRow[] {
+    return (this.#s['listMembers']!.all(teamId) as { team_id: string; user_id: string; role: 'owner' | 'member' }[]).map((r) => ({
+      teamId: r.team_id, userId: r.user_id, role: r.role,
+    }));
+  }
+  insertKey(key: ApiKeyRow): void {
+    this.#s['insertKey']!.run({ ...key, scopes: JSON.stringify(key.scopes), exempt: key.exempt ? 1 : 0 });
+  }
+  keyByHash(hash: string): ApiKeyRow | undefined {
+    const r = this.#s['keyByHash']!.get(hash) as RawKey | undefined;
+    return r && mapKey(r);
+  }
+  keyById(id: string): ApiKeyRow | undefined {
+    const r = this.#s['keyById']!.get(id) as RawKey | undefined;
+    return r && mapKey(r);
+  }
+  userKeys(userId: string | null): ApiKeyRow[] {
+    const rows = (userId === null ? this.#s['allUserKeys']!.all() : this.#s['keysOfUser']!.all(userId)) as RawKey[];
+    return rows.map(mapKey);
+  }
+  activeKeyCount(): number {
+    return (this.#s['countKeys']!.get() as { n: number }).n;
+  }
+  revokeKey(id: string, now: number): boolean {
+    return this.#s['revokeKey']!.run(now, id).changes > 0;
+  }
+  setKeyExempt(id: string, exempt: boolean): void {
+    this.#s['setExempt']!.run(exempt ? 1 : 0, id);
+  }
+  renameKey(id: string, name: string): void {
+    this.#s['renameKey']!.run(name, id);
+  }
+  getSetting(key: string): string | undefined {
+    return (this.#s['getSetting']!.get(key) as { value: string } | undefined)?.value;
+  }
+  putSetting(key: string, value: string): void {
+    this.#s['putSetting']!.run(key, value);
+  }
+}

@@ -1,0 +1,3 @@
+export { openDb, migrate, type Db, type OpenDbOptions } from './db.js';
+export { ResourceRepo, type ResourceRow, type ResourceTable } from './resources.js';
+export { IdentityRepo, type ApiKeyRow, type UserRow, type TeamRow, type TeamMemberRow } from './identity.js';

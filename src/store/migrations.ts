@@ -1,0 +1,99 @@
+/**
+ * Versioned schema migrations, applied in order inside one transaction each and tracked with
+ * `PRAGMA user_version`. Never edit a shipped migration: add the next one.
+ * Columns are snake_case; only `store/` maps them to camelCase records.
+ */
+export const MIGRATIONS: readonly string[] = [
+  // 1: identities, keys, endpoint configuration and the resources endpoints reference.
+  `
+  CREATE TABLE users (
+    id TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    is_admin INTEGER NOT NULL DEFAULT 0,
+    created_at INTEGER NOT NULL
+  );
+  CREATE TABLE teams (
+    id TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    owner_user_id TEXT NOT NULL REFERENCES users(id) ON DELETE CASCADE,
+    created_at INTEGER NOT NULL
+  );
+  CREATE TABLE team_members (
+    team_id TEXT NOT NULL REFERENCES teams(id) ON DELETE CASCADE,
+    user_id TEXT NOT NULL REFERENCES users(id) ON DELETE CASCADE,
+    role TEXT NOT NULL CHECK (role IN ('owner', 'member')),
+    created_at INTEGER NOT NULL,
+    PRIMARY KEY (team_id, user_id)
+  );
+  CREATE TABLE api_keys (
+    id TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    kind TEXT NOT NULL CHECK (kind IN ('user', 'worker')),
+    user_id TEXT NOT NULL REFERENCES users(id) ON DELETE CASCADE,
+    team_id TEXT REFERENCES teams(id) ON DELETE CASCADE,
+    endpoint_id TEXT,
+    scopes TEXT NOT NULL,
+    hash TEXT NOT NULL UNIQUE,
+    prefix TEXT NOT NULL,
+    exempt INTEGER NOT NULL DEFAULT 0,
+    created_at INTEGER NOT NULL,
+    expires_at INTEGER,
+    revoked_at INTEGER
+  );
+  CREATE INDEX api_keys_user ON api_keys(user_id);
+  CREATE TABLE endpoints (
+    id TEXT PRIMARY KEY,
+    owner_id TEXT NOT NULL,
+    data TEXT NOT NULL,
+    created_at INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL
+  );
+  CREATE INDEX endpoints_owner ON endpoints(owner_id, created_at);
+  CREATE TABLE templates (
+    id TEXT PRIMARY KEY,
+    owner_id TEXT NOT NULL,
+    is_public INTEGER NOT NULL DEFAULT 0,
+    data TEXT NOT NULL,
+    created_at INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL
+  );
+  CREATE INDEX templates_owner ON templates(owner_id, created_at);
+  CREATE TABLE network_volumes (
+    id TEXT PRIMARY KEY,
+    owner_id TEXT NOT NULL,
+    is_public INTEGER NOT NULL DEFAULT 0,
+    data TEXT NOT NULL,
+    created_at INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL
+  );
+  CREATE TABLE global_volumes (
+    id TEXT PRIMARY KEY,
+    owner_id TEXT NOT NULL,
+    is_public INTEGER NOT NULL DEFAULT 0,
+    data TEXT NOT NULL,
+    created_at INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL
+  );
+  CREATE TABLE registry_credentials (
+    id TEXT PRIMARY KEY,
+    owner_id TEXT NOT NULL,
+    is_public INTEGER NOT NULL DEFAULT 0,
+    data TEXT NOT NULL,
+    created_at INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL
+  );
+  CREATE TABLE endpoint_logs (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    endpoint_id TEXT NOT NULL REFERENCES endpoints(id) ON DELETE CASCADE,
+    worker_id TEXT,
+    stream TEXT NOT NULL,
+    line TEXT NOT NULL,
+    at INTEGER NOT NULL
+  );
+  CREATE INDEX endpoint_logs_endpoint ON endpoint_logs(endpoint_id, seq);
+  CREATE TABLE settings (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+  );
+  `,
+];

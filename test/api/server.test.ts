@@ -1,0 +1,105 @@
+import t from 'tap';
+import { request } from 'node:http';
+import { statSync, readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { assertProblem, startAgent, ADMIN_KEY, queueBody } from '../helpers/agent.js';
+
+t.test('healthz answers without auth', async (t) => {
+  const a = await startAgent(t);
+  const r = await a.req('GET', '/healthz', { key: null });
+  t.equal(r.status, 200);
+  t.equal(r.json.status, 'ok');
+});
+
+t.test('unknown routes, wrong methods, bad JSON and wrong content type are problem+json', async (t) => {
+  const a = await startAgent(t);
+  assertProblem(t, await a.req('GET', '/nope/nothing'), 404);
+  const m = await a.req('PUT', '/v2/serverless');
+  assertProblem(t, m, 405);
+  t.match(m.headers.get('allow'), /GET/);
+  t.match(m.headers.get('allow'), /POST/);
+  assertProblem(t, await a.req('POST', '/v2/serverless', { raw: '{"name": ', headers: { 'content-type': 'application/json' } }), 400);
+  const ct = await a.req('POST', '/v2/serverless', { raw: JSON.stringify(queueBody()), headers: { 'content-type': 'text/plain' } });
+  assertProblem(t, ct, 415);
+  const none = await a.req('POST', '/v2/serverless', { raw: JSON.stringify(queueBody()) });
+  assertProblem(t, none, 415, 'no content type is refused too');
+  assertProblem(t, await a.req('POST', '/v2/serverless', { raw: '', headers: { 'content-type': 'application/json' } }), 400);
+  t.equal((await a.req('POST', '/v2/serverless', { body: queueBody(), headers: { 'content-type': 'application/json; charset=utf-8' } })).status, 201);
+});
+
+t.test('a 500 is problem+json without a stack trace', async (t) => {
+  const a = await startAgent(t);
+  const created = await a.req('POST', '/v2/serverless', { body: queueBody() });
+  // Corrupt the stored row so reading it throws inside the handler.
+  a.agent.db.prepare('UPDATE endpoints SET data = ? WHERE id = ?').run('{not json', created.json.id);
+  const r = await a.req('GET', `/v2/serverless/${created.json.id}`);
+  assertProblem(t, r, 500);
+  t.notMatch(r.text, /SyntaxError|at JSON|\.ts:|\.mjs:/);
+  t.ok(a.logs.some((l) => l.includes('request failed')), 'the failure is logged');
+});
+
+function rawPost(url: string, path: string, headers: Record<string, string>, chunks: Buffer[]): Promise<{ status: number; body: string }> {
+  return new Promise((resolve, reject) => {
+    const u = new URL(url);
+    const req = request({ host: u.hostname, port: u.port, path, method: 'POST', headers }, (res) => {
+      let body = '';
+      res.on('data', (c) => (body += c));
+      res.on('end', () => resolve({ status: res.statusCode ?? 0, body }));
+    });
+    req.on('error', (err) => ((err as NodeJS.ErrnoException).code === 'EPIPE' || (err as NodeJS.ErrnoException).code === 'ECONNRESET' ? undefined : reject(err)));
+    for (const c of chunks) req.write(c);
+    req.end();
+  });
+}
+
+t.test('bodies over the limit get 413 before being buffered', async (t) => {
+  const a = await startAgent(t, { maxBodyBytes: 4096 });
+  const big = Buffer.alloc(10_000, 'a');
+  const declared = await rawPost(a.url, '/v2/serverless', { 'content-type': 'application/json', authorization: `Bearer ${ADMIN_KEY}`, 'content-length': String(big.length) }, [big]);
+  t.equal(declared.status, 413);
+  t.equal(JSON.parse(declared.body).status, 413);
+  const chunked = await rawPost(a.url, '/v2/serverless', { 'content-type': 'application/json', authorization: `Bearer ${ADMIN_KEY}`, 'transfer-encoding': 'chunked' }, [big.subarray(0, 3000), big.subarray(3000)]);
+  t.equal(chunked.status, 413, 'chunked bodies are counted as they arrive');
+  const ok = await a.req('POST', '/v2/serverless', { body: queueBody() });
+  t.equal(ok.status, 201, 'the server still works');
+});
+
+t.test('first start creates an admin key, prints it once and saves it 0600', async (t) => {
+  const dir = t.testdir();
+  const first = await startAgent(t, { adminApiKey: null }, { dir });
+  const file = join(dir, 'admin-api-key');
+  const key = readFileSync(file, 'utf8').trim();
+  t.match(key, /^fd_usr_[A-Za-z0-9]{36}$/);
+  t.equal(statSync(file).mode & 0o777, 0o600);
+  t.ok(first.logs.some((l) => l.includes(key)), 'printed on first start');
+  t.equal((await first.req('GET', '/v2/serverless', { key })).status, 200, 'the key works');
+  t.notOk(first.logs.slice(1).some((l) => l.includes(key) && !l.includes('First start')), 'not in the log lines');
+  await first.agent.close();
+  const second = await startAgent(t, { adminApiKey: null }, { dir });
+  t.notOk(second.logs.some((l) => l.includes(key)), 'not printed again');
+  t.equal(second.agent.generatedAdminKey, null);
+  t.equal((await second.req('GET', '/v2/serverless', { key })).status, 200, 'still valid after restart');
+  const db = readFileSync(join(dir, 'flashd.db'));
+  t.equal(db.indexOf(Buffer.from(key)), -1, 'the key is not stored in clear');
+});
+
+t.test('FLASHD_ADMIN_API_KEY makes a key with exactly that value', async (t) => {
+  const a = await startAgent(t, { adminApiKey: 'my-automation-key-0000000000' });
+  t.equal((await a.req('GET', '/v2/serverless', { key: 'my-automation-key-0000000000' })).status, 200);
+  t.equal((await a.req('GET', '/v2/serverless', { key: 'my-automation-key-0000000001' })).status, 401);
+  t.equal(a.agent.generatedAdminKey, null, 'no other key generated');
+});
+
+t.test('a restart keeps everything', async (t) => {
+  const dir = t.testdir();
+  const a = await startAgent(t, {}, { dir });
+  const created = await a.req('POST', '/v2/serverless', { body: queueBody({ name: 'persist-me' }) });
+  t.equal(created.status, 201);
+  await a.agent.close();
+  const b = await startAgent(t, {}, { dir });
+  const got = await b.req('GET', `/v2/serverless/${created.json.id}`);
+  t.equal(got.status, 200);
+  t.same({ ...got.json, requestUrls: undefined }, { ...created.json, requestUrls: undefined });
+  t.equal(b.agent.db.pragma('journal_mode', { simple: true }), 'wal');
+  t.equal(b.agent.db.pragma('synchronous', { simple: true }), 2, 'synchronous=FULL by default');
+});
