@@ -1,0 +1,51 @@
+"""Serverless worker API, compatible with ``runpod.serverless``.
+
+>>> from vendor_flash import serverless
+>>> def handler(job):
+...     return {"echo": job["input"]}
+>>> serverless.start({"handler": handler})  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, Dict, List, Optional
+
+from .env import WorkerEnv
+from .log import setup as _setup_logging
+from .progress import progress_update
+from .worker import Worker
+
+__all__ = ["start", "progress_update", "WorkerEnv", "Worker"]
+
+
+def _parse_args(argv: List[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--test_input", default=None)
+    parser.add_argument("--rp_log_level", "--log_level", dest="log_level", default=None)
+    parser.add_argument("--rp_serve_api", action="store_true")
+    args, _unknown = parser.parse_known_args(argv)
+    return args
+
+
+def start(config: Dict[str, Any], argv: Optional[List[str]] = None) -> Optional[int]:
+    """Start the worker with ``config`` (``handler`` required; ``concurrency_modifier``,
+    ``return_aggregate_stream``, ``refresh_worker`` optional).
+
+    Production mode when ``VENDOR_WEBHOOK_GET_JOB`` (or ``RUNPOD_WEBHOOK_GET_JOB``) is set and no
+    ``--test_input`` is given: serves jobs until SIGTERM/SIGINT or ``refresh_worker``, then
+    returns 0. Otherwise local mode: runs the handler once and exits the process (0 or 1).
+    """
+    if not callable(config.get("handler")):
+        raise ValueError("start() needs config['handler'], a callable")
+    args = _parse_args(sys.argv[1:] if argv is None else argv)
+    log = _setup_logging(args.log_level)
+    env = WorkerEnv.from_environ()
+    if args.rp_serve_api:
+        log.warning("--rp_serve_api is not supported by vendor-flash; use --test_input or a flashd endpoint")
+    if args.test_input is None and env.is_production:
+        return Worker(config, env).run()
+    from .local import run_local
+
+    sys.exit(run_local(config, args.test_input, env))

@@ -1,0 +1,235 @@
+"""Run one job through a handler of any form, with cancellation.
+
+Handlers may be a sync function, an ``async def``, a generator or an async generator.
+Async code runs on one shared event loop in a background thread (:class:`LoopThread`); the
+calling thread waits for it, so a job can be run from any thread and cancelled from another.
+Sync handlers run in the calling thread (the worker gives each job its own thread, so a
+blocking handler does not stop job-take, job-stop or heartbeats).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import enum
+import inspect
+import threading
+from typing import Any, Callable, Dict, List, Optional
+
+from . import result as results
+
+
+class HandlerKind(enum.Enum):
+    """The four handler forms."""
+
+    SYNC = "sync"
+    ASYNC = "async"
+    GENERATOR = "generator"
+    ASYNC_GENERATOR = "async_generator"
+
+    @property
+    def is_stream(self) -> bool:
+        """Generators stream their yields."""
+        return self in (HandlerKind.GENERATOR, HandlerKind.ASYNC_GENERATOR)
+
+
+def handler_kind(handler: Callable) -> HandlerKind:
+    """Classify a handler (functions, ``functools.partial`` and callable objects)."""
+    candidates = [handler]
+    call = getattr(type(handler), "__call__", None)
+    if not inspect.isroutine(handler) and call is not None:
+        candidates.append(call)
+    for fn in candidates:
+        if inspect.isasyncgenfunction(fn):
+            return HandlerKind.ASYNC_GENERATOR
+        if inspect.isgeneratorfunction(fn):
+            return HandlerKind.GENERATOR
+        if inspect.iscoroutinefunction(fn):
+            return HandlerKind.ASYNC
+    return HandlerKind.SYNC
+
+
+class LoopThread:
+    """An asyncio event loop running in a daemon thread."""
+
+    def __init__(self, name: str = "vendor-flash-loop"):
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def submit(self, awaitable) -> concurrent.futures.Future:
+        """Schedule an awaitable on the loop; returns a thread-safe future."""
+        if not asyncio.iscoroutine(awaitable):
+            awaitable = _as_coroutine(awaitable)
+        return asyncio.run_coroutine_threadsafe(awaitable, self.loop)
+
+    def stop(self) -> None:
+        """Stop the loop (pending tasks are abandoned)."""
+        if self.loop.is_running():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=5)
+
+
+class JobCancelled(Exception):
+    """Raised by :class:`JobRun` when the job was cancelled while running."""
+
+
+class JobRun:
+    """One execution of a handler for one job.
+
+    ``on_chunk(value)`` is called in the running thread for each value a generator yields
+    (before the job ends). :meth:`cancel` may be called from any thread: async handlers get
+    ``asyncio.CancelledError`` at their next ``await``; generators stop at their next yield;
+    a sync handler runs to its end and its result is dropped.
+    """
+
+    def __init__(
+        self,
+        handler: Callable,
+        job: Dict[str, Any],
+        loop: LoopThread,
+        kind: Optional[HandlerKind] = None,
+        aggregate_stream: bool = False,
+        on_chunk: Optional[Callable[[Any], None]] = None,
+        worker_id: str = "unknown",
+        hostname: str = "unknown",
+    ):
+        self.handler = handler
+        self.job = job
+        self.loop = loop
+        self.kind = kind or handler_kind(handler)
+        self.aggregate_stream = aggregate_stream
+        self.on_chunk = on_chunk
+        self.worker_id = worker_id
+        self.hostname = hostname
+        self._cancelled = threading.Event()
+        self._lock = threading.Lock()
+        self._future: Optional[concurrent.futures.Future] = None
+
+    @property
+    def cancelled(self) -> bool:
+        """True once :meth:`cancel` was called."""
+        return self._cancelled.is_set()
+
+    def cancel(self) -> None:
+        """Ask the running handler to stop. Safe to call from any thread, more than once."""
+        self._cancelled.set()
+        with self._lock:
+            future = self._future
+        if future is not None:
+            future.cancel()
+
+    def run(self) -> Dict[str, Any]:
+        """Run the handler to its end and return the job-done body.
+
+        Raises :class:`JobCancelled` if the job was cancelled (no result must be posted).
+        """
+        if self.kind.is_stream:
+            result = self._run_stream()
+        else:
+            result = self._run_single()
+        if self.cancelled:
+            raise JobCancelled(self.job.get("id"))
+        return result
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _await(self, coro) -> Any:
+        """Run ``coro`` on the loop and wait for it, honouring cancellation."""
+        future = self.loop.submit(coro)
+        with self._lock:
+            self._future = future
+        if self.cancelled:
+            future.cancel()
+        try:
+            return future.result()
+        except concurrent.futures.CancelledError as exc:
+            raise JobCancelled(self.job.get("id")) from exc
+        finally:
+            with self._lock:
+                self._future = None
+
+    def _run_single(self) -> Dict[str, Any]:
+        try:
+            output = self.handler(self.job)
+            if inspect.isawaitable(output):
+                output = self._await(output)
+            return results.normalize_output(output)
+        except JobCancelled:
+            raise
+        except Exception as exc:  # noqa: BLE001 - every handler error is reported
+            if self.cancelled:
+                raise JobCancelled(self.job.get("id")) from exc
+            return results.exception_result(exc, self.worker_id, self.hostname)
+
+    def _run_stream(self) -> Dict[str, Any]:
+        chunks: List[Any] = []
+        try:
+            if self.kind is HandlerKind.ASYNC_GENERATOR:
+                terminal = self._drain_async(self.handler(self.job), chunks)
+            else:
+                terminal = self._drain_sync(self.handler(self.job), chunks)
+        except JobCancelled:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            if self.cancelled:
+                raise JobCancelled(self.job.get("id")) from exc
+            return results.generator_exception_result(exc)
+        if terminal is not None:
+            return terminal
+        return results.stream_final_result(chunks, self.aggregate_stream)
+
+    def _emit(self, value: Any, chunks: List[Any]) -> Optional[Dict[str, Any]]:
+        terminal = results.chunk_error(value)
+        if terminal is not None:
+            return terminal
+        if self.on_chunk is not None:
+            self.on_chunk(value)
+        if self.aggregate_stream:
+            chunks.append(value)
+        return None
+
+    def _drain_sync(self, gen, chunks: List[Any]) -> Optional[Dict[str, Any]]:
+        try:
+            for value in gen:
+                if self.cancelled:
+                    raise JobCancelled(self.job.get("id"))
+                terminal = self._emit(value, chunks)
+                if terminal is not None:
+                    return terminal
+                if self.cancelled:
+                    raise JobCancelled(self.job.get("id"))
+            return None
+        finally:
+            close = getattr(gen, "close", None)
+            if close is not None:
+                try:
+                    close()
+                except Exception:  # noqa: BLE001 - closing must not mask the outcome
+                    pass
+
+    def _drain_async(self, agen, chunks: List[Any]) -> Optional[Dict[str, Any]]:
+        try:
+            while True:
+                try:
+                    value = self._await(agen.__anext__())
+                except StopAsyncIteration:
+                    return None
+                terminal = self._emit(value, chunks)
+                if terminal is not None:
+                    return terminal
+                if self.cancelled:
+                    raise JobCancelled(self.job.get("id"))
+        finally:
+            try:
+                self.loop.submit(agen.aclose()).result(timeout=5)
+            except BaseException:  # noqa: BLE001 - closing must not mask the outcome
+                pass
+
+
+async def _as_coroutine(awaitable):
+    return await awaitable

@@ -1,0 +1,63 @@
+"""Local one-shot mode: run the handler once on a test input and exit 0 (success) or 1 (error).
+
+Used when no job-take URL is configured, or when ``--test_input`` is given, like runpod-python.
+The job comes from ``--test_input '<json>'`` or ``./test_input.json`` and must hold ``input``;
+``id`` defaults to ``"local_test"``. A generator's yields are collected into a list.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Dict, Optional, Tuple
+
+from .env import WorkerEnv
+from .handler import JobRun, LoopThread
+from .log import get_logger, job_extra
+
+
+def load_test_job(test_input: Optional[str], cwd: str = ".") -> Tuple[Optional[Dict[str, Any]], str]:
+    """Return ``(job, problem)``: the job to run, or ``None`` and why it cannot run."""
+    if test_input is not None:
+        source = "--test_input"
+        text = test_input
+    else:
+        path = os.path.join(cwd, "test_input.json")
+        if not os.path.exists(path):
+            return None, "test_input.json not found and no --test_input given, exiting."
+        source = path
+        with open(path, "r", encoding="utf-8") as fh:
+            text = fh.read()
+    try:
+        job = json.loads(text)
+    except ValueError as exc:
+        return None, f"{source} is not valid JSON: {exc}"
+    if not isinstance(job, dict) or job.get("input") is None:
+        return None, "Job has no input parameter. Unable to run."
+    job.setdefault("id", "local_test")
+    return job, ""
+
+
+def run_local(config: Dict[str, Any], test_input: Optional[str], env: Optional[WorkerEnv] = None) -> int:
+    """Run the handler once and return the exit code (0 ok, 1 error)."""
+    log = get_logger()
+    env = env or WorkerEnv.from_environ()
+    job, problem = load_test_job(test_input)
+    if job is None:
+        log.error(problem)
+        return 1
+    job_id = str(job["id"])
+    loop = LoopThread()
+    try:
+        run = JobRun(config["handler"], job, loop, aggregate_stream=True,
+                     worker_id=env.report_worker_id, hostname=env.hostname)
+        result = run.run()
+    finally:
+        loop.stop()
+    if result.get("error"):
+        log.error("Job %s failed with error: %s", job_id, result["error"], extra=job_extra(job_id))
+        print(json.dumps(result, ensure_ascii=False, default=str))
+        return 1
+    log.info("Job %s completed successfully.", job_id, extra=job_extra(job_id))
+    print(json.dumps(result, ensure_ascii=False, default=str))
+    return 0

@@ -1,0 +1,69 @@
+"""Logging for the worker.
+
+Lines go to stdout. When an endpoint id is set (a deployed worker) they are JSON objects
+``{"requestId", "message", "level"}`` like runpod-python's, otherwise readable text.
+``VENDOR_LOG_FORMAT=text|json`` forces a format; ``VENDOR_LOG_LEVEL`` (or ``RUNPOD_LOG_LEVEL`` /
+``RUNPOD_DEBUG_LEVEL``) sets the level (``DEBUG``, ``INFO``, ``WARN``, ``ERROR``; default ``INFO``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from typing import Optional
+
+from .env import env_value
+
+LOGGER_NAME = "vendor_flash"
+_LEVELS = {"DEBUG": logging.DEBUG, "INFO": logging.INFO, "WARN": logging.WARNING,
+           "WARNING": logging.WARNING, "ERROR": logging.ERROR}
+
+
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        line = {
+            "requestId": getattr(record, "job_id", None),
+            "message": record.getMessage(),
+            "level": "WARN" if record.levelno == logging.WARNING else record.levelname,
+        }
+        if record.exc_info:
+            line["message"] += "\n" + self.formatException(record.exc_info)
+        return json.dumps(line, ensure_ascii=False)
+
+
+class _TextFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        job = getattr(record, "job_id", None)
+        prefix = f"{record.levelname:<5} | " + (f"{job} | " if job else "")
+        text = prefix + record.getMessage()
+        if record.exc_info:
+            text += "\n" + self.formatException(record.exc_info)
+        return text
+
+
+def get_logger() -> logging.Logger:
+    """The package logger (configured on first use by :func:`setup`)."""
+    return logging.getLogger(LOGGER_NAME)
+
+
+def setup(level: Optional[str] = None) -> logging.Logger:
+    """Configure the package logger once; ``level`` overrides the environment."""
+    logger = get_logger()
+    name = (level or env_value("LOG_LEVEL") or os.environ.get("RUNPOD_DEBUG_LEVEL") or "INFO").upper()
+    logger.setLevel(_LEVELS.get(name, logging.INFO))
+    if not getattr(logger, "_vendor_flash_configured", False):
+        handler = logging.StreamHandler(sys.stdout)
+        fmt = (os.environ.get("VENDOR_LOG_FORMAT") or "").lower()
+        use_json = fmt == "json" or (fmt != "text" and env_value("ENDPOINT_ID") is not None)
+        handler.setFormatter(_JsonFormatter() if use_json else _TextFormatter())
+        logger.addHandler(handler)
+        logger.propagate = False
+        logger._vendor_flash_configured = True  # type: ignore[attr-defined]
+    return logger
+
+
+def job_extra(job_id: Optional[str]) -> dict:
+    """``extra=`` argument that tags a log line with a job id."""
+    return {"job_id": job_id}

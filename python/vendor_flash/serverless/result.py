@@ -1,0 +1,107 @@
+"""Turn what a handler returns (or raises) into the body posted to job-done.
+
+The rules are runpod-python's (``rp_job.run_job`` / ``run_job_generator``), so results look the
+same to flashd, to clients and to log parsers:
+
+* a ``dict`` output loses its ``error`` and ``refresh_worker`` keys: a truthy ``error`` becomes
+  the result's ``error``, a truthy ``refresh_worker`` adds ``"stopPod": true``; what is left is
+  the ``output``, dropped when it is ``{}``;
+* any other value is wrapped as ``{"output": value}``;
+* an exception becomes ``{"error": "<JSON string>"}`` with the keys of :func:`error_info`;
+* a generator yields stream chunks; a yielded dict with a truthy ``error`` ends the job with
+  ``{"error": str(error)}``; an exception ends it with ``{"error": "handler: … \\ntraceback: …"}``.
+"""
+
+from __future__ import annotations
+
+import json
+import traceback
+from typing import Any, Dict, List, Optional
+
+from ..version import __version__
+
+#: Value of the ``runpod_version`` key in error reports (kept for log parsers).
+SDK_VERSION_TAG = f"vendor-flash/{__version__}"
+
+
+def normalize_output(output: Any) -> Dict[str, Any]:
+    """Build the job-done body for a non-generator handler's return value.
+
+    >>> normalize_output({"error": "x", "a": 1})
+    {'output': {'a': 1}, 'error': 'x'}
+    >>> normalize_output({"error": "x"})
+    {'error': 'x'}
+    >>> normalize_output([1, 2])
+    {'output': [1, 2]}
+    """
+    if isinstance(output, dict):
+        output = dict(output)  # do not mutate the handler's object
+        error = output.pop("error", None)
+        refresh = output.pop("refresh_worker", None)
+        result: Dict[str, Any] = {"output": output}
+        if error:
+            result["error"] = error
+        if refresh:
+            result["stopPod"] = True
+    else:
+        result = {"output": output}
+    if result.get("output") == {}:
+        result.pop("output")
+    return result
+
+
+def error_info(exc: BaseException, worker_id: str = "unknown", hostname: str = "unknown") -> Dict[str, str]:
+    """Describe a handler exception with runpod-python's keys.
+
+    Keys: ``error_type`` (``str(type(exc))``, e.g. ``"<class 'ValueError'>"``), ``error_message``
+    (``str(exc)``), ``error_traceback``, ``hostname``, ``worker_id``, ``runpod_version`` (here
+    ``"vendor-flash/<version>"``) and ``vendor_flash_version`` (the bare version).
+    """
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return {
+        "error_type": str(type(exc)),
+        "error_message": str(exc),
+        "error_traceback": tb,
+        "hostname": hostname,
+        "worker_id": worker_id,
+        "runpod_version": SDK_VERSION_TAG,
+        "vendor_flash_version": __version__,
+    }
+
+
+def exception_result(exc: BaseException, worker_id: str = "unknown", hostname: str = "unknown") -> Dict[str, str]:
+    """The job-done body for a handler exception: ``{"error": json.dumps(error_info(...))}``."""
+    return {"error": json.dumps(error_info(exc, worker_id, hostname))}
+
+
+def generator_exception_result(exc: BaseException) -> Dict[str, str]:
+    """The job-done body for an exception raised inside a generator handler."""
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return {"error": f"handler: {exc} \ntraceback: {tb}"}
+
+
+def chunk_error(chunk: Any) -> Optional[Dict[str, str]]:
+    """If a yielded value is a dict with a truthy ``error``, return the terminal error body."""
+    if isinstance(chunk, dict) and chunk.get("error"):
+        return {"error": str(chunk["error"])}
+    return None
+
+
+def stream_final_result(chunks: List[Any], aggregate: bool) -> Dict[str, Any]:
+    """The final job-done body of a generator job (posted with ``isStream=true``)."""
+    return {"output": list(chunks) if aggregate else []}
+
+
+def encode_body(body: Dict[str, Any]) -> bytes:
+    """Serialise a body as strict UTF-8 JSON (``NaN``/``Infinity`` are refused).
+
+    Raises ``TypeError`` or ``ValueError`` when the body cannot be encoded.
+    """
+    return json.dumps(body, ensure_ascii=False, allow_nan=False).encode("utf-8")
+
+
+def unencodable_result(exc: Exception, worker_id: str = "unknown", hostname: str = "unknown") -> Dict[str, str]:
+    """The body sent instead of a result that is not JSON-serialisable."""
+    wrapped = TypeError(f"handler output is not JSON serialisable: {exc}")
+    wrapped.__traceback__ = exc.__traceback__
+    return exception_result(wrapped, worker_id, hostname)

@@ -1,0 +1,475 @@
+"""The production worker: take jobs, run them, post results, heartbeat, stop and shut down.
+
+Threads:
+
+* **take** – long-polls job-take (one slot free) or job-take-batch (several), starts a thread
+  per job, and waits on a condition while every slot is busy (no polling).
+* **job-<id>** – runs the handler (async ones on the shared event loop), streams chunks,
+  posts the result, then frees the slot.
+* **stop** – long-polls job-stop and cancels the listed jobs.
+* **heartbeat** – pings every interval with the ids of the jobs in progress (renews leases).
+* **main** – waits for a shutdown request (SIGTERM/SIGINT or ``refresh_worker``), then stops
+  taking, lets in-flight jobs finish and post, and returns.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from . import progress
+from .env import WorkerEnv
+from .handler import HandlerKind, JobCancelled, JobRun, LoopThread, handler_kind
+from .http import TRANSPORT_ERRORS, HttpClient, HttpResponse, RequestAborted
+from .log import get_logger, job_extra
+from .transport import PostOutcome, Transport, retry_after_seconds
+from ..version import __version__
+
+#: Client-side limit of a job-take / job-stop long-poll (the server holds < 90 s).
+LONG_POLL_TIMEOUT = 95.0
+#: An empty long-poll answer faster than this counts as "not held" and is backed off.
+SPIN_GUARD_SECONDS = 1.0
+#: How long a stop request for a job not (yet) running here is remembered.
+EARLY_STOP_TTL = 120.0
+
+
+class Backoff:
+    """Exponential backoff: ``first``, doubling, capped at ``cap`` seconds."""
+
+    def __init__(self, first: float = 0.5, cap: float = 5.0):
+        self.first = first
+        self.cap = cap
+        self._next = first
+
+    def next(self) -> float:
+        """The delay to wait now; the following one doubles."""
+        delay = self._next
+        self._next = min(self.cap, self._next * 2)
+        return delay
+
+    def reset(self) -> None:
+        """Start again from ``first``."""
+        self._next = self.first
+
+
+def parse_jobs(response: HttpResponse) -> Tuple[List[Dict[str, Any]], List[str]]:
+    """Jobs from a 200 job-take (object) or job-take-batch (array) answer.
+
+    Returns ``(jobs, problems)``; a job without ``id`` or ``input`` is skipped and reported.
+    """
+    if not response.body.strip():
+        return [], []
+    try:
+        payload = response.json()
+    except ValueError as exc:
+        return [], [f"job-take answer is not JSON: {exc}"]
+    items = payload if isinstance(payload, list) else [payload]
+    jobs, problems = [], []
+    for item in items:
+        if not isinstance(item, dict):
+            problems.append(f"job is not an object: {item!r:.200}")
+            continue
+        missing = [k for k in ("id", "input") if item.get(k) is None]
+        if missing:
+            problems.append(f"Job has missing field(s): {', '.join(missing)}.")
+            continue
+        jobs.append(item)
+    return jobs, problems
+
+
+@dataclass
+class ActiveJob:
+    """A job held by this worker."""
+
+    job: Dict[str, Any]
+    run: JobRun
+    lost: bool = False  # a 409 said another attempt owns it now
+    thread: Optional[threading.Thread] = field(default=None, repr=False)
+
+    @property
+    def id(self) -> str:
+        return str(self.job["id"])
+
+
+class Worker:
+    """A flashd/RunPod queue worker for one handler. Call :meth:`run`."""
+
+    def __init__(self, config: Dict[str, Any], env: WorkerEnv):
+        if not callable(config.get("handler")):
+            raise ValueError("config['handler'] must be a callable")
+        self.config = config
+        self.env = env
+        self.handler: Callable = config["handler"]
+        self.kind: HandlerKind = handler_kind(self.handler)
+        self.aggregate = bool(config.get("return_aggregate_stream", False))
+        self.refresh_always = bool(config.get("refresh_worker", False))
+        self.modifier: Optional[Callable[[int], int]] = config.get("concurrency_modifier")
+        self.concurrency = 1
+        self.log = get_logger()
+
+        self.transport = Transport(env)
+        self.take_client = HttpClient(env.api_key, timeout=LONG_POLL_TIMEOUT, max_idle=1)
+        self.stop_client = HttpClient(env.api_key, timeout=LONG_POLL_TIMEOUT, max_idle=1)
+        self.jobs: Dict[str, ActiveJob] = {}
+        self.cond = threading.Condition()
+        self.stopping = threading.Event()  # no more takes
+        self.finished = threading.Event()  # drained, background loops end
+        self.loop: Optional[LoopThread] = None
+        self._early_stops: Dict[str, float] = {}
+        self._signals = 0
+        self._threads: List[threading.Thread] = []
+
+    # -- public -----------------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Run until shut down; returns the exit code (0)."""
+        self.log.info("vendor-flash %s worker %s starting (handler: %s, endpoint: %s)",
+                      __version__, self.env.worker_id, self.kind.value, self.env.endpoint_id or "-")
+        previous = self._install_signal_handlers()
+        self.loop = LoopThread()
+        progress.set_transport(self.transport, on_stale=self._mark_lost)
+        try:
+            self._spawn(self._take_loop, "take")
+            self._spawn(self._stop_loop, "stop")
+            if self.env.ping_enabled:
+                self._spawn(self._heartbeat_loop, "heartbeat")
+            else:
+                self.log.warning("heartbeat disabled: needs the ping URL, the worker key and the pod id")
+            while not self.stopping.wait(0.5):
+                pass
+            self._drain()
+        finally:
+            self.finished.set()
+            self.take_client.abort()
+            self.stop_client.abort()
+            for thread in self._threads:
+                thread.join(timeout=5)
+            progress.set_transport(None)
+            self.loop.stop()
+            self._restore_signal_handlers(previous)
+        self.log.info("worker %s stopped", self.env.worker_id)
+        return 0
+
+    def request_shutdown(self, reason: str) -> None:
+        """Stop taking jobs; in-flight jobs finish and post their results, then :meth:`run` returns."""
+        if self.stopping.is_set():
+            return
+        self.log.info("shutting down (%s): no new jobs, finishing %d in flight", reason, len(self.jobs))
+        self.stopping.set()
+        self.take_client.abort()
+        with self.cond:
+            self.cond.notify_all()
+
+    def in_progress_ids(self) -> List[str]:
+        """Ids of the jobs this worker still works on (cancelled and lost ones excluded)."""
+        with self.cond:
+            return [j.id for j in self.jobs.values() if not j.lost and not j.run.cancelled]
+
+    def cancel_job(self, job_id: str) -> bool:
+        """Cancel a job running here (no result will be posted). False if it is not running here."""
+        with self.cond:
+            active = self.jobs.get(job_id)
+            if active is None:
+                now = time.monotonic()
+                self._early_stops = {k: t for k, t in self._early_stops.items() if now - t < EARLY_STOP_TTL}
+                self._early_stops[job_id] = now
+                return False
+        self.log.info("stop requested: cancelling job", extra=job_extra(job_id))
+        active.run.cancel()
+        return True
+
+    # -- take -------------------------------------------------------------------------------
+
+    def _current_concurrency(self) -> int:
+        if self.modifier is None:
+            return self.concurrency
+        try:
+            value = int(self.modifier(self.concurrency))
+        except Exception as exc:  # noqa: BLE001 - a bad modifier must not kill the worker
+            self.log.error("concurrency_modifier failed: %s", exc)
+            return self.concurrency
+        self.concurrency = max(1, value)
+        return self.concurrency
+
+    def _take_loop(self) -> None:
+        backoff = Backoff(0.5, 5.0)
+        while not self.stopping.is_set():
+            want = self._current_concurrency()
+            with self.cond:
+                free = want - len(self.jobs)
+                if free <= 0:
+                    self.cond.wait(timeout=1.0)
+                    continue
+                busy = bool(self.jobs)
+            try:
+                jobs, delay = self._take(free, busy, backoff)
+            except RequestAborted:
+                break
+            for job in jobs:
+                self._start_job(job)
+            if delay > 0:
+                self.stopping.wait(delay)
+
+    def _take(self, count: int, busy: bool, backoff: Backoff) -> Tuple[List[Dict[str, Any]], float]:
+        """One job-take (``count == 1``) or job-take-batch call. Returns ``(jobs, delay)``."""
+        if count == 1:
+            url = self.env.job_take_url(busy)
+        else:
+            url = self.env.job_take_batch_url(count, busy)
+        started = time.monotonic()
+        try:
+            response = self.take_client.request("GET", url, timeout=LONG_POLL_TIMEOUT)
+        except RequestAborted:
+            raise
+        except TimeoutError:
+            self.log.debug("job-take held past %.0f s, polling again", LONG_POLL_TIMEOUT)
+            return [], 0.0
+        except TRANSPORT_ERRORS as exc:
+            delay = backoff.next()
+            self.log.warning("job-take failed (%s: %s), retrying in %.1f s", type(exc).__name__, exc, delay)
+            return [], delay
+        held = time.monotonic() - started
+        status = response.status
+        if status == 200:
+            jobs, problems = parse_jobs(response)
+            for problem in problems:
+                self.log.error(problem)
+            if jobs:
+                backoff.reset()
+                return jobs, 0.0
+            return [], self._empty_delay(held, backoff)
+        if status in (204, 400):
+            return [], self._empty_delay(held, backoff)
+        if status == 429:
+            delay = retry_after_seconds(response.headers, 5.0)
+            self.log.warning("job-take rate limited, waiting %.1f s", delay)
+            return [], delay
+        delay = backoff.next()
+        self.log.error("job-take got HTTP %d, retrying in %.1f s: %s", status, delay, response.text())
+        return [], delay
+
+    def _empty_delay(self, held: float, backoff: Backoff) -> float:
+        if held >= SPIN_GUARD_SECONDS:
+            backoff.reset()
+            return 0.0
+        delay = backoff.next()
+        self.log.debug("job-take answered empty after %.3f s (not held), waiting %.1f s", held, delay)
+        return delay
+
+    # -- jobs -------------------------------------------------------------------------------
+
+    def _start_job(self, job: Dict[str, Any]) -> None:
+        job_id = str(job["id"])
+        extra = job_extra(job_id)
+        with self.cond:
+            if job_id in self._early_stops:
+                self._early_stops.pop(job_id, None)
+                self.log.info("job was stopped before it started here: skipped", extra=extra)
+                return
+            if job_id in self.jobs:
+                self.log.warning("job delivered twice to this worker: ignoring the copy", extra=extra)
+                return
+            run = JobRun(
+                self.handler, job, self.loop, kind=self.kind, aggregate_stream=self.aggregate,
+                on_chunk=lambda value: self._stream_chunk(job_id, value),
+                worker_id=self.env.report_worker_id, hostname=self.env.hostname,
+            )
+            active = ActiveJob(job=job, run=run)
+            self.jobs[job_id] = active
+        batch = job.get("batchId")
+        self.log.info("started%s", f" [batchId={batch}]" if batch else "", extra=extra)
+        thread = threading.Thread(target=self._job_thread, args=(active,), name=f"job-{job_id}", daemon=True)
+        active.thread = thread
+        thread.start()
+
+    def _job_thread(self, active: ActiveJob) -> None:
+        job_id = active.id
+        extra = job_extra(job_id)
+        started = time.monotonic()
+        try:
+            try:
+                body = active.run.run()
+            except JobCancelled:
+                self.log.info("cancelled: no result posted", extra=extra)
+                return
+            if self.refresh_always:
+                body["stopPod"] = True
+            progress.wait_pending(job_id)
+            if active.lost or active.run.cancelled:
+                self.log.info("job no longer held here: result dropped", extra=extra)
+                return
+            if body.get("stopPod"):
+                self.request_shutdown("refresh_worker")
+            outcome = self.transport.post_done(job_id, body, is_stream=self.kind.is_stream)
+            if outcome is PostOutcome.STALE:
+                active.lost = True
+            self.log.info("finished in %.3f s (%s%s)", time.monotonic() - started,
+                          "error" if body.get("error") else "ok",
+                          "" if outcome is PostOutcome.DELIVERED else f", result {outcome.value}",
+                          extra=extra)
+        except Exception:  # noqa: BLE001 - never let a job thread die silently
+            self.log.exception("internal error while running the job", extra=extra)
+        finally:
+            with self.cond:
+                self.jobs.pop(job_id, None)
+                self.cond.notify_all()
+
+    def _stream_chunk(self, job_id: str, value: Any) -> None:
+        with self.cond:
+            active = self.jobs.get(job_id)
+        if active is None or active.lost:
+            raise JobCancelled(job_id)
+        outcome = self.transport.post_stream(job_id, value)
+        if outcome is PostOutcome.STALE:
+            self._mark_lost(job_id)
+            raise JobCancelled(job_id)
+
+    def _mark_lost(self, job_id: str) -> None:
+        """A 409 said this attempt is stale: stop the job and post nothing more for it."""
+        with self.cond:
+            active = self.jobs.get(job_id)
+        if active is not None and not active.lost:
+            active.lost = True
+            self.log.warning("job now belongs to another attempt: stopping it here", extra=job_extra(job_id))
+            active.run.cancel()
+
+    def _drain(self) -> None:
+        """Wait until every job that will post a result has done so."""
+        with self.cond:
+            while any(not (j.run.cancelled or j.lost) for j in self.jobs.values()):
+                self.cond.wait(timeout=0.5)
+
+    # -- stop channel -----------------------------------------------------------------------
+
+    def _stop_loop(self) -> None:
+        url = self.env.job_stop_url()
+        if url is None:
+            self.log.warning("job-stop disabled: the job-take URL has no /job-take/ segment")
+            return
+        backoff = Backoff(1.0, 5.0)
+        warned_404 = False
+        while not self.finished.is_set():
+            started = time.monotonic()
+            try:
+                response = self.stop_client.request("GET", url, timeout=LONG_POLL_TIMEOUT)
+            except RequestAborted:
+                return
+            except TimeoutError:
+                continue
+            except TRANSPORT_ERRORS as exc:
+                delay = backoff.next()
+                self.log.debug("job-stop failed (%s), retrying in %.1f s", exc, delay)
+                self.finished.wait(delay)
+                continue
+            held = time.monotonic() - started
+            delay = 0.0
+            if response.status == 200:
+                ids = self._stop_ids(response)
+                for job_id in ids:
+                    self.cancel_job(job_id)
+                if not ids and held < SPIN_GUARD_SECONDS:
+                    delay = backoff.next()
+                else:
+                    backoff.reset()
+            elif response.status == 204:
+                delay = backoff.next() if held < SPIN_GUARD_SECONDS else 0.0
+                if delay == 0.0:
+                    backoff.reset()
+            elif response.status == 429:
+                delay = retry_after_seconds(response.headers, 5.0)
+            else:
+                delay = backoff.next()
+                if response.status != 404 or not warned_404:
+                    self.log.warning("job-stop got HTTP %d: %s", response.status, response.text(200))
+                warned_404 = warned_404 or response.status == 404
+            if delay > 0:
+                self.finished.wait(delay)
+
+    def _stop_ids(self, response: HttpResponse) -> List[str]:
+        try:
+            payload = response.json()
+        except ValueError:
+            self.log.warning("job-stop answer is not JSON: %s", response.text(200))
+            return []
+        ids = payload.get("jobsToStop") if isinstance(payload, dict) else None
+        return [i for i in ids if isinstance(i, str)] if isinstance(ids, list) else []
+
+    # -- heartbeat --------------------------------------------------------------------------
+
+    def _heartbeat_loop(self) -> None:
+        interval = self.env.ping_interval
+        client = HttpClient(self.env.api_key, timeout=min(30.0, max(2.0, 2 * interval)), max_idle=1)
+        try:
+            while True:
+                self.ping_once(client)
+                if self.finished.wait(interval):
+                    return
+        finally:
+            client.close()
+
+    def ping_once(self, client: HttpClient) -> Optional[int]:
+        """Send one heartbeat listing the jobs in progress; returns the HTTP status or None."""
+        ids = self.in_progress_ids()
+        try:
+            response = client.request("GET", self.env.ping_url(ids, __version__))
+        except TRANSPORT_ERRORS as exc:
+            self.log.warning("ping failed: %s: %s", type(exc).__name__, exc)
+            return None
+        if response.status == 409:
+            self._stale_from_ping(response, ids)
+        elif response.status >= 400:
+            self.log.warning("ping got HTTP %d: %s", response.status, response.text(200))
+        return response.status
+
+    def _stale_from_ping(self, response: HttpResponse, sent: List[str]) -> None:
+        """A 409 on ping: drop the jobs it names (or the only job sent, if it names none)."""
+        named: List[str] = []
+        try:
+            payload = response.json()
+        except ValueError:
+            payload = None
+        if isinstance(payload, dict):
+            for key in ("staleJobs", "stale", "jobIds", "jobs", "jobsToStop", "jobId", "job_id"):
+                value = payload.get(key)
+                if isinstance(value, str):
+                    named.append(value)
+                elif isinstance(value, list):
+                    named.extend(v for v in value if isinstance(v, str))
+        if not named and len(sent) == 1:
+            named = sent
+        if not named:
+            self.log.warning("ping refused with 409 without naming jobs: %s", response.text(200))
+        for job_id in named:
+            if job_id in sent:
+                self._mark_lost(job_id)
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    def _spawn(self, target: Callable[[], None], name: str) -> None:
+        thread = threading.Thread(target=target, name=f"vendor-flash-{name}", daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+    def _on_signal(self, signum, _frame) -> None:
+        self._signals += 1
+        if self._signals > 1:
+            self.log.warning("second signal: exiting now, in-flight results are lost")
+            os._exit(1)
+        self.request_shutdown(signal.Signals(signum).name)
+
+    def _install_signal_handlers(self) -> Dict[int, Any]:
+        previous: Dict[int, Any] = {}
+        if threading.current_thread() is not threading.main_thread():
+            return previous
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            previous[sig] = signal.signal(sig, self._on_signal)
+        return previous
+
+    @staticmethod
+    def _restore_signal_handlers(previous: Dict[int, Any]) -> None:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
