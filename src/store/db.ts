@@ -2,6 +2,7 @@ import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
 import Database from 'better-sqlite3';
 import type { Logger } from '../core/logger.js';
+import { sqliteNativeBinding } from '../core/native.js';
 import { MIGRATIONS } from './migrations.js';
 
 export type Db = Database.Database;
@@ -20,7 +21,10 @@ export interface OpenDbOptions {
 /** Opens `<dataDir>/flashd.db` in WAL mode and applies pending migrations. */
 export function openDb(options: OpenDbOptions): Db {
   mkdirSync(options.dataDir, { recursive: true });
-  const db = new Database(join(options.dataDir, 'flashd.db'));
+  // In the single binary the addon comes from core/native.ts. better-sqlite3 takes the loaded
+  // addon object (its #972); the typings only admit a path string.
+  const nativeBinding = sqliteNativeBinding();
+  const db = new Database(join(options.dataDir, 'flashd.db'), nativeBinding ? ({ nativeBinding } as unknown as Database.Options) : {});
   db.pragma('journal_mode = WAL');
   db.pragma(`synchronous = ${options.synchronous === 'full' ? 'FULL' : 'NORMAL'}`);
   db.pragma('foreign_keys = ON');

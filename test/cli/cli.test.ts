@@ -1,0 +1,125 @@
+/**
+ * The command line as a user meets it: the bundle `dist/flashd.mjs` (what `npm start` runs)
+ * started as its own process. Flags, exit codes, the listening line, the first admin key and a
+ * clean shutdown on SIGTERM.
+ */
+import t, { type Test } from 'tap';
+import { readFileSync, statSync, existsSync } from 'node:fs';
+import { createServer } from 'node:net';
+import { join } from 'node:path';
+import configSchema from '../../schema/config.schema.json' with { type: 'json' };
+import pkg from '../../package.json' with { type: 'json' };
+import { cleanEnv, REPO_ROOT, run, startFlashd } from '../helpers/spawn-flashd.js';
+
+const BUNDLE = join(REPO_ROOT, 'dist/flashd.mjs');
+const node = process.execPath;
+
+t.before(() => {
+  const built = run(node, ['build/bundle.mjs']);
+  if (built.status !== 0) throw new Error(`bundle failed: ${built.stderr}`);
+});
+
+t.test('--help describes every flag and env variable of the config schema', async (t) => {
+  const r = run(node, [BUNDLE, '--help']);
+  t.equal(r.status, 0, 'exit 0');
+  t.match(r.stdout, /Usage:/);
+  const options = Object.entries(configSchema.properties) as [string, { 'x-flag'?: string; 'x-env'?: string }][];
+  for (const [key, o] of options) {
+    if (o['x-flag']) t.match(r.stdout, new RegExp(`^\\s+${o['x-flag']} <`, 'm'), `${key}: flag ${o['x-flag']}`);
+    if (o['x-env']) t.ok(r.stdout.includes(o['x-env']), `${key}: env ${o['x-env']}`);
+  }
+  t.match(r.stdout, /--config <file>/);
+  t.equal(run(node, [BUNDLE, '-h']).stdout, r.stdout, '-h is the same');
+});
+
+t.test('--version prints the package version', async (t) => {
+  const r = run(node, [BUNDLE, '--version']);
+  t.equal(r.status, 0);
+  t.equal(r.stdout, `flashd ${pkg.version}\n`);
+});
+
+t.test('bad usage exits 2 with a message on stderr', async (t) => {
+  const unknown = run(node, [BUNDLE, '--no-such-flag', '1']);
+  t.equal(unknown.status, 2, 'unknown flag');
+  t.match(unknown.stderr, /unknown flag --no-such-flag/);
+  t.equal(unknown.stdout, '', 'nothing on stdout');
+
+  const badValue = run(node, [BUNDLE, '--port', 'eighty']);
+  t.equal(badValue.status, 2, 'non-integer port');
+  t.match(badValue.stderr, /--port/);
+
+  const outOfRange = run(node, [BUNDLE, '--port', '70000']);
+  t.equal(outOfRange.status, 2, 'port out of range');
+  t.match(outOfRange.stderr, /port/);
+
+  const missing = run(node, [BUNDLE, '--data-dir']);
+  t.equal(missing.status, 2, 'flag without a value');
+  t.match(missing.stderr, /needs a value/);
+
+  const command = run(node, [BUNDLE, 'frobnicate']);
+  t.equal(command.status, 2, 'unknown command');
+  t.match(command.stderr, /unknown command "frobnicate"/);
+
+  const badEnv = run(node, [BUNDLE], cleanEnv({ FLASHD_PORT: 'x' }));
+  t.equal(badEnv.status, 2, 'bad env value');
+  t.match(badEnv.stderr, /FLASHD_PORT/);
+});
+
+/** A port that is certainly taken while the returned server lives. */
+async function occupiedPort(t: Test): Promise<number> {
+  const server = createServer();
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  t.teardown(() => new Promise<void>((resolve) => server.close(() => resolve())));
+  return (server.address() as { port: number }).port;
+}
+
+t.test('starts on --port 0, answers /healthz, prints the first admin key once, exits 0 on SIGTERM', async (t) => {
+  const dir = t.testdir();
+  // Flags win over env: were FLASHD_PORT used, listening would fail on the taken port.
+  const taken = await occupiedPort(t);
+  const f = await startFlashd(t, node, [BUNDLE, '--port', '0', '--data-dir', dir], cleanEnv({ FLASHD_PORT: String(taken) }));
+  const url = new URL(f.url);
+  t.equal(url.hostname, '127.0.0.1', 'default host');
+  t.not(url.port, '0', 'the bound port is reported, not 0');
+  t.not(url.port, String(taken), 'the flag won over FLASHD_PORT');
+
+  const health = await fetch(`${f.url}/healthz`);
+  t.equal(health.status, 200);
+  t.same(await health.json(), { status: 'ok', version: pkg.version });
+
+  const file = join(dir, 'admin-api-key');
+  const key = readFileSync(file, 'utf8').trim();
+  t.match(key, /^fd_usr_[A-Za-z0-9]{36}$/);
+  t.equal(statSync(file).mode & 0o777, 0o600, 'admin-api-key is 0600');
+  t.ok(f.stdout().includes(key), 'the key is printed on stdout');
+  t.notOk(f.stderr().includes(key), 'and not in the log');
+  const list = await fetch(`${f.url}/v2/serverless`, { headers: { authorization: `Bearer ${key}` } });
+  t.equal(list.status, 200, 'the printed key works');
+  t.same(await list.json(), []);
+  t.equal((await fetch(`${f.url}/v2/serverless`)).status, 401, 'no key, no access');
+
+  t.equal(await f.stop('SIGTERM'), 0, 'SIGTERM exits 0');
+  t.match(f.stderr(), /shutting down signal=SIGTERM/);
+  t.ok(existsSync(join(dir, 'flashd.db')), 'database in --data-dir');
+
+  const again = await startFlashd(t, node, [BUNDLE, '--port', '0', '--data-dir', dir], cleanEnv());
+  t.notOk(again.stdout().includes('fd_usr_'), 'no key printed on a second start');
+  t.equal((await fetch(`${again.url}/v2/serverless`, { headers: { authorization: `Bearer ${key}` } })).status, 200, 'the key survives a restart');
+  t.equal(await again.stop('SIGINT'), 0, 'SIGINT exits 0 too');
+});
+
+t.test('FLASHD_* env configures the server without flags', async (t) => {
+  const dir = t.testdir();
+  const adminKey = 'cli-test-admin-key-0123456789';
+  const f = await startFlashd(t, node, [BUNDLE], cleanEnv({ FLASHD_PORT: '0', FLASHD_DATA_DIR: dir, FLASHD_ADMIN_API_KEY: adminKey, FLASHD_LOG_FORMAT: 'json' }));
+  t.equal((await fetch(`${f.url}/healthz`)).status, 200);
+  const r = await fetch(`${f.url}/v2/serverless`, { headers: { authorization: `Bearer ${adminKey}` } });
+  t.equal(r.status, 200, 'FLASHD_ADMIN_API_KEY is a valid admin key');
+  t.notOk(existsSync(join(dir, 'admin-api-key')), 'no generated key file');
+  t.notOk(f.stdout().includes('fd_usr_'), 'no key printed');
+  t.notOk(f.stderr().includes(adminKey), 'the env key is never logged');
+  const listening = f.stderr().split('\n').find((l) => l.includes('flashd listening'));
+  t.match(JSON.parse(listening ?? '{}'), { level: 'info', msg: 'flashd listening' }, 'FLASHD_LOG_FORMAT=json');
+  t.ok(existsSync(join(dir, 'flashd.db')), 'database in FLASHD_DATA_DIR');
+  t.equal(await f.stop(), 0);
+});
