@@ -88,7 +88,7 @@ export function createDispatcher(options: DispatcherOptions): (method: string, p
               throw new AgentError('UNSUPPORTED_MEDIA_TYPE', `Send the body as application/json (got ${req.headers['content-type'] ? JSON.stringify(req.headers['content-type']) : 'no Content-Type'}).`);
             }
             if (route.body === 'json' && !hasBody) throw new AgentError('BAD_REQUEST', 'A JSON request body is required.');
-            if (hasBody) {
+            if (hasBody && route.body !== 'raw') {
               try {
                 body = JSON.parse(req.body.toString('utf8'));
               } catch (err) {

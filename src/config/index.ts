@@ -22,6 +22,13 @@ export interface FlashdConfig {
   readonly maxBodyBytes: number;
   readonly sqliteSynchronous: 'full' | 'normal';
   readonly sessionTtlSeconds: number;
+  readonly runtime: 'none' | 'process';
+  readonly leaseMs: number;
+  readonly takeHoldMs: number;
+  readonly maxAttempts: number;
+  readonly webhookAllowPrivate: boolean;
+  readonly webhookRetryDelayMs: number;
+  readonly processWorkdir: string | null;
   readonly logLevel: 'debug' | 'info' | 'warn' | 'error' | 'silent';
   readonly logFormat: 'text' | 'json';
   readonly adminApiKey: string | null;
@@ -51,6 +58,11 @@ function isIntegerOption(schema: OptionSchema): boolean {
 }
 
 function coerce(key: string, schema: OptionSchema, raw: string, source: string): unknown {
+  if (schema.type === 'boolean') {
+    if (/^(1|true|yes|on)$/i.test(raw)) return true;
+    if (/^(0|false|no|off)$/i.test(raw)) return false;
+    throw new AgentError('VALIDATION_FAILED', `${source}: ${key} must be true or false, got ${JSON.stringify(raw)}`);
+  }
   if (isIntegerOption(schema)) {
     if (!/^-?\d+$/.test(raw.trim())) {
       throw new AgentError('VALIDATION_FAILED', `${source}: ${key} must be an integer, got ${JSON.stringify(raw)}`);
@@ -87,7 +99,8 @@ export function parseFlags(argv: readonly string[]): { values: Record<string, un
     const entry = byFlag.get(name);
     if (!entry) throw new AgentError('VALIDATION_FAILED', `unknown flag ${name} (see flashd --help)`);
     const [key, schema] = entry;
-    values[key] = coerce(key, schema, take(), `flag ${name}`);
+    const bare = schema.type === 'boolean' && inline === undefined && (argv[i + 1] === undefined || (argv[i + 1] as string).startsWith('--'));
+    values[key] = bare ? true : coerce(key, schema, take(), `flag ${name}`);
   }
   return configFile === undefined ? { values } : { values, configFile };
 }

@@ -9,6 +9,7 @@ import endpointSchema from '../../schema/endpoint.schema.json' with { type: 'jso
 import resourcesSchema from '../../schema/resources.schema.json' with { type: 'json' };
 import authSchema from '../../schema/auth.schema.json' with { type: 'json' };
 import problemSchema from '../../schema/problem.schema.json' with { type: 'json' };
+import jobsSchema from '../../schema/jobs.schema.json' with { type: 'json' };
 import { validationError } from './errors.js';
 
 /** Every schema document, keyed by file name. Their `$defs` names are unique across files. */
@@ -17,6 +18,7 @@ export const SCHEMA_DOCUMENTS: Readonly<Record<string, { $id: string; $defs: Rec
   'resources.schema.json': resourcesSchema as never,
   'auth.schema.json': authSchema as never,
   'problem.schema.json': problemSchema as never,
+  'jobs.schema.json': jobsSchema as never,
 };
 
 const addFormats = addFormatsModule as unknown as (ajv: Ajv2020) => void;

@@ -1,3 +1,6 @@
 export { openDb, migrate, type Db, type OpenDbOptions } from './db.js';
 export { ResourceRepo, type ResourceRow, type ResourceTable } from './resources.js';
 export { IdentityRepo, type ApiKeyRow, type UserRow, type TeamRow, type TeamMemberRow } from './identity.js';
+export { WriteBatch } from './write-batch.js';
+export { JobsRepo, type JobRow, type JobStatus } from './jobs.js';
+export { LogsRepo, type LogLine } from './logs.js';

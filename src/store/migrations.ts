@@ -96,4 +96,31 @@ export const MIGRATIONS: readonly string[] = [
     value TEXT NOT NULL
   );
   `,
+  // 2: jobs and their lifecycle. Terminal rows stay until their result expires.
+  `
+  CREATE TABLE jobs (
+    id TEXT PRIMARY KEY,
+    endpoint_id TEXT NOT NULL REFERENCES endpoints(id) ON DELETE CASCADE,
+    status TEXT NOT NULL CHECK (status IN ('IN_QUEUE', 'IN_PROGRESS', 'COMPLETED', 'FAILED', 'CANCELLED', 'TIMED_OUT')),
+    input TEXT NOT NULL,
+    extra TEXT,
+    webhook TEXT,
+    low_priority INTEGER NOT NULL DEFAULT 0,
+    execution_timeout_ms INTEGER NOT NULL,
+    ttl_ms INTEGER NOT NULL,
+    retention_ms INTEGER NOT NULL,
+    attempt INTEGER NOT NULL DEFAULT 0,
+    retries INTEGER NOT NULL DEFAULT 0,
+    worker_id TEXT,
+    output TEXT,
+    error TEXT,
+    created_at INTEGER NOT NULL,
+    started_at INTEGER,
+    completed_at INTEGER,
+    expires_at INTEGER
+  );
+  CREATE INDEX jobs_active ON jobs(status, created_at) WHERE status IN ('IN_QUEUE', 'IN_PROGRESS');
+  CREATE INDEX jobs_endpoint ON jobs(endpoint_id, status);
+  CREATE INDEX jobs_expiry ON jobs(expires_at) WHERE expires_at IS NOT NULL;
+  `,
 ];

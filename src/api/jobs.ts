@@ -1,0 +1,177 @@
+/**
+ * The queue job API, `{queue_base_url}/v2/{endpoint_id}/…` (spec "Queue-based job operations").
+ * `Authorization` works with or without `Bearer ` (runpod clients send the raw key).
+ */
+import { AgentError } from '../core/errors.js';
+import { assertSchema } from '../core/schemas.js';
+import type { EndpointService, EndpointSpec } from '../endpoints/index.js';
+import { checkWebhookUrl, statusBody, type JobQueue, type JobSnapshot } from '../queue/index.js';
+import type { ResourceRow } from '../store/index.js';
+import type { Principal } from '../auth/index.js';
+import type { ApiResult, RouteDef } from './route.js';
+
+export interface JobRouteServices {
+  queue: JobQueue;
+  endpoints: EndpointService;
+  now(): number;
+}
+
+const MB = 1024 * 1024;
+
+interface SubmitBody {
+  input: Record<string, unknown>;
+  webhook?: string;
+  policy?: { executionTimeout?: number; ttl?: number; lowPriority?: boolean };
+  s3Config?: Record<string, unknown>;
+}
+
+/** Endpoint lookups on the job path are cached; updates and deletes invalidate. */
+export function createEndpointCache(endpoints: EndpointService): (principal: Principal, id: string) => ResourceRow<EndpointSpec> {
+  const cache = new Map<string, ResourceRow<EndpointSpec>>();
+  endpoints.on({ changed: (id) => cache.delete(id), deleting: (id) => cache.delete(id) });
+  return (principal, id) => {
+    let row = cache.get(id);
+    if (!row) {
+      row = endpoints.byId(id);
+      if (row) {
+        if (cache.size > 10_000) cache.clear();
+        cache.set(id, row);
+      }
+    }
+    if (!row || row.ownerId !== principal.ownerId) throw new AgentError('NOT_FOUND', `Endpoint ${id} not found.`);
+    return row;
+  };
+}
+
+function queueEndpoint(row: ResourceRow<EndpointSpec>): ResourceRow<EndpointSpec> {
+  if (row.data.type !== 'QUEUE') {
+    throw new AgentError('BAD_REQUEST', `Endpoint ${row.id} is a LOAD_BALANCER endpoint; send requests to its requestUrls.base instead.`);
+  }
+  return row;
+}
+
+function intQuery(query: URLSearchParams, name: string, min: number, max: number): number | undefined {
+  const raw = query.get(name);
+  if (raw === null || raw === '') return undefined;
+  if (!/^\d+$/.test(raw) || Number(raw) < min || Number(raw) > max) {
+    throw new AgentError('VALIDATION_FAILED', `?${name} must be an integer from ${min} to ${max} (milliseconds).`, {
+      errors: [`?${name}: must be an integer from ${min} to ${max}`],
+    });
+  }
+  return Number(raw);
+}
+
+const json = (status: number, body: string): ApiResult => ({ status, body, headers: { 'content-type': 'application/json' } });
+const ref = (j: Pick<JobSnapshot, 'id' | 'status'>) => `{"id":${JSON.stringify(j.id)},"status":"${j.status}"}`;
+
+export function jobRoutes(s: JobRouteServices): RouteDef[] {
+  const endpointFor = createEndpointCache(s.endpoints);
+  const P = '/v2/{endpointId}';
+  const READ = [400, 401, 403, 404, 429];
+
+  const submit = async (principal: Principal, endpointId: string, body: unknown, retentionMs: number) => {
+    const ep = queueEndpoint(endpointFor(principal, endpointId));
+    const b = assertSchema<SubmitBody>('JobSubmit', body);
+    if (b.webhook !== undefined) {
+      const problem = checkWebhookUrl(b.webhook);
+      if (problem) throw new AgentError('VALIDATION_FAILED', problem, { errors: [`/webhook: ${problem}`] });
+    }
+    return s.queue.submit({
+      endpointId: ep.id,
+      input: JSON.stringify(b.input),
+      extra: b.s3Config === undefined ? null : JSON.stringify({ s3Config: b.s3Config }),
+      webhook: b.webhook ?? null,
+      executionTimeoutMs: b.policy?.executionTimeout ?? ep.data.timeout,
+      ttlMs: b.policy?.ttl ?? s.queue.settings.defaultTtlMs,
+      lowPriority: b.policy?.lowPriority ?? false,
+      retentionMs,
+    });
+  };
+
+  return [
+    {
+      method: 'POST', path: `${P}/run`, operationId: 'runJob', summary: 'Queue a job; replies at once with its id', tag: 'Jobs',
+      auth: 'user', scope: 'jobs:run', body: 'json', requestSchema: 'JobSubmit', successStatus: 200, responseSchema: 'JobAccepted',
+      problems: [400, 401, 403, 404, 413, 415, 429], maxBodyBytes: 10 * MB,
+      handle: async ({ principal, params, body }) => {
+        const job = await submit(principal, params['endpointId'] as string, body, s.queue.settings.runRetentionMs);
+        return json(200, ref(job));
+      },
+    },
+    {
+      method: 'POST', path: `${P}/runsync`, operationId: 'runJobSync',
+      summary: 'Queue a job and wait up to ?wait ms (1000–300000, default 90000) for its result; the job goes on after the wait',
+      tag: 'Jobs', auth: 'user', scope: 'jobs:run', body: 'json', requestSchema: 'JobSubmit', successStatus: 200, responseSchema: 'JobStatus',
+      problems: [400, 401, 403, 404, 413, 415, 429], maxBodyBytes: 20 * MB,
+      query: [{ name: 'wait', description: 'ms to wait for completion, 1000–300000 (default 90000).', schema: { type: 'integer', minimum: 1000, maximum: 300000 } }],
+      handle: async ({ req, principal, params, body }) => {
+        const wait = intQuery(req.query, 'wait', 1000, 300_000);
+        const { syncRetentionMs, maxSyncRetentionMs } = s.queue.settings;
+        const retention = wait === undefined ? syncRetentionMs : Math.min(maxSyncRetentionMs, Math.max(syncRetentionMs, wait));
+        const job = await submit(principal, params['endpointId'] as string, body, retention);
+        // A client that goes away stops waiting; it never cancels the job.
+        await s.queue.waitFinal(job, wait ?? 90_000, req.signal);
+        return json(200, statusBody(job, s.now()));
+      },
+    },
+    {
+      method: 'GET', path: `${P}/status/{jobId}`, operationId: 'jobStatus', summary: 'Job status and result (?ttl ms sets how long the result is kept)',
+      tag: 'Jobs', auth: 'user', scope: 'jobs:read', successStatus: 200, responseSchema: 'JobStatus', problems: READ,
+      query: [{ name: 'ttl', description: 'Keep the result this many ms from now (or from completion).', schema: { type: 'integer', minimum: 1000 } }],
+      handle: ({ req, principal, params }) => {
+        const ep = queueEndpoint(endpointFor(principal, params['endpointId'] as string));
+        const ttl = intQuery(req.query, 'ttl', 1000, 7 * 86_400_000);
+        const jobId = params['jobId'] as string;
+        const snap = s.queue.find(ep.id, jobId);
+        if (!snap) throw new AgentError('NOT_FOUND', `Job ${jobId} not found (unknown, or its result expired).`);
+        if (ttl !== undefined) s.queue.setRetention(ep.id, jobId, ttl);
+        return json(200, statusBody(snap, s.now()));
+      },
+    },
+    {
+      method: 'GET', path: `${P}/stream/{jobId}`, operationId: 'jobStream', summary: 'Stream chunks posted since the last poll',
+      tag: 'Jobs', auth: 'user', scope: 'jobs:read', successStatus: 200, responseSchema: 'JobStream', problems: READ,
+      handle: ({ principal, params }) => {
+        const ep = queueEndpoint(endpointFor(principal, params['endpointId'] as string));
+        const jobId = params['jobId'] as string;
+        const drained = s.queue.drainStream(ep.id, jobId);
+        if (!drained) throw new AgentError('NOT_FOUND', `Job ${jobId} not found (unknown, or its result expired).`);
+        const chunks = drained.stream.map((c) => (c.metrics === undefined ? `{"output":${c.output}}` : `{"output":${c.output},"metrics":${c.metrics}}`));
+        return json(200, `{"status":"${drained.status}","stream":[${chunks.join(',')}]}`);
+      },
+    },
+    {
+      method: 'POST', path: `${P}/cancel/{jobId}`, operationId: 'cancelJob', summary: 'Cancel a queued or running job',
+      tag: 'Jobs', auth: 'user', scope: 'jobs:run', body: 'optional-json', successStatus: 200, responseSchema: 'JobRef', problems: READ,
+      handle: async ({ principal, params }) => {
+        const ep = queueEndpoint(endpointFor(principal, params['endpointId'] as string));
+        return json(200, ref(await s.queue.cancel(ep.id, params['jobId'] as string)));
+      },
+    },
+    {
+      method: 'POST', path: `${P}/retry/{jobId}`, operationId: 'retryJob', summary: 'Queue a FAILED or TIMED_OUT job again (same id and input)',
+      tag: 'Jobs', auth: 'user', scope: 'jobs:run', body: 'optional-json', successStatus: 200, responseSchema: 'JobRef', problems: [...READ, 409],
+      handle: async ({ principal, params }) => {
+        const ep = queueEndpoint(endpointFor(principal, params['endpointId'] as string));
+        return json(200, ref(await s.queue.retry(ep.id, params['jobId'] as string)));
+      },
+    },
+    {
+      method: 'POST', path: `${P}/purge-queue`, operationId: 'purgeQueue', summary: 'Remove every queued job; running jobs go on',
+      tag: 'Jobs', auth: 'user', scope: 'jobs:run', body: 'optional-json', successStatus: 200, responseSchema: 'PurgeResult', problems: READ,
+      handle: async ({ principal, params }) => {
+        const ep = queueEndpoint(endpointFor(principal, params['endpointId'] as string));
+        const removed = await s.queue.purge(ep.id);
+        return { status: 200, body: { removed, status: 'completed' } };
+      },
+    },
+    {
+      method: 'GET', path: `${P}/health`, operationId: 'endpointHealth', summary: 'Job and worker counters of the endpoint',
+      tag: 'Jobs', auth: 'user', scope: 'jobs:read', successStatus: 200, responseSchema: 'EndpointHealth', problems: READ,
+      handle: ({ principal, params }) => {
+        const ep = queueEndpoint(endpointFor(principal, params['endpointId'] as string));
+        return { status: 200, body: s.queue.health(ep.id) };
+      },
+    },
+  ];
+}

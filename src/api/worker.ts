@@ -1,0 +1,185 @@
+/**
+ * The worker protocol (RunPod-compatible; research/worker-protocol.md §0–§1) plus the admin
+ * routes that hand out worker environments and serve endpoint logs.
+ */
+import type { AuthService, Principal } from '../auth/index.js';
+import { AgentError } from '../core/errors.js';
+import { newId } from '../core/ids.js';
+import type { EndpointService } from '../endpoints/index.js';
+import type { OutgoingReply } from '../http/server.js';
+import { workerEnv, workerJobBody, type DoneBody, type DoneOutcome, type JobQueue } from '../queue/index.js';
+import type { LogLine, LogsRepo } from '../store/index.js';
+import type { RouteDef } from './route.js';
+
+export interface WorkerRouteServices {
+  queue: JobQueue;
+  endpoints: EndpointService;
+  auth: AuthService;
+  logs: LogsRepo;
+  /** queue_base_url as workers reach it. */
+  baseUrl(): string;
+  pingIntervalMs: number;
+  /** Subscribe to new log lines of an endpoint; returns an unsubscribe function. */
+  onLog(endpointId: string, listener: (line: LogLine) => void): () => void;
+}
+
+const MB = 1024 * 1024;
+const W = '/v2/{endpointId}';
+
+/** A worker key may act only for its own endpoint; admins may act for endpoints they own. */
+function checkWorker(s: WorkerRouteServices, principal: Principal, endpointId: string): void {
+  if (principal.scopes.has('worker')) {
+    if (principal.endpointId !== endpointId) throw new AgentError('FORBIDDEN', 'This worker key belongs to another endpoint.');
+  } else {
+    const row = s.endpoints.byId(endpointId);
+    if (!row || row.ownerId !== principal.ownerId) throw new AgentError('NOT_FOUND', `Endpoint ${endpointId} not found.`);
+  }
+  if (!s.endpoints.byId(endpointId)) throw new AgentError('NOT_FOUND', `Endpoint ${endpointId} not found.`);
+}
+
+function parseRaw(body: Buffer): DoneBody {
+  // runpod-python posts JSON as application/x-www-form-urlencoded: read the raw bytes as JSON.
+  if (body.length === 0) return {};
+  try {
+    const parsed = JSON.parse(body.toString('utf8')) as unknown;
+    if (parsed === null || typeof parsed !== 'object' || Array.isArray(parsed)) throw new Error('not an object');
+    return parsed as DoneBody;
+  } catch {
+    throw new AgentError('INVALID_JSON', 'The result body must be a JSON object.');
+  }
+}
+
+function outcomeReply(outcome: DoneOutcome, jobId: string): { status: number; body?: unknown } {
+  switch (outcome) {
+    case 'accepted':
+    case 'duplicate':
+      return { status: 200, body: { ok: true } };
+    case 'stale':
+      throw new AgentError('STALE_ATTEMPT', `Job ${jobId} is no longer held by this worker (finished, cancelled, or reassigned); the result was discarded.`);
+    case 'unknown':
+      throw new AgentError('NOT_FOUND', `Job ${jobId} not found.`);
+  }
+}
+
+const jobsReply = (jobs: { id: string; input: string; extra: string | null; webhook: string | null }[], batch: boolean): OutgoingReply | undefined => {
+  if (!batch) {
+    const job = jobs[0];
+    return job ? { status: 200, headers: { 'content-type': 'application/json' }, body: workerJobBody(job) } : undefined;
+  }
+  return { status: 200, headers: { 'content-type': 'application/json' }, body: `[${jobs.map(workerJobBody).join(',')}]` };
+};
+
+const logView = (l: LogLine) => ({ seq: l.seq, at: new Date(l.at).toISOString(), workerId: l.workerId, stream: l.stream, line: l.line });
+
+export function workerRoutes(s: WorkerRouteServices): RouteDef[] {
+  const take = (batch: boolean): RouteDef => ({
+    method: 'GET', path: `${W}/${batch ? 'job-take-batch' : 'job-take'}/{workerId}`, operationId: batch ? 'workerTakeBatch' : 'workerTake',
+    summary: batch ? 'Worker: take up to ?batch_size jobs (long-poll; JSON array)' : 'Worker: take one job (long-poll; 204 when none arrived)',
+    tag: 'Worker protocol', auth: 'worker', skipRateLimit: true, successStatus: 200, responseSchema: 'WorkerJob', responseIsArray: batch,
+    problems: [401, 403, 404],
+    handle: async ({ req, principal, params }) => {
+      const endpointId = params['endpointId'] as string;
+      checkWorker(s, principal, endpointId);
+      const size = batch ? Math.min(256, Math.max(1, Number(req.query.get('batch_size') ?? '1') || 1)) : 1;
+      const jobs = await s.queue.take(endpointId, params['workerId'] as string, size, req.signal);
+      const reply = jobsReply(jobs, batch);
+      return reply ? { status: 200, reply } : { status: 204 };
+    },
+  });
+  return [
+    take(false),
+    take(true),
+    {
+      method: 'POST', path: `${W}/job-done/{workerId}/{jobId}`, operationId: 'workerDone',
+      summary: 'Worker: post a result or progress ({"status":"IN_PROGRESS"}); any content type, parsed as JSON',
+      tag: 'Worker protocol', auth: 'worker', skipRateLimit: true, body: 'raw', successStatus: 200, responseSchema: null, problems: [400, 401, 403, 404, 409, 413],
+      maxBodyBytes: 64 * MB,
+      handle: async ({ req, principal, params }) => {
+        const endpointId = params['endpointId'] as string;
+        checkWorker(s, principal, endpointId);
+        const jobId = params['jobId'] as string;
+        return outcomeReply(await s.queue.done(endpointId, params['workerId'] as string, jobId, parseRaw(req.body)), jobId);
+      },
+    },
+    {
+      method: 'POST', path: `${W}/job-stream/{workerId}/{jobId}`, operationId: 'workerStream', summary: 'Worker: post a stream chunk ({"output": …})',
+      tag: 'Worker protocol', auth: 'worker', skipRateLimit: true, body: 'raw', successStatus: 200, responseSchema: null, problems: [400, 401, 403, 404, 409, 413],
+      maxBodyBytes: 64 * MB,
+      handle: ({ req, principal, params }) => {
+        const endpointId = params['endpointId'] as string;
+        checkWorker(s, principal, endpointId);
+        const jobId = params['jobId'] as string;
+        return outcomeReply(s.queue.stream(endpointId, params['workerId'] as string, jobId, parseRaw(req.body)), jobId);
+      },
+    },
+    {
+      method: 'GET', path: `${W}/job-stop/{workerId}`, operationId: 'workerStop', summary: 'Worker: jobs to stop (long-poll; 204 when none)',
+      tag: 'Worker protocol', auth: 'worker', skipRateLimit: true, successStatus: 200, responseSchema: 'JobsToStop', problems: [401, 403, 404],
+      handle: async ({ req, principal, params }) => {
+        const endpointId = params['endpointId'] as string;
+        checkWorker(s, principal, endpointId);
+        const ids = await s.queue.stopSignals(endpointId, params['workerId'] as string, req.signal);
+        return ids.length ? { status: 200, body: { jobsToStop: ids } } : { status: 204 };
+      },
+    },
+    {
+      method: 'GET', path: `${W}/ping/{workerId}`, operationId: 'workerPing', summary: 'Worker: heartbeat listing the jobs it holds (?job_id=a,b); renews their leases',
+      tag: 'Worker protocol', auth: 'worker', skipRateLimit: true, successStatus: 200, responseSchema: null, problems: [401, 403, 404],
+      handle: ({ req, principal, params }) => {
+        const endpointId = params['endpointId'] as string;
+        checkWorker(s, principal, endpointId);
+        const ids = (req.query.get('job_id') ?? '').split(',').map((x) => x.trim()).filter(Boolean);
+        s.queue.ping(endpointId, params['workerId'] as string, ids, req.query.get('status') === 'unhealthy');
+        return { status: 200, body: { ok: true } };
+      },
+    },
+    {
+      method: 'GET', path: '/v2/serverless/{endpointId}/worker-env', operationId: 'workerEnv',
+      summary: 'Admin: a new worker id and key, and the environment an external worker needs', tag: 'Workers',
+      auth: 'user', scope: 'admin', successStatus: 200, responseSchema: 'WorkerEnv', problems: [401, 403, 404, 429],
+      handle: ({ req, principal, params }) => {
+        const ep = s.endpoints.get(principal.ownerId, params['endpointId'] as string);
+        const workerId = newId('wkr');
+        const { key } = s.auth.createWorkerKey(principal.userId, principal.teamId, ep.id, `worker ${workerId}`);
+        const gpu = req.query.get('gpu') ?? (ep.data.gpu ? 'gpu' : 'cpu');
+        return {
+          status: 200,
+          body: { workerId, env: workerEnv({ baseUrl: s.baseUrl(), endpointId: ep.id, workerId, key, gpu, pingIntervalMs: s.pingIntervalMs }) },
+        };
+      },
+    },
+    {
+      method: 'GET', path: '/v2/serverless/{endpointId}/logs', operationId: 'endpointLogs',
+      summary: "Workers' stdout/stderr: the last ?limit lines, or lines after ?since; ?follow=true streams new lines as NDJSON", tag: 'Workers',
+      auth: 'user', scope: 'endpoints:read', successStatus: 200, responseSchema: 'LogLine', responseIsArray: true, problems: [400, 401, 403, 404, 429],
+      query: [
+        { name: 'since', description: 'Only lines with seq greater than this.', schema: { type: 'integer', minimum: 0 } },
+        { name: 'limit', description: 'At most this many lines (default 500, max 10000).', schema: { type: 'integer', minimum: 1, maximum: 10000 } },
+        { name: 'follow', description: 'true: keep the response open and stream new lines as NDJSON.', schema: { type: 'boolean' } },
+      ],
+      handle: ({ req, principal, params }) => {
+        const ep = s.endpoints.get(principal.ownerId, params['endpointId'] as string);
+        const sinceRaw = req.query.get('since');
+        const limitRaw = req.query.get('limit');
+        if ((sinceRaw !== null && !/^\d+$/.test(sinceRaw)) || (limitRaw !== null && (!/^\d+$/.test(limitRaw) || Number(limitRaw) < 1 || Number(limitRaw) > 10_000))) {
+          throw new AgentError('VALIDATION_FAILED', '?since must be a non-negative integer and ?limit an integer from 1 to 10000.');
+        }
+        const limit = limitRaw === null ? 500 : Number(limitRaw);
+        const lines = s.logs.read(ep.id, sinceRaw === null ? undefined : Number(sinceRaw), limit);
+        if (req.query.get('follow') !== 'true' && req.query.get('follow') !== '1') return { status: 200, body: lines.map(logView) };
+        return {
+          status: 200,
+          reply: {
+            status: 200,
+            headers: { 'content-type': 'application/x-ndjson', 'cache-control': 'no-store' },
+            stream: (w) => {
+              for (const l of lines) w.write(JSON.stringify(logView(l)) + '\n');
+              const off = s.onLog(ep.id, (l) => w.write(JSON.stringify(logView(l)) + '\n'));
+              w.signal.addEventListener('abort', off, { once: true });
+            },
+          },
+        };
+      },
+    },
+  ];
+}

@@ -1,0 +1,38 @@
+/** A FIFO with O(1) push and shift (an array with a moving head, compacted now and then). */
+export class Deque<T> {
+  #items: T[] = [];
+  #head = 0;
+
+  get size(): number {
+    return this.#items.length - this.#head;
+  }
+
+  push(item: T): void {
+    this.#items.push(item);
+  }
+
+  shift(): T | undefined {
+    if (this.#head >= this.#items.length) return undefined;
+    const item = this.#items[this.#head] as T;
+    (this.#items as (T | undefined)[])[this.#head] = undefined;
+    this.#head++;
+    if (this.#head > 1024 && this.#head * 2 > this.#items.length) {
+      this.#items = this.#items.slice(this.#head);
+      this.#head = 0;
+    }
+    return item;
+  }
+
+  peek(): T | undefined {
+    return this.#head < this.#items.length ? this.#items[this.#head] : undefined;
+  }
+
+  *[Symbol.iterator](): IterableIterator<T> {
+    for (let i = this.#head; i < this.#items.length; i++) yield this.#items[i] as T;
+  }
+
+  clear(): void {
+    this.#items = [];
+    this.#head = 0;
+  }
+}

@@ -1,0 +1,722 @@
+/**
+ * The job lifecycle. Memory holds the queues, leases and parked long-polls; SQLite holds the
+ * truth. Every state change is one named function here (submit, claim, progress, complete,
+ * fail, requeue, timeOut, cancel, retry, purge) that checks the current state first and writes
+ * one conditional statement through the group-commit batch. A job can therefore finish once:
+ * a result for another worker or an older attempt is refused as stale.
+ *
+ * Execution is at least once: a job whose worker dies or loses its lease goes back to the
+ * queue, at most `maxAttempts` times. Completion is recorded exactly once.
+ */
+import type { Clock } from '../core/clock.js';
+import { AgentError } from '../core/errors.js';
+import { newJobId } from '../core/ids.js';
+import type { Logger } from '../core/logger.js';
+import type { JobRow, JobsRepo, WriteBatch } from '../store/index.js';
+import { Deque } from './deque.js';
+import { TERMINAL, type Job, type JobStatus, type StreamChunk, type WorkerCounts } from './types.js';
+import { statusBody, type JobSnapshot } from './views.js';
+import type { WorkerInfo, WorkerRegistry } from './workers.js';
+
+export interface QueueSettings {
+  /** A claimed job's lease; renewed by pings and any other call of its worker. */
+  leaseMs: number;
+  /** How long job-take and job-stop hold an idle request (must stay under the SDK's 90 s). */
+  takeHoldMs: number;
+  /** Claims per job before it fails for good (worker deaths, lost leases). */
+  maxAttempts: number;
+  runRetentionMs: number;
+  syncRetentionMs: number;
+  maxSyncRetentionMs: number;
+  /** Default `policy.ttl`: queue plus execution time. */
+  defaultTtlMs: number;
+  /** Largest stream chunk; larger outputs are split. */
+  streamChunkBytes: number;
+  /** Finished jobs kept in memory for fast /status (older ones are read from SQLite). */
+  finishedInMemory: number;
+}
+
+export const DEFAULT_QUEUE_SETTINGS: QueueSettings = {
+  leaseMs: 30_000,
+  takeHoldMs: 55_000,
+  maxAttempts: 3,
+  runRetentionMs: 30 * 60_000,
+  syncRetentionMs: 60_000,
+  maxSyncRetentionMs: 5 * 60_000,
+  defaultTtlMs: 24 * 3_600_000,
+  streamChunkBytes: 1024 * 1024,
+  finishedInMemory: 20_000,
+};
+
+export interface SubmitInput {
+  endpointId: string;
+  /** Raw JSON of `input`. */
+  input: string;
+  /** Raw JSON object of extra keys for the worker, or null. */
+  extra: string | null;
+  webhook: string | null;
+  executionTimeoutMs: number;
+  ttlMs: number;
+  lowPriority: boolean;
+  retentionMs: number;
+}
+
+export interface QueueListener {
+  /** A job became available (submit or requeue): wake the autoscaler. */
+  jobQueued?(endpointId: string): void;
+  /** A worker asked to be recycled (stopPod / refresh_worker). */
+  recycleWorker?(endpointId: string, workerId: string): void;
+  /** A job reached a final state, after commit. */
+  finished?(job: Job, body: string): void;
+}
+
+interface Taker {
+  worker: WorkerInfo;
+  max: number;
+  resolve(jobs: Job[]): void;
+}
+
+class EndpointQueue {
+  readonly retry = new Deque<Job>();
+  readonly normal = new Deque<Job>();
+  readonly low = new Deque<Job>();
+  queued = 0;
+  lowQueued = 0;
+  inProgress = 0;
+  takers: Taker[] = [];
+}
+
+export type DoneOutcome = 'accepted' | 'duplicate' | 'stale' | 'unknown';
+
+export interface DoneBody {
+  status?: unknown;
+  output?: unknown;
+  error?: unknown;
+  stopPod?: unknown;
+}
+
+export class JobQueue {
+  readonly settings: QueueSettings;
+  readonly workers: WorkerRegistry;
+  readonly #repo: JobsRepo;
+  readonly #batch: WriteBatch;
+  readonly #clock: Clock;
+  readonly #log: Logger;
+  readonly #jobs = new Map<string, Job>();
+  readonly #finishedOrder = new Deque<Job>();
+  readonly #queues = new Map<string, EndpointQueue>();
+  readonly #running = new Set<Job>();
+  readonly #listeners: QueueListener[] = [];
+
+  constructor(options: { repo: JobsRepo; batch: WriteBatch; clock: Clock; log: Logger; workers: WorkerRegistry; settings?: Partial<QueueSettings> }) {
+    this.#repo = options.repo;
+    this.#batch = options.batch;
+    this.#clock = options.clock;
+    this.#log = options.log;
+    this.workers = options.workers;
+    this.settings = { ...DEFAULT_QUEUE_SETTINGS, ...options.settings };
+  }
+
+  on(listener: QueueListener): void {
+    this.#listeners.push(listener);
+  }
+
+  #queue(endpointId: string): EndpointQueue {
+    let q = this.#queues.get(endpointId);
+    if (!q) this.#queues.set(endpointId, (q = new EndpointQueue()));
+    return q;
+  }
+
+  // Recovery ----------------------------------------------------------------------------------
+
+  /**
+   * After a restart: queued jobs go back in line in their original order; running jobs keep
+   * their worker and get a fresh lease, so a worker that survived the restart finishes them
+   * without a second execution, and a dead one loses them when the lease runs out.
+   */
+  recover(): { queued: number; running: number } {
+    const mono = this.#clock.monotonic();
+    const now = this.#clock.now();
+    let queued = 0;
+    let running = 0;
+    for (const row of this.#repo.active()) {
+      const job = this.#fromRow(row, mono, now);
+      this.#jobs.set(job.id, job);
+      const q = this.#queue(job.endpointId);
+      if (job.status === 'IN_QUEUE') {
+        this.#enqueue(q, job, false);
+        queued++;
+      } else {
+        job.leaseDeadline = mono + this.settings.leaseMs;
+        const elapsed = row.startedAt === null ? 0 : Math.max(0, now - row.startedAt);
+        job.execDeadline = mono + Math.max(0, job.executionTimeoutMs - elapsed);
+        if (job.workerId) this.workers.seen(job.endpointId, job.workerId).jobs.add(job.id);
+        this.#running.add(job);
+        q.inProgress++;
+        running++;
+      }
+    }
+    return { queued, running };
+  }
+
+  #fromRow(row: JobRow, mono: number, now: number): Job {
+    return {
+      id: row.id, endpointId: row.endpointId, status: row.status, input: row.input, extra: row.extra, webhook: row.webhook,
+      lowPriority: row.lowPriority, executionTimeoutMs: row.executionTimeoutMs, ttlMs: row.ttlMs, retentionMs: row.retentionMs,
+      attempt: row.attempt, retries: row.retries, workerId: row.workerId, output: row.output, error: row.error, progress: null,
+      chunks: [], createdAt: row.createdAt, startedAt: row.startedAt, completedAt: row.completedAt, expiresAt: row.expiresAt,
+      ttlDeadline: mono + Math.max(0, row.ttlMs - (now - row.createdAt)), leaseDeadline: 0, execDeadline: 0, waiters: [],
+    };
+  }
+
+  // Submit and claim --------------------------------------------------------------------------
+
+  /** Accepts a job; resolves once it is committed (only then may the client get its 200). */
+  async submit(input: SubmitInput): Promise<Job> {
+    const now = this.#clock.now();
+    const job: Job = {
+      id: newJobId(), endpointId: input.endpointId, status: 'IN_QUEUE', input: input.input, extra: input.extra, webhook: input.webhook,
+      lowPriority: input.lowPriority, executionTimeoutMs: input.executionTimeoutMs, ttlMs: input.ttlMs, retentionMs: input.retentionMs,
+      attempt: 0, retries: 0, workerId: null, output: null, error: null, progress: null, chunks: [], createdAt: now, startedAt: null,
+      completedAt: null, expiresAt: null, ttlDeadline: this.#clock.monotonic() + input.ttlMs, leaseDeadline: 0, execDeadline: 0, waiters: [],
+    };
+    this.#jobs.set(job.id, job);
+    this.#batch.write(() => this.#repo.insert(job));
+    const q = this.#queue(job.endpointId);
+    this.#enqueue(q, job, false);
+    await this.#batch.committed();
+    return job;
+  }
+
+  #enqueue(q: EndpointQueue, job: Job, front: boolean): void {
+    if (front) q.retry.push(job);
+    else if (job.lowPriority) q.low.push(job);
+    else q.normal.push(job);
+    if (job.lowPriority) q.lowQueued++;
+    else q.queued++;
+    this.#dispatch(q);
+    for (const l of this.#listeners) l.jobQueued?.(job.endpointId);
+  }
+
+  /** The next live queued job: requeued first, then normal, then low priority. */
+  #next(q: EndpointQueue): Job | undefined {
+    const mono = this.#clock.monotonic();
+    for (const d of [q.retry, q.normal, q.low]) {
+      for (let job = d.shift(); job; job = d.shift()) {
+        if (job.status !== 'IN_QUEUE') continue; // cancelled or purged while queued
+        if (job.lowPriority) q.lowQueued--;
+        else q.queued--;
+        if (mono >= job.ttlDeadline) {
+          this.#finish(job, 'TIMED_OUT', null, 'Job expired in the queue before a worker took it (policy.ttl).');
+          continue;
+        }
+        return job;
+      }
+    }
+    return undefined;
+  }
+
+  #claim(job: Job, worker: WorkerInfo): void {
+    const mono = this.#clock.monotonic();
+    job.status = 'IN_PROGRESS';
+    job.attempt++;
+    job.workerId = worker.id;
+    job.startedAt = this.#clock.now();
+    job.leaseDeadline = mono + this.settings.leaseMs;
+    job.execDeadline = mono + job.executionTimeoutMs;
+    job.progress = null;
+    worker.jobs.add(job.id);
+    this.#running.add(job);
+    this.#queue(job.endpointId).inProgress++;
+    const { id, attempt, startedAt } = job;
+    this.#batch.write(() => this.#repo.claim(id, attempt, worker.id, startedAt));
+  }
+
+  #claimUpTo(q: EndpointQueue, worker: WorkerInfo, max: number): Job[] {
+    const jobs: Job[] = [];
+    while (jobs.length < max) {
+      const job = this.#next(q);
+      if (!job) break;
+      this.#claim(job, worker);
+      jobs.push(job);
+    }
+    return jobs;
+  }
+
+  /** Hands queued jobs to parked takers, longest-waiting first. */
+  #dispatch(q: EndpointQueue): void {
+    while (q.takers.length > 0 && q.queued + q.lowQueued > 0) {
+      const taker = q.takers.shift() as Taker;
+      const jobs = this.#claimUpTo(q, taker.worker, taker.max);
+      if (jobs.length === 0) {
+        q.takers.unshift(taker);
+        return;
+      }
+      taker.resolve(jobs);
+    }
+  }
+
+  /**
+   * job-take: returns up to `max` jobs at once, or holds the request until one arrives (woken
+   * by submit, never by a timer) and gives [] after `holdMs`.
+   */
+  take(endpointId: string, workerId: string, max: number, signal: AbortSignal, holdMs = this.settings.takeHoldMs): Promise<Job[]> {
+    const worker = this.workers.seen(endpointId, workerId);
+    const q = this.#queue(endpointId);
+    const now = this.#clock.monotonic();
+    for (const id of worker.jobs) {
+      const j = this.#jobs.get(id);
+      if (j) j.leaseDeadline = now + this.settings.leaseMs;
+    }
+    const jobs = this.#claimUpTo(q, worker, Math.max(1, max));
+    if (jobs.length || signal.aborted) return Promise.resolve(jobs);
+    return new Promise((resolve) => {
+      let settled = false;
+      const settle = (result: Job[]) => {
+        if (settled) return;
+        settled = true;
+        clearTimeout(timer);
+        signal.removeEventListener('abort', onAbort);
+        worker.parked--;
+        worker.lastSeen = this.#clock.monotonic();
+        resolve(result);
+      };
+      const taker: Taker = { worker, max: Math.max(1, max), resolve: settle };
+      const drop = () => {
+        const i = q.takers.indexOf(taker);
+        if (i >= 0) q.takers.splice(i, 1);
+      };
+      const onAbort = () => {
+        drop();
+        settle([]);
+      };
+      const timer = setTimeout(() => {
+        drop();
+        settle([]);
+      }, holdMs);
+      worker.parked++;
+      q.takers.push(taker);
+      signal.addEventListener('abort', onAbort, { once: true });
+    });
+  }
+
+  // Results from workers ------------------------------------------------------------------------
+
+  #owned(endpointId: string, workerId: string, jobId: string): { job?: Job; outcome?: DoneOutcome } {
+    const job = this.#jobs.get(jobId);
+    if (job && job.endpointId === endpointId) {
+      if (job.status === 'IN_PROGRESS' && job.workerId === workerId) return { job };
+      return { outcome: TERMINAL.has(job.status) && job.workerId === workerId ? 'duplicate' : 'stale' };
+    }
+    const row = this.#repo.get(jobId);
+    if (!row || row.endpointId !== endpointId) return { outcome: 'unknown' };
+    return { outcome: TERMINAL.has(row.status) && row.workerId === workerId ? 'duplicate' : 'stale' };
+  }
+
+  /** job-done: a progress update, or the final result of the worker's current attempt. */
+  async done(endpointId: string, workerId: string, jobId: string, body: DoneBody): Promise<DoneOutcome> {
+    const worker = this.workers.seen(endpointId, workerId);
+    const { job, outcome } = this.#owned(endpointId, workerId, jobId);
+    if (!job) return outcome as DoneOutcome;
+    job.leaseDeadline = this.#clock.monotonic() + this.settings.leaseMs;
+    if (body.status === 'IN_PROGRESS') {
+      job.progress = body.output === undefined ? 'null' : JSON.stringify(body.output);
+      return 'accepted';
+    }
+    if (body.stopPod === true) {
+      worker.recycle = true;
+      for (const l of this.#listeners) l.recycleWorker?.(endpointId, workerId);
+    }
+    const output = body.output === undefined ? null : JSON.stringify(body.output);
+    if (body.error !== undefined && body.error !== null && body.error !== false && body.error !== '' && body.error !== 0) {
+      const error = typeof body.error === 'string' ? body.error : JSON.stringify(body.error);
+      await this.#finishCommitted(job, 'FAILED', output, error);
+    } else {
+      await this.#finishCommitted(job, 'COMPLETED', output, null);
+    }
+    return 'accepted';
+  }
+
+  /** job-stream: chunks for /stream, each at most `streamChunkBytes` (larger ones are split). */
+  stream(endpointId: string, workerId: string, jobId: string, body: { output?: unknown; metrics?: unknown }): DoneOutcome {
+    this.workers.seen(endpointId, workerId);
+    const { job, outcome } = this.#owned(endpointId, workerId, jobId);
+    if (!job) return outcome as DoneOutcome;
+    job.leaseDeadline = this.#clock.monotonic() + this.settings.leaseMs;
+    const metrics = body.metrics === undefined ? undefined : JSON.stringify(body.metrics);
+    const output = JSON.stringify(body.output ?? null);
+    const limit = this.settings.streamChunkBytes;
+    if (Buffer.byteLength(output) <= limit) {
+      job.chunks.push(metrics === undefined ? { output } : { output, metrics });
+      return 'accepted';
+    }
+    // Too large for one chunk: split strings into pieces, anything else as pieces of its JSON text.
+    const text = typeof body.output === 'string' ? body.output : output;
+    const step = Math.max(1, Math.floor(limit / 8));
+    for (let i = 0; i < text.length; i += step) {
+      const piece: StreamChunk = { output: JSON.stringify(text.slice(i, i + step)) };
+      if (i === 0 && metrics !== undefined) piece.metrics = metrics;
+      job.chunks.push(piece);
+    }
+    return 'accepted';
+  }
+
+  /** ping: renews the leases of the jobs the worker lists; tells it to stop jobs no longer its own. */
+  ping(endpointId: string, workerId: string, jobIds: readonly string[], unhealthy: boolean): void {
+    const worker = this.workers.seen(endpointId, workerId);
+    if (unhealthy) {
+      this.workers.markUnhealthy(endpointId, workerId);
+      this.#log.warn('worker reported unhealthy', { endpointId, workerId });
+    }
+    const listed = new Set(jobIds);
+    const lease = this.#clock.monotonic() + this.settings.leaseMs;
+    for (const id of listed) {
+      const job = this.#jobs.get(id);
+      if (job && job.status === 'IN_PROGRESS' && job.workerId === workerId) job.leaseDeadline = lease;
+      else if (!worker.stops.has(id)) this.#requestStop(worker, id);
+    }
+    for (const id of worker.stops.keys()) if (!listed.has(id)) worker.stops.delete(id);
+  }
+
+  #requestStop(worker: WorkerInfo, jobId: string): void {
+    worker.stops.set(jobId, this.#clock.monotonic());
+    const waiters = worker.stopWaiters;
+    worker.stopWaiters = [];
+    for (const w of waiters) w([...worker.stops.keys()]);
+  }
+
+  /** job-stop: the ids this worker must stop, held until there are some or `holdMs` passes. */
+  stopSignals(endpointId: string, workerId: string, signal: AbortSignal, holdMs = this.settings.takeHoldMs): Promise<string[]> {
+    const worker = this.workers.seen(endpointId, workerId);
+    if (worker.stops.size || signal.aborted) return Promise.resolve([...worker.stops.keys()]);
+    return new Promise((resolve) => {
+      let settled = false;
+      const settle = (ids: string[]) => {
+        if (settled) return;
+        settled = true;
+        clearTimeout(timer);
+        signal.removeEventListener('abort', onAbort);
+        const i = worker.stopWaiters.indexOf(settle);
+        if (i >= 0) worker.stopWaiters.splice(i, 1);
+        resolve(ids);
+      };
+      const onAbort = () => settle([]);
+      const timer = setTimeout(() => settle([]), holdMs);
+      worker.stopWaiters.push(settle);
+      signal.addEventListener('abort', onAbort, { once: true });
+    });
+  }
+
+  // Final states ------------------------------------------------------------------------------
+
+  #finish(job: Job, status: JobStatus, output: string | null, error: string | null): void {
+    const now = this.#clock.now();
+    const q = this.#queue(job.endpointId);
+    if (job.status === 'IN_PROGRESS') {
+      this.#running.delete(job);
+      q.inProgress--;
+      const worker = job.workerId ? this.workers.get(job.endpointId, job.workerId) : undefined;
+      if (worker) {
+        worker.jobs.delete(job.id);
+        if (worker.jobs.size === 0) worker.idleSince = this.#clock.monotonic();
+      }
+    }
+    job.status = status;
+    job.output = output;
+    job.error = error;
+    job.completedAt = now;
+    job.expiresAt = now + job.retentionMs;
+    const { id, expiresAt } = job;
+    this.#batch.write(() => this.#repo.finish(id, status, output, error, now, expiresAt));
+    this.#batch.committed().then(
+      () => {
+        const waiters = job.waiters;
+        job.waiters = [];
+        for (const w of waiters) w();
+        const body = statusBody(job, this.#clock.now());
+        for (const l of this.#listeners) l.finished?.(job, body);
+      },
+      () => undefined,
+    );
+    this.#finishedOrder.push(job);
+    this.#evict();
+  }
+
+  async #finishCommitted(job: Job, status: JobStatus, output: string | null, error: string | null): Promise<void> {
+    this.#finish(job, status, output, error);
+    await this.#batch.committed();
+  }
+
+  /** Drops finished jobs from memory past the cap or their expiry (SQLite still has them). */
+  #evict(): void {
+    const now = this.#clock.now();
+    for (let j = this.#finishedOrder.peek(); j; j = this.#finishedOrder.peek()) {
+      const over = this.#finishedOrder.size > this.settings.finishedInMemory;
+      if (!over && (j.expiresAt ?? 0) > now) break;
+      this.#finishedOrder.shift();
+      if (TERMINAL.has(j.status) && this.#jobs.get(j.id) === j && j.chunks.length === 0) this.#jobs.delete(j.id);
+      else if (TERMINAL.has(j.status) && (j.expiresAt ?? 0) <= now) this.#jobs.delete(j.id);
+    }
+  }
+
+  /** Back to the queue after a lost lease or a dead worker, or FAILED past maxAttempts. */
+  #requeueOrFail(job: Job, reason: string): void {
+    if (job.attempt >= this.settings.maxAttempts) {
+      this.#finish(job, 'FAILED', null, `${reason}; gave up after ${job.attempt} attempts`);
+      return;
+    }
+    const q = this.#queue(job.endpointId);
+    this.#running.delete(job);
+    q.inProgress--;
+    const worker = job.workerId ? this.workers.get(job.endpointId, job.workerId) : undefined;
+    if (worker) {
+      worker.jobs.delete(job.id);
+      if (worker.jobs.size === 0) worker.idleSince = this.#clock.monotonic();
+      this.#requestStop(worker, job.id);
+    }
+    job.status = 'IN_QUEUE';
+    job.retries++;
+    job.workerId = null;
+    job.startedAt = null;
+    job.progress = null;
+    const { id, retries, attempt } = job;
+    this.#batch.write(() => this.#repo.requeue(id, retries, attempt));
+    this.#log.info('job requeued', { jobId: id, endpointId: job.endpointId, attempt, reason });
+    this.#enqueue(q, job, true);
+  }
+
+  /** The runtime saw a worker die: its jobs go back to the queue at once. */
+  workerGone(endpointId: string, workerId: string, reason: string): void {
+    const worker = this.workers.get(endpointId, workerId);
+    if (!worker) return;
+    for (const id of [...worker.jobs]) {
+      const job = this.#jobs.get(id);
+      if (job && job.status === 'IN_PROGRESS' && job.workerId === workerId) this.#requeueOrFail(job, reason);
+    }
+  }
+
+  // Client operations -------------------------------------------------------------------------
+
+  /** The job of this endpoint, from memory or SQLite; undefined when unknown or expired. */
+  find(endpointId: string, jobId: string): JobSnapshot | undefined {
+    const now = this.#clock.now();
+    const job = this.#jobs.get(jobId);
+    if (job) {
+      if (job.endpointId !== endpointId || (job.expiresAt !== null && job.expiresAt <= now)) return undefined;
+      return job;
+    }
+    const row = this.#repo.get(jobId);
+    if (!row || row.endpointId !== endpointId || (row.expiresAt !== null && row.expiresAt <= now)) return undefined;
+    return { ...row, progress: null };
+  }
+
+  /** Live job object, when in memory. */
+  live(jobId: string): Job | undefined {
+    return this.#jobs.get(jobId);
+  }
+
+  /** Waits until the job is final or `ms` passes (runsync). The job goes on either way. */
+  waitFinal(job: Job, ms: number, signal: AbortSignal): Promise<void> {
+    if (TERMINAL.has(job.status) && job.waiters.length === 0) return Promise.resolve();
+    return new Promise((resolve) => {
+      let settled = false;
+      const settle = () => {
+        if (settled) return;
+        settled = true;
+        clearTimeout(timer);
+        signal.removeEventListener('abort', settle);
+        const i = job.waiters.indexOf(settle);
+        if (i >= 0) job.waiters.splice(i, 1);
+        resolve();
+      };
+      const timer = setTimeout(settle, ms);
+      job.waiters.push(settle);
+      signal.addEventListener('abort', settle, { once: true });
+    });
+  }
+
+  /** /status `?ttl=`: the result is kept this long from now (or from completion, if still running). */
+  setRetention(endpointId: string, jobId: string, ms: number): void {
+    const job = this.#jobs.get(jobId);
+    const now = this.#clock.now();
+    if (job && job.endpointId === endpointId) {
+      job.retentionMs = ms;
+      if (job.completedAt !== null) {
+        job.expiresAt = now + ms;
+        const exp = job.expiresAt;
+        this.#batch.write(() => this.#repo.setExpiry(jobId, exp));
+      }
+      return;
+    }
+    const row = this.#repo.get(jobId);
+    if (row && row.endpointId === endpointId && row.completedAt !== null) this.#batch.write(() => this.#repo.setExpiry(jobId, now + ms));
+  }
+
+  /** Drains the chunks posted since the last poll. */
+  drainStream(endpointId: string, jobId: string): { status: JobStatus; stream: StreamChunk[] } | undefined {
+    const snap = this.find(endpointId, jobId);
+    if (!snap) return undefined;
+    const job = this.#jobs.get(jobId);
+    const stream = job ? job.chunks.splice(0) : [];
+    return { status: snap.status, stream };
+  }
+
+  async cancel(endpointId: string, jobId: string): Promise<JobSnapshot> {
+    const job = this.#jobs.get(jobId);
+    if (!job || job.endpointId !== endpointId) {
+      const snap = this.find(endpointId, jobId);
+      if (!snap) throw new AgentError('NOT_FOUND', `Job ${jobId} not found (unknown, or its result expired).`);
+      return snap;
+    }
+    if (job.status === 'IN_QUEUE') {
+      const q = this.#queue(endpointId);
+      if (job.lowPriority) q.lowQueued--;
+      else q.queued--;
+      await this.#finishCommitted(job, 'CANCELLED', null, null);
+    } else if (job.status === 'IN_PROGRESS') {
+      const worker = job.workerId ? this.workers.get(endpointId, job.workerId) : undefined;
+      await this.#finishCommitted(job, 'CANCELLED', null, null);
+      if (worker) this.#requestStop(worker, job.id);
+    }
+    return job;
+  }
+
+  async retry(endpointId: string, jobId: string): Promise<JobSnapshot> {
+    const snap = this.find(endpointId, jobId);
+    if (!snap) throw new AgentError('NOT_FOUND', `Job ${jobId} not found (unknown, or its result expired).`);
+    if (snap.status !== 'FAILED' && snap.status !== 'TIMED_OUT') {
+      throw new AgentError('JOB_NOT_IN_STATE', `Only FAILED or TIMED_OUT jobs can be retried; job ${jobId} is ${snap.status}.`);
+    }
+    let job = this.#jobs.get(jobId);
+    if (!job) {
+      job = this.#fromRow(this.#repo.get(jobId) as JobRow, this.#clock.monotonic(), this.#clock.now());
+      this.#jobs.set(jobId, job);
+    }
+    job.status = 'IN_QUEUE';
+    job.output = null;
+    job.error = null;
+    job.progress = null;
+    job.chunks = [];
+    job.workerId = null;
+    job.startedAt = null;
+    job.completedAt = null;
+    job.expiresAt = null;
+    job.retries++;
+    job.attempt = 0;
+    (job as { ttlDeadline: number }).ttlDeadline = this.#clock.monotonic() + job.ttlMs;
+    const { retries } = job;
+    this.#batch.write(() => this.#repo.requeue(jobId, retries, 0));
+    this.#enqueue(this.#queue(endpointId), job, false);
+    await this.#batch.committed();
+    return job;
+  }
+
+  /** Removes every queued job of the endpoint (they end CANCELLED); running jobs go on. */
+  async purge(endpointId: string): Promise<number> {
+    const q = this.#queue(endpointId);
+    let removed = 0;
+    for (const d of [q.retry, q.normal, q.low]) {
+      for (let job = d.shift(); job; job = d.shift()) {
+        if (job.status !== 'IN_QUEUE') continue;
+        this.#finish(job, 'CANCELLED', null, null);
+        removed++;
+      }
+    }
+    q.queued = 0;
+    q.lowQueued = 0;
+    await this.#batch.committed();
+    return removed;
+  }
+
+  health(endpointId: string): { jobs: Record<string, number>; workers: WorkerCounts } {
+    const q = this.#queue(endpointId);
+    const { byStatus, retried } = this.#repo.counts(endpointId);
+    return {
+      jobs: {
+        completed: byStatus.COMPLETED ?? 0,
+        failed: (byStatus.FAILED ?? 0) + (byStatus.TIMED_OUT ?? 0),
+        inProgress: q.inProgress,
+        inQueue: q.queued + q.lowQueued,
+        retried,
+      },
+      workers: this.workers.counts(endpointId),
+    };
+  }
+
+  /** What the autoscaler needs about one endpoint's queue. */
+  load(endpointId: string): { queued: number; lowQueued: number; inProgress: number; oldestWaitMs: number } {
+    const q = this.#queues.get(endpointId);
+    if (!q) return { queued: 0, lowQueued: 0, inProgress: 0, oldestWaitMs: 0 };
+    let oldest = 0;
+    const now = this.#clock.now();
+    for (const d of [q.retry, q.normal]) {
+      for (const job of d) {
+        if (job.status === 'IN_QUEUE') {
+          oldest = Math.max(oldest, now - job.createdAt);
+          break;
+        }
+      }
+    }
+    return { queued: q.queued, lowQueued: q.lowQueued, inProgress: q.inProgress, oldestWaitMs: oldest };
+  }
+
+  /** The endpoint is being deleted: wake everything parked on it and forget its jobs. */
+  dropEndpoint(endpointId: string): void {
+    const q = this.#queues.get(endpointId);
+    if (q) {
+      for (const t of q.takers.splice(0)) t.resolve([]);
+      this.#queues.delete(endpointId);
+    }
+    for (const [id, job] of this.#jobs) {
+      if (job.endpointId !== endpointId) continue;
+      this.#running.delete(job);
+      this.#jobs.delete(id);
+      for (const w of job.waiters.splice(0)) w();
+    }
+    this.workers.dropEndpoint(endpointId);
+  }
+
+  // Timers ------------------------------------------------------------------------------------
+
+  /** Leases, execution timeouts and TTLs, measured on this server's monotonic clock. */
+  reap(): void {
+    const mono = this.#clock.monotonic();
+    for (const job of [...this.#running]) {
+      if (job.status !== 'IN_PROGRESS') continue;
+      const worker = job.workerId ? this.workers.get(job.endpointId, job.workerId) : undefined;
+      if (mono >= job.execDeadline) {
+        this.#finish(job, 'TIMED_OUT', null, `Execution timed out after ${job.executionTimeoutMs} ms.`);
+        if (worker) this.#requestStop(worker, job.id);
+      } else if (mono >= job.ttlDeadline) {
+        this.#finish(job, 'TIMED_OUT', null, 'Job exceeded its time to live (policy.ttl).');
+        if (worker) this.#requestStop(worker, job.id);
+      } else if (mono >= job.leaseDeadline) {
+        this.#requeueOrFail(job, `worker ${job.workerId ?? '?'} lost its lease (no heartbeat for ${this.settings.leaseMs} ms)`);
+      }
+    }
+    for (const q of this.#queues.values()) {
+      for (const d of [q.retry, q.normal, q.low]) {
+        for (const job of d) {
+          if (job.status === 'IN_QUEUE' && mono >= job.ttlDeadline) {
+            if (job.lowPriority) q.lowQueued--;
+            else q.queued--;
+            this.#finish(job, 'TIMED_OUT', null, 'Job expired in the queue before a worker took it (policy.ttl).');
+          }
+        }
+      }
+    }
+    for (const map of [this.workers]) map.sweep();
+    this.#evict();
+  }
+
+  /** Deletes expired results from SQLite. */
+  expire(): void {
+    const now = this.#clock.now();
+    this.#batch.write(() => this.#repo.deleteExpired(now));
+  }
+
+  /** Rejects parked requests at shutdown so their connections close cleanly. */
+  close(): void {
+    for (const q of this.#queues.values()) for (const t of q.takers.splice(0)) t.resolve([]);
+  }
+}

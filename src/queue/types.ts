@@ -1,0 +1,57 @@
+import type { JobStatus } from '../store/index.js';
+
+export type { JobStatus } from '../store/index.js';
+
+export const TERMINAL: ReadonlySet<JobStatus> = new Set(['COMPLETED', 'FAILED', 'CANCELLED', 'TIMED_OUT']);
+
+export interface StreamChunk {
+  /** Raw JSON of the chunk's output. */
+  output: string;
+  /** Raw JSON of the chunk's metrics, if the worker sent any. */
+  metrics?: string;
+}
+
+/** A job as the queue holds it in memory. Raw JSON stays text end to end. */
+export interface Job {
+  readonly id: string;
+  readonly endpointId: string;
+  status: JobStatus;
+  readonly input: string;
+  readonly extra: string | null;
+  readonly webhook: string | null;
+  readonly lowPriority: boolean;
+  readonly executionTimeoutMs: number;
+  readonly ttlMs: number;
+  retentionMs: number;
+  /** Fencing token: bumped on every claim; results for an older attempt are refused. */
+  attempt: number;
+  /** Automatic and manual re-queues so far. */
+  retries: number;
+  workerId: string | null;
+  output: string | null;
+  error: string | null;
+  /** Latest progress update (raw JSON), shown as `output` while IN_PROGRESS. */
+  progress: string | null;
+  /** Chunks posted since the last /stream poll. */
+  chunks: StreamChunk[];
+  createdAt: number;
+  startedAt: number | null;
+  completedAt: number | null;
+  expiresAt: number | null;
+  /** Monotonic deadlines. */
+  readonly ttlDeadline: number;
+  leaseDeadline: number;
+  execDeadline: number;
+  /** /runsync callers waiting for a final state. */
+  waiters: (() => void)[];
+}
+
+/** Counters of /health `workers`. */
+export interface WorkerCounts {
+  idle: number;
+  initializing: number;
+  ready: number;
+  running: number;
+  throttled: number;
+  unhealthy: number;
+}

@@ -1,0 +1,41 @@
+/**
+ * Client-facing job bodies, built as text: inputs and outputs stay raw JSON end to end, so a
+ * 10 MB output is never parsed and re-serialised on the way out (perf-anchors §3, §6).
+ */
+import type { Job } from './types.js';
+
+export interface JobSnapshot {
+  id: string;
+  status: Job['status'];
+  workerId: string | null;
+  output: string | null;
+  error: string | null;
+  progress: string | null;
+  retries: number;
+  createdAt: number;
+  startedAt: number | null;
+  completedAt: number | null;
+}
+
+/** `{id, status, delayTime, executionTime, workerId?, output?|error?, retries?}` as in RunPod's /status. */
+export function statusBody(j: JobSnapshot, now: number): string {
+  const delay = Math.max(0, (j.startedAt ?? (j.status === 'IN_QUEUE' ? now : j.completedAt ?? now)) - j.createdAt);
+  const exec = j.startedAt === null ? 0 : Math.max(0, (j.completedAt ?? now) - j.startedAt);
+  let s = `{"id":${JSON.stringify(j.id)},"status":"${j.status}","delayTime":${delay},"executionTime":${exec}`;
+  if (j.workerId !== null) s += `,"workerId":${JSON.stringify(j.workerId)}`;
+  if (j.status === 'IN_PROGRESS') {
+    if (j.progress !== null) s += `,"output":${j.progress}`;
+  } else if (j.output !== null) {
+    s += `,"output":${j.output}`;
+  }
+  if (j.error !== null) s += `,"error":${JSON.stringify(j.error)}`;
+  if (j.retries > 0) s += `,"retries":${j.retries}`;
+  return s + '}';
+}
+
+/** The job object a worker receives from job-take: always `id` and `input`, plus extra keys. */
+export function workerJobBody(j: Pick<Job, 'id' | 'input' | 'extra' | 'webhook'>): string {
+  let s = `{"id":${JSON.stringify(j.id)},"input":${j.input}`;
+  if (j.extra !== null && j.extra.length > 2) s += `,${j.extra.slice(1, -1)}`;
+  return s + '}';
+}

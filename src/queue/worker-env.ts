@@ -1,0 +1,36 @@
+/**
+ * The environment a worker needs: flashd's names and RunPod's, so the public runpod SDK runs
+ * unchanged (research/worker-protocol.md §0.1). Each URL already holds a `?query`, because the
+ * SDK appends `&param=` by string concatenation.
+ */
+export interface WorkerEnvInput {
+  /** queue_base_url as workers reach it. */
+  baseUrl: string;
+  endpointId: string;
+  workerId: string;
+  key: string;
+  /** GPU model name, or "cpu". */
+  gpu: string;
+  pingIntervalMs: number;
+}
+
+export function workerEnv(i: WorkerEnvInput): Record<string, string> {
+  const q = `?gpu=${encodeURIComponent(i.gpu).replace(/%20/g, '+')}`;
+  const base = `${i.baseUrl}/v2/${i.endpointId}`;
+  const pairs: [string, string][] = [
+    ['WEBHOOK_GET_JOB', `${base}/job-take/$ID${q}`],
+    ['WEBHOOK_POST_OUTPUT', `${base}/job-done/${i.workerId}/$ID${q}`],
+    ['WEBHOOK_POST_STREAM', `${base}/job-stream/${i.workerId}/$ID${q}`],
+    ['WEBHOOK_PING', `${base}/ping/${i.workerId}${q}`],
+    ['POD_ID', i.workerId],
+    ['AI_API_KEY', i.key],
+    ['ENDPOINT_ID', i.endpointId],
+    ['PING_INTERVAL', String(Math.max(1000, Math.round(i.pingIntervalMs)))],
+  ];
+  const env: Record<string, string> = {};
+  for (const [name, value] of pairs) {
+    env[`VENDOR_${name}`] = value;
+    env[`RUNPOD_${name}`] = value;
+  }
+  return env;
+}

@@ -1,0 +1,133 @@
+/**
+ * Every worker of every endpoint as the queue sees it: the ones flashd launched (managed) and
+ * external ones that announce themselves by calling job-take or ping. State is derived from
+ * what a worker holds and when it was last heard from.
+ */
+import type { Clock } from '../core/clock.js';
+import type { WorkerCounts } from './types.js';
+
+export type WorkerState = 'initializing' | 'idle' | 'running' | 'unhealthy';
+
+export interface WorkerInfo {
+  readonly id: string;
+  readonly endpointId: string;
+  readonly managed: boolean;
+  /** Set by the runtime: a launched worker that has not polled yet, or one that crashed. */
+  phase: 'initializing' | 'up' | 'unhealthy';
+  /** Jobs this worker holds now. */
+  readonly jobs: Set<string>;
+  lastSeen: number;
+  idleSince: number;
+  /** Open job-take long-polls. */
+  parked: number;
+  /** Jobs the worker must stop (served on job-stop while it still lists them). */
+  readonly stops: Map<string, number>;
+  stopWaiters: ((ids: string[]) => void)[];
+  /** The worker asked to be recycled (stopPod / refresh_worker). */
+  recycle: boolean;
+}
+
+export class WorkerRegistry {
+  readonly #clock: Clock;
+  readonly #byEndpoint = new Map<string, Map<string, WorkerInfo>>();
+  readonly #throttled = new Map<string, number>();
+  readonly #forgetAfterMs: number;
+
+  constructor(clock: Clock, forgetAfterMs: number) {
+    this.#clock = clock;
+    this.#forgetAfterMs = forgetAfterMs;
+  }
+
+  #map(endpointId: string): Map<string, WorkerInfo> {
+    let m = this.#byEndpoint.get(endpointId);
+    if (!m) this.#byEndpoint.set(endpointId, (m = new Map()));
+    return m;
+  }
+
+  get(endpointId: string, workerId: string): WorkerInfo | undefined {
+    return this.#byEndpoint.get(endpointId)?.get(workerId);
+  }
+
+  /** Registers a worker flashd is launching. */
+  launched(endpointId: string, workerId: string): WorkerInfo {
+    const now = this.#clock.monotonic();
+    const w: WorkerInfo = {
+      id: workerId, endpointId, managed: true, phase: 'initializing', jobs: new Set(), lastSeen: now, idleSince: now,
+      parked: 0, stops: new Map(), stopWaiters: [], recycle: false,
+    };
+    this.#map(endpointId).set(workerId, w);
+    return w;
+  }
+
+  /** Any contact from a worker: marks it up, creating the record for external workers. */
+  seen(endpointId: string, workerId: string): WorkerInfo {
+    const now = this.#clock.monotonic();
+    const map = this.#map(endpointId);
+    let w = map.get(workerId);
+    if (!w) {
+      w = {
+        id: workerId, endpointId, managed: false, phase: 'up', jobs: new Set(), lastSeen: now, idleSince: now,
+        parked: 0, stops: new Map(), stopWaiters: [], recycle: false,
+      };
+      map.set(workerId, w);
+    }
+    if (w.phase !== 'unhealthy') w.phase = 'up';
+    w.lastSeen = now;
+    return w;
+  }
+
+  markUnhealthy(endpointId: string, workerId: string): void {
+    const w = this.get(endpointId, workerId);
+    if (w) w.phase = 'unhealthy';
+  }
+
+  remove(endpointId: string, workerId: string): WorkerInfo | undefined {
+    const map = this.#byEndpoint.get(endpointId);
+    const w = map?.get(workerId);
+    if (w) {
+      map?.delete(workerId);
+      for (const resolve of w.stopWaiters) resolve([]);
+      w.stopWaiters = [];
+    }
+    return w;
+  }
+
+  list(endpointId: string): WorkerInfo[] {
+    return [...(this.#byEndpoint.get(endpointId)?.values() ?? [])];
+  }
+
+  dropEndpoint(endpointId: string): WorkerInfo[] {
+    const all = this.list(endpointId);
+    for (const w of all) this.remove(endpointId, w.id);
+    this.#byEndpoint.delete(endpointId);
+    this.#throttled.delete(endpointId);
+    return all;
+  }
+
+  setThrottled(endpointId: string, n: number): void {
+    this.#throttled.set(endpointId, n);
+  }
+
+  /** Forgets external workers not heard from for a while (they hold no jobs by then). */
+  sweep(): void {
+    const now = this.#clock.monotonic();
+    for (const map of this.#byEndpoint.values()) {
+      for (const w of map.values()) {
+        if (!w.managed && w.parked === 0 && w.jobs.size === 0 && now - w.lastSeen > this.#forgetAfterMs) map.delete(w.id);
+      }
+    }
+  }
+
+  state(w: WorkerInfo): WorkerState {
+    if (w.phase === 'unhealthy') return 'unhealthy';
+    if (w.phase === 'initializing') return 'initializing';
+    return w.jobs.size > 0 ? 'running' : 'idle';
+  }
+
+  counts(endpointId: string): WorkerCounts {
+    const c: WorkerCounts = { idle: 0, initializing: 0, ready: 0, running: 0, throttled: this.#throttled.get(endpointId) ?? 0, unhealthy: 0 };
+    for (const w of this.list(endpointId)) c[this.state(w)]++;
+    c.ready = c.idle + c.running;
+    return c;
+  }
+}

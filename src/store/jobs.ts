@@ -1,0 +1,124 @@
+import type { Statement } from 'better-sqlite3';
+import type { Db } from './db.js';
+
+export type JobStatus = 'IN_QUEUE' | 'IN_PROGRESS' | 'COMPLETED' | 'FAILED' | 'CANCELLED' | 'TIMED_OUT';
+
+/** A job row as stored. `input`, `output` and `extra` are raw JSON text. */
+export interface JobRow {
+  id: string;
+  endpointId: string;
+  status: JobStatus;
+  input: string;
+  /** Extra keys handed to the worker with the job (e.g. s3Config), as a JSON object text. */
+  extra: string | null;
+  webhook: string | null;
+  lowPriority: boolean;
+  executionTimeoutMs: number;
+  ttlMs: number;
+  retentionMs: number;
+  attempt: number;
+  retries: number;
+  workerId: string | null;
+  output: string | null;
+  error: string | null;
+  createdAt: number;
+  startedAt: number | null;
+  completedAt: number | null;
+  expiresAt: number | null;
+}
+
+interface Raw {
+  id: string; endpoint_id: string; status: JobStatus; input: string; extra: string | null; webhook: string | null;
+  low_priority: number; execution_timeout_ms: number; ttl_ms: number; retention_ms: number; attempt: number; retries: number;
+  worker_id: string | null; output: string | null; error: string | null; created_at: number; started_at: number | null;
+  completed_at: number | null; expires_at: number | null;
+}
+
+const map = (r: Raw): JobRow => ({
+  id: r.id, endpointId: r.endpoint_id, status: r.status, input: r.input, extra: r.extra, webhook: r.webhook,
+  lowPriority: r.low_priority === 1, executionTimeoutMs: r.execution_timeout_ms, ttlMs: r.ttl_ms, retentionMs: r.retention_ms,
+  attempt: r.attempt, retries: r.retries, workerId: r.worker_id, output: r.output, error: r.error, createdAt: r.created_at,
+  startedAt: r.started_at, completedAt: r.completed_at, expiresAt: r.expires_at,
+});
+
+/**
+ * Job rows. Every state change is one statement with the expected current state in its
+ * WHERE clause; callers run them inside the write batch's transaction.
+ */
+export class JobsRepo {
+  readonly #insert: Statement;
+  readonly #claim: Statement;
+  readonly #finish: Statement;
+  readonly #requeue: Statement;
+  readonly #setExpiry: Statement;
+  readonly #get: Statement;
+  readonly #active: Statement;
+  readonly #expire: Statement;
+  readonly #counts: Statement;
+  readonly #retried: Statement;
+  readonly #lease: Statement;
+
+  constructor(db: Db) {
+    this.#insert = db.prepare(`INSERT INTO jobs (id, endpoint_id, status, input, extra, webhook, low_priority, execution_timeout_ms, ttl_ms,
+      retention_ms, attempt, retries, created_at) VALUES (?, ?, 'IN_QUEUE', ?, ?, ?, ?, ?, ?, ?, 0, 0, ?)`);
+    this.#claim = db.prepare(`UPDATE jobs SET status = 'IN_PROGRESS', attempt = ?, worker_id = ?, started_at = ?
+      WHERE id = ? AND status = 'IN_QUEUE'`);
+    this.#finish = db.prepare(`UPDATE jobs SET status = ?, output = ?, error = ?, completed_at = ?, expires_at = ?
+      WHERE id = ? AND status IN ('IN_QUEUE', 'IN_PROGRESS')`);
+    this.#requeue = db.prepare(`UPDATE jobs SET status = 'IN_QUEUE', worker_id = NULL, output = NULL, error = NULL, started_at = NULL,
+      completed_at = NULL, expires_at = NULL, retries = ?, attempt = ? WHERE id = ?`);
+    this.#lease = db.prepare('UPDATE jobs SET attempt = ? WHERE id = ?');
+    this.#setExpiry = db.prepare('UPDATE jobs SET expires_at = ? WHERE id = ?');
+    this.#get = db.prepare('SELECT * FROM jobs WHERE id = ?');
+    this.#active = db.prepare("SELECT * FROM jobs WHERE status IN ('IN_QUEUE', 'IN_PROGRESS') ORDER BY created_at, rowid");
+    this.#expire = db.prepare('DELETE FROM jobs WHERE expires_at IS NOT NULL AND expires_at <= ?');
+    this.#counts = db.prepare('SELECT status, count(*) AS n FROM jobs WHERE endpoint_id = ? GROUP BY status');
+    this.#retried = db.prepare('SELECT coalesce(sum(retries), 0) AS n FROM jobs WHERE endpoint_id = ?');
+  }
+
+  insert(j: Pick<JobRow, 'id' | 'endpointId' | 'input' | 'extra' | 'webhook' | 'lowPriority' | 'executionTimeoutMs' | 'ttlMs' | 'retentionMs' | 'createdAt'>): void {
+    this.#insert.run(j.id, j.endpointId, j.input, j.extra, j.webhook, j.lowPriority ? 1 : 0, j.executionTimeoutMs, j.ttlMs, j.retentionMs, j.createdAt);
+  }
+
+  claim(id: string, attempt: number, workerId: string, startedAt: number): void {
+    this.#claim.run(attempt, workerId, startedAt, id);
+  }
+
+  finish(id: string, status: JobStatus, output: string | null, error: string | null, completedAt: number, expiresAt: number): void {
+    this.#finish.run(status, output, error, completedAt, expiresAt, id);
+  }
+
+  /** Back to the queue (lease lost, reclaimed, or a manual retry): same id and input. */
+  requeue(id: string, retries: number, attempt: number): void {
+    this.#requeue.run(retries, attempt, id);
+  }
+
+  /** Records a new attempt number for a job that keeps running (restart reclaim). */
+  setAttempt(id: string, attempt: number): void {
+    this.#lease.run(attempt, id);
+  }
+
+  setExpiry(id: string, expiresAt: number): void {
+    this.#setExpiry.run(expiresAt, id);
+  }
+
+  get(id: string): JobRow | undefined {
+    const r = this.#get.get(id) as Raw | undefined;
+    return r && map(r);
+  }
+
+  /** Queued and running jobs, oldest first (restart recovery). */
+  active(): JobRow[] {
+    return (this.#active.all() as Raw[]).map(map);
+  }
+
+  deleteExpired(now: number): number {
+    return this.#expire.run(now).changes;
+  }
+
+  counts(endpointId: string): { byStatus: Partial<Record<JobStatus, number>>; retried: number } {
+    const byStatus: Partial<Record<JobStatus, number>> = {};
+    for (const r of this.#counts.all(endpointId) as { status: JobStatus; n: number }[]) byStatus[r.status] = r.n;
+    return { byStatus, retried: (this.#retried.get(endpointId) as { n: number }).n };
+  }
+}

@@ -1,0 +1,46 @@
+import type { Statement } from 'better-sqlite3';
+import type { Db } from './db.js';
+
+export interface LogLine {
+  seq: number;
+  endpointId: string;
+  workerId: string | null;
+  stream: 'stdout' | 'stderr' | 'system';
+  line: string;
+  at: number;
+}
+
+/** Worker output per endpoint. Rows go away with their endpoint (ON DELETE CASCADE). */
+export class LogsRepo {
+  readonly #insert: Statement;
+  readonly #since: Statement;
+  readonly #tail: Statement;
+  readonly #prune: Statement;
+
+  constructor(db: Db) {
+    this.#insert = db.prepare('INSERT INTO endpoint_logs (endpoint_id, worker_id, stream, line, at) VALUES (?, ?, ?, ?, ?)');
+    this.#since = db.prepare(`SELECT seq, endpoint_id, worker_id, stream, line, at FROM endpoint_logs
+      WHERE endpoint_id = ? AND seq > ? ORDER BY seq LIMIT ?`);
+    this.#tail = db.prepare(`SELECT * FROM (SELECT seq, endpoint_id, worker_id, stream, line, at FROM endpoint_logs
+      WHERE endpoint_id = ? ORDER BY seq DESC LIMIT ?) ORDER BY seq`);
+    this.#prune = db.prepare(`DELETE FROM endpoint_logs WHERE endpoint_id = ? AND seq <= (
+      SELECT seq FROM endpoint_logs WHERE endpoint_id = ? ORDER BY seq DESC LIMIT 1 OFFSET ?)`);
+  }
+
+  insert(endpointId: string, workerId: string | null, stream: LogLine['stream'], line: string, at: number): number {
+    return Number(this.#insert.run(endpointId, workerId, stream, line, at).lastInsertRowid);
+  }
+
+  /** Lines after `seq` (oldest first), or the last `limit` lines when `seq` is undefined. */
+  read(endpointId: string, afterSeq: number | undefined, limit: number): LogLine[] {
+    const rows = (afterSeq === undefined ? this.#tail.all(endpointId, limit) : this.#since.all(endpointId, afterSeq, limit)) as {
+      seq: number; endpoint_id: string; worker_id: string | null; stream: LogLine['stream']; line: string; at: number;
+    }[];
+    return rows.map((r) => ({ seq: r.seq, endpointId: r.endpoint_id, workerId: r.worker_id, stream: r.stream, line: r.line, at: r.at }));
+  }
+
+  /** Keeps the newest `keep` lines of an endpoint. */
+  prune(endpointId: string, keep: number): void {
+    this.#prune.run(endpointId, endpointId, keep);
+  }
+}
