@@ -11,7 +11,15 @@ export interface Command {
   cmd: string[] | null;
 }
 
-export class CommandError extends Error {}
+/** `field` names the body field at fault, for the JSON pointer of the error. */
+export class CommandError extends Error {
+  readonly field: 'args' | 'cmd' | 'entrypoint';
+  constructor(message: string, field: 'args' | 'cmd' | 'entrypoint' = 'args') {
+    super(message);
+    this.name = 'CommandError';
+    this.field = field;
+  }
+}
 
 /** Splits a shell-style string into arguments: quotes and backslash escapes, no expansion. */
 export function shellSplit(input: string): string[] {
@@ -115,10 +123,10 @@ export function applyCommand(current: StoredCommand, input: CommandInput): Store
   if (input.args !== undefined) {
     const parsed = parseArgs(input.args);
     if (input.entrypoint !== undefined && !same(input.entrypoint, parsed.entrypoint)) {
-      throw new CommandError(`entrypoint ${JSON.stringify(input.entrypoint)} does not match the entrypoint in args (${JSON.stringify(parsed.entrypoint ?? [])})`);
+      throw new CommandError(`entrypoint ${JSON.stringify(input.entrypoint)} does not match the entrypoint in args (${JSON.stringify(parsed.entrypoint ?? [])})`, 'entrypoint');
     }
     if (input.cmd !== undefined && !same(input.cmd, parsed.cmd)) {
-      throw new CommandError(`cmd ${JSON.stringify(input.cmd)} does not match the command in args (${JSON.stringify(parsed.cmd ?? [])})`);
+      throw new CommandError(`cmd ${JSON.stringify(input.cmd)} does not match the command in args (${JSON.stringify(parsed.cmd ?? [])})`, 'cmd');
     }
     return { args: input.args.trim() === '' ? '' : input.args, entrypoint: parsed.entrypoint ?? [], cmd: parsed.cmd ?? [] };
   }

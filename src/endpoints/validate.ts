@@ -107,14 +107,22 @@ function checkGpu(gpu: GpuSpec, errors: string[]): void {
   }
 }
 
+/** Exact for every integer a JSON number can hold (bitwise tricks wrap at 2^31). */
+const isPowerOfTwo = (n: number): boolean => n >= 1 && Number.isInteger(Math.log2(n));
+
 function checkCpu(cpu: CpuSpec[], errors: string[]): void {
+  const seen = new Map<string, number>();
   cpu.forEach((item, i) => {
+    const key = `${item.id}\u0000${item.vcpuCount}`;
+    const first = seen.get(key);
+    if (first !== undefined) errors.push(`/cpu/${i}: duplicate of /cpu/${first} (${item.id} with ${item.vcpuCount} vCPUs); the same flavor may repeat only with another vcpuCount`);
+    else seen.set(key, i);
     const flavor = cpuFlavor(item.id);
     if (!flavor) {
       errors.push(`/cpu/${i}/id: unknown CPU flavor "${item.id}"; flavors are cpu3c, cpu3g, cpu5c, cpu5g`);
       return;
     }
-    if ((item.vcpuCount & (item.vcpuCount - 1)) !== 0) {
+    if (!isPowerOfTwo(item.vcpuCount)) {
       errors.push(`/cpu/${i}/vcpuCount: must be a power of two, got ${item.vcpuCount}`);
     } else if (!flavor.vcpuCounts.includes(item.vcpuCount)) {
       errors.push(`/cpu/${i}/vcpuCount: ${item.vcpuCount} is not offered for ${flavor.id}; choose one of ${flavor.vcpuCounts.join(', ')}`);
@@ -141,8 +149,12 @@ function checkEnv(spec: EndpointSpec, errors: string[]): void {
   }
 }
 
-/** Mount rules, plus the references every body can carry. 404 for ids the caller cannot see. */
-function checkReferences(spec: EndpointSpec, ctx: ValidationContext, errors: string[]): void {
+/**
+ * Mount rules, plus the references every body can carry. 404 for ids the caller cannot see.
+ * `networkPointer` is where the network list came from (`/networkVolumes` when only the
+ * deprecated field was sent), so errors point into the body as sent.
+ */
+function checkReferences(spec: EndpointSpec, ctx: ValidationContext, errors: string[], networkPointer = '/mounts/network'): void {
   spec.dataCenterIds.forEach((dc, i) => {
     if (!ctx.knownDataCenters.includes(dc)) errors.push(`/dataCenterIds/${i}: unknown data center "${dc}"; this installation has ${ctx.knownDataCenters.join(', ')}`);
   });
@@ -155,20 +167,25 @@ function checkReferences(spec: EndpointSpec, ctx: ValidationContext, errors: str
   network.forEach((id, i) => {
     const vol = ctx.networkVolume(id);
     if (!vol) {
-      missing.push(`network volume ${id}`);
+      missing.push(`${networkPointer}/${i}: network volume ${id} not found or not accessible`);
       return;
     }
     const other = perDc.get(vol.dataCenterId);
-    if (other !== undefined) errors.push(`/mounts/network/${i}: at most one network volume per data center; ${other} and ${id} are both in ${vol.dataCenterId}`);
+    if (other !== undefined) errors.push(`${networkPointer}/${i}: at most one network volume per data center; ${other} and ${id} are both in ${vol.dataCenterId}`);
     perDc.set(vol.dataCenterId, id);
     if (spec.dataCenterIds.length > 0 && !spec.dataCenterIds.includes(vol.dataCenterId)) {
-      errors.push(`/mounts/network/${i}: volume ${id} is in ${vol.dataCenterId}, which is not among dataCenterIds`);
+      errors.push(`${networkPointer}/${i}: volume ${id} is in ${vol.dataCenterId}, which is not among dataCenterIds`);
     }
   });
-  for (const id of global) if (!ctx.globalVolumeExists(id)) missing.push(`global volume ${id}`);
-  if (spec.registry !== null && !ctx.registryExists(spec.registry)) missing.push(`registry credential ${spec.registry}`);
+  global.forEach((id, i) => {
+    if (!ctx.globalVolumeExists(id)) missing.push(`/mounts/global/${i}: global volume ${id} not found or not accessible`);
+  });
+  if (spec.registry !== null && !ctx.registryExists(spec.registry)) missing.push(`/registry: registry credential ${spec.registry} not found or not accessible`);
   if (errors.length) throw validationError(errors);
-  if (missing.length) throw new AgentError('NOT_FOUND', `Not found or not accessible: ${missing.join(', ')}.`, { errors: missing.map((m) => `${m}: not found`) });
+  if (missing.length) {
+    const what = missing.map((m) => m.slice(m.indexOf(': ') + 2).replace(/ not found or not accessible$/, ''));
+    throw new AgentError('NOT_FOUND', `Not found or not accessible: ${what.join(', ')}.`, { errors: missing });
+  }
 }
 
 /** `network` may come with the deprecated `networkVolumes` only when the two agree exactly. */
@@ -187,7 +204,7 @@ function command(current: Pick<EndpointSpec, 'args' | 'entrypoint' | 'cmd'>, bod
     return applyCommand(current, { args: body.args, cmd: body.cmd, entrypoint: body.entrypoint });
   } catch (err) {
     if (!(err instanceof CommandError)) throw err;
-    errors.push(`/args: ${err.message}`);
+    errors.push(`/${err.field}: ${err.message}`);
     return current;
   }
 }
@@ -219,7 +236,7 @@ export function buildEndpoint(raw: unknown, ctx: ValidationContext): EndpointSpe
   const hasGpu = body.gpu !== undefined && body.gpu !== null;
   const hasCpu = body.cpu !== undefined && body.cpu !== null;
   if (hasGpu === hasCpu) {
-    errors.push(hasGpu ? '(body): send exactly one of gpu and cpu, not both' : '(body): send exactly one of gpu or cpu');
+    errors.push(hasGpu ? '/cpu: send exactly one of gpu and cpu, not both' : '/gpu: send exactly one of gpu or cpu (neither was given)');
     throw validationError(errors);
   }
 
@@ -227,15 +244,20 @@ export function buildEndpoint(raw: unknown, ctx: ValidationContext): EndpointSpe
   let template: TemplateSpec | undefined;
   if (body.templateId !== undefined) {
     template = ctx.template(body.templateId);
-    if (!template) throw new AgentError('NOT_FOUND', `Template ${body.templateId} not found or not accessible.`);
+    if (!template) {
+      throw new AgentError('NOT_FOUND', `Template ${body.templateId} not found or not accessible.`, {
+        errors: [`/templateId: template ${body.templateId} not found or not accessible`],
+      });
+    }
     if (!template.isServerless) throw new AgentError('UNPROCESSABLE', `Template ${body.templateId} is not a serverless template.`, { errors: ['/templateId: template is not serverless'] });
   }
   const image = body.image ?? template?.image;
   if (image === undefined) errors.push('/image: is required unless templateId is set');
 
-  const fromTemplate = body.args === undefined && body.cmd === undefined && body.entrypoint === undefined && template !== undefined
-    ? command({ args: '', entrypoint: [], cmd: [] }, { args: template.args }, errors)
-    : command({ args: '', entrypoint: [], cmd: [] }, body, errors);
+  // The template's command is the starting point; body fields override it field by field
+  // (`args` as a whole, or `cmd`/`entrypoint` each keeping the template's other half).
+  const none = { args: '', entrypoint: [], cmd: [] };
+  const fromTemplate = command(template ? command(none, { args: template.args }, errors) : none, body, errors);
 
   let gpu: GpuSpec | null = null;
   if (hasGpu) {
@@ -258,6 +280,7 @@ export function buildEndpoint(raw: unknown, ctx: ValidationContext): EndpointSpe
   const workers: WorkersSpec = { ...DEFAULT_WORKERS, ...body.workers };
   checkWorkers(workers, errors);
   const network = resolveNetwork(body, errors) ?? [];
+  const networkPointer = body.mounts?.network === undefined && body.networkVolumes !== undefined ? '/networkVolumes' : '/mounts/network';
 
   const spec: EndpointSpec = {
     name: body.name as string,
@@ -279,7 +302,7 @@ export function buildEndpoint(raw: unknown, ctx: ValidationContext): EndpointSpe
     templateId: body.templateId ?? null,
   };
   checkEnv(spec, errors);
-  checkReferences(spec, ctx, errors);
+  checkReferences(spec, ctx, errors, networkPointer);
   return spec;
 }
 
@@ -309,7 +332,7 @@ export function updateEndpoint(current: EndpointSpec, raw: unknown, ctx: Validat
   let cpu = current.cpu;
   const gpuGiven = body.gpu !== undefined && body.gpu !== null;
   const cpuGiven = body.cpu !== undefined && body.cpu !== null;
-  if (gpuGiven && cpuGiven) errors.push('(body): send gpu or cpu, not both');
+  if (gpuGiven && cpuGiven) errors.push('/cpu: send gpu or cpu, not both');
   if (cpuGiven) {
     cpu = (body.cpu as CpuSpec[]).map((c) => ({ id: c.id, vcpuCount: c.vcpuCount }));
     gpu = null;
@@ -321,7 +344,7 @@ export function updateEndpoint(current: EndpointSpec, raw: unknown, ctx: Validat
     cpu = null;
     checkGpu(gpu, errors);
   } else if ((body.gpu === null && current.gpu !== null) || (body.cpu === null && current.cpu !== null)) {
-    errors.push('(body): an endpoint needs gpu or cpu; switch by sending the other one');
+    errors.push(`${body.gpu === null ? '/gpu' : '/cpu'}: an endpoint needs gpu or cpu; switch by sending the other one`);
   }
 
   const scaling = body.scaling ?? current.scaling;
@@ -333,6 +356,7 @@ export function updateEndpoint(current: EndpointSpec, raw: unknown, ctx: Validat
   checkWorkers(workers, errors);
 
   const network = resolveNetwork(body, errors) ?? current.mounts.network;
+  const networkPointer = body.mounts?.network === undefined && body.networkVolumes !== undefined ? '/networkVolumes' : '/mounts/network';
   const global = body.mounts?.global !== undefined ? body.mounts.global.map((m) => m.volumeId) : current.mounts.global;
   const cmd = command(current, body, errors);
 
@@ -357,7 +381,7 @@ export function updateEndpoint(current: EndpointSpec, raw: unknown, ctx: Validat
     gpuTypePriority: gpuGiven || cpuGiven ? [] : current.gpuTypePriority ?? [],
   };
   checkEnv(spec, errors);
-  checkReferences(spec, ctx, errors);
+  checkReferences(spec, ctx, errors, networkPointer);
   const restartReasons = RESTART_FIELDS.filter((f) => JSON.stringify(spec[f]) !== JSON.stringify(current[f]));
   if (spec.workers.max < current.workers.max) restartReasons.push('workers' as never);
   return { spec, restartReasons: restartReasons as string[] };
