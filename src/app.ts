@@ -14,7 +14,12 @@ import { createLogger, type LogSink, type Logger } from './core/logger.js';
 import { createSecretBox } from './core/secret-box.js';
 import { EndpointService, type PublicUrls } from './endpoints/index.js';
 import { createHttpServer, type HttpServer } from './http/server.js';
-import { IdentityRepo, openDb, type Db } from './store/index.js';
+import { jobRoutes } from './api/jobs.js';
+import { workerRoutes } from './api/worker.js';
+import { JobQueue, WebhookSender, WorkerRegistry } from './queue/index.js';
+import { ProcessRuntime } from './runtime/index.js';
+import { Autoscaler, LogHub } from './scheduler/index.js';
+import { IdentityRepo, JobsRepo, LogsRepo, WriteBatch, openDb, type Db } from './store/index.js';
 
 export const VERSION: string = pkg.version;
 
@@ -34,6 +39,9 @@ export interface Agent {
   readonly api: Api;
   readonly endpoints: EndpointService;
   readonly auth: AuthService;
+  readonly queue: JobQueue;
+  readonly autoscaler: Autoscaler;
+  readonly logs: LogHub;
   /** The bound port (differs from config.port when that is 0). */
   readonly port: number;
   /** http://host:port of this server. */
@@ -89,21 +97,82 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
       dataCenterIds: () => dataCenters.map((d) => d.id),
     });
     const rateLimiter = new RateLimiter({ minute: config.rateLimitMinute, hour: config.rateLimitHour, day: config.rateLimitDay }, clock);
+
+    // Jobs: group commit, queue, webhooks, logs, autoscaler.
+    const batch = new WriteBatch(db, (err) => log.error('store commit failed', { err }));
+    closers.push(() => batch.close());
+    const queue = new JobQueue({
+      repo: new JobsRepo(db), batch, clock, log: log.child({ component: 'queue' }),
+      workers: new WorkerRegistry(clock, config.leaseMs * 2),
+      settings: { leaseMs: config.leaseMs, takeHoldMs: config.takeHoldMs, maxAttempts: config.maxAttempts },
+    });
+    const recovered = queue.recover();
+    if (recovered.queued || recovered.running) log.info('jobs recovered', recovered);
+    const webhooks = new WebhookSender({
+      allowPrivate: config.webhookAllowPrivate, retryDelayMs: config.webhookRetryDelayMs, attempts: 3, timeoutMs: 10_000,
+      log: log.child({ component: 'webhook' }),
+    });
+    closers.push(() => webhooks.close());
+    const logs = new LogHub(new LogsRepo(db), batch, clock);
+    const pingIntervalMs = Math.max(1000, Math.floor(config.leaseMs / 3));
+    const runtime = config.runtime === 'process'
+      ? new ProcessRuntime({ dataDir, workdir: config.processWorkdir, log: log.child({ component: 'runtime' }) })
+      : null;
+    const autoscaler = new Autoscaler({
+      queue, endpoints, runtime, auth, logs, clock, log: log.child({ component: 'autoscaler' }),
+      baseUrl: urls.queueBaseUrl, pingIntervalMs,
+    });
+    closers.push(() => autoscaler.close());
+    queue.on({
+      jobQueued: (endpointId) => autoscaler.trigger(endpointId),
+      recycleWorker: (endpointId, workerId) => autoscaler.recycle(endpointId, workerId),
+      finished: (job, body) => {
+        if (job.webhook) webhooks.send(job.webhook, body, job.id);
+      },
+    });
+    endpoints.on({
+      changed: (id) => autoscaler.endpointChanged(id),
+      deleting: (id) => {
+        queue.dropEndpoint(id);
+        void autoscaler.dropEndpoint(id);
+      },
+    });
+    const reapEvery = Math.max(100, Math.min(1000, Math.floor(config.leaseMs / 4)));
+    const timers = [
+      setInterval(() => queue.reap(), reapEvery),
+      setInterval(() => queue.expire(), 30_000),
+      // Checkpoints off the request path (perf-anchors §3b note b).
+      setInterval(() => db.pragma('wal_checkpoint(PASSIVE)'), 10_000),
+    ];
+    for (const t of timers) t.unref();
+    closers.push(() => timers.forEach(clearInterval));
+
     const api = createApi({
       services: { endpoints, auth, urls, dataCenters: () => dataCenters, inventory: () => [], version: VERSION },
       auth, rateLimiter, log: log.child({ component: 'api' }), maxBodyBytes: config.maxBodyBytes,
+      extraRoutes: [
+        ...jobRoutes({ queue, endpoints, now: () => clock.now() }),
+        ...workerRoutes({
+          queue, endpoints, auth, logs: new LogsRepo(db), baseUrl: urls.queueBaseUrl, pingIntervalMs,
+          onLog: (endpointId, listener) => logs.follow(endpointId, listener),
+        }),
+      ],
     });
     const http: HttpServer = createHttpServer({
       host: config.host, port: config.port, log: log.child({ component: 'http' }),
       resolve: api.resolve, onEarlyError: api.earlyError,
     });
     port = (await http.listen()).port;
-    closers.push(() => http.close());
-    log.info('flashd listening', { url: `http://${host}:${port}`, dataDir, version: VERSION });
+    closers.push(() => {
+      queue.close();
+      return http.close();
+    });
+    autoscaler.start();
+    log.info('flashd listening', { url: `http://${host}:${port}`, dataDir, version: VERSION, runtime: config.runtime });
 
     let closed = false;
     return {
-      config, log, db, api, endpoints, auth, port, url: `http://${host}:${port}`, generatedAdminKey: generated,
+      config, log, db, api, endpoints, auth, queue, autoscaler, logs, port, url: `http://${host}:${port}`, generatedAdminKey: generated,
       close: async () => {
         if (closed) return;
         closed = true;

@@ -211,6 +211,14 @@ export class AuthService {
     return { row, key };
   }
 
+  /** Revokes a key by id without a caller (worker keys of stopped workers). */
+  revokeKeyById(id: string): void {
+    const row = this.#repo.keyById(id);
+    if (!row) return;
+    this.#repo.revokeKey(id, this.#clock.now());
+    this.#cache.delete(row.hash);
+  }
+
   /** Keys visible to the caller: admins see every user key, others their own. */
   listKeys(caller: Principal): ApiKeyRow[] {
     return this.#repo.userKeys(caller.scopes.has('admin') ? null : caller.userId);

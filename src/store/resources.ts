@@ -37,6 +37,7 @@ export class ResourceRepo<T> {
   readonly #listPublic: Statement | undefined;
   readonly #delete: Statement;
   readonly #getAny: Statement;
+  readonly #listAll: Statement;
   readonly #hasPublic: boolean;
 
   constructor(db: Db, table: ResourceTable) {
@@ -55,6 +56,7 @@ export class ResourceRepo<T> {
     this.#listPublic = this.#hasPublic ? db.prepare(`SELECT ${cols} FROM ${table} WHERE is_public = 1 ORDER BY created_at, id`) : undefined;
     this.#delete = db.prepare(`DELETE FROM ${table} WHERE id = ? AND owner_id = ?`);
     this.#getAny = db.prepare(`SELECT ${cols} FROM ${table} WHERE id = ?`);
+    this.#listAll = db.prepare(`SELECT ${cols} FROM ${table} ORDER BY created_at, id`);
   }
 
   #map(raw: RawRow | undefined): ResourceRow<T> | undefined {
@@ -101,6 +103,11 @@ export class ResourceRepo<T> {
 
   list(ownerId: string): ResourceRow<T>[] {
     return (this.#list.all(ownerId) as RawRow[]).map((r) => this.#map(r) as ResourceRow<T>);
+  }
+
+  /** Every row of every owner, for internal loops (the autoscaler); never for API callers. */
+  listAll(): ResourceRow<T>[] {
+    return (this.#listAll.all() as RawRow[]).map((r) => this.#map(r) as ResourceRow<T>);
   }
 
   listPublic(): ResourceRow<T>[] {

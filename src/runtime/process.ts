@@ -1,0 +1,128 @@
+/**
+ * Process runtime (`--runtime process`): workers are host processes running the endpoint's
+ * command with the endpoint env plus the worker env. For development and machines without a
+ * container engine only: the code runs with flashd's own user and sees the host. Trusted code
+ * only.
+ *
+ * Workers get their own process group, so a stop reaches their children too. Their pids are
+ * recorded in `<data-dir>/process-workers.pids`; after a crash of flashd the next start stops
+ * the ones still running (after checking /proc that they are ours), so none leak.
+ */
+import { spawn, type ChildProcess } from 'node:child_process';
+import { existsSync, readFileSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import type { Logger } from '../core/logger.js';
+import { lineSplitter } from './line-splitter.js';
+import type { LaunchSpec, WorkerEvents, WorkerRuntime } from './types.js';
+
+/** Host variables a worker inherits; nothing else of flashd's environment (it may hold secrets). */
+const INHERITED_ENV = ['PATH', 'HOME', 'LANG', 'LC_ALL', 'TZ', 'TMPDIR', 'USER'];
+
+interface Running {
+  child: ChildProcess;
+  stopping: boolean;
+  exited: Promise<void>;
+}
+
+export class ProcessRuntime implements WorkerRuntime {
+  readonly name = 'process';
+  readonly #pidFile: string;
+  readonly #workdir: string;
+  readonly #log: Logger;
+  readonly #workers = new Map<string, Running>();
+
+  constructor(options: { dataDir: string; workdir: string | null; log: Logger }) {
+    this.#pidFile = join(options.dataDir, 'process-workers.pids');
+    this.#workdir = options.workdir ?? process.cwd();
+    this.#log = options.log;
+    this.#reapOrphans();
+  }
+
+  /** Stops workers left behind by a previous run that did not shut down cleanly. */
+  #reapOrphans(): void {
+    if (!existsSync(this.#pidFile)) return;
+    for (const line of readFileSync(this.#pidFile, 'utf8').split('\n')) {
+      const pid = Number(line.trim());
+      if (!Number.isInteger(pid) || pid <= 1) continue;
+      try {
+        const environ = readFileSync(`/proc/${pid}/environ`, 'utf8');
+        if (!environ.includes('VENDOR_POD_ID=wkr_')) continue;
+        process.kill(-pid, 'SIGKILL');
+        this.#log.warn('stopped orphaned worker process', { pid });
+      } catch {
+        // gone already, or not ours
+      }
+    }
+    this.#savePids();
+  }
+
+  #savePids(): void {
+    const pids = [...this.#workers.values()].map((w) => w.child.pid).filter((p): p is number => p !== undefined);
+    writeFileSync(this.#pidFile, pids.join('\n') + (pids.length ? '\n' : ''), { mode: 0o600 });
+  }
+
+  launch(spec: LaunchSpec, events: WorkerEvents): Promise<void> {
+    const argv = [...spec.entrypoint, ...spec.cmd];
+    if (argv.length === 0) {
+      return Promise.reject(new Error('the endpoint has no command: set args (or entrypoint/cmd) to run a process worker'));
+    }
+    const env: Record<string, string> = {};
+    for (const k of INHERITED_ENV) if (process.env[k] !== undefined) env[k] = process.env[k] as string;
+    Object.assign(env, spec.env);
+    return new Promise((resolve, reject) => {
+      const child = spawn(argv[0] as string, argv.slice(1), { cwd: this.#workdir, env, stdio: ['ignore', 'pipe', 'pipe'], detached: true });
+      let started = false;
+      child.once('spawn', () => {
+        started = true;
+        this.#savePids();
+        resolve();
+      });
+      const out = lineSplitter((l) => events.log('stdout', l));
+      const err = lineSplitter((l) => events.log('stderr', l));
+      child.stdout?.on('data', (c: Buffer) => out.push(c));
+      child.stderr?.on('data', (c: Buffer) => err.push(c));
+      const exited = new Promise<void>((done) => {
+        child.once('close', (code, signal) => {
+          out.end();
+          err.end();
+          const running = this.#workers.get(spec.workerId);
+          this.#workers.delete(spec.workerId);
+          this.#savePids();
+          if (started) events.exit({ code, signal, requested: running?.stopping ?? false });
+          done();
+        });
+      });
+      child.once('error', (e) => {
+        this.#workers.delete(spec.workerId);
+        if (!started) reject(new Error(`cannot start ${JSON.stringify(argv[0])}: ${e.message}`));
+      });
+      this.#workers.set(spec.workerId, { child, stopping: false, exited });
+    });
+  }
+
+  async stop(workerId: string, graceMs: number): Promise<void> {
+    const w = this.#workers.get(workerId);
+    if (!w) return;
+    w.stopping = true;
+    const pid = w.child.pid;
+    const signal = (sig: NodeJS.Signals) => {
+      try {
+        if (pid !== undefined) process.kill(-pid, sig);
+      } catch {
+        // already gone
+      }
+    };
+    signal('SIGTERM');
+    const timer = setTimeout(() => signal('SIGKILL'), graceMs);
+    await w.exited;
+    clearTimeout(timer);
+  }
+
+  capacity(): number {
+    return Number.POSITIVE_INFINITY;
+  }
+
+  async close(): Promise<void> {
+    await Promise.all([...this.#workers.keys()].map((id) => this.stop(id, 2000)));
+  }
+}

@@ -1,0 +1,93 @@
+/**
+ * The scaling decision, a pure function of one endpoint's snapshot (beta9's
+ * `endpointDeploymentScaleFunc` split: observe → decide → act). Table-tested in
+ * test/scheduler/decide.test.ts.
+ *
+ * - Keep workers between `min` and `max`.
+ * - QUEUE_DELAY: with no worker at all, the first waiting job starts one at once (a cold
+ *   start). Otherwise one more worker is added when the oldest waiting job has waited longer
+ *   than `queueDelay` and no worker is idle, one step at a time (not while another is still
+ *   starting).
+ * - REQUEST_COUNT: target `ceil((inQueue + inProgress) / requestCount)`.
+ * - Low-priority jobs never cause a scale-up.
+ * - Idle workers stop after `idleTimeout` (down to `min`, or to the REQUEST_COUNT target),
+ *   longest idle first; above `max`, idle workers stop at once.
+ * - When the runtime has no room, the shortfall is reported as `throttled`.
+ */
+import type { Scaling } from '../endpoints/index.js';
+
+export interface WorkerSnapshot {
+  id: string;
+  state: 'initializing' | 'idle' | 'running' | 'unhealthy';
+  /** ms since the worker last held a job (meaningful when idle). */
+  idleMs: number;
+  /** Launched by flashd (only those are stopped by the autoscaler). */
+  managed: boolean;
+  /** Marked for replacement (config change, stopPod): stop as soon as it is idle. */
+  recycle: boolean;
+}
+
+export interface ScaleInput {
+  min: number;
+  max: number;
+  /** Idle time before a worker stops. */
+  idleTimeoutMs: number;
+  scaling: Scaling;
+  /** Normal-priority jobs waiting. */
+  queued: number;
+  lowQueued: number;
+  inProgress: number;
+  /** How long the oldest normal-priority job has waited. */
+  oldestWaitMs: number;
+  workers: readonly WorkerSnapshot[];
+  /** Workers the runtime can start now. */
+  capacity: number;
+  /** True while crash-loop backoff holds new starts back. */
+  backoff: boolean;
+}
+
+export interface ScaleDecision {
+  start: number;
+  stop: string[];
+  throttled: number;
+  desired: number;
+}
+
+export function decideScale(s: ScaleInput): ScaleDecision {
+  const live = s.workers.filter((w) => w.state !== 'unhealthy');
+  const active = live.length;
+  const idle = live.filter((w) => w.state === 'idle');
+  const starting = live.filter((w) => w.state === 'initializing').length;
+
+  let desired = active;
+  if (s.scaling.type === 'REQUEST_COUNT') {
+    desired = Math.ceil((s.queued + s.inProgress) / s.scaling.requestCount);
+  } else if (s.queued > 0 && idle.length === 0) {
+    if (active === 0) desired = 1;
+    else if (starting === 0 && s.oldestWaitMs >= s.scaling.queueDelay * 1000) desired = active + 1;
+  }
+  desired = Math.min(s.max, Math.max(s.min, desired));
+
+  let start = Math.max(0, desired - active);
+  let throttled = 0;
+  if (start > 0 && s.backoff) start = 0;
+  if (start > s.capacity) {
+    throttled = start - Math.max(0, s.capacity);
+    start = Math.max(0, s.capacity);
+  }
+
+  // Scale down: idle managed workers, longest idle first.
+  const floor = s.scaling.type === 'REQUEST_COUNT' ? Math.max(s.min, desired) : s.min;
+  const candidates = idle.filter((w) => w.managed).sort((a, b) => b.idleMs - a.idleMs);
+  const stop: string[] = [];
+  let remaining = active;
+  for (const w of candidates) {
+    const overMax = remaining > s.max;
+    const expired = w.idleMs >= s.idleTimeoutMs && remaining > floor;
+    if (overMax || expired || w.recycle) {
+      stop.push(w.id);
+      remaining--;
+    }
+  }
+  return { start, stop, throttled, desired };
+}

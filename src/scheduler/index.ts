@@ -1,0 +1,3 @@
+export { Autoscaler, type AutoscalerOptions } from './autoscaler.js';
+export { decideScale, type ScaleDecision, type ScaleInput, type WorkerSnapshot } from './decide.js';
+export { LogHub } from './log-hub.js';
