@@ -52,8 +52,10 @@ function parseRaw(body: Buffer): DoneBody {
 function outcomeReply(outcome: DoneOutcome, jobId: string): { status: number; body?: unknown } {
   switch (outcome) {
     case 'accepted':
-    case 'duplicate':
       return { status: 200, body: { ok: true } };
+    case 'duplicate':
+      // A re-post of a result already recorded (lost ack): nothing changes.
+      return { status: 200, body: { ok: true, duplicate: true } };
     case 'stale':
       throw new AgentError('STALE_ATTEMPT', `Job ${jobId} is no longer held by this worker (finished, cancelled, or reassigned); the result was discarded.`);
     case 'unknown':
