@@ -149,6 +149,7 @@ class Worker:
             for thread in self._threads:
                 thread.join(timeout=5)
             progress.set_transport(None)
+            self.transport.client.close()
             self.loop.stop()
             self._restore_signal_handlers(previous)
         self.log.info("worker %s stopped", self.env.worker_id)

@@ -1,0 +1,217 @@
+"""Running jobs through every handler form, with streaming and cancellation."""
+
+import asyncio
+import functools
+import json
+import threading
+import time
+import unittest
+
+from vendor_flash.serverless.handler import HandlerKind, JobCancelled, JobRun, LoopThread, handler_kind
+
+JOB = {"id": "j1", "input": {"n": 3}}
+
+
+def sync_handler(job):
+    return {"double": job["input"]["n"] * 2}
+
+
+async def async_handler(job):
+    await asyncio.sleep(0)
+    return job["input"]["n"] + 1
+
+
+def gen_handler(job):
+    for i in range(job["input"]["n"]):
+        yield {"i": i}
+
+
+async def agen_handler(job):
+    for i in range(job["input"]["n"]):
+        await asyncio.sleep(0)
+        yield i
+
+
+class Callable:
+    async def __call__(self, job):
+        return "obj"
+
+
+class KindTest(unittest.TestCase):
+    def test_kinds(self):
+        self.assertIs(handler_kind(sync_handler), HandlerKind.SYNC)
+        self.assertIs(handler_kind(async_handler), HandlerKind.ASYNC)
+        self.assertIs(handler_kind(gen_handler), HandlerKind.GENERATOR)
+        self.assertIs(handler_kind(agen_handler), HandlerKind.ASYNC_GENERATOR)
+        self.assertIs(handler_kind(functools.partial(agen_handler)), HandlerKind.ASYNC_GENERATOR)
+        self.assertIs(handler_kind(Callable()), HandlerKind.ASYNC)
+        self.assertIs(handler_kind(lambda job: 1), HandlerKind.SYNC)
+
+
+class RunTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.loop = LoopThread()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.loop.stop()
+
+    def run_job(self, handler, aggregate=False, job=JOB):
+        chunks = []
+        run = JobRun(handler, dict(job), self.loop, aggregate_stream=aggregate, on_chunk=chunks.append)
+        return run.run(), chunks
+
+    def test_sync(self):
+        self.assertEqual(self.run_job(sync_handler), ({"output": {"double": 6}}, []))
+
+    def test_async(self):
+        self.assertEqual(self.run_job(async_handler), ({"output": 4}, []))
+
+    def test_sync_returning_awaitable(self):
+        self.assertEqual(self.run_job(lambda job: async_handler(job)), ({"output": 4}, []))
+
+    def test_generator_without_aggregate(self):
+        result, chunks = self.run_job(gen_handler)
+        self.assertEqual(result, {"output": []})
+        self.assertEqual(chunks, [{"i": 0}, {"i": 1}, {"i": 2}])
+
+    def test_generator_with_aggregate(self):
+        result, chunks = self.run_job(gen_handler, aggregate=True)
+        self.assertEqual(result, {"output": [{"i": 0}, {"i": 1}, {"i": 2}]})
+        self.assertEqual(len(chunks), 3)
+
+    def test_async_generator(self):
+        self.assertEqual(self.run_job(agen_handler, aggregate=True), ({"output": [0, 1, 2]}, [0, 1, 2]))
+
+    def test_exception(self):
+        def bad(job):
+            raise RuntimeError("nope")
+        result, _ = self.run_job(bad)
+        info = json.loads(result["error"])
+        self.assertEqual(info["error_type"], "<class 'RuntimeError'>")
+        self.assertEqual(info["error_message"], "nope")
+
+    def test_async_exception(self):
+        async def bad(job):
+            await asyncio.sleep(0)
+            raise KeyError("k")
+        info = json.loads(self.run_job(bad)[0]["error"])
+        self.assertEqual(info["error_type"], "<class 'KeyError'>")
+
+    def test_generator_exception(self):
+        def bad(job):
+            yield 1
+            raise ValueError("mid-stream")
+        result, chunks = self.run_job(bad, aggregate=True)
+        self.assertEqual(chunks, [1])
+        self.assertTrue(result["error"].startswith("handler: mid-stream \ntraceback:"))
+
+    def test_yielded_error_ends_the_stream(self):
+        def gen(job):
+            yield 1
+            yield {"error": "stop here"}
+            yield 2
+        result, chunks = self.run_job(gen, aggregate=True)
+        self.assertEqual(result, {"error": "stop here"})
+        self.assertEqual(chunks, [1])
+
+    def test_cancel_async(self):
+        seen = []
+        started = threading.Event()
+
+        async def slow(job):
+            started.set()
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                seen.append("cancelled")
+                raise
+            return "late"
+
+        run = JobRun(slow, dict(JOB), self.loop)
+        threading.Thread(target=lambda: (started.wait(5), run.cancel())).start()
+        t0 = time.monotonic()
+        with self.assertRaises(JobCancelled):
+            run.run()
+        self.assertLess(time.monotonic() - t0, 5)
+        deadline = time.monotonic() + 5
+        while not seen and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self.assertEqual(seen, ["cancelled"])
+
+    def test_cancel_sync_drops_result(self):
+        gate = threading.Event()
+
+        def blocking(job):
+            gate.wait(5)
+            return "done"
+
+        run = JobRun(blocking, dict(JOB), self.loop)
+        run.cancel()
+        gate.set()
+        with self.assertRaises(JobCancelled):
+            run.run()
+
+    def test_cancel_generator_between_yields(self):
+        produced = []
+
+        def gen(job):
+            for i in range(100):
+                produced.append(i)
+                yield i
+
+        holder = {}
+
+        def on_chunk(value):
+            if value == 2:
+                holder["run"].cancel()
+
+        run = JobRun(gen, dict(JOB), self.loop, on_chunk=on_chunk)
+        holder["run"] = run
+        with self.assertRaises(JobCancelled):
+            run.run()
+        self.assertEqual(produced, [0, 1, 2])
+
+    def test_cancel_async_generator(self):
+        closed = []
+
+        async def agen(job):
+            try:
+                for i in range(100):
+                    await asyncio.sleep(0.01)
+                    yield i
+            finally:
+                closed.append(True)
+
+        holder = {}
+
+        def on_chunk(value):
+            if value == 1:
+                holder["run"].cancel()
+
+        run = JobRun(agen, dict(JOB), self.loop, on_chunk=on_chunk)
+        holder["run"] = run
+        with self.assertRaises(JobCancelled):
+            run.run()
+        self.assertEqual(closed, [True])
+
+    def test_concurrent_async_jobs_share_the_loop(self):
+        async def wait(job):
+            await asyncio.sleep(0.3)
+            return job["id"]
+
+        results = []
+        threads = [threading.Thread(target=lambda i=i: results.append(
+            JobRun(wait, {"id": i, "input": {}}, self.loop).run())) for i in range(10)]
+        t0 = time.monotonic()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self.assertLess(time.monotonic() - t0, 2.5)
+        self.assertEqual(sorted(r["output"] for r in results), list(range(10)))
+
+
+if __name__ == "__main__":
+    unittest.main()
