@@ -7,7 +7,7 @@
 import { AgentError, validationError } from '../core/errors.js';
 import { assertSchema } from '../core/schemas.js';
 import { GPU_POOLS, cpuFlavor, gpuType } from '../catalog/index.js';
-import { applyCommand, CommandError } from './command.js';
+import { applyCommand, CommandError, type StoredCommand } from './command.js';
 import {
   DEFAULT_TIMEOUT_MS, DEFAULT_WORKERS, idleTimeoutApplies,
   type CpuSpec, type EndpointSpec, type GpuSpec, type NetworkVolumeSpec, type Scaling, type TemplateSpec, type WorkersSpec,
@@ -199,14 +199,19 @@ function resolveNetwork(body: EndpointBody, errors: string[]): string[] | undefi
   return fromMounts ?? legacy;
 }
 
-function command(current: Pick<EndpointSpec, 'args' | 'entrypoint' | 'cmd'>, body: EndpointBody, errors: string[]) {
+/**
+ * Only the three command fields, copied: callers spread the result into a spec, so returning
+ * `current` itself (a whole stored spec on update) would overwrite the fields set before it.
+ */
+function command(current: Pick<EndpointSpec, 'args' | 'entrypoint' | 'cmd'>, body: EndpointBody, errors: string[]): StoredCommand {
+  let result: StoredCommand = current;
   try {
-    return applyCommand(current, { args: body.args, cmd: body.cmd, entrypoint: body.entrypoint });
+    result = applyCommand(current, { args: body.args, cmd: body.cmd, entrypoint: body.entrypoint });
   } catch (err) {
     if (!(err instanceof CommandError)) throw err;
     errors.push(`/${err.field}: ${err.message}`);
-    return current;
   }
+  return { args: result.args, entrypoint: [...result.entrypoint], cmd: [...result.cmd] };
 }
 
 function normalizeGpu(input: GpuInput, base: GpuSpec | null): GpuSpec {
