@@ -163,7 +163,8 @@ export class JobQueue {
     return {
       id: row.id, endpointId: row.endpointId, status: row.status, input: row.input, extra: row.extra, webhook: row.webhook,
       lowPriority: row.lowPriority, executionTimeoutMs: row.executionTimeoutMs, ttlMs: row.ttlMs, retentionMs: row.retentionMs,
-      attempt: row.attempt, retries: row.retries, workerId: row.workerId, output: row.output, error: row.error, progress: null,
+      attempt: row.attempt, retries: row.retries, workerId: row.workerId,
+      resultBy: row.status === 'COMPLETED' || row.status === 'FAILED' ? row.workerId : null, output: row.output, error: row.error, progress: null,
       chunks: [], createdAt: row.createdAt, startedAt: row.startedAt, completedAt: row.completedAt, expiresAt: row.expiresAt,
       ttlDeadline: mono + Math.max(0, row.ttlMs - (now - row.createdAt)), leaseDeadline: 0, execDeadline: 0, waiters: [],
     };
@@ -177,7 +178,7 @@ export class JobQueue {
     const job: Job = {
       id: newJobId(), endpointId: input.endpointId, status: 'IN_QUEUE', input: input.input, extra: input.extra, webhook: input.webhook,
       lowPriority: input.lowPriority, executionTimeoutMs: input.executionTimeoutMs, ttlMs: input.ttlMs, retentionMs: input.retentionMs,
-      attempt: 0, retries: 0, workerId: null, output: null, error: null, progress: null, chunks: [], createdAt: now, startedAt: null,
+      attempt: 0, retries: 0, workerId: null, resultBy: null, output: null, error: null, progress: null, chunks: [], createdAt: now, startedAt: null,
       completedAt: null, expiresAt: null, ttlDeadline: this.#clock.monotonic() + input.ttlMs, leaseDeadline: 0, execDeadline: 0, waiters: [],
     };
     this.#jobs.set(job.id, job);
@@ -306,11 +307,11 @@ export class JobQueue {
     const job = this.#jobs.get(jobId);
     if (job && job.endpointId === endpointId) {
       if (job.status === 'IN_PROGRESS' && job.workerId === workerId) return { job };
-      return { outcome: TERMINAL.has(job.status) && job.workerId === workerId ? 'duplicate' : 'stale' };
+      return { outcome: job.resultBy === workerId ? 'duplicate' : 'stale' };
     }
     const row = this.#repo.get(jobId);
     if (!row || row.endpointId !== endpointId) return { outcome: 'unknown' };
-    return { outcome: TERMINAL.has(row.status) && row.workerId === workerId ? 'duplicate' : 'stale' };
+    return { outcome: (row.status === 'COMPLETED' || row.status === 'FAILED') && row.workerId === workerId ? 'duplicate' : 'stale' };
   }
 
   /** job-done: a progress update, or the final result of the worker's current attempt. */
@@ -328,6 +329,7 @@ export class JobQueue {
       for (const l of this.#listeners) l.recycleWorker?.(endpointId, workerId);
     }
     const output = body.output === undefined ? null : JSON.stringify(body.output);
+    job.resultBy = workerId;
     if (body.error !== undefined && body.error !== null && body.error !== false && body.error !== '' && body.error !== 0) {
       const error = typeof body.error === 'string' ? body.error : JSON.stringify(body.error);
       await this.#finishCommitted(job, 'FAILED', output, error);
@@ -598,6 +600,7 @@ export class JobQueue {
     job.progress = null;
     job.chunks = [];
     job.workerId = null;
+    job.resultBy = null;
     job.startedAt = null;
     job.completedAt = null;
     job.expiresAt = null;

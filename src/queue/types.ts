@@ -28,6 +28,8 @@ export interface Job {
   /** Automatic and manual re-queues so far. */
   retries: number;
   workerId: string | null;
+  /** The worker whose posted result ended the job (null when flashd ended it: cancel, timeout). */
+  resultBy: string | null;
   output: string | null;
   error: string | null;
   /** Latest progress update (raw JSON), shown as `output` while IN_PROGRESS. */

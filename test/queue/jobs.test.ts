@@ -1,0 +1,302 @@
+import t from 'tap';
+import { createServer } from 'node:http';
+import { startAgent, assertProblem, cpuBody, ADMIN_KEY, type TestAgent } from '../helpers/agent.js';
+import { TestWorker } from '../helpers/worker.js';
+
+async function endpoint(a: TestAgent, extra: Record<string, unknown> = {}): Promise<string> {
+  const r = await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 }, ...extra }) });
+  if (r.status !== 201) throw new Error(r.text);
+  return r.json.id as string;
+}
+
+const run = (a: TestAgent, ep: string, body: unknown = { input: { n: 1 } }) => a.req('POST', `/v2/${ep}/run`, { body });
+
+t.test('run → take → progress → done → status, with RunPod shapes', async (t) => {
+  const a = await startAgent(t, { takeHoldMs: 2000 });
+  const ep = await endpoint(a);
+  const w = await TestWorker.create(a, ep);
+  const r = await run(a, ep, { input: { prompt: 'hi' } });
+  t.equal(r.status, 200);
+  t.same(Object.keys(r.json).sort(), ['id', 'status']);
+  t.equal(r.json.status, 'IN_QUEUE');
+  const queued = await a.req('GET', `/v2/${ep}/status/${r.json.id}`);
+  t.equal(queued.json.status, 'IN_QUEUE');
+  const job = await w.take();
+  t.same(job, { id: r.json.id, input: { prompt: 'hi' } }, 'a job carries id and input');
+  const running = await a.req('GET', `/v2/${ep}/status/${r.json.id}`);
+  t.equal(running.json.status, 'IN_PROGRESS');
+  t.equal(running.json.workerId, w.workerId);
+  t.equal((await w.done(r.json.id, { status: 'IN_PROGRESS', output: { pct: 50 } })).status, 200);
+  const progress = await a.req('GET', `/v2/${ep}/status/${r.json.id}`);
+  t.equal(progress.json.status, 'IN_PROGRESS', 'a progress update is not completion');
+  t.same(progress.json.output, { pct: 50 }, 'progress shows as output');
+  t.equal((await w.done(r.json.id, { output: { text: 'hello' } })).status, 200);
+  const done = await a.req('GET', `/v2/${ep}/status/${r.json.id}`, { key: null, headers: { authorization: ADMIN_KEY } });
+  t.equal(done.status, 200, 'Authorization without "Bearer " works');
+  t.equal(done.json.status, 'COMPLETED');
+  t.same(done.json.output, { text: 'hello' });
+  t.type(done.json.delayTime, 'number');
+  t.type(done.json.executionTime, 'number');
+  t.equal(done.json.workerId, w.workerId);
+  t.equal((await w.done(r.json.id, { status: 'IN_PROGRESS', output: 'late' })).status, 200);
+  t.equal((await a.req('GET', `/v2/${ep}/status/${r.json.id}`)).json.status, 'COMPLETED', 'a late progress update never reopens a job');
+});
+
+t.test('job-take long-polls, wakes on submit and gives 204 after the hold', async (t) => {
+  const a = await startAgent(t, { takeHoldMs: 400 });
+  const ep = await endpoint(a);
+  const w = await TestWorker.create(a, ep);
+  const started = Date.now();
+  t.equal(await w.take(), null, '204 when nothing arrives');
+  t.ok(Date.now() - started >= 350, 'held for the hold time first');
+  const b = await startAgent(t, { takeHoldMs: 60_000 });
+  const ep2 = await endpoint(b);
+  const w2 = await TestWorker.create(b, ep2);
+  const parked = w2.take();
+  await new Promise((r) => setTimeout(r, 50));
+  const sent = await run(b, ep2, { input: { wake: true } });
+  const job = await parked;
+  t.equal(job?.id, sent.json.id, 'the parked take got the job (woken by submit, not by the 60 s hold)');
+});
+
+t.test('job-take-batch returns a JSON array', async (t) => {
+  const a = await startAgent(t, { takeHoldMs: 300 });
+  const ep = await endpoint(a);
+  const w = await TestWorker.create(a, ep);
+  for (let i = 0; i < 3; i++) await run(a, ep, { input: { i } });
+  const batch = await w.takeBatch(2);
+  t.equal(batch.status, 200);
+  t.equal(batch.jobs.length, 2);
+  t.same(batch.jobs.map((j) => j.input), [{ i: 0 }, { i: 1 }], 'oldest first');
+  const rest = await w.takeBatch(5);
+  t.equal(rest.jobs.length, 1);
+});
+
+t.test('runsync returns the result, or the id and status after ?wait; disconnecting never cancels', async (t) => {
+  const a = await startAgent(t, { takeHoldMs: 5000 });
+  const ep = await endpoint(a);
+  const w = await TestWorker.create(a, ep);
+  const worker = (async () => {
+    const job = await w.take();
+    if (job) await w.done(job.id, { output: { echo: job.input } });
+  })();
+  const r = await a.req('POST', `/v2/${ep}/runsync`, { body: { input: { x: 7 } } });
+  await worker;
+  t.equal(r.status, 200);
+  t.equal(r.json.status, 'COMPLETED');
+  t.same(r.json.output, { echo: { x: 7 } });
+  t.equal(r.json.workerId, w.workerId);
+  t.type(r.json.delayTime, 'number');
+  t.type(r.json.executionTime, 'number');
+
+  const slow = await a.req('POST', `/v2/${ep}/runsync?wait=1000`, { body: { input: { x: 8 } } });
+  t.equal(slow.status, 200);
+  t.equal(slow.json.status, 'IN_QUEUE', 'not done within wait: id and current status');
+  t.type(slow.json.id, 'string');
+  assertProblem(t, await a.req('POST', `/v2/${ep}/runsync?wait=999`, { body: { input: {} } }), 400);
+  assertProblem(t, await a.req('POST', `/v2/${ep}/runsync?wait=300001`, { body: { input: {} } }), 400);
+
+  const controller = new AbortController();
+  const pending = fetch(`${a.url}/v2/${ep}/runsync`, {
+    method: 'POST', signal: controller.signal,
+    headers: { authorization: `Bearer ${ADMIN_KEY}`, 'content-type': 'application/json' }, body: JSON.stringify({ input: { x: 9 } }),
+  }).catch(() => undefined);
+  await new Promise((r) => setTimeout(r, 100));
+  controller.abort();
+  await pending;
+  const first = await w.take();
+  const second = await w.take();
+  t.same([first?.input, second?.input], [{ x: 8 }, { x: 9 }], 'the abandoned runsync job still runs');
+});
+
+t.test('errors end FAILED with the worker string; results from the wrong worker are refused', async (t) => {
+  const a = await startAgent(t, { takeHoldMs: 2000 });
+  const ep = await endpoint(a);
+  const w1 = await TestWorker.create(a, ep);
+  const w2 = await TestWorker.create(a, ep);
+  const id = (await run(a, ep)).json.id;
+  const errText = JSON.stringify({ error_type: "<class 'ValueError'>", error_message: 'bad' });
+  await w1.take();
+  const stale = await w2.done(id, { output: 'not mine' });
+  t.equal(stale.status, 409, 'another worker cannot finish the job');
+  t.equal((await w1.done(id, { error: errText })).status, 200);
+  const failed = await a.req('GET', `/v2/${ep}/status/${id}`);
+  t.equal(failed.json.status, 'FAILED');
+  t.equal(failed.json.error, errText, "the worker's error string, as sent");
+  const again = await w1.done(id, { output: 'second try' });
+  t.equal(again.status, 200);
+  t.equal(again.json.duplicate, true, 'a re-post is acknowledged as a duplicate');
+  t.equal((await a.req('GET', `/v2/${ep}/status/${id}`)).json.status, 'FAILED', 'completion is recorded once');
+
+  const id2 = (await run(a, ep)).json.id;
+  await w1.take();
+  await w1.done(id2, { error: { code: 42 }, output: { partial: true } });
+  const s2 = await a.req('GET', `/v2/${ep}/status/${id2}`);
+  t.equal(s2.json.status, 'FAILED', 'any truthy error fails the job');
+  t.equal(s2.json.error, '{"code":42}');
+  t.same(s2.json.output, { partial: true });
+  t.equal((await w1.done('00000000-nope', { output: 1 })).status, 404);
+});
+
+t.test('cancel removes queued jobs and stops running ones through job-stop', async (t) => {
+  const a = await startAgent(t, { takeHoldMs: 1000 });
+  const ep = await endpoint(a);
+  const w = await TestWorker.create(a, ep);
+  const queued = (await run(a, ep, { input: { q: 1 } })).json.id;
+  const c1 = await a.req('POST', `/v2/${ep}/cancel/${queued}`, { headers: { 'content-type': 'application/json' } });
+  t.same(c1.json, { id: queued, status: 'CANCELLED' });
+  const running = (await run(a, ep, { input: { q: 2 } })).json.id;
+  const job = await w.take();
+  t.equal(job?.id, running, 'the cancelled job is never handed out');
+  const c2 = await a.req('POST', `/v2/${ep}/cancel/${running}`);
+  t.same(c2.json, { id: running, status: 'CANCELLED' });
+  t.same(await w.stops(), [running], 'job-stop tells the worker');
+  t.equal((await w.done(running, { output: 'too late' })).status, 409, 'a result after cancel is discarded');
+  t.equal((await a.req('GET', `/v2/${ep}/status/${running}`)).json.status, 'CANCELLED', 'CANCELLED even though the worker never answered');
+  const stream = await a.req('GET', `/v2/${ep}/stream/${running}`);
+  t.same(stream.json, { status: 'CANCELLED', stream: [] }, 'stream stays answerable');
+  assertProblem(t, await a.req('POST', `/v2/${ep}/cancel/not-a-job`), 404);
+});
+
+t.test('retry: FAILED or TIMED_OUT only, same id, original input, output removed', async (t) => {
+  const a = await startAgent(t, { takeHoldMs: 1000 });
+  const ep = await endpoint(a);
+  const w = await TestWorker.create(a, ep);
+  const id = (await run(a, ep, { input: { v: 'orig' } })).json.id;
+  await w.take();
+  await w.done(id, { error: 'boom', output: { junk: 1 } });
+  const r = await a.req('POST', `/v2/${ep}/retry/${id}`);
+  t.same(r.json, { id, status: 'IN_QUEUE' });
+  const s = await a.req('GET', `/v2/${ep}/status/${id}`);
+  t.equal(s.json.status, 'IN_QUEUE');
+  t.notOk('output' in s.json, 'previous output removed');
+  t.notOk('error' in s.json, 'previous error removed');
+  const job = await w.take();
+  t.same(job, { id, input: { v: 'orig' } }, 'same id and original input');
+  await w.done(id, { output: 'ok now' });
+  assertProblem(t, await a.req('POST', `/v2/${ep}/retry/${id}`), 409);
+  const h = await a.req('GET', `/v2/${ep}/health`);
+  t.equal(h.json.jobs.retried, 1, 'the retry counts in retried');
+});
+
+t.test('purge-queue removes queued jobs and leaves running ones', async (t) => {
+  const a = await startAgent(t, { takeHoldMs: 1000 });
+  const ep = await endpoint(a);
+  const w = await TestWorker.create(a, ep);
+  const first = (await run(a, ep)).json.id;
+  await w.take();
+  for (let i = 0; i < 3; i++) await run(a, ep);
+  const p = await a.req('POST', `/v2/${ep}/purge-queue`);
+  t.same(p.json, { removed: 3, status: 'completed' });
+  t.equal((await a.req('GET', `/v2/${ep}/status/${first}`)).json.status, 'IN_PROGRESS');
+  t.equal(await w.take(), null, 'nothing left to take');
+  t.equal((await w.done(first, { output: 1 })).status, 200, 'the running job finishes normally');
+});
+
+t.test('health counts jobs and all six worker states', async (t) => {
+  const a = await startAgent(t, { takeHoldMs: 1000 });
+  const ep = await endpoint(a);
+  const w = await TestWorker.create(a, ep);
+  const ids = [(await run(a, ep)).json.id, (await run(a, ep)).json.id, (await run(a, ep)).json.id];
+  await w.take();
+  await w.done(ids[0], { output: 1 });
+  await w.take();
+  await w.done(ids[1], { error: 'x' });
+  await run(a, ep);
+  await w.take();
+  const h = await a.req('GET', `/v2/${ep}/health`);
+  t.same(h.json.jobs, { completed: 1, failed: 1, inProgress: 1, inQueue: 1, retried: 0 });
+  t.same(Object.keys(h.json.workers).sort(), ['idle', 'initializing', 'ready', 'running', 'throttled', 'unhealthy']);
+  t.equal(h.json.workers.running, 1);
+});
+
+t.test('stream returns the chunks since the last poll; large chunks are split', async (t) => {
+  const a = await startAgent(t, { takeHoldMs: 1000 });
+  const ep = await endpoint(a);
+  const w = await TestWorker.create(a, ep);
+  const id = (await run(a, ep)).json.id;
+  await w.take();
+  t.same((await a.req('GET', `/v2/${ep}/stream/${id}`)).json, { status: 'IN_PROGRESS', stream: [] }, 'stream is always present');
+  await w.stream(id, { text: ['a'] });
+  await w.stream(id, { text: ['b'] });
+  t.same((await a.req('GET', `/v2/${ep}/stream/${id}`)).json.stream, [{ output: { text: ['a'] } }, { output: { text: ['b'] } }]);
+  t.same((await a.req('GET', `/v2/${ep}/stream/${id}`)).json.stream, [], 'drained by the previous poll');
+  const big = 'x'.repeat(1.5 * 1024 * 1024);
+  await w.stream(id, big);
+  const chunks = (await a.req('GET', `/v2/${ep}/stream/${id}`)).json.stream as { output: string }[];
+  t.ok(chunks.length >= 2, 'split across chunks');
+  t.ok(chunks.every((c) => JSON.stringify(c).length <= 1024 * 1024), 'each at most 1 MB');
+  t.equal(chunks.map((c) => c.output).join(''), big, 'joined back they are the output');
+  await w.done(id, { output: [] }, true);
+  t.equal((await a.req('GET', `/v2/${ep}/stream/${id}`)).json.status, 'COMPLETED');
+});
+
+t.test('request validation and auth on the job API', async (t) => {
+  const a = await startAgent(t, { takeHoldMs: 500, maxBodyBytes: 4096 });
+  const ep = await endpoint(a);
+  assertProblem(t, await a.req('POST', `/v2/${ep}/run`, { body: { notInput: 1 } }), 400);
+  assertProblem(t, await a.req('POST', `/v2/${ep}/run`, { body: { input: 'string' } }), 400);
+  assertProblem(t, await a.req('POST', `/v2/${ep}/run`, { body: { input: {}, policy: { executionTimeout: 10 } } }), 400);
+  assertProblem(t, await a.req('POST', `/v2/${ep}/run`, { body: { input: {}, webhook: 'ftp://x' } }), 400);
+  assertProblem(t, await a.req('POST', `/v2/${ep}/run`, { body: { input: {} }, key: null }), 401);
+  assertProblem(t, await a.req('POST', `/v2/nosuchendpoint1/run`, { body: { input: {} } }), 404);
+  const big = { input: { blob: 'x'.repeat(8192) } };
+  t.equal((await a.req('POST', `/v2/${ep}/run`, { body: big })).status, 200, 'job bodies use their own limit, not the management one');
+  const tooBig = { input: { blob: 'x'.repeat(10 * 1024 * 1024) } };
+  assertProblem(t, await a.req('POST', `/v2/${ep}/run`, { body: tooBig }), 413);
+  const w = await TestWorker.create(a, ep);
+  const asClient = await a.req('POST', `/v2/${ep}/run`, { body: { input: {} }, key: w.key });
+  assertProblem(t, asClient, 403, 'a worker key cannot submit jobs');
+  const other = await endpoint(a);
+  const res = await fetch(`${a.url}/v2/${other}/job-take/${w.workerId}?gpu=cpu`, { headers: { authorization: w.key } });
+  t.equal(res.status, 403, "a worker key cannot take another endpoint's jobs");
+  const user = await a.req('POST', '/v2/api-keys', { body: { name: 'runner', scopes: ['jobs:run', 'jobs:read'] } });
+  const take = await fetch(`${a.url}/v2/${ep}/job-take/wkr_x?gpu=cpu`, { headers: { authorization: user.json.key } });
+  t.equal(take.status, 403, 'a user key cannot act as a worker');
+  const readOnly = await a.req('POST', '/v2/api-keys', { body: { name: 'reader', scopes: ['jobs:read'] } });
+  assertProblem(t, await a.req('POST', `/v2/${ep}/run`, { body: { input: {} }, key: readOnly.json.key }), 403);
+});
+
+t.test('webhook receives the final status body', async (t) => {
+  const received: unknown[] = [];
+  const hook = createServer((req, res) => {
+    let body = '';
+    req.on('data', (c) => (body += c));
+    req.on('end', () => {
+      received.push(JSON.parse(body));
+      res.end('ok');
+    });
+  });
+  await new Promise<void>((r) => hook.listen(0, '127.0.0.1', r));
+  t.teardown(() => hook.close());
+  const port = (hook.address() as { port: number }).port;
+  const a = await startAgent(t, { takeHoldMs: 1000, webhookAllowPrivate: true });
+  const ep = await endpoint(a);
+  const w = await TestWorker.create(a, ep);
+  const id = (await run(a, ep, { input: { h: 1 }, webhook: `http://127.0.0.1:${port}/hook` })).json.id;
+  await w.take();
+  await w.done(id, { output: { fine: true } });
+  for (let i = 0; i < 100 && received.length === 0; i++) await new Promise((r) => setTimeout(r, 20));
+  t.equal(received.length, 1);
+  t.match(received[0], { id, status: 'COMPLETED', output: { fine: true } });
+
+  const strict = await startAgent(t, { takeHoldMs: 1000, webhookRetryDelayMs: 0 });
+  const ep2 = await endpoint(strict);
+  const w2 = await TestWorker.create(strict, ep2);
+  const id2 = (await run(strict, ep2, { input: {}, webhook: `http://127.0.0.1:${port}/hook` })).json.id;
+  await w2.take();
+  await w2.done(id2, { output: 1 });
+  for (let i = 0; i < 100 && !strict.logs.some((l) => l.includes('webhook gave up')); i++) await new Promise((r) => setTimeout(r, 20));
+  t.equal(received.length, 1, 'private addresses are refused by default');
+  t.ok(strict.logs.some((l) => l.includes('webhook gave up') && l.includes('private')));
+});
+
+t.test('low-priority jobs are taken after normal ones', async (t) => {
+  const a = await startAgent(t, { takeHoldMs: 500 });
+  const ep = await endpoint(a);
+  const w = await TestWorker.create(a, ep);
+  await run(a, ep, { input: { p: 'low' }, policy: { lowPriority: true } });
+  await run(a, ep, { input: { p: 'normal' } });
+  t.same((await w.take())?.input, { p: 'normal' });
+  t.same((await w.take())?.input, { p: 'low' });
+});

@@ -1,0 +1,159 @@
+/**
+ * Leases, execution timeouts, TTL and retention, on a manual clock: the test moves time and
+ * runs the reaper, so nothing sleeps for a lease to expire.
+ */
+import t, { type Test } from 'tap';
+import { ManualClock } from '../../src/core/clock.js';
+import { startAgent, assertProblem, cpuBody, type TestAgent } from '../helpers/agent.js';
+import { TestWorker } from '../helpers/worker.js';
+
+async function setup(t: Test, overrides: Record<string, unknown> = {}, epExtra: Record<string, unknown> = {}) {
+  const clock = new ManualClock();
+  const a = await startAgent(t, { takeHoldMs: 300, leaseMs: 3000, ...overrides }, { clock });
+  const r = await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 }, ...epExtra }) });
+  const ep = r.json.id as string;
+  const step = (ms: number) => {
+    clock.advance(ms);
+    a.agent.queue.reap();
+  };
+  return { a, ep, clock, step, worker: () => TestWorker.create(a, ep) };
+}
+
+const status = async (a: TestAgent, ep: string, id: string) => (await a.req('GET', `/v2/${ep}/status/${id}`)).json;
+
+t.test('a lost lease puts the job back; the old worker is fenced off and told to stop', async (t) => {
+  const { a, ep, step, worker } = await setup(t);
+  const w1 = await worker();
+  const w2 = await worker();
+  const id = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { k: 1 } } })).json.id;
+  await w1.take();
+  step(2000);
+  t.equal((await w1.ping([id])), 200);
+  step(2000);
+  t.equal((await status(a, ep, id)).status, 'IN_PROGRESS', 'a ping renewed the lease');
+  step(3001);
+  const back = await status(a, ep, id);
+  t.equal(back.status, 'IN_QUEUE', 'no heartbeat for a lease: back in the queue');
+  t.equal(back.retries, 1);
+  const again = await w2.take();
+  t.same(again, { id, input: { k: 1 } }, 'same id and input for the next worker');
+  t.equal((await w1.done(id, { output: 'zombie' })).status, 409, "the first worker's late result is refused");
+  await w1.ping([id]);
+  t.same(await w1.stops(), [id], 'and it is told to stop the job');
+  t.equal((await w2.done(id, { output: 'real' })).status, 200);
+  const final = await status(a, ep, id);
+  t.equal(final.status, 'COMPLETED');
+  t.equal(final.output, 'real', 'exactly one result recorded');
+  t.equal((await a.req('GET', `/v2/${ep}/health`)).json.jobs.retried, 1);
+});
+
+t.test('a job whose workers keep losing it fails after maxAttempts', async (t) => {
+  const { a, ep, step, worker } = await setup(t, { maxAttempts: 2 });
+  const w = await worker();
+  const id = (await a.req('POST', `/v2/${ep}/run`, { body: { input: {} } })).json.id;
+  await w.take();
+  step(3001);
+  await w.take();
+  step(3001);
+  const s = await status(a, ep, id);
+  t.equal(s.status, 'FAILED');
+  t.match(s.error, /gave up after 2 attempts/);
+  t.equal(await w.take(), null, 'not queued again');
+});
+
+t.test('a job running past the endpoint timeout or policy.executionTimeout is TIMED_OUT', async (t) => {
+  const { a, ep, step, worker } = await setup(t, { leaseMs: 600_000 }, { timeout: 20_000 });
+  const w = await worker();
+  const id = (await a.req('POST', `/v2/${ep}/run`, { body: { input: {} } })).json.id;
+  await w.take();
+  step(19_000);
+  t.equal((await status(a, ep, id)).status, 'IN_PROGRESS');
+  step(1001);
+  const s = await status(a, ep, id);
+  t.equal(s.status, 'TIMED_OUT');
+  t.same(await w.stops(), [id], 'the worker is told to stop');
+  t.equal((await w.done(id, { output: 'late' })).status, 409);
+  const r = await a.req('POST', `/v2/${ep}/retry/${id}`);
+  t.equal(r.json.status, 'IN_QUEUE', 'TIMED_OUT jobs can be retried');
+  await w.take();
+  const id2 = (await a.req('POST', `/v2/${ep}/run`, { body: { input: {}, policy: { executionTimeout: 5000 } } })).json.id;
+  t.equal((await w.take())?.id, id2);
+  step(5001);
+  t.equal((await status(a, ep, id2)).status, 'TIMED_OUT', 'policy.executionTimeout overrides the endpoint timeout');
+});
+
+t.test('policy.ttl bounds the time in the queue', async (t) => {
+  const { a, ep, step, worker } = await setup(t);
+  const id = (await a.req('POST', `/v2/${ep}/run`, { body: { input: {}, policy: { ttl: 10_000 } } })).json.id;
+  step(9_000);
+  t.equal((await status(a, ep, id)).status, 'IN_QUEUE');
+  step(1001);
+  const s = await status(a, ep, id);
+  t.equal(s.status, 'TIMED_OUT');
+  t.match(s.error, /expired in the queue/);
+  const w = await worker();
+  t.equal(await w.take(), null, 'an expired job is never handed out');
+});
+
+t.test('results are kept 30 min after /run, 1 min after /runsync (up to 5 with ?wait), or ?ttl', async (t) => {
+  const { a, ep, step, worker } = await setup(t, { takeHoldMs: 2000 });
+  const w = await worker();
+  const serve = async () => {
+    const job = await w.take();
+    if (job) await w.done(job.id, { output: 'ok' });
+  };
+  const runId = (await a.req('POST', `/v2/${ep}/run`, { body: { input: {} } })).json.id;
+  await serve();
+  const [sync] = await Promise.all([a.req('POST', `/v2/${ep}/runsync`, { body: { input: {} } }), serve()]);
+  const [waited] = await Promise.all([a.req('POST', `/v2/${ep}/runsync?wait=120000`, { body: { input: {} } }), serve()]);
+  const ttlId = (await a.req('POST', `/v2/${ep}/run`, { body: { input: {} } })).json.id;
+  await serve();
+  t.equal((await a.req('GET', `/v2/${ep}/status/${ttlId}?ttl=5000`)).status, 200);
+  step(5001);
+  assertProblem(t, await a.req('GET', `/v2/${ep}/status/${ttlId}`), 404, '?ttl shortened the retention');
+  step(55_000);
+  assertProblem(t, await a.req('GET', `/v2/${ep}/status/${sync.json.id}`), 404, 'runsync result gone after 1 min');
+  t.equal((await a.req('GET', `/v2/${ep}/status/${waited.json.id}`)).status, 200, 'runsync with wait=120000 keeps it longer');
+  step(60_000);
+  assertProblem(t, await a.req('GET', `/v2/${ep}/status/${waited.json.id}`), 404);
+  t.equal((await a.req('GET', `/v2/${ep}/status/${runId}`)).status, 200, '/run result still there');
+  step(30 * 60_000);
+  assertProblem(t, await a.req('GET', `/v2/${ep}/status/${runId}`), 404, '/run result gone after 30 min');
+  assertProblem(t, await a.req('POST', `/v2/${ep}/retry/${runId}`), 404, 'expired jobs cannot be retried');
+  a.agent.queue.expire();
+  await new Promise((r) => setImmediate(r));
+  await new Promise((r) => setImmediate(r));
+  const left = a.agent.db.prepare('SELECT count(*) AS n FROM jobs WHERE endpoint_id = ?').get(ep) as { n: number };
+  t.equal(left.n, 0, 'expired rows are deleted');
+});
+
+t.test('a restart keeps queued jobs in order and lets a surviving worker finish its job', async (t) => {
+  const dir = t.testdir();
+  const a = await startAgent(t, { takeHoldMs: 300 }, { dir });
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id;
+  const w = await TestWorker.create(a, ep);
+  const ids: string[] = [];
+  for (let i = 0; i < 5; i++) ids.push((await a.req('POST', `/v2/${ep}/run`, { body: { input: { i } } })).json.id);
+  const running = await w.take();
+  await a.agent.close();
+  const b = await startAgent(t, { takeHoldMs: 300 }, { dir });
+  const w2 = w.rebase(a.url, b.url);
+  t.equal((await b.req('GET', `/v2/${ep}/status/${ids[0]}`)).json.status, 'IN_PROGRESS', 'the running job is reclaimed with its worker');
+  t.equal((await w2.done(running!.id, { output: 'survived' })).status, 200, 'the worker that outlived the restart finishes it');
+  const next = [];
+  for (let i = 0; i < 4; i++) next.push((await w2.take())?.input);
+  t.same(next, [{ i: 1 }, { i: 2 }, { i: 3 }, { i: 4 }], 'queued jobs come back in order');
+  t.equal((await b.req('GET', `/v2/${ep}/status/${ids[0]}`)).json.output, 'survived');
+});
+
+t.test('deleting an endpoint removes its jobs and logs', async (t) => {
+  const { a, ep } = await setup(t);
+  await a.req('POST', `/v2/${ep}/run`, { body: { input: {} } });
+  a.agent.logs.append(ep, null, 'system', 'hello');
+  await new Promise((r) => setImmediate(r));
+  t.equal((await a.req('GET', `/v2/serverless/${ep}/logs`)).json.length, 1);
+  t.equal((await a.req('DELETE', `/v2/serverless/${ep}`)).status, 204);
+  const jobs = a.agent.db.prepare('SELECT count(*) AS n FROM jobs WHERE endpoint_id = ?').get(ep) as { n: number };
+  const logs = a.agent.db.prepare('SELECT count(*) AS n FROM endpoint_logs WHERE endpoint_id = ?').get(ep) as { n: number };
+  t.same([jobs.n, logs.n], [0, 0]);
+});
