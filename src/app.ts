@@ -6,16 +6,14 @@ import { chmodSync, existsSync, mkdirSync, readFileSync, writeFileSync } from 'n
 import { randomBytes } from 'node:crypto';
 import { join, resolve } from 'node:path';
 import pkg from '../package.json' with { type: 'json' };
-import { createApi, type Api } from './api/index.js';
+import { createApi, jobRoutes, workerRoutes, type Api } from './api/index.js';
 import { AuthService, RateLimiter } from './auth/index.js';
 import type { FlashdConfig } from './config/index.js';
 import { systemClock, type Clock } from './core/clock.js';
 import { createLogger, type LogSink, type Logger } from './core/logger.js';
 import { createSecretBox } from './core/secret-box.js';
 import { EndpointService, type PublicUrls } from './endpoints/index.js';
-import { createHttpServer, type HttpServer } from './http/server.js';
-import { jobRoutes } from './api/jobs.js';
-import { workerRoutes } from './api/worker.js';
+import { createHttpServer, type HttpServer } from './http/index.js';
 import { JobQueue, WebhookSender, WorkerRegistry } from './queue/index.js';
 import { ProcessRuntime } from './runtime/index.js';
 import { Autoscaler, LogHub } from './scheduler/index.js';

@@ -24,11 +24,6 @@ const ROOT_FILES = ['app.ts', 'main.ts'];
  * folder (every file in it) or a root file.
  */
 const INDEX_EXCEPTIONS: readonly string[] = [
-  'api -> src/http/server.ts',
-  'app.ts -> src/http/server.ts',
-  // jobRoutes and workerRoutes should be re-exported by api/index.ts (or wired by createApi).
-  'app.ts -> src/api/jobs.ts',
-  'app.ts -> src/api/worker.ts',
 ];
 
 /** (d) packages that only their adapter folder may import for values (types are free). */

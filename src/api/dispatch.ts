@@ -6,7 +6,7 @@
 import { requireScope, type AuthService, type Principal, type RateLimiter } from '../auth/index.js';
 import { AgentError } from '../core/errors.js';
 import type { Logger } from '../core/logger.js';
-import type { IncomingRequest, OutgoingReply, RouteDecision } from '../http/server.js';
+import type { IncomingRequest, OutgoingReply, RouteDecision } from '../http/index.js';
 import { problemReply, toAgentError } from './problem.js';
 import type { RouteDef } from './route.js';
 import { Router } from './router.js';

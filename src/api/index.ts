@@ -1,6 +1,6 @@
 import type { AuthService, RateLimiter } from '../auth/index.js';
 import type { Logger } from '../core/logger.js';
-import type { OutgoingReply, RouteDecision } from '../http/server.js';
+import type { OutgoingReply, RouteDecision } from '../http/index.js';
 import { catalogRoutes } from './catalog.js';
 import { createDispatcher } from './dispatch.js';
 import { identityRoutes } from './identity.js';
@@ -15,6 +15,8 @@ import type { ApiServices } from './services.js';
 export type { ApiServices, InventoryGpu } from './services.js';
 export type { RouteDef } from './route.js';
 export { buildOpenApi } from './openapi.js';
+export { jobRoutes, type JobRouteServices } from './jobs.js';
+export { workerRoutes, type WorkerRouteServices } from './worker.js';
 
 export interface Api {
   routes: readonly RouteDef[];

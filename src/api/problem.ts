@@ -5,7 +5,7 @@
  * stack goes to the log only, never into a body.
  */
 import { AgentError, ERROR_CODES, type ErrorCode } from '../core/errors.js';
-import type { OutgoingReply } from '../http/server.js';
+import type { OutgoingReply } from '../http/index.js';
 
 export const PROBLEM_CONTENT_TYPE = 'application/problem+json';
 const TYPE_BASE = 'https://flashd.dev/problems/';

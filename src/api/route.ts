@@ -1,5 +1,5 @@
 import type { Principal, Scope } from '../auth/index.js';
-import type { IncomingRequest, OutgoingReply } from '../http/server.js';
+import type { IncomingRequest, OutgoingReply } from '../http/index.js';
 
 export interface QueryParam {
   name: string;

@@ -6,7 +6,7 @@ import type { AuthService, Principal } from '../auth/index.js';
 import { AgentError } from '../core/errors.js';
 import { newId } from '../core/ids.js';
 import type { EndpointService } from '../endpoints/index.js';
-import type { OutgoingReply } from '../http/server.js';
+import type { OutgoingReply } from '../http/index.js';
 import { workerEnv, workerJobBody, type DoneBody, type DoneOutcome, type JobQueue } from '../queue/index.js';
 import type { LogLine, LogsRepo } from '../store/index.js';
 import type { RouteDef } from './route.js';
