@@ -124,6 +124,10 @@ export class AuthService {
     const row = this.#lookup(hashKey(token));
     if (!row) throw unauthenticated('The API key is not valid.');
     this.#checkUsable(row);
+    // A team key acts for the team only while its user belongs to it (spec, Authentication 3).
+    if (row.teamId !== null && row.kind === 'user' && !this.#repo.member(row.teamId, row.userId)) {
+      throw unauthenticated('The API key belongs to a team its user is no longer a member of.');
+    }
     return {
       via: 'key',
       userId: row.userId,
@@ -192,6 +196,9 @@ export class AuthService {
       const missing = input.scopes.filter((s) => !caller.scopes.has(s as Scope));
       if (missing.length) throw new AgentError('FORBIDDEN', `A key cannot grant scopes its creator lacks: ${missing.join(', ')}.`);
       if (input.exempt) throw new AgentError('FORBIDDEN', 'Only admins can make a key exempt from rate limits.');
+    }
+    if (input.expiresAt !== undefined && input.expiresAt !== null && input.expiresAt <= this.#clock.now()) {
+      throw new AgentError('VALIDATION_FAILED', 'expiresAt must be in the future.', { errors: ['/expiresAt: must be in the future'] });
     }
     if (!this.#repo.getUser(userId)) throw new AgentError('NOT_FOUND', `User ${userId} does not exist.`);
     const teamId = input.teamId ?? null;
