@@ -58,7 +58,11 @@ export class ProcessRuntime implements WorkerRuntime {
 
   #savePids(): void {
     const pids = [...this.#workers.values()].map((w) => w.child.pid).filter((p): p is number => p !== undefined);
-    writeFileSync(this.#pidFile, pids.join('\n') + (pids.length ? '\n' : ''), { mode: 0o600 });
+    try {
+      writeFileSync(this.#pidFile, pids.join('\n') + (pids.length ? '\n' : ''), { mode: 0o600 });
+    } catch (err) {
+      this.#log.warn('cannot record worker pids', { file: this.#pidFile, reason: (err as Error).message });
+    }
   }
 
   launch(spec: LaunchSpec, events: WorkerEvents): Promise<void> {

@@ -1,0 +1,53 @@
+import t from 'tap';
+import { decideScale, type ScaleInput, type WorkerSnapshot } from '../../src/scheduler/index.js';
+
+const w = (id: string, state: WorkerSnapshot['state'], idleMs = 0, extra: Partial<WorkerSnapshot> = {}): WorkerSnapshot => ({
+  id, state, idleMs, managed: true, recycle: false, ...extra,
+});
+
+const base: ScaleInput = {
+  min: 0, max: 3, idleTimeoutMs: 10_000, scaling: { type: 'QUEUE_DELAY', queueDelay: 4 },
+  queued: 0, lowQueued: 0, inProgress: 0, oldestWaitMs: 0, workers: [], capacity: Infinity, backoff: false,
+};
+
+const cases: { name: string; input: Partial<ScaleInput>; start: number; stop?: string[]; throttled?: number }[] = [
+  { name: 'idle endpoint, nothing queued: nothing happens', input: {}, start: 0 },
+  { name: 'min > 0 keeps warm workers', input: { min: 2 }, start: 2 },
+  { name: 'first job to an idle endpoint: a cold start at once', input: { queued: 1, oldestWaitMs: 0 }, start: 1 },
+  { name: 'low-priority jobs never scale up', input: { lowQueued: 50, oldestWaitMs: 60_000 }, start: 0 },
+  { name: 'queue delay not reached: no new worker', input: { queued: 5, oldestWaitMs: 3_000, workers: [w('a', 'running')] }, start: 0 },
+  { name: 'queue delay passed and nobody idle: one more', input: { queued: 5, oldestWaitMs: 4_000, workers: [w('a', 'running')] }, start: 1 },
+  { name: 'queue delay passed but a worker is idle: none', input: { queued: 5, oldestWaitMs: 9_000, workers: [w('a', 'running'), w('b', 'idle')] }, start: 0 },
+  { name: 'one step at a time while another is starting', input: { queued: 5, oldestWaitMs: 9_000, workers: [w('a', 'running'), w('b', 'initializing')] }, start: 0 },
+  { name: 'never above max', input: { queued: 5, oldestWaitMs: 9_000, max: 1, workers: [w('a', 'running')] }, start: 0 },
+  { name: 'max 0: nothing starts', input: { queued: 5, max: 0 }, start: 0 },
+  {
+    name: 'REQUEST_COUNT targets ceil((inQueue+inProgress)/requestCount)',
+    input: { scaling: { type: 'REQUEST_COUNT', requestCount: 2 }, queued: 3, inProgress: 2, max: 10 }, start: 3,
+  },
+  {
+    name: 'REQUEST_COUNT ignores low-priority jobs',
+    input: { scaling: { type: 'REQUEST_COUNT', requestCount: 1 }, lowQueued: 9, max: 10 }, start: 0,
+  },
+  { name: 'REQUEST_COUNT clamps to max', input: { scaling: { type: 'REQUEST_COUNT', requestCount: 1 }, queued: 50 }, start: 3 },
+  { name: 'idle past idleTimeout stops, down to zero', input: { workers: [w('a', 'idle', 10_001)] }, start: 0, stop: ['a'] },
+  { name: 'idle below idleTimeout stays', input: { workers: [w('a', 'idle', 9_999)] }, start: 0, stop: [] },
+  { name: 'min keeps idle workers warm', input: { min: 1, workers: [w('a', 'idle', 60_000), w('b', 'idle', 30_000)] }, start: 0, stop: ['a'] },
+  { name: 'busy workers are never stopped', input: { workers: [w('a', 'running', 60_000)] }, start: 0, stop: [] },
+  { name: 'external workers are never stopped', input: { workers: [w('x', 'idle', 60_000, { managed: false })] }, start: 0, stop: [] },
+  { name: 'above max, idle workers stop at once', input: { max: 1, workers: [w('a', 'idle', 1), w('b', 'idle', 2)] }, start: 0, stop: ['b'] },
+  { name: 'recycled workers stop when idle', input: { workers: [w('a', 'idle', 0, { recycle: true })] }, start: 0, stop: ['a'] },
+  { name: 'no capacity: throttled, not started', input: { queued: 2, capacity: 0 }, start: 0, throttled: 1 },
+  { name: 'some capacity: the rest is throttled', input: { scaling: { type: 'REQUEST_COUNT', requestCount: 1 }, queued: 3, capacity: 1 }, start: 1, throttled: 2 },
+  { name: 'crash-loop backoff holds starts back without throttling', input: { queued: 2, backoff: true }, start: 0, throttled: 0 },
+  { name: 'unhealthy workers do not count as capacity', input: { queued: 1, workers: [w('a', 'unhealthy')] }, start: 1 },
+];
+
+for (const c of cases) {
+  t.test(c.name, async (t) => {
+    const d = decideScale({ ...base, ...c.input });
+    t.equal(d.start, c.start, 'start');
+    if (c.stop) t.same(d.stop, c.stop, 'stop');
+    if (c.throttled !== undefined) t.equal(d.throttled, c.throttled, 'throttled');
+  });
+}

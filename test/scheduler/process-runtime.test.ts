@@ -1,0 +1,75 @@
+/**
+ * Autoscaling with the process runtime, end to end: real flashd, real worker processes running
+ * the vendor_flash SDK, real HTTP. Cold start, warm reuse, scale to zero, logs and crashes.
+ */
+import t from 'tap';
+import { startAgent, cpuBody, type TestAgent } from '../helpers/agent.js';
+import { REPO_ROOT } from '../helpers/spawn-flashd.js';
+
+async function until<T>(what: string, fn: () => Promise<T | undefined | false>, ms = 20_000): Promise<T> {
+  const deadline = Date.now() + ms;
+  for (;;) {
+    const v = await fn();
+    if (v) return v;
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}
+
+const health = async (a: TestAgent, ep: string) => (await a.req('GET', `/v2/${ep}/health`)).json;
+
+t.test('cold start, warm reuse, scale to zero, logs', async (t) => {
+  const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT, takeHoldMs: 1000, leaseMs: 3000 });
+  const created = await a.req('POST', '/v2/serverless', {
+    body: cpuBody({
+      args: 'python3 -u test/fixtures/workers/echo.py',
+      env: { GREETING: 'hello from env' },
+      workers: { min: 0, max: 2, idleTimeout: 1 },
+    }),
+  });
+  t.equal(created.status, 201, created.text);
+  const ep = created.json.id as string;
+  t.same((await health(a, ep)).workers, { idle: 0, initializing: 0, ready: 0, running: 0, throttled: 0, unhealthy: 0 }, 'no workers until needed');
+
+  const first = await a.req('POST', `/v2/${ep}/runsync`, { body: { input: { n: 1 } } });
+  t.equal(first.json.status, 'COMPLETED', `cold start completes: ${first.text}`);
+  t.same(first.json.output.echo, { n: 1 });
+  t.equal(first.json.output.env, 'hello from env', 'the endpoint env reaches the worker');
+  const second = await a.req('POST', `/v2/${ep}/runsync`, { body: { input: { n: 2 } } });
+  t.equal(second.json.status, 'COMPLETED');
+  t.equal(second.json.workerId, first.json.workerId, 'the warm worker is reused');
+
+  const logs = await until('worker output in the log', async () => {
+    const r = await a.req('GET', `/v2/serverless/${ep}/logs`);
+    const lines = r.json as { line: string; stream: string; workerId: string }[];
+    return lines.some((l) => l.line.includes(`handling ${second.json.id}`)) && lines;
+  });
+  t.ok(logs.some((l) => l.stream === 'system' && /starting worker/.test(l.line)), 'the start is logged');
+  t.ok(logs.some((l) => l.workerId === first.json.workerId), 'lines carry the worker id');
+
+  await until('scale to zero after idleTimeout', async () => {
+    const h = await health(a, ep);
+    return h.workers.idle + h.workers.running + h.workers.initializing === 0;
+  });
+  const after = await a.req('GET', `/v2/serverless/${ep}/logs`);
+  t.ok((after.json as { line: string }[]).some((l) => /stopped/.test(l.line)), 'the stop is logged');
+});
+
+t.test('a worker that dies mid-job: the job is retried, the worker shows unhealthy', async (t) => {
+  const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT, takeHoldMs: 1000, leaseMs: 3000, maxAttempts: 2 });
+  const ep = (await a.req('POST', '/v2/serverless', {
+    body: cpuBody({ args: 'python3 -u test/fixtures/workers/echo.py', workers: { min: 0, max: 1, idleTimeout: 30 } }),
+  })).json.id as string;
+  const id = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { crash: true } } })).json.id as string;
+  const final = await until('the crashing job to fail', async () => {
+    const s = (await a.req('GET', `/v2/${ep}/status/${id}`)).json;
+    return s.status === 'FAILED' && s;
+  }, 40_000);
+  t.match(final.error, /exited/, 'the reason names the worker exit');
+  t.equal(final.retries, 1, 'it was retried once before failing (maxAttempts 2)');
+  const h = await health(a, ep);
+  t.ok(h.workers.unhealthy >= 1, 'crashed workers are reported unhealthy');
+  t.ok(h.jobs.retried >= 1);
+  const ok = await a.req('POST', `/v2/${ep}/runsync`, { body: { input: { fine: true } } });
+  t.equal(ok.json.status, 'COMPLETED', 'a healthy job still runs after the crashes');
+});
