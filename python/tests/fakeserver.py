@@ -128,12 +128,19 @@ class FakeFlashd:
                 return 204, None
             return 200, (jobs if req.route == "job-take-batch" else jobs[0])
         if req.route == "job-stop":
+            # like flashd: pending stops are answered at once, again and again, until a ping
+            # no longer lists the job
             deadline = time.monotonic() + self.hold
             with self.lock:
                 while not self.stops and time.monotonic() < deadline:
                     self.lock.wait(max(0.0, deadline - time.monotonic()))
-                stops, self.stops = self.stops, []
+                stops = list(self.stops)
             return (200, {"jobsToStop": stops}) if stops else (204, None)
+        if req.route == "ping":
+            listed = set(filter(None, req.query.get("job_id", "").split(",")))
+            with self.lock:
+                self.stops = [j for j in self.stops if j in listed]
+            return 200, {"ok": True}
         return 200, {}
 
     def _handler_class(self):

@@ -254,13 +254,43 @@ class StopTest(WorkerTestCase):
         nxt = self.fake.submit({})
         self.assertEqual(self.final_post(nxt).json(), {"output": "quick"})
 
-    def test_stop_before_start_skips_the_job(self):
-        worker, _, _ = self.start_worker({"handler": lambda job: "ran"})
-        worker.cancel_job("early")
-        self.fake.submit({}, "early")
-        later = self.fake.submit({})
-        self.final_post(later)
-        self.assertEqual(self.done_posts("early"), [])
+    def test_stop_of_a_sync_job_drops_its_result_without_spinning(self):
+        gate = threading.Event()
+        self.addCleanup(gate.set)
+        started = threading.Event()
+
+        def handler(job):
+            started.set()
+            gate.wait(10)
+            return "too late"
+
+        worker, _, _ = self.start_worker({"handler": handler}, interval_ms=60_000)
+        self.fake.wait_for(lambda: self.fake.recorded("ping"))  # the first, immediate ping
+        job_id = self.fake.submit({})
+        self.assertTrue(started.wait(10))
+        t0 = time.monotonic()
+        self.fake.stop_job(job_id)
+        # the cancel triggers an immediate ping without the job, which clears the stop
+        ping = self.fake.wait_for(lambda: [p for p in self.fake.recorded("ping") if p.at > t0])
+        self.assertNotIn("job_id", ping[0].query)
+        time.sleep(1.0)
+        stops_polled = [r for r in self.fake.recorded("job-stop") if r.at > t0]
+        self.assertLessEqual(len(stops_polled), 5)
+        gate.set()
+        self.fake.wait_for(lambda: not worker.jobs)
+        self.assertEqual(self.done_posts(job_id), [])
+
+    def test_unacknowledged_stops_do_not_spin(self):
+        # no heartbeat at all: flashd would answer job-stop at once for ever
+        self.fake.stops.append("not-here")
+        env = self.fake.env()
+        env["VENDOR_WEBHOOK_PING"] = ""
+        worker = Worker({"handler": lambda job: 1}, WorkerEnv.from_environ(env))
+        thread = threading.Thread(target=worker.run, daemon=True)
+        thread.start()
+        self.addCleanup(lambda: (worker.request_shutdown("test"), thread.join(10)))
+        time.sleep(2.0)
+        self.assertLessEqual(len(self.fake.recorded("job-stop")), 5)
 
 
 class ShutdownTest(WorkerTestCase):

@@ -154,6 +154,12 @@ class HttpClient:
         for conn in idle:
             conn.close()
 
+    def __enter__(self) -> "HttpClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def close(self) -> None:
         """Close idle connections."""
         with self._lock:

