@@ -131,7 +131,7 @@ class Worker:
         self.loop = LoopThread()
         progress.set_transport(self.transport, on_stale=self._mark_lost)
         try:
-            self._spawn(self._take_loop, "take")
+            take = self._spawn(self._take_loop, "take")
             self._spawn(self._stop_loop, "stop")
             if self.env.ping_enabled:
                 self._spawn(self._heartbeat_loop, "heartbeat")
@@ -139,6 +139,7 @@ class Worker:
                 self.log.warning("heartbeat disabled: needs the ping URL, the worker key and the pod id")
             while not self.stopping.wait(0.5):
                 pass
+            take.join(30)  # a take answered during shutdown still registers its jobs
             self._drain()
         finally:
             self.finished.set()
@@ -454,10 +455,11 @@ class Worker:
 
     # -- plumbing ---------------------------------------------------------------------------
 
-    def _spawn(self, target: Callable[[], None], name: str) -> None:
+    def _spawn(self, target: Callable[[], None], name: str) -> threading.Thread:
         thread = threading.Thread(target=target, name=f"vendor-flash-{name}", daemon=True)
         self._threads.append(thread)
         thread.start()
+        return thread
 
     def _on_signal(self, signum, _frame) -> None:
         self._signals += 1

@@ -1,0 +1,113 @@
+"""Local one-shot mode (no job-take URL): --test_input, ./test_input.json, exit codes."""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+from flashd_harness import PYTHON_DIR, WORKERS_DIR
+from vendor_flash.serverless.local import load_test_job
+
+SCRIPT = os.path.join(WORKERS_DIR, "local_handlers.py")
+
+
+def run_local(mode, *args, cwd=None, env_extra=None):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RUNPOD_", "VENDOR_"))}
+    env["PYTHONPATH"] = PYTHON_DIR
+    env["VENDOR_LOG_FORMAT"] = "text"
+    env.update(env_extra or {})
+    proc = subprocess.run([sys.executable, SCRIPT, mode, *args], cwd=cwd or tempfile.gettempdir(),
+                          env=env, capture_output=True, text=True, timeout=60)
+    last = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
+    return proc.returncode, last, proc.stdout + proc.stderr
+
+
+class LoadJobTest(unittest.TestCase):
+    def test_test_input_argument(self):
+        job, problem = load_test_job('{"input": {"a": 1}}')
+        self.assertEqual(job, {"input": {"a": 1}, "id": "local_test"})
+        self.assertEqual(problem, "")
+
+    def test_id_is_kept(self):
+        job, _ = load_test_job('{"id": "mine", "input": {}}')
+        self.assertEqual(job["id"], "mine")
+
+    def test_missing_input(self):
+        job, problem = load_test_job('{"id": "x"}')
+        self.assertIsNone(job)
+        self.assertIn("no input", problem)
+
+    def test_bad_json(self):
+        self.assertIsNone(load_test_job("{nope")[0])
+
+    def test_file_in_cwd(self):
+        with tempfile.TemporaryDirectory() as d:
+            self.assertIsNone(load_test_job(None, d)[0])
+            with open(os.path.join(d, "test_input.json"), "w") as fh:
+                json.dump({"input": [1]}, fh)
+            self.assertEqual(load_test_job(None, d)[0], {"input": [1], "id": "local_test"})
+
+
+class LocalModeTest(unittest.TestCase):
+    def test_success_exits_0(self):
+        rc, last, out = run_local("echo", "--test_input", '{"input": {"q": "hi"}}')
+        self.assertEqual(rc, 0, out)
+        self.assertEqual(json.loads(last), {"output": {"id": "local_test", "input": {"q": "hi"}}})
+        self.assertNotIn("start() returned", out)
+
+    def test_test_input_json_file(self):
+        with tempfile.TemporaryDirectory() as d:
+            with open(os.path.join(d, "test_input.json"), "w") as fh:
+                json.dump({"id": "file-job", "input": 5}, fh)
+            rc, last, out = run_local("echo", cwd=d)
+        self.assertEqual(rc, 0, out)
+        self.assertEqual(json.loads(last)["output"], {"id": "file-job", "input": 5})
+
+    def test_no_input_exits_1(self):
+        with tempfile.TemporaryDirectory() as d:
+            rc, _, out = run_local("echo", cwd=d)
+        self.assertEqual(rc, 1, out)
+        self.assertIn("test_input.json not found", out)
+
+    def test_exception_exits_1(self):
+        rc, last, out = run_local("fail", "--test_input", '{"input": {}}')
+        self.assertEqual(rc, 1, out)
+        info = json.loads(json.loads(last)["error"])
+        self.assertEqual(info["error_message"], "local failure")
+
+    def test_error_key_exits_1(self):
+        rc, last, _ = run_local("error_key", "--test_input", '{"input": {}}')
+        self.assertEqual((rc, json.loads(last)), (1, {"error": "declared error"}))
+
+    def test_generator_output_is_collected(self):
+        rc, last, out = run_local("gen", "--test_input", '{"input": {}}')
+        self.assertEqual(rc, 0, out)
+        self.assertEqual(json.loads(last), {"output": ["a", "b"]})
+
+    def test_test_input_wins_over_production_env(self):
+        rc, last, out = run_local("echo", "--test_input", '{"input": 1}',
+                                  env_extra={"RUNPOD_WEBHOOK_GET_JOB": "http://127.0.0.1:9/v2/x/job-take/$ID?gpu=cpu"})
+        self.assertEqual(rc, 0, out)
+        self.assertEqual(json.loads(last)["output"]["input"], 1)
+
+
+class AliasTest(unittest.TestCase):
+    def test_import_as_runpod(self):
+        import vendor_flash as runpod
+
+        self.assertTrue(callable(runpod.serverless.start))
+        self.assertTrue(callable(runpod.serverless.progress_update))
+
+    def test_install_runpod_alias(self):
+        code = ("import vendor_flash, sys; print(vendor_flash.install_runpod_alias()); "
+                "import runpod; from runpod import serverless; "
+                "print(runpod is vendor_flash, serverless is vendor_flash.serverless)")
+        out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": PYTHON_DIR},
+                             capture_output=True, text=True, timeout=30)
+        self.assertEqual(out.stdout.split(), ["True", "True", "True"], out.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,27 @@
+"""Handlers for the local-mode tests: ``local_handlers.py <mode> [--test_input ...]``."""
+
+import sys
+
+from vendor_flash import serverless
+
+
+def echo(job):
+    return {"id": job["id"], "input": job["input"]}
+
+
+def fail(job):
+    raise RuntimeError("local failure")
+
+
+def gen(job):
+    yield "a"
+    yield "b"
+
+
+def error_key(job):
+    return {"error": "declared error"}
+
+
+mode = sys.argv.pop(1)
+serverless.start({"handler": {"echo": echo, "fail": fail, "gen": gen, "error_key": error_key}[mode]})
+print("start() returned", flush=True)  # never reached: local mode exits
