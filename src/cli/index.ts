@@ -5,11 +5,13 @@
 import { configHelp, loadConfig } from '../config/index.js';
 import { AgentError } from '../core/errors.js';
 import { serve } from './serve.js';
+import { workerEnvCommand } from './worker-env.js';
 
 const USAGE = `flashd: self-hosted serverless GPU endpoints
 
 Usage:
   flashd [serve] [flags]     run the server (management API, queue API, workers)
+  flashd worker-env <id>     print the environment an external worker needs (see flashd worker-env --help)
   flashd --help              show this help
   flashd --version           print the version
 
@@ -27,6 +29,7 @@ Exit codes: 0 clean shutdown, 1 runtime failure, 2 invalid usage or configuratio
 
 export async function main(argv: readonly string[], env: NodeJS.ProcessEnv, version: string): Promise<number> {
   const args = [...argv];
+  if (args[0] === 'worker-env') return workerEnvCommand(args.slice(1), env);
   if (args.includes('--help') || args.includes('-h') || args[0] === 'help') {
     process.stdout.write(USAGE);
     return 0;

@@ -1,0 +1,91 @@
+/**
+ * `flashd worker-env <endpoint_id>`: asks a running flashd for a new worker id and key and
+ * prints the environment an external worker needs (GET /v2/serverless/{id}/worker-env).
+ */
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
+
+export const WORKER_ENV_USAGE = `Usage: flashd worker-env <endpoint_id> [options]
+
+Prints the environment a worker needs to serve <endpoint_id>: a new worker id and a worker key
+that can only take and post jobs for that endpoint, and the job URLs under both flashd's names
+(VENDOR_*) and RunPod's (RUNPOD_*), so the runpod SDK works unchanged. Run one worker per
+printed environment.
+
+Options:
+  --url <url>          flashd to ask (default: FLASHD_URL, else http://127.0.0.1:<FLASHD_PORT or 8000>)
+  --api-key <key>      an admin API key (default: FLASHD_API_KEY, else <data-dir>/admin-api-key)
+  --data-dir <dir>     where to find admin-api-key (default: FLASHD_DATA_DIR, else ./data)
+  --format <fmt>       dotenv (KEY=value, for --env-file), shell (export KEY='value') or json (default: dotenv)
+  --gpu <name>         GPU name the worker reports in its URLs (default: gpu or cpu from the endpoint)
+
+Example:
+  flashd worker-env abc123def456gh --format shell > worker.env && . ./worker.env && python3 handler.py
+`;
+
+const shellQuote = (v: string) => `'${v.replace(/'/g, `'\\''`)}'`;
+
+export async function workerEnvCommand(args: string[], env: NodeJS.ProcessEnv): Promise<number> {
+  const opts: Record<string, string> = {};
+  const positional: string[] = [];
+  for (let i = 0; i < args.length; i++) {
+    const a = args[i] as string;
+    if (a === '--help' || a === '-h') {
+      process.stdout.write(WORKER_ENV_USAGE);
+      return 0;
+    }
+    if (a.startsWith('--')) {
+      const eq = a.indexOf('=');
+      const name = eq > 0 ? a.slice(2, eq) : a.slice(2);
+      const value = eq > 0 ? a.slice(eq + 1) : args[++i];
+      if (!['url', 'api-key', 'data-dir', 'format', 'gpu'].includes(name) || value === undefined) {
+        process.stderr.write(`flashd worker-env: bad option ${a}\n\n${WORKER_ENV_USAGE}`);
+        return 2;
+      }
+      opts[name] = value;
+    } else positional.push(a);
+  }
+  const endpointId = positional[0];
+  const format = opts['format'] ?? 'dotenv';
+  if (positional.length !== 1 || !['dotenv', 'shell', 'json'].includes(format)) {
+    process.stderr.write(`flashd worker-env: ${positional.length !== 1 ? 'name exactly one endpoint id' : `unknown format ${format}`}\n\n${WORKER_ENV_USAGE}`);
+    return 2;
+  }
+  const url = (opts['url'] ?? env['FLASHD_URL'] ?? `http://127.0.0.1:${env['FLASHD_PORT'] ?? '8000'}`).replace(/\/+$/, '');
+  let key = opts['api-key'] ?? env['FLASHD_API_KEY'];
+  if (!key) {
+    const file = join(opts['data-dir'] ?? env['FLASHD_DATA_DIR'] ?? './data', 'admin-api-key');
+    try {
+      key = readFileSync(file, 'utf8').trim();
+    } catch {
+      process.stderr.write(`flashd worker-env: no API key: pass --api-key, set FLASHD_API_KEY, or run where ${file} exists\n`);
+      return 2;
+    }
+  }
+  const query = opts['gpu'] ? `?gpu=${encodeURIComponent(opts['gpu'])}` : '';
+  let res: Response;
+  try {
+    res = await fetch(`${url}/v2/serverless/${encodeURIComponent(endpointId as string)}/worker-env${query}`, { headers: { authorization: `Bearer ${key}` } });
+  } catch (err) {
+    process.stderr.write(`flashd worker-env: cannot reach flashd at ${url}: ${(err as Error).message}\n`);
+    return 1;
+  }
+  const text = await res.text();
+  if (!res.ok) {
+    let detail = text;
+    try {
+      detail = (JSON.parse(text) as { detail?: string }).detail ?? text;
+    } catch {
+      // not JSON
+    }
+    process.stderr.write(`flashd worker-env: ${res.status}: ${detail}\n`);
+    return 1;
+  }
+  const body = JSON.parse(text) as { workerId: string; env: Record<string, string> };
+  if (format === 'json') process.stdout.write(JSON.stringify(body, null, 2) + '\n');
+  else {
+    const lines = Object.entries(body.env).map(([k, v]) => (format === 'shell' ? `export ${k}=${shellQuote(v)}` : `${k}=${v}`));
+    process.stdout.write(`# worker ${body.workerId} for endpoint ${endpointId}\n${lines.join('\n')}\n`);
+  }
+  return 0;
+}
