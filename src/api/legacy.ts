@@ -5,7 +5,7 @@
  * the order is kept for placement.
  */
 import { GPU_POOLS, gpuType } from '../catalog/index.js';
-import { validationError } from '../core/errors.js';
+import { AgentError, validationError } from '../core/errors.js';
 import { assertSchema } from '../core/schemas.js';
 import type { EndpointSpec } from '../endpoints/index.js';
 import type { ResourceRow } from '../store/index.js';
@@ -80,6 +80,38 @@ function toV2(b: LegacyBody): Record<string, unknown> {
   return v2;
 }
 
+/** v2 pointers (the translated body) back to the v1 fields they came from; first match wins. */
+const V1_POINTERS: readonly [RegExp, string][] = [
+  [/^\/workers\/idleTimeout(?=[/:]|$)/, '/idleTimeout'],
+  [/^\/workers\/min(?=[/:]|$)/, '/workersMin'],
+  [/^\/workers\/max(?=[/:]|$)/, '/workersMax'],
+  [/^\/workers(?=[/:]|$)/, '/workersMin'],
+  [/^\/scaling\/(queueDelay|requestCount)(?=[/:]|$)/, '/scalerValue'],
+  [/^\/scaling(\/type)?(?=[/:]|$)/, '/scalerType'],
+  [/^\/timeout(?=[/:]|$)/, '/executionTimeoutMs'],
+  [/^\/mounts(\/network\/\d+)?(?=[/:]|$)/, '/networkVolumeId'],
+  [/^\/gpu\/allowedCudaVersions(?=[/:]|$)/, '/allowedCudaVersions'],
+  [/^\/gpu\/count(?=[/:]|$)/, '/gpuCount'],
+  [/^\/gpu(\/[A-Za-z]+(\/\d+)?)?(?=[/:]|$)/, '/gpuTypeIds'],
+  [/^\/cpu\/\d+\/vcpuCount(?=[/:]|$)/, '/vcpuCount'],
+  [/^\/cpu(\/\d+(\/id)?)?(?=[/:]|$)/, '/cpuFlavorIds'],
+];
+
+function v1Pointer(entry: string): string {
+  for (const [re, to] of V1_POINTERS) if (re.test(entry)) return entry.replace(re, to);
+  return entry;
+}
+
+/** The v2 rules report v2 pointers; a v1 client sent v1 fields, so its errors name those. */
+function toV1Error(err: unknown): unknown {
+  if (!(err instanceof AgentError) || !err.errors?.length) return err;
+  const errors = err.errors.map(v1Pointer);
+  const detail = errors.length === 1 ? (errors[0] as string) : `${errors.length} validation errors: ${errors.join('; ')}`;
+  return new AgentError(err.code, err.code === 'VALIDATION_FAILED' || err.code === 'UNPROCESSABLE' ? detail : err.message, {
+    errors, ...(err.extensions ? { extensions: err.extensions } : {}), ...(err.headers ? { headers: err.headers } : {}), cause: err,
+  });
+}
+
 export function legacyView(row: ResourceRow<EndpointSpec>): Record<string, unknown> {
   const s = row.data;
   const scalerValue = s.scaling.type === 'QUEUE_DELAY' ? s.scaling.queueDelay : s.scaling.requestCount;
@@ -106,7 +138,13 @@ export function legacyRoutes(s: ApiServices): RouteDef[] {
       problems: [400, 401, 403, 404, 413, 415, 422, 429],
       handle: ({ principal, body }) => {
         const b = assertSchema<LegacyBody>('LegacyEndpointCreate', body);
-        const row = s.endpoints.create(principal.ownerId, toV2(b), b.computeType !== 'CPU' && b.gpuTypeIds ? { gpuTypePriority: b.gpuTypeIds } : {});
+        const v2 = toV2(b);
+        let row: ResourceRow<EndpointSpec>;
+        try {
+          row = s.endpoints.create(principal.ownerId, v2, b.computeType !== 'CPU' && b.gpuTypeIds ? { gpuTypePriority: b.gpuTypeIds } : {});
+        } catch (err) {
+          throw toV1Error(err);
+        }
         return { status: 201, body: legacyView(row) };
       },
     },

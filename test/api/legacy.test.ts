@@ -1,0 +1,95 @@
+/**
+ * Older REST create (spec, "Older REST create"): POST /v1/endpoints with bearer auth and the fields
+ * name, templateId, gpuTypeIds (priority order), workersMin, workersMax, idleTimeout. GPU type ids
+ * become their pools with the pools' other members excluded, so the v2 endpoint behaves the same.
+ */
+import t from 'tap';
+import { assertProblem, startAgent, type TestAgent } from '../helpers/agent.js';
+import { assertErrorAt, makeTemplate } from '../helpers/expect.js';
+
+const v1 = (a: TestAgent, body: unknown) => a.req('POST', '/v1/endpoints', { body });
+
+t.test('the spec fields, mapped onto pools and exclusions', async (t) => {
+  const a = await startAgent(t);
+  const tpl = await makeTemplate(t, a, { name: 'v1-tpl', image: 'registry.local/v1:1', args: 'python handler.py', env: { A: '1' } });
+  const r = await v1(a, {
+    name: 'legacy', templateId: tpl.id, gpuTypeIds: ['NVIDIA L4', 'NVIDIA GeForce RTX 4090', 'NVIDIA RTX A5000'],
+    workersMin: 1, workersMax: 4, idleTimeout: 30,
+  });
+  t.equal(r.status, 201, r.text.slice(0, 300));
+  const e = r.json;
+  t.match(e, { id: /^[a-z0-9]{14}$/, name: 'legacy', templateId: tpl.id, workersMin: 1, workersMax: 4, idleTimeout: 30, type: 'QB', computeType: 'GPU' });
+  t.same(e.gpuTypeIds, ['NVIDIA L4', 'NVIDIA GeForce RTX 4090', 'NVIDIA RTX A5000'], 'gpuTypeIds in the given priority order');
+  t.notOk('gpu' in e || 'workers' in e, 'a v1-shaped object, not a v2 Endpoint');
+
+  const v2 = (await a.req('GET', `/v2/serverless/${e.id}`)).json;
+  t.same(v2.gpu.pools, ['AMPERE_24', 'ADA_24'], 'the pools of the given types, in priority order');
+  t.same(v2.gpu.excludedTypes, ['NVIDIA GeForce RTX 3090'], 'every other member of those pools is excluded');
+  t.same(v2.workers, { min: 1, max: 4, idleTimeout: 30 });
+  t.same([v2.image, v2.cmd, v2.env], ['registry.local/v1:1', ['python', 'handler.py'], { A: '1' }], 'container settings from the template');
+  t.same((await a.req('GET', `/v1/endpoints/${e.id}`)).json, e, 'GET /v1/endpoints/{id} answers the same');
+  t.ok((await a.req('GET', '/v1/endpoints')).json.some((x: { id: string }) => x.id === e.id), 'and the v1 list');
+
+  const single = (await v1(a, { name: 'one-type', templateId: tpl.id, gpuTypeIds: ['NVIDIA H100 PCIe'] })).json;
+  const s2 = (await a.req('GET', `/v2/serverless/${single.id}`)).json;
+  t.same([s2.gpu.pools, s2.gpu.excludedTypes], [['ADA_80_PRO'], ['NVIDIA H100 80GB HBM3', 'NVIDIA H100 NVL']], 'one type: its pool minus its siblings');
+  const whole = (await v1(a, { name: 'whole-pool', templateId: tpl.id, gpuTypeIds: ['NVIDIA GeForce RTX 4090'] })).json;
+  t.same((await a.req('GET', `/v2/serverless/${whole.id}`)).json.gpu.excludedTypes, [], 'a pool with one member needs no exclusion');
+  const any = (await v1(a, { name: 'any-gpu', templateId: tpl.id })).json;
+  t.ok(any.gpuTypeIds.length > 10, 'without gpuTypeIds: every serverless GPU type');
+});
+
+t.test('older REST rules and errors', async (t) => {
+  const a = await startAgent(t);
+  const tpl = await makeTemplate(t, a, { name: 'v1-rules' });
+  const pod = await makeTemplate(t, a, { name: 'v1-pod', isServerless: false });
+  const base = { name: 'v1', templateId: tpl.id };
+  const cases: [string, Record<string, unknown>, number, string][] = [
+    ['no name', { templateId: tpl.id }, 400, '/name'],
+    ['no templateId', { name: 'v1' }, 400, '/templateId'],
+    ['a pool id as gpuTypeId', { ...base, gpuTypeIds: ['ADA_24'] }, 400, '/gpuTypeIds/0'],
+    ['a type in no pool', { ...base, gpuTypeIds: ['NVIDIA L4', 'Tesla T4'] }, 400, '/gpuTypeIds/1'],
+    ['an unknown type', { ...base, gpuTypeIds: ['NVIDIA GeForce RTX 9090'] }, 400, '/gpuTypeIds/0'],
+    ['duplicate types', { ...base, gpuTypeIds: ['NVIDIA L4', 'NVIDIA L4'] }, 400, '/gpuTypeIds'],
+    ['empty gpuTypeIds', { ...base, gpuTypeIds: [] }, 400, '/gpuTypeIds'],
+    ['workersMin > workersMax', { ...base, workersMin: 3, workersMax: 1 }, 400, '/workersMin'],
+    ['idleTimeout with QUEUE + REQUEST_COUNT', { ...base, scalerType: 'REQUEST_COUNT', scalerValue: 2, idleTimeout: 5 }, 400, '/idleTimeout'],
+    ['scalerValue not an integer for REQUEST_COUNT', { ...base, type: 'LB', scalerType: 'REQUEST_COUNT', scalerValue: 0.6 }, 201, ''],
+    ['an unknown data center', { ...base, dataCenterIds: ['MARS-1'] }, 400, '/dataCenterIds/0'],
+    ['an unknown network volume', { ...base, networkVolumeId: 'nv_unknown00000000000000' }, 404, '/networkVolumeId'],
+    ['gpuCount 0', { ...base, gpuCount: 0 }, 400, '/gpuCount'],
+    ['negative workersMin', { ...base, workersMin: -1 }, 400, '/workersMin'],
+    ['idleTimeout 0', { ...base, idleTimeout: 0 }, 400, '/idleTimeout'],
+    ['idleTimeout 3601', { ...base, idleTimeout: 3601 }, 400, '/idleTimeout'],
+    ['unknown property', { ...base, gpuIds: 'ADA_24' }, 400, '/gpuIds'],
+    ['unknown template', { ...base, templateId: 'tpl_unknown0000000000000' }, 404, '/templateId'],
+    ['non-serverless template', { ...base, templateId: pod.id }, 422, '/templateId'],
+  ];
+  for (const [label, body, status, pointer] of cases) {
+    const r = await v1(a, body);
+    if (status < 300) t.equal(r.status, status, label);
+    else assertErrorAt(t, r, status, pointer, `${label}: ${r.text.slice(0, 200)}`);
+  }
+  const noAuth = await a.req('POST', '/v1/endpoints', { body: base, key: null });
+  assertProblem(t, noAuth, 401, 'bearer authentication is required');
+  t.match(noAuth.headers.get('www-authenticate'), /^Bearer/);
+});
+
+t.test('other older REST fields', async (t) => {
+  const a = await startAgent(t);
+  const tpl = await makeTemplate(t, a, { name: 'v1-more' });
+  const cpu = await v1(a, { name: 'v1-cpu', templateId: tpl.id, computeType: 'CPU', cpuFlavorIds: ['cpu3g', 'cpu5c'], vcpuCount: 4 });
+  t.equal(cpu.status, 201, cpu.text.slice(0, 300));
+  t.match(cpu.json, { computeType: 'CPU', cpuFlavorIds: ['cpu3g', 'cpu5c'], vcpuCount: 4, gpuTypeIds: [] });
+  t.same((await a.req('GET', `/v2/serverless/${cpu.json.id}`)).json.cpu, [{ id: 'cpu3g', vcpuCount: 4, memory: 16 }, { id: 'cpu5c', vcpuCount: 4, memory: 8 }]);
+  const lb = await v1(a, { name: 'v1-lb', templateId: tpl.id, type: 'LB', scalerType: 'REQUEST_COUNT', scalerValue: 3, executionTimeoutMs: 60000, flashboot: false });
+  t.equal(lb.status, 201);
+  const lb2 = (await a.req('GET', `/v2/serverless/${lb.json.id}`)).json;
+  t.same([lb2.type, lb2.scaling, lb2.timeout, lb2.flashboot], ['LOAD_BALANCER', { type: 'REQUEST_COUNT', requestCount: 3 }, 60000, 'OFF']);
+  assertErrorAt(t, await v1(a, { name: 'v1-lb-bad', templateId: tpl.id, type: 'LB', scalerType: 'QUEUE_DELAY' }), 400, '/scalerType', 'LB with QUEUE_DELAY');
+  assertErrorAt(t, await v1(a, { name: 'v1-cpu-bad', templateId: tpl.id, computeType: 'CPU', cpuFlavorIds: ['cpu5g'], vcpuCount: 32 }), 400, '/vcpuCount', 'a vCPU count the flavor lacks');
+  assertErrorAt(t, await v1(a, { name: 'v1-cpu-bad2', templateId: tpl.id, computeType: 'CPU', cpuFlavorIds: ['cpu7x'] }), 400, '/cpuFlavorIds', 'an unknown flavor');
+  assertErrorAt(t, await v1(a, { name: 'v1-cuda-cpu', templateId: tpl.id, computeType: 'CPU', allowedCudaVersions: ['12.4'] }), 422, '/allowedCudaVersions', 'CUDA on a CPU create is a 422 here too');
+  const cuda = await v1(a, { name: 'v1-cuda', templateId: tpl.id, gpuTypeIds: ['NVIDIA L4'], allowedCudaVersions: ['12.4'] });
+  t.same(cuda.json.allowedCudaVersions, ['12.4']);
+});
