@@ -1,0 +1,125 @@
+/**
+ * GET /v2/openapi.json: an OpenAPI 3.1 document generated from the route table and the schema/
+ * files. Fails when a served route is missing, when a $ref dangles or when a schema does not
+ * compile.
+ */
+import t from 'tap';
+import { compileAllSchemas, SCHEMA_DOCUMENTS } from '../../src/core/schemas.js';
+import { startAgent } from '../helpers/agent.js';
+
+const METHODS = ['get', 'post', 'patch', 'put', 'delete'];
+
+function resolvePointer(doc: unknown, ref: string): unknown {
+  if (!ref.startsWith('#/')) return undefined;
+  let node: unknown = doc;
+  for (const raw of ref.slice(2).split('/')) {
+    const key = raw.replace(/~1/g, '/').replace(/~0/g, '~');
+    if (node === null || typeof node !== 'object' || !(key in (node as Record<string, unknown>))) return undefined;
+    node = (node as Record<string, unknown>)[key];
+  }
+  return node;
+}
+
+function collectRefs(value: unknown, at: string, out: [string, string][]): void {
+  if (Array.isArray(value)) value.forEach((v, i) => collectRefs(v, `${at}/${i}`, out));
+  else if (value && typeof value === 'object') {
+    for (const [k, v] of Object.entries(value)) {
+      if (k === '$ref' && typeof v === 'string') out.push([at, v]);
+      else collectRefs(v, `${at}/${k}`, out);
+    }
+  }
+}
+
+t.test('the document is public, OpenAPI 3.1 and version 2.0.0', async (t) => {
+  const a = await startAgent(t);
+  const r = await a.req('GET', '/v2/openapi.json', { key: null });
+  t.equal(r.status, 200, 'no auth needed');
+  t.match(r.headers.get('content-type'), /^application\/json/);
+  t.equal(r.json.openapi, '3.1.0');
+  t.equal(r.json.info.version, '2.0.0', 'the management API declares version 2.0.0');
+  t.equal(r.json.jsonSchemaDialect, 'https://json-schema.org/draft/2020-12/schema');
+  t.match(r.json.components.securitySchemes.bearerAuth, { type: 'http', scheme: 'bearer' });
+  t.same((await a.req('GET', '/v2/openapi.json')).json, r.json, 'the same with a key');
+});
+
+t.test('every served route is in the document, and nothing else', async (t) => {
+  const a = await startAgent(t);
+  const doc = (await a.req('GET', '/v2/openapi.json', { key: null })).json;
+  const routes = a.agent.api.routes;
+  t.ok(routes.length > 40, `${routes.length} routes`);
+  const seen = new Set<string>();
+  for (const r of routes) {
+    const op = doc.paths?.[r.path]?.[r.method.toLowerCase()];
+    t.ok(op, `${r.method} ${r.path} is documented`);
+    if (!op) continue;
+    seen.add(`${r.method} ${r.path}`);
+    t.equal(op.operationId, r.operationId);
+    t.ok(op.responses?.[String(r.successStatus)], `${r.operationId}: success status ${r.successStatus}`);
+    for (const status of r.problems) {
+      t.equal(op.responses?.[String(status)]?.content?.['application/problem+json']?.schema?.$ref, '#/components/schemas/Problem', `${r.operationId}: ${status} is a Problem`);
+    }
+    t.same(op.security, r.auth === 'none' ? [] : [{ bearerAuth: [] }], `${r.operationId}: security`);
+    const params = [...r.path.matchAll(/\{(\w+)\}/g)].map((m) => m[1]);
+    t.same(op.parameters.filter((p: { in: string }) => p.in === 'path').map((p: { name: string }) => p.name), params, `${r.operationId}: path parameters`);
+    if (r.requestSchema) t.equal(op.requestBody?.content?.['application/json']?.schema?.$ref, `#/components/schemas/${r.requestSchema}`);
+  }
+  const documented: string[] = [];
+  for (const [path, item] of Object.entries(doc.paths as Record<string, Record<string, unknown>>)) {
+    for (const m of Object.keys(item)) if (METHODS.includes(m)) documented.push(`${m.toUpperCase()} ${path}`);
+  }
+  t.same(documented.filter((d) => !seen.has(d)), [], 'the document lists no route that is not served');
+  const ids = routes.map((r) => r.operationId);
+  t.equal(new Set(ids).size, ids.length, 'operationIds are unique');
+  for (const [method, path] of [
+    ['POST', '/v2/serverless'], ['GET', '/v2/serverless'], ['GET', '/v2/serverless/{endpointId}'], ['PATCH', '/v2/serverless/{endpointId}'],
+    ['DELETE', '/v2/serverless/{endpointId}'], ['POST', '/v1/endpoints'], ['GET', '/v2/catalog/gpus'], ['GET', '/v2/catalog/cpus'],
+    ['GET', '/v2/catalog/data-centers'], ['GET', '/v2/catalog/templates'], ['POST', '/v2/api-keys'], ['POST', '/v2/sessions'],
+    ['POST', '/v2/templates'], ['POST', '/v2/network-volumes'], ['POST', '/v2/global-volumes'], ['POST', '/v2/registry-credentials'],
+  ] as const) {
+    t.ok(doc.paths[path]?.[method.toLowerCase()], `${method} ${path} is documented`);
+  }
+  t.equal(doc.paths['/v2/serverless'].post.operationId, 'createEndpoint', 'the spec operation name');
+  t.same(doc.paths['/v2/catalog/gpus'].get.parameters.map((p: { name: string }) => p.name).sort(), ['include', 'product']);
+});
+
+t.test('every $ref resolves and every schema compiles', async (t) => {
+  const a = await startAgent(t);
+  const doc = (await a.req('GET', '/v2/openapi.json', { key: null })).json;
+  const refs: [string, string][] = [];
+  collectRefs(doc, '#', refs);
+  t.ok(refs.length > 100, `${refs.length} $refs`);
+  const dangling = refs.filter(([, ref]) => resolvePointer(doc, ref) === undefined);
+  t.same(dangling, [], 'no dangling $ref');
+  t.ok(refs.every(([, ref]) => ref.startsWith('#/components/schemas/')), 'every $ref is local to the document');
+
+  const names = compileAllSchemas();
+  const defs = Object.values(SCHEMA_DOCUMENTS).flatMap((d) => Object.keys(d.$defs));
+  t.same([...names].sort(), [...defs].sort(), 'compileAllSchemas compiles every $def');
+  t.same(Object.keys(doc.components.schemas).sort(), [...defs].sort(), 'every schema file definition is a component');
+});
+
+t.test('the documented shapes carry the spec rules', async (t) => {
+  const a = await startAgent(t);
+  const s = (await a.req('GET', '/v2/openapi.json', { key: null })).json.components.schemas;
+  t.same(s.EndpointCreate.required, ['name', 'type', 'scaling']);
+  t.equal(s.EndpointCreate.additionalProperties, false, 'unknown body properties are rejected');
+  for (const name of ['GpuCreate', 'CpuItem', 'Workers', 'ScalingQueueDelay', 'ScalingRequestCount', 'MountsInput', 'Mount']) {
+    t.equal(s[name].additionalProperties, false, `${name}: no other properties`);
+  }
+  for (const f of ['id', 'name', 'workers', 'scaling', 'dataCenterIds', 'networkVolumes', 'mounts', 'timeout', 'flashboot', 'createdAt']) {
+    t.ok(s.Endpoint.required.includes(f), `Endpoint requires ${f}`);
+  }
+  t.same(s.Gpu.required, ['pools', 'excludedTypes', 'count', 'allowedCudaVersions', 'minCudaVersion']);
+  t.equal(s.ExcludedType.pattern, '^\\s*[^-\\s]');
+  t.equal(s.CudaVersion.pattern, '^\\d+\\.\\d+$');
+  t.equal(s.ScalingQueueDelay.properties.queueDelay.minimum, 0.5);
+  t.same([s.ScalingRequestCount.properties.requestCount.type, s.ScalingRequestCount.properties.requestCount.minimum], ['integer', 1]);
+  t.same([s.Workers.properties.idleTimeout.minimum, s.Workers.properties.idleTimeout.maximum], [1, 3600]);
+  t.equal(s.CpuItem.properties.vcpuCount.minimum, 2);
+  t.equal(s.MountsInput.properties.global.maxItems, 1);
+  t.equal(s.EndpointCreate.properties.networkVolumes.deprecated, true, 'networkVolumes is deprecated');
+  t.same(s.Problem.required, ['type', 'title', 'status', 'detail']);
+  t.equal(s.RegistryCredentialCreate.properties.password.writeOnly, true);
+  t.notOk('password' in s.RegistryCredential.properties, 'the credential view has no password');
+  t.notOk('key' in s.ApiKey.properties, 'a listed key has no secret');
+});
