@@ -57,51 +57,81 @@ function isIntegerOption(schema: OptionSchema): boolean {
   return schema.type === 'integer' || (Array.isArray(schema.type) && schema.type.includes('integer'));
 }
 
-function coerce(key: string, schema: OptionSchema, raw: string, source: string): unknown {
+/** A raw string from a flag or env var as the option's type; an error string when it cannot be. */
+function coerce(key: string, schema: OptionSchema, raw: string, source: string): { value: unknown } | { error: string } {
   if (schema.type === 'boolean') {
-    if (/^(1|true|yes|on)$/i.test(raw)) return true;
-    if (/^(0|false|no|off)$/i.test(raw)) return false;
-    throw new AgentError('VALIDATION_FAILED', `${source}: ${key} must be true or false, got ${JSON.stringify(raw)}`);
+    if (/^(1|true|yes|on)$/i.test(raw)) return { value: true };
+    if (/^(0|false|no|off)$/i.test(raw)) return { value: false };
+    return { error: `${source}: ${key} must be true or false, got ${JSON.stringify(raw)}` };
   }
   if (isIntegerOption(schema)) {
-    if (!/^-?\d+$/.test(raw.trim())) {
-      throw new AgentError('VALIDATION_FAILED', `${source}: ${key} must be an integer, got ${JSON.stringify(raw)}`);
-    }
-    return Number(raw);
+    if (!/^-?\d+$/.test(raw.trim())) return { error: `${source}: ${key} must be an integer, got ${JSON.stringify(raw)}` };
+    return { value: Number(raw) };
   }
-  return raw;
+  return { value: raw };
 }
 
-/** Parses `--flag value` and `--flag=value`. Unknown flags are an error listing the valid ones. */
-export function parseFlags(argv: readonly string[]): { values: Record<string, unknown>; configFile?: string } {
+interface ParsedFlags {
+  values: Record<string, unknown>;
+  /** The flag each value came from, for error messages. */
+  sources: Record<string, string>;
+  configFile?: string;
+  errors: string[];
+}
+
+function collectFlags(argv: readonly string[]): ParsedFlags {
   const byFlag = new Map<string, [string, OptionSchema]>();
   for (const [key, schema] of Object.entries(properties)) {
     if (schema['x-flag']) byFlag.set(schema['x-flag'], [key, schema]);
   }
-  const values: Record<string, unknown> = {};
-  let configFile: string | undefined;
+  const out: ParsedFlags = { values: {}, sources: {}, errors: [] };
   for (let i = 0; i < argv.length; i++) {
     const arg = argv[i] as string;
     const eq = arg.indexOf('=');
     const name = eq > 0 ? arg.slice(0, eq) : arg;
     const inline = eq > 0 ? arg.slice(eq + 1) : undefined;
-    const take = (): string => {
+    const take = (): string | undefined => {
       if (inline !== undefined) return inline;
       const next = argv[i + 1];
-      if (next === undefined) throw new AgentError('VALIDATION_FAILED', `flag ${name} needs a value`);
+      if (next === undefined) {
+        out.errors.push(`flag ${name} needs a value`);
+        return undefined;
+      }
       i++;
       return next;
     };
     if (name === '--config') {
-      configFile = take();
+      const file = take();
+      if (file !== undefined) out.configFile = file;
       continue;
     }
     const entry = byFlag.get(name);
-    if (!entry) throw new AgentError('VALIDATION_FAILED', `unknown flag ${name} (see flashd --help)`);
+    if (!entry) {
+      out.errors.push(`unknown flag ${name} (see flashd --help)`);
+      // Its value, if it has one, is not another unknown flag.
+      if (name.startsWith('--') && inline === undefined && argv[i + 1] !== undefined && !(argv[i + 1] as string).startsWith('--')) i++;
+      continue;
+    }
     const [key, schema] = entry;
     const bare = schema.type === 'boolean' && inline === undefined && (argv[i + 1] === undefined || (argv[i + 1] as string).startsWith('--'));
-    values[key] = bare ? true : coerce(key, schema, take(), `flag ${name}`);
+    const raw = bare ? 'true' : take();
+    if (raw === undefined) continue;
+    const result = coerce(key, schema, raw, `flag ${name}`);
+    if ('error' in result) {
+      out.errors.push(result.error);
+      delete out.values[key];
+      continue;
+    }
+    out.values[key] = result.value;
+    out.sources[key] = `flag ${name}`;
   }
+  return out;
+}
+
+/** Parses `--flag value` and `--flag=value`. Unknown flags are an error listing the valid ones. */
+export function parseFlags(argv: readonly string[]): { values: Record<string, unknown>; configFile?: string } {
+  const { values, configFile, errors } = collectFlags(argv);
+  if (errors.length) throw new AgentError('VALIDATION_FAILED', errors.join('; '), { errors });
   return configFile === undefined ? { values } : { values, configFile };
 }
 
@@ -109,28 +139,54 @@ const ajv = new Ajv2020({ useDefaults: true, allErrors: true, strict: true, allo
 ajv.addVocabulary(['x-flag', 'x-env', 'x-secret']);
 const validateConfig = ajv.compile(configSchema);
 
+/**
+ * Reads the layers, then validates the merged result. Every bad value is reported at once (a
+ * value that cannot be parsed, an unknown flag, a bound or pattern failure), each naming the
+ * flag, env var or file it came from.
+ */
 export function loadConfig(input: LoadConfigInput = {}): FlashdConfig {
   const env = input.env ?? {};
-  const { values: flagValues, configFile } = parseFlags(input.argv ?? []);
+  const flags = collectFlags(input.argv ?? []);
+  const errors = [...flags.errors];
+  const sources: Record<string, string> = {};
   let fileValues: Record<string, unknown> = {};
-  if (configFile !== undefined) {
+  if (flags.configFile !== undefined) {
     try {
-      fileValues = JSON.parse(readFileSync(configFile, 'utf8')) as Record<string, unknown>;
+      const parsed: unknown = JSON.parse(readFileSync(flags.configFile, 'utf8'));
+      if (parsed === null || typeof parsed !== 'object' || Array.isArray(parsed)) throw new Error('the file must hold a JSON object');
+      fileValues = parsed as Record<string, unknown>;
+      for (const key of Object.keys(fileValues)) sources[key] = `config file ${flags.configFile}`;
     } catch (err) {
-      throw new AgentError('VALIDATION_FAILED', `cannot read config file ${configFile}: ${(err as Error).message}`);
+      errors.push(`cannot read config file ${flags.configFile}: ${(err as Error).message}`);
     }
   }
   const envValues: Record<string, unknown> = {};
   for (const [key, schema] of Object.entries(properties)) {
     const name = schema['x-env'];
     const raw = name === undefined ? undefined : env[name];
-    if (raw !== undefined && raw !== '') envValues[key] = coerce(key, schema, raw, `env ${name}`);
+    if (raw === undefined || raw === '') continue;
+    const result = coerce(key, schema, raw, `env ${name}`);
+    if ('error' in result) errors.push(result.error);
+    else {
+      envValues[key] = result.value;
+      sources[key] = `env ${name}`;
+    }
   }
-  const merged: Record<string, unknown> = { ...fileValues, ...envValues, ...flagValues, ...input.overrides };
+  Object.assign(sources, flags.sources);
+  const merged: Record<string, unknown> = { ...fileValues, ...envValues, ...flags.values, ...input.overrides };
   if (!validateConfig(merged)) {
-    const errors = (validateConfig.errors ?? []).map((e) => `${e.instancePath.slice(1) || 'config'} ${e.message ?? 'is invalid'}`);
-    throw new AgentError('VALIDATION_FAILED', `invalid configuration: ${errors.join('; ')}`, { errors });
+    for (const e of validateConfig.errors ?? []) {
+      if (e.keyword === 'additionalProperties') {
+        const name = String((e.params as { additionalProperty?: unknown }).additionalProperty);
+        errors.push(`${sources[name] ?? 'config'}: unknown setting ${JSON.stringify(name)}`);
+        continue;
+      }
+      const key = e.instancePath.slice(1);
+      const where = key && sources[key] ? `${sources[key]}: ` : '';
+      errors.push(`${where}${key || 'config'} ${e.message ?? 'is invalid'}`);
+    }
   }
+  if (errors.length) throw new AgentError('VALIDATION_FAILED', `invalid configuration: ${errors.join('; ')}`, { errors });
   return Object.freeze(merged) as unknown as FlashdConfig;
 }
 

@@ -1,0 +1,117 @@
+/**
+ * Settings: defaults < --config file < FLASHD_* env < flags; `--flag value` and `--flag=value`;
+ * every bad value listed at once; unknown flags refused; --help text covering every option.
+ */
+import t from 'tap';
+import { writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import configSchema from '../../schema/config.schema.json' with { type: 'json' };
+import { configHelp, loadConfig, parseFlags } from '../../src/config/index.js';
+import { AgentError } from '../../src/core/errors.js';
+
+type Option = { 'x-flag'?: string; 'x-env'?: string; default?: unknown; description: string };
+const OPTIONS = Object.entries(configSchema.properties) as [string, Option][];
+
+function failure(fn: () => unknown): AgentError {
+  try {
+    fn();
+  } catch (err) {
+    if (err instanceof AgentError) return err;
+    throw err;
+  }
+  throw new Error('expected a configuration error');
+}
+
+t.test('defaults suit a single machine', async (t) => {
+  const c = loadConfig();
+  t.equal(c.host, '127.0.0.1');
+  t.equal(c.port, 8000);
+  t.equal(c.dataDir, './data');
+  t.same([c.rateLimitMinute, c.rateLimitHour, c.rateLimitDay], [600, 18000, 200000]);
+  t.same([c.publicUrl, c.endpointHost, c.endpointScheme, c.dataCenterId], [null, null, 'http', 'LOCAL-1']);
+  t.equal(c.adminApiKey, null);
+  t.ok(Object.isFrozen(c), 'read once and frozen');
+  for (const [key, o] of OPTIONS) {
+    if ('default' in o) t.same((c as unknown as Record<string, unknown>)[key], o.default, `${key} defaults to the schema default`);
+  }
+});
+
+t.test('env FLASHD_* and flags; flags win', async (t) => {
+  const env = { FLASHD_HOST: '0.0.0.0', FLASHD_PORT: '9000', FLASHD_DATA_DIR: '/srv/flashd', FLASHD_RATE_LIMIT_MINUTE: '10', FLASHD_RATE_LIMIT_HOUR: '100', FLASHD_RATE_LIMIT_DAY: '1000' };
+  const fromEnv = loadConfig({ env });
+  t.same([fromEnv.host, fromEnv.port, fromEnv.dataDir], ['0.0.0.0', 9000, '/srv/flashd'], 'env overrides defaults');
+  t.same([fromEnv.rateLimitMinute, fromEnv.rateLimitHour, fromEnv.rateLimitDay], [10, 100, 1000], 'rate-limit env');
+  const both = loadConfig({ env, argv: ['--host', '127.0.0.2', '--port=9100', '--data-dir=/tmp/x', '--rate-limit-minute', '20', '--rate-limit-hour=200', '--rate-limit-day', '2000'] });
+  t.same([both.host, both.port, both.dataDir], ['127.0.0.2', 9100, '/tmp/x'], 'flags override env, in both --flag value and --flag=value forms');
+  t.same([both.rateLimitMinute, both.rateLimitHour, both.rateLimitDay], [20, 200, 2000], 'rate-limit flags');
+  t.equal(loadConfig({ argv: ['--port', '9001', '--port', '9002'] }).port, 9002, 'the last flag wins');
+  t.equal(loadConfig({ env: { FLASHD_PORT: '' } }).port, 8000, 'an empty env var is unset');
+  t.equal(loadConfig({ argv: ['--data-dir=a=b'] }).dataDir, 'a=b', 'only the first = splits');
+  t.equal(loadConfig({ env: { FLASHD_ADMIN_API_KEY: 'automation-key-0123456789' } }).adminApiKey, 'automation-key-0123456789', 'the admin key comes from env');
+  t.same(parseFlags(['--port', '1234']).values, { port: 1234 });
+});
+
+t.test('a --config file sits between defaults and env', async (t) => {
+  const dir = t.testdir();
+  const file = join(dir, 'flashd.json');
+  writeFileSync(file, JSON.stringify({ port: 7000, host: '10.0.0.1', dataDir: '/from-file' }));
+  const c = loadConfig({ argv: ['--config', file], env: { FLASHD_HOST: '10.0.0.2' } });
+  t.same([c.port, c.host, c.dataDir], [7000, '10.0.0.2', '/from-file'], 'file over defaults, env over file');
+  t.equal(loadConfig({ argv: [`--config=${file}`, '--port', '7001'] }).port, 7001, 'flags over file');
+  writeFileSync(join(dir, 'typo.json'), JSON.stringify({ prot: 1 }));
+  t.match(failure(() => loadConfig({ argv: ['--config', join(dir, 'typo.json')] })).message, /unknown setting "prot"/);
+  t.match(failure(() => loadConfig({ argv: ['--config', join(dir, 'missing.json')] })).message, /cannot read config file/);
+  writeFileSync(join(dir, 'array.json'), '[1]');
+  t.match(failure(() => loadConfig({ argv: ['--config', join(dir, 'array.json')] })).message, /JSON object/);
+});
+
+t.test('every bad value is listed, with where it came from', async (t) => {
+  const err = failure(() => loadConfig({
+    argv: ['--port', '70000', '--rate-limit-minute', 'lots', '--log-level', 'chatty'],
+    env: { FLASHD_RATE_LIMIT_HOUR: '0', FLASHD_RATE_LIMIT_DAY: 'x', FLASHD_PUBLIC_URL: 'ftp://nope' },
+  }));
+  t.equal(err.code, 'VALIDATION_FAILED');
+  const errors = err.errors ?? [];
+  t.equal(errors.length, 6, `six errors: ${JSON.stringify(errors)}`);
+  t.ok(errors.some((e) => /^flag --port: port must be <= 65535/.test(e)), 'out-of-range flag');
+  t.ok(errors.some((e) => /^flag --rate-limit-minute: .*integer.*"lots"/.test(e)), 'unparseable flag');
+  t.ok(errors.some((e) => /^flag --log-level: logLevel must be equal to one of/.test(e)), 'bad enum flag');
+  t.ok(errors.some((e) => /^env FLASHD_RATE_LIMIT_HOUR: rateLimitHour must be >= 1/.test(e)), 'out-of-range env');
+  t.ok(errors.some((e) => /^env FLASHD_RATE_LIMIT_DAY: .*integer/.test(e)), 'unparseable env');
+  t.ok(errors.some((e) => /^env FLASHD_PUBLIC_URL: publicUrl must match pattern/.test(e)), 'bad pattern env');
+  t.match(err.message, /^invalid configuration: /);
+  for (const [argv, re] of [
+    [['--port', '-1'], /port must be >= 0/],
+    [['--port', '80.5'], /integer/],
+    [['--host', ''], /host must NOT have fewer than 1 characters/],
+    [['--endpoint-scheme', 'ftp'], /endpointScheme/],
+    [['--data-center-id', 'has space'], /dataCenterId must match pattern/],
+    [['--max-body-bytes', '10'], /maxBodyBytes must be >= 1024/],
+  ] as [string[], RegExp][]) {
+    t.match(failure(() => loadConfig({ argv })).message, re, argv.join(' '));
+  }
+});
+
+t.test('unknown flags and missing values', async (t) => {
+  const unknown = failure(() => loadConfig({ argv: ['--prot', '9000'] }));
+  t.match(unknown.message, /unknown flag --prot \(see flashd --help\)/);
+  t.match(failure(() => loadConfig({ argv: ['--port'] })).message, /flag --port needs a value/);
+  t.match(failure(() => loadConfig({ argv: ['serve'] })).message, /unknown flag serve/, 'a positional argument is not a flag');
+  t.match(failure(() => loadConfig({ argv: ['--admin-api-key', 'k'] })).message, /unknown flag --admin-api-key/, 'the admin key is env only (flags show in ps)');
+  const many = failure(() => loadConfig({ argv: ['--prot', '1', '--hots', 'x', '--port', 'y'] }));
+  t.equal(many.errors?.length, 3, `all listed: ${JSON.stringify(many.errors)}`);
+  t.throws(() => parseFlags(['--nope']), /unknown flag --nope/);
+});
+
+t.test('configHelp describes every option', async (t) => {
+  const help = configHelp();
+  for (const [key, o] of OPTIONS) {
+    if (o['x-flag']) t.match(help, new RegExp(`^\\s+${o['x-flag']} <`, 'm'), `${key}: ${o['x-flag']}`);
+    if (o['x-env']) t.match(help, new RegExp(`env: ${o['x-env']}$`, 'm'), `${key}: ${o['x-env']}`);
+    t.ok(help.includes(o.description), `${key}: description`);
+    if (o.default !== undefined && o.default !== null) t.ok(help.includes(`(default: ${JSON.stringify(o.default)})`), `${key}: default shown`);
+  }
+  for (const flag of ['--host', '--port', '--data-dir', '--rate-limit-minute', '--rate-limit-hour', '--rate-limit-day']) {
+    t.ok(help.includes(flag), `${flag} in --help`);
+  }
+});
