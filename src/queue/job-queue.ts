@@ -264,11 +264,8 @@ export class JobQueue {
   take(endpointId: string, workerId: string, max: number, signal: AbortSignal, holdMs = this.settings.takeHoldMs): Promise<Job[]> {
     const worker = this.workers.seen(endpointId, workerId);
     const q = this.#queue(endpointId);
-    const now = this.#clock.monotonic();
-    for (const id of worker.jobs) {
-      const j = this.#jobs.get(id);
-      if (j) j.leaseDeadline = now + this.settings.leaseMs;
-    }
+    // A take renews no lease: only pings (which list the jobs held) and results do. A worker
+    // restarted with the same id would otherwise keep its dead incarnation's jobs alive.
     const jobs = this.#claimUpTo(q, worker, Math.max(1, max));
     if (jobs.length || signal.aborted) return Promise.resolve(jobs);
     return new Promise((resolve) => {
