@@ -71,7 +71,7 @@ class Flashd:
         args = [self.node, self.bin, "--port", str(self.port), "--data-dir", self.data_dir,
                 "--rate-limit-minute", "100000", "--rate-limit-hour", "1000000", "--rate-limit-day", "10000000",
                 *self.extra_args]
-        self._log = open(self.log_path, "wb")
+        self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(args, env=env, stdout=self._log, stderr=subprocess.STDOUT)
 
         def ready():
@@ -85,6 +85,13 @@ class Flashd:
 
         wait_until(ready, 20, what="flashd to listen")
         return self
+
+    def kill(self) -> None:
+        """SIGKILL the server, keeping its data dir (for restart tests)."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self._log.close()
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:

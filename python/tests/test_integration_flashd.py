@@ -322,5 +322,51 @@ class CountingClient(HttpClient):
         self.calls += 1
         return super().request(*args, **kwargs)
 
+class RestartTest(unittest.TestCase):
+    """flashd killed with SIGKILL and restarted on the same port and data dir."""
+
+    def setUp(self):
+        if SERVER is None:
+            raise unittest.SkipTest("flashd unavailable")
+        self.server = Flashd().start()
+        self.addCleanup(self.server.stop)
+        self.endpoint = self.server.create_endpoint("restart")
+        self.worker = WorkerProcess(self.server.worker_env(self.endpoint), "handlers.py", "sync", log_dir=TMP).start()
+        self.addCleanup(self.worker.stop)
+
+    def final(self, job_id, timeout=30):
+        def done():
+            status, body = self.server.call("GET", f"/v2/{self.endpoint}/status/{job_id}")
+            return body if status == 200 and body["status"] in FINAL else None
+        return wait_until(done, timeout, interval=0.1, what="a final status")
+
+    def test_result_posted_across_a_server_restart(self):
+        _, ref = self.server.call("POST", f"/v2/{self.endpoint}/run", {"input": {"sleep": 1.0, "return": "survived"}})
+        wait_until(lambda: f"{ref['id']} | started" in self.worker.log(), 15, what="the job to start")
+        self.server.kill()
+        # the result post meets a refused connection and is retried with backoff
+        wait_until(lambda: f"{ref['id']} | result post failed" in self.worker.log(), 15, what="a failed post")
+        self.server.start()
+        body = self.final(ref["id"])
+        self.assertEqual((body["status"], body.get("output")), ("COMPLETED", "survived"), self.worker.log())
+        self.assertEqual(self.worker.log().count(f"{ref['id']} | started"), 1, self.worker.log())
+
+    def test_idle_worker_reconnects_after_a_restart(self):
+        self.assertEqual(runsync_on(self.server, self.endpoint, {"return": 1})["output"], 1)
+        self.server.kill()
+        self.server.start()
+        body = runsync_on(self.server, self.endpoint, {"return": 2})
+        self.assertEqual((body["status"], body.get("output")), ("COMPLETED", 2), self.worker.log())
+        self.assertEqual(self.worker.proc.poll(), None)
+
+
+def runsync_on(server, endpoint, job_input):
+    status, body = server.call("POST", f"/v2/{endpoint}/runsync?wait=30000", {"input": job_input}, timeout=60)
+    assert status == 200, (status, body)
+    if body["status"] not in FINAL:
+        status, body = server.call("GET", f"/v2/{endpoint}/status/{body['id']}")
+    return body
+
+
 if __name__ == "__main__":
     unittest.main()
