@@ -90,6 +90,7 @@ class ActiveJob:
 
     @property
     def id(self) -> str:
+        """The job id, as a string."""
         return str(self.job["id"])
 
 
