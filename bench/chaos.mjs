@@ -1,0 +1,441 @@
+#!/usr/bin/env node
+/**
+ * `npm run chaos`: crash test (reliability-anchors R1 + R2). Starts flashd on its own data dir
+ * and a free port, N worker processes (bench/chaos-worker.mjs), and sends jobs to /run from
+ * this process while SIGKILLing random workers and flashd itself at random moments; workers
+ * also SIGKILL themselves at chosen points (right after take, mid-job, between writing the
+ * result and reading its answer). flashd restarts on the same data dir and port (after a
+ * `PRAGMA integrity_check`), workers restart with the same worker id or a fresh one. Short
+ * leases (--lease-ms 2000) bring lost jobs back quickly.
+ *
+ * At the end, every id that got a 200 from /run must reach a final state. Prints one line
+ *   lost=<n> duplicated=<n> unexpected=<n> ...
+ * where lost = acknowledged id unknown to flashd or not COMPLETED, duplicated = job for which
+ * two result posts were accepted ({"ok":true} without "duplicate"), unexpected = job that
+ * flashd ran although no /run carried it. Then `chaos: N passed, N failed`; exit 1 on any
+ * failed check.
+ *
+ * env: CHAOS_JOBS (3000), CHAOS_KILLS (30 orchestrated kills; worker self-kills come on top),
+ *      CHAOS_WORKERS (6), CHAOS_SECONDS (submission window, default JOBS/30 s),
+ *      CHAOS_FLASHD_SHARE (0.3 of kills hit flashd), CHAOS_SEED, CHAOS_FLASHD (entry file),
+ *      CHAOS_KEEP=1 (keep the data dir and logs), CHAOS_TIMEOUT_S (overall limit, 900)
+ */
+import { spawn } from 'node:child_process';
+import { mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import Database from 'better-sqlite3';
+import { Conn, head } from './lib/http.mjs';
+import { benchKey, createEndpoint, freePort, sleep, startFlashd, track, workerEnv } from './lib/procs.mjs';
+
+const env = process.env;
+const int = (name, def) => (env[name] !== undefined && env[name] !== '' ? Number(env[name]) : def);
+const JOBS = int('CHAOS_JOBS', 3000);
+const KILLS = int('CHAOS_KILLS', 30);
+const WORKERS = int('CHAOS_WORKERS', 6);
+const WINDOW_S = int('CHAOS_SECONDS', Math.max(8, Math.round(JOBS / 30)));
+const FLASHD_SHARE = Number(env.CHAOS_FLASHD_SHARE ?? 0.3);
+const TIMEOUT_S = int('CHAOS_TIMEOUT_S', 900);
+const LEASE_MS = 2000;
+const TAKE_HOLD_MS = 3000;
+const REQUEUE_LIMIT_MS = int('CHAOS_REQUEUE_LIMIT_MS', 10_000);
+const ADMIN = 'chaos-admin-key-0123456789abcdef';
+const HOST = '127.0.0.1';
+const WORKER_JS = fileURLToPath(new URL('./chaos-worker.mjs', import.meta.url));
+// Expected self-kills are about as many as orchestrated kills, split over three points.
+const SELF_KILL_P = Math.min(0.05, KILLS / Math.max(1, JOBS) / 3);
+
+// Seeded PRNG for the kill schedule, so a failing run can be replayed with CHAOS_SEED.
+const SEED = int('CHAOS_SEED', Date.now() % 2 ** 31);
+let seed = SEED >>> 0;
+/** mulberry32 */
+const rand = () => {
+  seed = (seed + 0x6d2b79f5) >>> 0;
+  let t = seed;
+  t = Math.imul(t ^ (t >>> 15), t | 1);
+  t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+  return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+};
+
+const say = (s) => process.stdout.write(`[chaos ${((performance.now() - T0) / 1000).toFixed(1)}s] ${s}\n`);
+const T0 = performance.now();
+const hardStop = setTimeout(() => {
+  say(`overall limit of ${TIMEOUT_S} s reached: giving up`);
+  process.exit(3);
+}, TIMEOUT_S * 1000);
+hardStop.unref();
+
+const dir = mkdtempSync(path.join(os.tmpdir(), 'flashd-chaos-'));
+const dataDir = path.join(dir, 'data');
+const logDir = path.join(dir, 'logs');
+mkdirSync(logDir, { recursive: true });
+
+const stats = { flashdKills: 0, workerKills: 0, workerExits: 0, integrityChecks: 0, integrityFailures: [], restartMs: [] };
+
+// flashd -------------------------------------------------------------------------------------------
+
+const port = await freePort();
+let srv = null;
+let flashdUp = false;
+
+async function startServer() {
+  for (let attempt = 1; ; attempt++) {
+    try {
+      srv = await startFlashd({
+        port, dataDir, adminKey: ADMIN, sync: 'full', leaseMs: LEASE_MS, takeHoldMs: TAKE_HOLD_MS,
+        extra: ['--max-attempts', '50'], entry: env.CHAOS_FLASHD || undefined,
+      });
+      flashdUp = true;
+      return;
+    } catch (err) {
+      if (attempt >= 20) throw err;
+      await sleep(200);
+    }
+  }
+}
+
+function integrityCheck(when) {
+  const db = new Database(path.join(dataDir, 'flashd.db'));
+  try {
+    const r = db.pragma('integrity_check', { simple: true });
+    stats.integrityChecks++;
+    if (r !== 'ok') stats.integrityFailures.push(`${when}: ${r}`);
+    return r;
+  } finally {
+    db.close();
+  }
+}
+
+async function killServer() {
+  flashdUp = false;
+  await srv.kill();
+  stats.flashdKills++;
+  integrityCheck(`after kill ${stats.flashdKills}`);
+  const t = performance.now();
+  await startServer();
+  stats.restartMs.push(performance.now() - t);
+}
+
+// Workers -----------------------------------------------------------------------------------------
+
+let key;
+let endpointId;
+const workers = []; // { slot, workerId, key, child, incarnation, restarting }
+const deaths = new Map(); // worker log file name -> when that incarnation was killed (ms since epoch)
+let stopping = false;
+
+async function freshEnv() {
+  for (let i = 0; i < 200; i++) {
+    try {
+      if (flashdUp) return await workerEnv(`http://${HOST}:${port}`, key, endpointId);
+    } catch {
+      // flashd went down in between
+    }
+    await sleep(50);
+  }
+  throw new Error('could not get a worker env (flashd down for 10 s?)');
+}
+
+function spawnWorker(slot) {
+  const w = workers[slot];
+  w.incarnation++;
+  const child = track(spawn(process.execPath, [WORKER_JS], {
+    env: {
+      ...env, NODE_OPTIONS: '', CHAOS_HOST: HOST, CHAOS_PORT: String(port), CHAOS_EP: endpointId, CHAOS_WORKER_ID: w.workerId, CHAOS_KEY: w.key,
+      CHAOS_LOG: path.join(logDir, `${w.workerId}.${w.incarnation}.log`), CHAOS_SELF_KILL_P: String(SELF_KILL_P),
+      CHAOS_PING_MS: String(Math.floor(LEASE_MS / 3)), CHAOS_LIFETIME_MS: String(TIMEOUT_S * 1000),
+    },
+    stdio: ['pipe', 'ignore', 'inherit'],
+  }));
+  w.child = child;
+  child.once('exit', () => {
+    stats.workerExits++;
+    if (stopping || w.child !== child) return;
+    void restartWorker(slot, 50 + rand() * 400);
+  });
+}
+
+async function restartWorker(slot, delayMs) {
+  const w = workers[slot];
+  if (w.restarting) return;
+  w.restarting = true;
+  await sleep(delayMs);
+  if (stopping) return;
+  // Half the restarts keep the worker id (a worker restarted with the same env), half get a new one.
+  if (rand() < 0.5) {
+    const e = await freshEnv();
+    w.workerId = e.workerId;
+    w.key = e.key;
+    w.incarnation = 0;
+  }
+  w.restarting = false;
+  spawnWorker(slot);
+}
+
+function killWorker() {
+  const live = workers.filter((w) => w.child && w.child.exitCode === null && w.child.signalCode === null && !w.restarting);
+  if (live.length === 0) return;
+  const w = live[Math.floor(rand() * live.length)];
+  stats.workerKills++;
+  deaths.set(`${w.workerId}.${w.incarnation}.log`, Date.now());
+  w.child.kill('SIGKILL');
+}
+
+// Client ------------------------------------------------------------------------------------------
+
+const sent = new Map(); // seq -> 'acked' | 'unknown' | 'refused'
+const acked = new Map(); // id -> seq
+let seqNext = 0;
+
+async function submitter(index, count) {
+  const c = new Conn(HOST, port);
+  const pad = 'p'.repeat(200);
+  for (let k = 0; k < count && !stopping; ) {
+    // Paced: WORKERS*... about JOBS over WINDOW_S overall.
+    const due = T_SUBMIT + ((k * SUBMITTERS + index) * WINDOW_S * 1000) / JOBS;
+    const wait = due - performance.now();
+    if (wait > 0) await sleep(wait);
+    if (c.closed) {
+      try {
+        await c.connect(1000);
+      } catch {
+        await sleep(20);
+        continue;
+      }
+    }
+    const seq = seqNext++;
+    const body = JSON.stringify({ input: { seq, pad } });
+    sent.set(seq, 'sending');
+    try {
+      const r = await c.request(RUN_HEAD, body, 10_000);
+      if (r.status === 200) {
+        const id = JSON.parse(r.body.toString('utf8')).id;
+        sent.set(seq, 'acked');
+        acked.set(id, seq);
+        k++;
+      } else {
+        sent.set(seq, `refused-${r.status}`);
+        await sleep(50);
+      }
+    } catch {
+      // Written but unanswered (flashd died): it may or may not exist.
+      sent.set(seq, 'unknown');
+      await sleep(20);
+    }
+  }
+  c.close();
+}
+
+let RUN_HEAD;
+let T_SUBMIT;
+const SUBMITTERS = 8;
+
+// Main --------------------------------------------------------------------------------------------
+
+let exitCode = 1;
+try {
+  say(`jobs=${JOBS} kills=${KILLS} (+ self-kills p=${SELF_KILL_P.toFixed(4)} per point) workers=${WORKERS} window=${WINDOW_S}s seed=${SEED} dir=${dir}`);
+  await startServer();
+  key = await benchKey(srv.url, ADMIN);
+  endpointId = await createEndpoint(srv.url, key, 'chaos');
+  RUN_HEAD = head('POST', `/v2/${endpointId}/run`, `${HOST}:${port}`, `Bearer ${key}`, true);
+  for (let i = 0; i < WORKERS; i++) {
+    const e = await freshEnv();
+    workers.push({ slot: i, workerId: e.workerId, key: e.key, child: null, incarnation: 0, restarting: false });
+    spawnWorker(i);
+  }
+
+  // Kill schedule: KILLS moments spread over the submission window.
+  const schedule = Array.from({ length: KILLS }, () => ({ at: (0.05 + 0.9 * rand()) * WINDOW_S * 1000, flashd: rand() < FLASHD_SHARE })).sort((a, b) => a.at - b.at);
+  T_SUBMIT = performance.now();
+  const per = Math.ceil(JOBS / SUBMITTERS);
+  const clients = Array.from({ length: SUBMITTERS }, (_, i) => submitter(i, Math.max(0, Math.min(per, JOBS - i * per))));
+  const killer = (async () => {
+    for (const k of schedule) {
+      const wait = T_SUBMIT + k.at - performance.now();
+      if (wait > 0) await sleep(wait);
+      if (k.flashd) await killServer();
+      else killWorker();
+    }
+  })();
+  await Promise.all([...clients, killer]);
+  const submitS = (performance.now() - T_SUBMIT) / 1000;
+  say(`submitted: ${acked.size} acknowledged in ${submitS.toFixed(1)} s; ${stats.flashdKills} flashd kills, ${stats.workerKills} worker kills so far`);
+
+  // Wait until every acknowledged job is final (bounded).
+  const T_DRAIN = performance.now();
+  const pending = new Set(acked.keys());
+  const finalStates = new Map();
+  const statusConns = [];
+  for (let i = 0; i < 8; i++) statusConns.push(new Conn(HOST, port));
+  const drainDeadline = performance.now() + 180_000;
+  while (pending.size > 0 && performance.now() < drainDeadline) {
+    const ids = [...pending];
+    let next = 0;
+    await Promise.all(statusConns.map(async (c) => {
+      while (next < ids.length) {
+        const id = ids[next++];
+        try {
+          if (c.closed) await c.connect(1000);
+          const r = await c.request(head('GET', `/v2/${endpointId}/status/${id}`, `${HOST}:${port}`, `Bearer ${key}`), undefined, 10_000);
+          if (r.status === 200) {
+            const s = JSON.parse(r.body.toString('utf8')).status;
+            if (s === 'COMPLETED' || s === 'FAILED' || s === 'CANCELLED' || s === 'TIMED_OUT') {
+              pending.delete(id);
+              finalStates.set(id, s);
+            }
+          }
+        } catch {
+          // retry next round
+        }
+      }
+    }));
+    if (pending.size > 0) await sleep(250);
+  }
+  const drainS = (performance.now() - T_DRAIN) / 1000;
+  statusConns.forEach((c) => c.close());
+  say(`drain: ${acked.size - pending.size}/${acked.size} final after ${drainS.toFixed(1)} s`);
+
+  // Stop everything, then look at the database and the worker logs.
+  stopping = true;
+  for (const w of workers) if (w.child && w.child.exitCode === null) w.child.kill('SIGKILL');
+  await sleep(100);
+  await srv.stop();
+  const integrity = integrityCheck('at the end');
+
+  const db = new Database(path.join(dataDir, 'flashd.db'), { readonly: true });
+  const rows = db.prepare('SELECT id, status, input, output, attempt, retries, created_at, completed_at FROM jobs WHERE endpoint_id = ?').all(endpointId);
+  db.close();
+  const byId = new Map(rows.map((r) => [r.id, r]));
+
+  // Worker logs.
+  const execs = new Map(); // job -> [{w, nonce, at}]
+  const accepted = new Map(); // job -> [{w, nonce}]
+  let dupAcks = 0;
+  let stale = 0;
+  let unknownPosts = 0;
+  const selfKills = { take: 0, mid: 0, 'after-post': 0 };
+  for (const f of readdirSync(logDir)) {
+    for (const line of readFileSync(path.join(logDir, f), 'utf8').split('\n')) {
+      if (!line) continue;
+      let e;
+      try {
+        e = JSON.parse(line);
+      } catch {
+        continue; // a line cut by SIGKILL
+      }
+      if (e.t === 'exec') {
+        if (!execs.has(e.job)) execs.set(e.job, []);
+        execs.get(e.job).push({ ...e, file: f });
+      } else if (e.t === 'done') {
+        if (e.status === 200 && /"ok":true/.test(e.body)) {
+          if (/"duplicate":true/.test(e.body)) dupAcks++;
+          else {
+            if (!accepted.has(e.job)) accepted.set(e.job, []);
+            accepted.get(e.job).push(e);
+          }
+        } else if (e.status === 409) stale++;
+        else if (e.status === 404) unknownPosts++;
+      } else if (e.t === 'self-kill') {
+        selfKills[e.point] = (selfKills[e.point] ?? 0) + 1;
+        deaths.set(f, e.at);
+      }
+    }
+  }
+
+  let lost = 0;
+  let notCompleted = 0;
+  let wrongOutput = 0;
+  const lostIds = [];
+  for (const [id, seq] of acked) {
+    const r = byId.get(id);
+    if (!r || (r.status !== 'COMPLETED' && r.status !== 'FAILED' && r.status !== 'CANCELLED' && r.status !== 'TIMED_OUT')) {
+      lost++;
+      lostIds.push(`${id}:${r ? r.status : 'missing'}`);
+      continue;
+    }
+    if (r.status !== 'COMPLETED') {
+      notCompleted++;
+      continue;
+    }
+    const out = JSON.parse(r.output);
+    const nonces = (execs.get(id) ?? []).map((e) => e.nonce);
+    const acc = accepted.get(id) ?? [];
+    // The stored output is from this job's own input, from one of its executions, and equals the accepted post.
+    if (out.seq !== seq || out.job !== id || !nonces.includes(out.nonce) || (acc.length > 0 && acc[0].nonce !== out.nonce)) wrongOutput++;
+  }
+  let duplicated = 0;
+  for (const list of accepted.values()) if (list.length > 1) duplicated++;
+  // Unexpected: a job flashd holds or ran that no /run of ours carried.
+  let unexpected = 0;
+  let recovered = 0;
+  for (const r of rows) {
+    const seq = JSON.parse(r.input).seq;
+    const st = sent.get(seq);
+    if (st === undefined || st.startsWith('refused')) unexpected++;
+    else if (st !== 'acked') recovered++;
+  }
+  for (const id of execs.keys()) if (!byId.has(id)) unexpected++;
+  let executions = 0;
+  let maxExec = 0;
+  for (const list of execs.values()) {
+    executions += list.length;
+    maxExec = Math.max(maxExec, list.length);
+  }
+  // Requeue delay (R1): from the death of a worker holding a job to the job's next execution.
+  let requeueMaxMs = 0;
+  let requeues = 0;
+  for (const list of execs.values()) {
+    list.sort((a, b) => a.at - b.at);
+    for (let i = 0; i + 1 < list.length; i++) {
+      const died = deaths.get(list[i].file);
+      if (died === undefined || died < list[i].at || list[i + 1].at < died) continue;
+      requeues++;
+      requeueMaxMs = Math.max(requeueMaxMs, list[i + 1].at - died);
+    }
+  }
+  const latencies = rows.filter((r) => acked.has(r.id) && r.completed_at).map((r) => r.completed_at - r.created_at).sort((a, b) => a - b);
+  const p = (q) => latencies[Math.min(latencies.length - 1, Math.floor(q * latencies.length))] ?? 0;
+
+  const summary = {
+    lost, duplicated, unexpected, acked: acked.size, notCompleted, wrongOutput, recovered,
+    unknownOutcome: [...sent.values()].filter((s) => s === 'unknown').length, executions, maxExecPerJob: maxExec,
+    reexecuted: executions - execs.size, dupAcks, stale409: stale, unknown404: unknownPosts,
+    flashdKills: stats.flashdKills, workerKills: stats.workerKills,
+    selfKills: `${selfKills.take}/${selfKills.mid}/${selfKills['after-post']}`,
+    integrity: stats.integrityFailures.length ? 'FAILED' : integrity, integrityChecks: stats.integrityChecks,
+    drainS: drainS.toFixed(1), jobLatencyP50Ms: p(0.5), jobLatencyMaxMs: latencies.at(-1) ?? 0,
+    restartMsMax: stats.restartMs.length ? Math.round(Math.max(...stats.restartMs)) : 0,
+    requeues, requeueMaxMs,
+  };
+  process.stdout.write(Object.entries(summary).map(([k, v]) => `${k}=${v}`).join(' ') + '\n');
+  if (lostIds.length) say(`lost: ${lostIds.slice(0, 20).join(' ')}`);
+  if (stats.integrityFailures.length) say(`integrity failures: ${stats.integrityFailures.join(' | ')}`);
+
+  const checks = [
+    ['no acknowledged job lost', lost === 0],
+    ['no job completed twice', duplicated === 0],
+    ['no unexpected job', unexpected === 0],
+    ['every acknowledged job COMPLETED with its own output', notCompleted === 0 && wrongOutput === 0],
+    ['integrity_check ok after every kill and at the end', stats.integrityFailures.length === 0 && integrity === 'ok'],
+    // Lease 2 s + reaper 0.5 s + a flashd restart or a busy queue in between: 10 s is generous.
+    [`a dead worker's job ran again within ${REQUEUE_LIMIT_MS} ms`, requeueMaxMs <= REQUEUE_LIMIT_MS],
+    ['kills happened', stats.flashdKills + stats.workerKills + selfKills.take + selfKills.mid + selfKills['after-post'] > 0 || KILLS === 0],
+  ];
+  const failed = checks.filter(([, ok]) => !ok);
+  for (const [name, ok] of checks) if (!ok) say(`FAILED: ${name}`);
+  process.stdout.write(`chaos: ${checks.length - failed.length} passed, ${failed.length} failed\n`);
+  exitCode = failed.length === 0 ? 0 : 1;
+} catch (err) {
+  say(`error: ${err.stack ?? err}`);
+  if (srv) say(`flashd stderr tail:\n${srv.stderrTail().slice(-3000)}`);
+  exitCode = 2;
+} finally {
+  stopping = true;
+  for (const w of workers) if (w.child && w.child.exitCode === null && w.child.signalCode === null) w.child.kill('SIGKILL');
+  if (srv) await srv.kill();
+  if (env.CHAOS_KEEP === '1') say(`kept ${dir}`);
+  else rmSync(dir, { recursive: true, force: true });
+}
+process.exit(exitCode);

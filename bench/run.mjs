@@ -1,0 +1,156 @@
+#!/usr/bin/env node
+/**
+ * `npm run bench`: flashd against BullMQ + Redis on the same workloads, same box, same pinning
+ * (servers on CPU1, this process with every client and simulated worker on CPU0).
+ *
+ *   BENCH_QUICK=1      about one minute instead of about ten
+ *   BENCH_ONLY=flashd|bullmq   one side only
+ *   BENCH_RUNS, BENCH_SECONDS, BENCH_S4_JOBS   override the run count, run length, drain size
+ *
+ * Prints a table and writes bench/results/latest.json and latest.md.
+ */
+import { execSync } from 'node:child_process';
+import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import os from 'node:os';
+import { fileURLToPath } from 'node:url';
+import { bullmqSuite } from './bullmq.mjs';
+import { flashdSuite } from './flashd.mjs';
+import { canPin, pinSelf } from './lib/procs.mjs';
+import { fmtRate, fmtSpread, fmtUs } from './lib/stats.mjs';
+
+const quick = process.env.BENCH_QUICK === '1';
+const only = process.env.BENCH_ONLY ?? '';
+const num = (name, def) => (process.env[name] ? Number(process.env[name]) : def);
+
+const cfg = {
+  quick,
+  runs: num('BENCH_RUNS', quick ? 1 : 3),
+  seconds: num('BENCH_SECONDS', quick ? 1 : 3),
+  warm: quick ? 0.5 : 1.5,
+  s1Clients: [1, 16, 64],
+  s2Workers: [1, 8, 64],
+  s3Samples: quick ? 300 : 2000,
+  s4Jobs: num('BENCH_S4_JOBS', quick ? 10_000 : 100_000),
+  s4Runs: quick ? 1 : 2,
+  s7Prequeue: quick ? 5_000 : 50_000,
+  pollers: 32,
+  pollRate: 10_000,
+};
+
+const log = (s) => process.stdout.write(s + '\n');
+const started = Date.now();
+
+function machine() {
+  const sh = (c) => {
+    try {
+      return execSync(c, { encoding: 'utf8' }).trim();
+    } catch {
+      return null;
+    }
+  };
+  const model = /Model name:\s*(.+)/.exec(sh('lscpu') ?? '')?.[1] ?? os.cpus()[0]?.model;
+  return {
+    nproc: Number(sh('nproc') ?? os.cpus().length), cpu: model, memGiB: Math.round(os.totalmem() / 2 ** 30), kernel: os.release(),
+    node: process.version, redis: sh('redis-server --version')?.replace(/^Redis server /, '') ?? null,
+    bullmq: (() => {
+      try {
+        return JSON.parse(readFileSync(fileURLToPath(new URL('../node_modules/bullmq/package.json', import.meta.url)), 'utf8')).version;
+      } catch {
+        return null;
+      }
+    })(),
+    pinned: canPin(),
+    date: new Date().toISOString(),
+  };
+}
+
+const m = machine();
+const pinnedSelf = pinSelf(0);
+log(`flashd bench${quick ? ' (quick)' : ''}: ${m.nproc} CPUs (${m.cpu}), ${m.memGiB} GiB, kernel ${m.kernel}, node ${m.node}`);
+log(pinnedSelf ? 'pinning: servers on CPU1, load generator and simulated workers on CPU0' : 'pinning: taskset unavailable or 1 CPU; nothing pinned');
+log(`runs: ${cfg.runs} x ${cfg.seconds} s after ${cfg.warm} s warm-up; S3 ${cfg.s3Samples} samples; S4 ${cfg.s4Jobs} jobs x ${cfg.s4Runs}; S7 backlog ${cfg.s7Prequeue}\n`);
+
+const results = { machine: m, cfg, systems: [] };
+let failures = 0;
+
+async function section(name, fn) {
+  log(`== ${name}`);
+  const t0 = Date.now();
+  try {
+    const r = await fn();
+    if (r) {
+      results.systems.push(r);
+      log(`   (${((Date.now() - t0) / 1000).toFixed(0)} s)\n`);
+    }
+  } catch (err) {
+    failures++;
+    log(`   FAILED: ${err.stack ?? err}\n`);
+    results.systems.push({ system: name, error: String(err.message ?? err) });
+  }
+}
+
+if (only === '' || only === 'flashd') {
+  await section('flashd, synchronous=FULL (default)', () => flashdSuite({ sync: 'full', cfg, log, storm: true }));
+  await section('flashd, synchronous=NORMAL', () => flashdSuite({ sync: 'normal', cfg, log, storm: false }));
+}
+if (only === '' || only === 'bullmq') {
+  await section('BullMQ + Redis, no persistence', () => bullmqSuite({ aof: false, cfg, log }));
+  await section('BullMQ + Redis, appendonly yes, appendfsync always', () => bullmqSuite({ aof: true, cfg, log }));
+}
+
+// Report ------------------------------------------------------------------------------------------
+
+const rows = [];
+const row = (...cells) => rows.push(`| ${cells.join(' | ')} |`);
+row('Scenario', ...results.systems.map((s) => s.system));
+row('---', ...results.systems.map(() => '---'));
+const get = (s, f) => {
+  try {
+    return f(s) ?? '-';
+  } catch {
+    return '-';
+  }
+};
+const ck = (ok) => (ok === false ? ' ✗' : '');
+for (const c of cfg.s1Clients) {
+  row(`S1 /run (add) c=${c}: jobs/s`, ...results.systems.map((s) => get(s, (x) => fmtSpread(x.s1[c].rate, fmtRate) + ck(x.s1[c].check))));
+  row(`S1 c=${c}: p50 / p99`, ...results.systems.map((s) => get(s, (x) => `${fmtUs(x.s1[c].p50.median)} / ${fmtUs(x.s1[c].p99.median)}`)));
+}
+for (const W of cfg.s2Workers) {
+  row(`S2 /runsync W=c=${W}: jobs/s`, ...results.systems.map((s) => get(s, (x) => fmtSpread(x.s2[W].rate, fmtRate) + ck(x.s2[W].check))));
+  row(`S2 W=${W}: p50 / p99`, ...results.systems.map((s) => get(s, (x) => `${fmtUs(x.s2[W].p50.median)} / ${fmtUs(x.s2[W].p99.median)}`)));
+}
+row('S2 W=64: server CPU ms per 1k jobs', ...results.systems.map((s) => get(s, (x) => x.s2[64].serverCpuMsPer1k.median?.toFixed(0))));
+row('S3 idle pickup p50 / p99', ...results.systems.map((s) => get(s, (x) => `${fmtUs(x.s3.pickup.p50)} / ${fmtUs(x.s3.pickup.p99)}` + ck(x.s3.check))));
+row('S3 submit→done p50 / p99', ...results.systems.map((s) => get(s, (x) => `${fmtUs(x.s3.e2e.p50)} / ${fmtUs(x.s3.e2e.p99)}`)));
+row(`S4 drain ${cfg.s4Jobs} (64 workers): jobs/s`, ...results.systems.map((s) => get(s, (x) => fmtSpread(x.s4.rate, fmtRate) + ck(x.s4.check))));
+row('S4 enqueue (64 clients / addBulk): jobs/s', ...results.systems.map((s) => get(s, (x) => fmtSpread(x.s4.enqueueRate, fmtRate))));
+row('S5 S2 W=64 under /status storm: jobs/s (polls/s)', ...results.systems.map((s) => get(s, (x) => x.s5 && `${fmtRate(x.s5.storm.rate.median)} (${fmtRate(x.s5.storm.pollRate.median)} polls/s), ${x.s5.degradationPct.toFixed(1)} % below ${fmtRate(x.s5.base.rate.median)}` + ck(x.s5.check))));
+row('S7 kill -9 mid-traffic: lost / duplicated of acked', ...results.systems.map((s) => get(s, (x) => x.s7 && `${x.s7.lost} / ${x.s7.duplicated} of ${x.s7.acked}` + ck(x.s7.check))));
+row('S7 restart to listening / kill to first ack', ...results.systems.map((s) => get(s, (x) => x.s7 && `${x.s7.restartListenMs.toFixed(0)} ms (${x.s7.recoveredQueued + x.s7.recoveredRunning} active rows) / ${x.s7.killToFirstAckMs.toFixed(0)} ms`)));
+
+const checks = [];
+for (const s of results.systems) {
+  if (s.error) continue;
+  const add = (name, ok) => checks.push({ name: `${s.system} ${name}`, ok });
+  for (const c of cfg.s1Clients) add(`S1 c=${c}`, s.s1?.[c]?.check);
+  for (const W of cfg.s2Workers) add(`S2 W=${W}`, s.s2?.[W]?.check);
+  add('S3', s.s3?.check);
+  add('S4', s.s4?.check);
+  if (s.s5) add('S5', s.s5.check);
+  if (s.s7) add('S7', s.s7.check);
+}
+const bad = checks.filter((c) => !c.ok);
+const table = rows.join('\n');
+log(table);
+log(`\nexact-delivery checks: ${checks.length - bad.length} passed, ${bad.length} failed${bad.length ? ': ' + bad.map((c) => c.name).join(', ') : ''}`);
+log(`total ${((Date.now() - started) / 1000).toFixed(0)} s`);
+
+const outDir = fileURLToPath(new URL('./results/', import.meta.url));
+mkdirSync(outDir, { recursive: true });
+results.table = table;
+results.checks = checks;
+results.totalSeconds = (Date.now() - started) / 1000;
+writeFileSync(`${outDir}${quick ? 'latest-quick' : 'latest'}.json`, JSON.stringify(results, null, 1) + '\n');
+writeFileSync(`${outDir}${quick ? 'latest-quick' : 'latest'}.md`, `${m.date}\n\n${table}\n`);
+process.exitCode = failures || bad.length ? 1 : 0;
