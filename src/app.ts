@@ -119,6 +119,7 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
     const autoscaler = new Autoscaler({
       queue, endpoints, runtime, auth, logs, clock, log: log.child({ component: 'autoscaler' }),
       baseUrl: urls.queueBaseUrl, pingIntervalMs,
+      registryAuth: (ownerId, id) => endpoints.registryAuth(ownerId, id),
     });
     closers.push(() => autoscaler.close());
     queue.on({

@@ -1,3 +1,3 @@
-export type { LaunchSpec, WorkerEvents, WorkerRuntime } from './types.js';
+export type { ExitInfo, Flashboot, LaunchResult, LaunchSpec, WorkerEvents, WorkerRuntime } from './types.js';
 export { ProcessRuntime } from './process.js';
 export { lineSplitter } from './line-splitter.js';

@@ -13,7 +13,7 @@ import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import type { Logger } from '../core/logger.js';
 import { lineSplitter } from './line-splitter.js';
-import type { LaunchSpec, WorkerEvents, WorkerRuntime } from './types.js';
+import type { LaunchResult, LaunchSpec, WorkerEvents, WorkerRuntime } from './types.js';
 
 /** Host variables a worker inherits; nothing else of flashd's environment (it may hold secrets). */
 const INHERITED_ENV = ['PATH', 'HOME', 'LANG', 'LC_ALL', 'TZ', 'TMPDIR', 'USER'];
@@ -65,7 +65,7 @@ export class ProcessRuntime implements WorkerRuntime {
     }
   }
 
-  launch(spec: LaunchSpec, events: WorkerEvents): Promise<void> {
+  launch(spec: LaunchSpec, events: WorkerEvents): Promise<LaunchResult> {
     const argv = [...spec.entrypoint, ...spec.cmd];
     if (argv.length === 0) {
       return Promise.reject(new Error('the endpoint has no command: set args (or entrypoint/cmd) to run a process worker'));
@@ -79,7 +79,7 @@ export class ProcessRuntime implements WorkerRuntime {
       child.once('spawn', () => {
         started = true;
         this.#savePids();
-        resolve();
+        resolve({ workerId: spec.workerId, reused: false });
       });
       const out = lineSplitter((l) => events.log('stdout', l));
       const err = lineSplitter((l) => events.log('stderr', l));

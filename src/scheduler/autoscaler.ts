@@ -4,16 +4,19 @@
  * so the first job to an idle endpoint starts a worker at once. One bad endpoint cannot stop
  * the loop: each evaluation is caught and logged.
  */
+import { createHash } from 'node:crypto';
 import type { AuthService } from '../auth/index.js';
+import { cpuFlavor } from '../catalog/index.js';
 import type { Clock } from '../core/clock.js';
 import { newId } from '../core/ids.js';
 import type { Logger } from '../core/logger.js';
 import { idleTimeoutApplies, type EndpointService, type EndpointSpec } from '../endpoints/index.js';
 import { workerEnv, type JobQueue } from '../queue/index.js';
-import type { WorkerRuntime } from '../runtime/index.js';
+import type { ExitInfo, LaunchSpec, WorkerRuntime } from '../runtime/index.js';
 import type { ResourceRow } from '../store/index.js';
 import { decideScale, type ScaleDecision } from './decide.js';
 import type { LogHub } from './log-hub.js';
+import { CPU_ONLY_PLACEMENT, type Placement } from './placement.js';
 
 export interface AutoscalerOptions {
   queue: JobQueue;
@@ -30,6 +33,10 @@ export interface AutoscalerOptions {
   stopGraceMs?: number;
   /** Idle grace for QUEUE endpoints scaling on REQUEST_COUNT, where idleTimeout does not apply. */
   requestCountIdleMs?: number;
+  /** Device placement (GPUs); default: CPU endpoints only. */
+  placement?: Placement;
+  /** The plain registry credential for pulls, only handed to the runtime. */
+  registryAuth?(ownerId: string, id: string): { username: string; password: string } | undefined;
 }
 
 interface Managed {
@@ -49,6 +56,8 @@ const UNHEALTHY_SHOWN_MS = 60_000;
 export class Autoscaler {
   readonly #o: AutoscalerOptions;
   readonly #managed = new Map<string, Managed>();
+  /** Identities of workers a runtime kept for a fast restart (FlashBoot): workerId → key id. */
+  readonly #kept = new Map<string, { endpointId: string; keyId: string }>();
   readonly #crashes = new Map<string, CrashState>();
   readonly #unhealthy = new Map<string, { endpointId: string; until: number }>();
   readonly #dirty = new Set<string>();
@@ -56,8 +65,11 @@ export class Autoscaler {
   #timer: NodeJS.Timeout | undefined;
   #closed = false;
 
+  readonly #placement: Placement;
+
   constructor(options: AutoscalerOptions) {
     this.#o = options;
+    this.#placement = options.placement ?? CPU_ONLY_PLACEMENT;
   }
 
   start(): void {
@@ -120,7 +132,7 @@ export class Autoscaler {
       workers: registry.list(endpointId).map((w) => ({
         id: w.id, state: registry.state(w), idleMs: mono - w.idleSince, managed: w.managed, recycle: w.recycle,
       })).filter((w) => !this.#managed.get(w.id)?.stopping),
-      capacity: this.#o.runtime ? this.#o.runtime.capacity(endpointId) : 0,
+      capacity: this.#o.runtime ? Math.min(this.#o.runtime.capacity(endpointId), this.#placement.capacity(endpointId, spec)) : 0,
       backoff: crash !== undefined && mono < crash.backoffUntil,
     });
     registry.setThrottled(endpointId, decision.throttled);
@@ -129,43 +141,90 @@ export class Autoscaler {
     return decision;
   }
 
+  /** The launch description of one worker of an endpoint (identity apart). */
+  #launchSpec(row: ResourceRow<EndpointSpec>, workerId: string, env: Record<string, string>, gpuDeviceIds: string[]): LaunchSpec {
+    const spec = row.data;
+    const first = spec.cpu?.[0];
+    const cpu = first ? { vcpuCount: first.vcpuCount, memoryGb: Math.max(1, Math.round(first.vcpuCount * (cpuFlavor(first.id)?.ramMultiplier ?? 2))) } : null;
+    const volume = spec.mounts.network[0] !== undefined
+      ? { kind: 'network' as const, id: spec.mounts.network[0] }
+      : spec.mounts.global[0] !== undefined ? { kind: 'global' as const, id: spec.mounts.global[0] } : null;
+    const auth = spec.registry ? this.#o.registryAuth?.(row.ownerId, spec.registry) : undefined;
+    const registryAuth = auth ? { ...auth, serveraddress: spec.image.includes('/') && /[.:]/.test(spec.image.split('/')[0] as string) ? (spec.image.split('/')[0] as string) : 'docker.io' } : null;
+    const identity = { image: spec.image, entrypoint: spec.entrypoint, cmd: spec.cmd, env: spec.env, ports: spec.ports, disk: spec.disk, volume, gpuDeviceIds, cpu, registry: spec.registry, flashboot: spec.flashboot };
+    return {
+      endpointId: row.id, workerId, entrypoint: spec.entrypoint, cmd: spec.cmd, image: spec.image, env, ports: spec.ports,
+      diskGb: spec.disk, volume, gpuDeviceIds, cpu, registryAuth, flashboot: spec.flashboot,
+      configHash: createHash('sha256').update(JSON.stringify(identity)).digest('hex'),
+    };
+  }
+
   #launch(row: ResourceRow<EndpointSpec>): void {
     const runtime = this.#o.runtime;
     if (!runtime) return;
     const spec = row.data;
     const endpointId = row.id;
-    const workerId = newId('wkr');
-    const { row: keyRow, key } = this.#o.auth.createWorkerKey('usr_admin', null, endpointId, `managed worker ${workerId}`);
+    const freshId = newId('wkr');
+    const placed = this.#placement.reserve(endpointId, freshId, spec);
+    if (!placed) return;
+    const { row: keyRow, key } = this.#o.auth.createWorkerKey('usr_admin', null, endpointId, `managed worker ${freshId}`);
     const env = {
-      // runpod-python ≥1.9 kills a worker whose host fails its fitness checks (internet, 4 GB free);
+      // runpod-python >=1.9 kills a worker whose host fails its fitness checks (internet, 4 GB free);
       // isolated self-hosted boxes often would. The endpoint env may set it back to false.
       RUNPOD_SKIP_AUTO_SYSTEM_CHECKS: 'true',
       ...spec.env,
-      ...workerEnv({ baseUrl: this.#o.baseUrl(), endpointId, workerId, key, gpu: spec.gpu ? 'gpu' : 'cpu', pingIntervalMs: this.#o.pingIntervalMs }),
+      ...workerEnv({ baseUrl: this.#o.baseUrl(), endpointId, workerId: freshId, key, gpu: placed.gpuName, pingIntervalMs: this.#o.pingIntervalMs }),
     };
-    this.#o.queue.workers.launched(endpointId, workerId);
-    this.#managed.set(workerId, { endpointId, keyId: keyRow.id, stopping: false });
-    this.#o.logs.append(endpointId, workerId, 'system', `starting worker ${workerId} (${runtime.name} runtime)`);
-    this.#o.log.info('worker starting', { endpointId, workerId, runtime: runtime.name });
+    // The id events are filed under: the fresh one, or a kept worker's once the runtime reuses it.
+    const ref = { id: freshId };
+    this.#o.queue.workers.launched(endpointId, freshId);
+    this.#managed.set(freshId, { endpointId, keyId: keyRow.id, stopping: false });
+    this.#o.logs.append(endpointId, freshId, 'system', `starting worker ${freshId} (${runtime.name} runtime)`);
+    this.#o.log.info('worker starting', { endpointId, workerId: freshId, runtime: runtime.name });
     runtime
-      .launch(
-        { endpointId, workerId, entrypoint: spec.entrypoint, cmd: spec.cmd, image: spec.image, env },
-        {
-          log: (stream, line) => this.#o.logs.append(endpointId, workerId, stream, line),
-          exit: (info) => this.#exited(endpointId, workerId, info),
+      .launch(this.#launchSpec(row, freshId, env, placed.gpuDeviceIds), {
+        log: (stream, line) => this.#o.logs.append(endpointId, ref.id, stream, line),
+        exit: (info) => this.#exited(endpointId, ref.id, info),
+        discarded: () => this.#discard(ref.id),
+      })
+      .then(
+        (result) => {
+          if (!result.reused || result.workerId === freshId) return;
+          // FlashBoot: a kept worker restarted with its own identity; drop the fresh one.
+          const kept = this.#kept.get(result.workerId);
+          this.#kept.delete(result.workerId);
+          this.#o.auth.revokeKeyById(keyRow.id);
+          this.#managed.delete(freshId);
+          this.#o.queue.workers.remove(endpointId, freshId);
+          this.#placement.release(freshId);
+          this.#placement.reserve(endpointId, result.workerId, spec);
+          ref.id = result.workerId;
+          this.#managed.set(result.workerId, { endpointId, keyId: kept?.keyId ?? keyRow.id, stopping: false });
+          this.#o.queue.workers.launched(endpointId, result.workerId);
+          this.#o.logs.append(endpointId, result.workerId, 'system', `restarted kept worker ${result.workerId} (FlashBoot)`);
         },
-      )
-      .catch((err: Error) => {
-        this.#o.logs.append(endpointId, workerId, 'system', `worker ${workerId} failed to start: ${err.message}`);
-        this.#o.log.warn('worker failed to start', { endpointId, workerId, reason: err.message });
-        this.#exited(endpointId, workerId, { code: null, signal: null, requested: false });
-      });
+        (err: Error) => {
+          this.#o.logs.append(endpointId, freshId, 'system', `worker ${freshId} failed to start: ${err.message}`);
+          this.#o.log.warn('worker failed to start', { endpointId, workerId: freshId, reason: err.message });
+          this.#exited(endpointId, freshId, { code: null, signal: null, requested: false });
+        },
+      );
   }
 
-  #exited(endpointId: string, workerId: string, info: { code: number | null; signal: string | null; requested: boolean }): void {
+  /** A kept worker is gone for good: its key goes too. */
+  #discard(workerId: string): void {
+    const kept = this.#kept.get(workerId);
+    if (!kept) return;
+    this.#kept.delete(workerId);
+    this.#o.auth.revokeKeyById(kept.keyId);
+  }
+
+  #exited(endpointId: string, workerId: string, info: ExitInfo): void {
     const managed = this.#managed.get(workerId);
     this.#managed.delete(workerId);
-    if (managed) this.#o.auth.revokeKeyById(managed.keyId);
+    this.#placement.release(workerId);
+    if (managed && info.kept) this.#kept.set(workerId, { endpointId, keyId: managed.keyId });
+    else if (managed) this.#o.auth.revokeKeyById(managed.keyId);
     const worker = this.#o.queue.workers.get(endpointId, workerId);
     const crashed = !info.requested && !(worker?.recycle && info.code === 0);
     const how = info.signal ? `signal ${info.signal}` : `code ${info.code ?? '?'}`;
@@ -213,6 +272,8 @@ export class Autoscaler {
   async dropEndpoint(endpointId: string): Promise<void> {
     const ids = [...this.#managed].filter(([, m]) => m.endpointId === endpointId).map(([id]) => id);
     await Promise.all(ids.map((id) => this.#stop(id, 'endpoint deleted')));
+    await this.#o.runtime?.discardEndpoint?.(endpointId);
+    for (const [id, k] of this.#kept) if (k.endpointId === endpointId) this.#discard(id);
   }
 
   async close(): Promise<void> {

@@ -1,0 +1,28 @@
+/**
+ * What the autoscaler needs from placement (gpu/ implements it for GPU endpoints): how many
+ * more workers of an endpoint fit right now, and reserving/releasing the devices of one.
+ */
+import type { EndpointSpec } from '../endpoints/index.js';
+
+export interface Reservation {
+  /** GPU UUIDs for the worker; [] for CPU workers. */
+  gpuDeviceIds: string[];
+  /** GPU model name for the worker's URLs (`?gpu=`), or "cpu". */
+  gpuName: string;
+}
+
+export interface Placement {
+  /** Workers of this endpoint that could start now (0: nothing fits, jobs wait throttled). */
+  capacity(endpointId: string, spec: EndpointSpec): number;
+  /** Reserves devices for one worker, or undefined when nothing fits. */
+  reserve(endpointId: string, workerId: string, spec: EndpointSpec): Reservation | undefined;
+  /** Frees what a worker held. */
+  release(workerId: string): void;
+}
+
+/** Without a placement component: CPU workers everywhere, GPU workers nowhere. */
+export const CPU_ONLY_PLACEMENT: Placement = {
+  capacity: (_id, spec) => (spec.gpu ? 0 : Number.POSITIVE_INFINITY),
+  reserve: (_id, _w, spec) => (spec.gpu ? undefined : { gpuDeviceIds: [], gpuName: 'cpu' }),
+  release: () => undefined,
+};
