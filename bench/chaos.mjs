@@ -248,6 +248,9 @@ try {
 
   // Kill schedule: KILLS moments spread over the submission window.
   const schedule = Array.from({ length: KILLS }, () => ({ at: (0.05 + 0.9 * rand()) * WINDOW_S * 1000, flashd: rand() < FLASHD_SHARE })).sort((a, b) => a.at - b.at);
+  // At least one kill of each kind when there are two or more.
+  if (KILLS >= 2 && FLASHD_SHARE > 0 && !schedule.some((k) => k.flashd)) schedule[Math.floor(rand() * KILLS)].flashd = true;
+  if (KILLS >= 2 && FLASHD_SHARE < 1 && schedule.every((k) => k.flashd)) schedule[Math.floor(rand() * KILLS)].flashd = false;
   T_SUBMIT = performance.now();
   const per = Math.ceil(JOBS / SUBMITTERS);
   const clients = Array.from({ length: SUBMITTERS }, (_, i) => submitter(i, Math.max(0, Math.min(per, JOBS - i * per))));
