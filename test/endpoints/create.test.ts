@@ -449,10 +449,15 @@ t.test('get, list and delete', async (t) => {
   t.equal((a.agent.db.prepare('SELECT count(*) AS n FROM endpoints WHERE id = ?').get(one.id) as { n: number }).n, 0, 'the row is gone');
 });
 
-t.test('delete removes the endpoint logs for good', async (t) => {
+t.test('delete removes the endpoint logs and job history for good', async (t) => {
   const a = await startAgent(t);
   const e = await mustCreate(t, a, queueBody({ name: 'with-logs' }));
   const keep = await mustCreate(t, a, queueBody({ name: 'keeps-logs' }));
+  const job = await a.req('POST', `/v2/${e.id}/run`, { body: { input: { prompt: 'hi' } } });
+  t.equal(job.status, 200, `a job is queued: ${job.text.slice(0, 200)}`);
+  const otherJob = await a.req('POST', `/v2/${keep.id}/run`, { body: { input: {} } });
+  t.equal((await a.req('GET', `/v2/${e.id}/status/${job.json.id}`)).status, 200);
+  const jobs = (id: string) => (a.agent.db.prepare('SELECT count(*) AS n FROM jobs WHERE endpoint_id = ?').get(id) as { n: number }).n;
   const insert = a.agent.db.prepare('INSERT INTO endpoint_logs (endpoint_id, worker_id, stream, line, at) VALUES (?, ?, ?, ?, ?)');
   for (let i = 0; i < 3; i++) insert.run(e.id, 'w1', 'stdout', `line ${i}`, Date.now());
   insert.run(keep.id, 'w2', 'stdout', 'other endpoint', Date.now());
@@ -461,4 +466,8 @@ t.test('delete removes the endpoint logs for good', async (t) => {
   t.equal((await a.req('DELETE', `/v2/serverless/${e.id}`)).status, 204);
   t.equal(count(e.id), 0, 'its logs are removed');
   t.equal(count(keep.id), 1, 'other endpoints keep theirs');
+  t.equal(jobs(e.id), 0, 'its jobs are removed');
+  assertProblem(t, await a.req('GET', `/v2/${e.id}/status/${job.json.id}`), 404, 'the job is gone');
+  t.equal(jobs(keep.id), 1, 'other endpoints keep their jobs');
+  t.equal((await a.req('GET', `/v2/${keep.id}/status/${otherJob.json.id}`)).status, 200);
 });

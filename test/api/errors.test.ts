@@ -1,0 +1,52 @@
+/**
+ * Error bodies (spec, "Errors"): every non-2xx is application/problem+json with type, title,
+ * status, detail, instance (the request id) and code; validation failures add errors[] of
+ * JSON-pointer strings. (Transport cases — 404/405/415/413/500 — are also in server.test.ts.)
+ */
+import t from 'tap';
+import { ERROR_CODES } from '../../src/core/errors.js';
+import { ManualClock } from '../../src/core/clock.js';
+import { assertProblem, cpuBody, queueBody, startAgent, type Reply } from '../helpers/agent.js';
+
+t.test('problem members on every kind of failure', async (t) => {
+  const clock = new ManualClock();
+  const a = await startAgent(t, { rateLimitMinute: 40 }, { clock });
+  const cases: [string, Promise<Reply>, number, string][] = [
+    ['unknown route', a.req('GET', '/v2/nothing/here/at/all'), 404, 'ROUTE_NOT_FOUND'],
+    ['wrong method', a.req('PUT', '/v2/serverless/abcdefghijklmn', { body: {} }), 405, 'METHOD_NOT_ALLOWED'],
+    ['bad JSON', a.req('POST', '/v2/serverless', { raw: '{', headers: { 'content-type': 'application/json' } }), 400, 'INVALID_JSON'],
+    ['wrong content type', a.req('POST', '/v2/serverless', { raw: '{}', headers: { 'content-type': 'application/x-www-form-urlencoded' } }), 415, 'UNSUPPORTED_MEDIA_TYPE'],
+    ['validation', a.req('POST', '/v2/serverless', { body: queueBody({ name: '' }) }), 400, 'VALIDATION_FAILED'],
+    ['CUDA on CPU', a.req('POST', '/v2/serverless', { body: cpuBody({ minCudaVersion: '12.1' }) }), 422, 'UNPROCESSABLE'],
+    ['not found', a.req('GET', '/v2/serverless/abcdefghijklmn'), 404, 'NOT_FOUND'],
+    ['unauthenticated', a.req('GET', '/v2/serverless', { key: null }), 401, 'UNAUTHENTICATED'],
+  ];
+  for (const [label, pending, status, code] of cases) {
+    const r = await pending;
+    assertProblem(t, r, status, `${label}: ${status}`);
+    t.equal(r.json.code, code, `${label}: code ${code}`);
+    t.equal(r.json.title, ERROR_CODES[code as keyof typeof ERROR_CODES].title, `${label}: the title of its code`);
+    t.match(r.json.type, /^https:\/\//, `${label}: type is a URI`);
+    t.ok(r.json.detail.length > 0, `${label}: a detail`);
+    t.equal(r.json.instance, r.headers.get('x-request-id'), `${label}: instance is the request id`);
+  }
+  const types = new Set((await Promise.all(cases.map(([, p]) => p))).map((r) => `${r.json.code} ${r.json.type}`));
+  t.equal(new Set([...types].map((x) => x.split(' ')[1])).size, new Set([...types].map((x) => x.split(' ')[0])).size, 'one stable type URI per code');
+
+  const mine = await a.req('POST', '/v2/serverless', { body: { name: 1 }, headers: { 'x-request-id': 'trace-123.abc' } });
+  t.equal(mine.headers.get('x-request-id'), 'trace-123.abc', 'a client request id is kept');
+  t.equal(mine.json.instance, 'trace-123.abc', 'and is the instance');
+  const weird = await a.req('GET', '/v2/serverless/abcdefghijklmn', { headers: { 'x-request-id': 'has spaces and <tags>' } });
+  t.not(weird.json.instance, 'has spaces and <tags>', 'an unsafe request id is replaced');
+
+  const v = await a.req('POST', '/v2/serverless', { body: { type: 'QUEUE', gpu: { pools: ['ADA_24'], extra: 1 } } });
+  t.ok(Array.isArray(v.json.errors) && v.json.errors.length >= 3, 'validation failures come as errors[]');
+  t.ok(v.json.errors.every((e: string) => typeof e === 'string' && /^\/[^:]*: ./.test(e)), `each starts with a JSON pointer: ${JSON.stringify(v.json.errors)}`);
+  t.notOk('errors' in (await a.req('GET', '/v2/serverless/abcdefghijklmn')).json, 'no errors[] where nothing was validated');
+
+  for (let i = 0; i < 40; i++) await a.req('GET', '/v2/serverless');
+  const limited = await a.req('GET', '/v2/serverless');
+  assertProblem(t, limited, 429);
+  t.equal(limited.json.type, 'https://iana.org/assignments/http-problem-types#quota-exceeded', '429 uses the IANA quota-exceeded type');
+  t.same(limited.json['violated-policies'], ['minute']);
+});
