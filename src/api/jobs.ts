@@ -95,7 +95,9 @@ export function jobRoutes(s: JobRouteServices): RouteDef[] {
       problems: [400, 401, 403, 404, 413, 415, 429], maxBodyBytes: 10 * MB,
       handle: async ({ principal, params, body }) => {
         const job = await submit(principal, params['endpointId'] as string, body, s.queue.settings.runRetentionMs);
-        return json(200, ref(job));
+        // Always IN_QUEUE: the job was queued when accepted, even if a parked worker took it
+        // before the commit completed.
+        return json(200, `{"id":${JSON.stringify(job.id)},"status":"IN_QUEUE"}`);
       },
     },
     {

@@ -88,6 +88,10 @@ class EndpointQueue {
 
 export type DoneOutcome = 'accepted' | 'duplicate' | 'stale' | 'unknown';
 
+/** A pending stop is offered again on job-stop at most this often. */
+const STOP_REOFFER_MS = 1000;
+
+
 export interface DoneBody {
   status?: unknown;
   output?: unknown;
@@ -226,6 +230,7 @@ export class JobQueue {
     job.leaseDeadline = mono + this.settings.leaseMs;
     job.execDeadline = mono + job.executionTimeoutMs;
     job.progress = null;
+    worker.stops.delete(job.id);
     worker.jobs.add(job.id);
     this.#running.add(job);
     this.#queue(job.endpointId).inProgress++;
@@ -371,38 +376,68 @@ export class JobQueue {
     const lease = this.#clock.monotonic() + this.settings.leaseMs;
     for (const id of listed) {
       const job = this.#jobs.get(id);
-      if (job && job.status === 'IN_PROGRESS' && job.workerId === workerId) job.leaseDeadline = lease;
-      else if (!worker.stops.has(id)) this.#requestStop(worker, id);
+      if (job && job.status === 'IN_PROGRESS' && job.workerId === workerId) {
+        job.leaseDeadline = lease;
+        worker.stops.delete(id);
+      } else if (!worker.stops.has(id)) this.#requestStop(worker, id);
     }
     for (const id of worker.stops.keys()) if (!listed.has(id)) worker.stops.delete(id);
   }
 
   #requestStop(worker: WorkerInfo, jobId: string): void {
-    worker.stops.set(jobId, this.#clock.monotonic());
+    worker.stops.set(jobId, -1);
     const waiters = worker.stopWaiters;
     worker.stopWaiters = [];
-    for (const w of waiters) w([...worker.stops.keys()]);
+    for (const w of waiters) w();
   }
 
-  /** job-stop: the ids this worker must stop, held until there are some or `holdMs` passes. */
+  /** Stops due to be offered now, marking them offered; and ms until the next one falls due. */
+  #dueStops(worker: WorkerInfo): { ids: string[]; nextInMs: number } {
+    const now = this.#clock.monotonic();
+    let due = false;
+    let nextInMs = Number.POSITIVE_INFINITY;
+    for (const offered of worker.stops.values()) {
+      if (offered < 0 || now - offered >= STOP_REOFFER_MS) due = true;
+      else nextInMs = Math.min(nextInMs, STOP_REOFFER_MS - (now - offered));
+    }
+    if (!due) return { ids: [], nextInMs };
+    for (const id of worker.stops.keys()) worker.stops.set(id, now);
+    return { ids: [...worker.stops.keys()], nextInMs: STOP_REOFFER_MS };
+  }
+
+  /**
+   * job-stop: the ids this worker must stop. Held until a stop falls due or `holdMs` passes; a
+   * pending stop is offered again at most once a second (never in a tight loop).
+   */
   stopSignals(endpointId: string, workerId: string, signal: AbortSignal, holdMs = this.settings.takeHoldMs): Promise<string[]> {
     const worker = this.workers.seen(endpointId, workerId);
-    if (worker.stops.size || signal.aborted) return Promise.resolve([...worker.stops.keys()]);
+    const first = this.#dueStops(worker);
+    if (first.ids.length || signal.aborted) return Promise.resolve(first.ids);
     return new Promise((resolve) => {
       let settled = false;
-      const settle = (ids: string[]) => {
+      let timer: NodeJS.Timeout | undefined;
+      let holdTimer: NodeJS.Timeout | undefined;
+      const finish = (ids: string[]) => {
         if (settled) return;
         settled = true;
         clearTimeout(timer);
+        clearTimeout(holdTimer);
         signal.removeEventListener('abort', onAbort);
-        const i = worker.stopWaiters.indexOf(settle);
+        const i = worker.stopWaiters.indexOf(check);
         if (i >= 0) worker.stopWaiters.splice(i, 1);
         resolve(ids);
       };
-      const onAbort = () => settle([]);
-      const timer = setTimeout(() => settle([]), holdMs);
-      worker.stopWaiters.push(settle);
+      const check = () => {
+        const { ids, nextInMs } = this.#dueStops(worker);
+        if (ids.length) return finish(ids);
+        if (!worker.stopWaiters.includes(check)) worker.stopWaiters.push(check);
+        clearTimeout(timer);
+        if (Number.isFinite(nextInMs)) timer = setTimeout(check, nextInMs);
+      };
+      const onAbort = () => finish([]);
+      holdTimer = setTimeout(() => finish([]), holdMs);
       signal.addEventListener('abort', onAbort, { once: true });
+      check();
     });
   }
 

@@ -20,9 +20,14 @@ export interface WorkerInfo {
   idleSince: number;
   /** Open job-take long-polls. */
   parked: number;
-  /** Jobs the worker must stop (served on job-stop while it still lists them). */
+  /**
+   * Jobs the worker must stop: id → monotonic time the stop was last offered on job-stop
+   * (-1: not offered yet). Offered again at most once a second while the worker's pings still
+   * list the job, since a stop that arrives before the worker made the job's task is dropped.
+   */
   readonly stops: Map<string, number>;
-  stopWaiters: ((ids: string[]) => void)[];
+  /** Parked job-stop requests, woken when a stop is added. */
+  stopWaiters: (() => void)[];
   /** The worker asked to be recycled (stopPod / refresh_worker). */
   recycle: boolean;
 }
@@ -86,7 +91,7 @@ export class WorkerRegistry {
     const w = map?.get(workerId);
     if (w) {
       map?.delete(workerId);
-      for (const resolve of w.stopWaiters) resolve([]);
+      for (const wake of w.stopWaiters) wake();
       w.stopWaiters = [];
     }
     return w;

@@ -300,3 +300,44 @@ t.test('low-priority jobs are taken after normal ones', async (t) => {
   t.same((await w.take())?.input, { p: 'normal' });
   t.same((await w.take())?.input, { p: 'low' });
 });
+
+t.test('/run answers IN_QUEUE even when a parked worker takes the job at once', async (t) => {
+  const a = await startAgent(t, { takeHoldMs: 5000 });
+  const ep = await endpoint(a);
+  const w = await TestWorker.create(a, ep);
+  const parked = w.take();
+  await new Promise((r) => setTimeout(r, 50));
+  const r = await run(a, ep);
+  t.same(r.json, { id: r.json.id, status: 'IN_QUEUE' });
+  t.equal((await parked)?.id, r.json.id);
+});
+
+t.test('job-stop: a pending stop is re-offered at most once a second, and a new claim clears it', async (t) => {
+  const a = await startAgent(t, { takeHoldMs: 3000 });
+  const ep = await endpoint(a);
+  const w = await TestWorker.create(a, ep);
+  const id = (await run(a, ep)).json.id;
+  await w.take();
+  await a.req('POST', `/v2/${ep}/cancel/${id}`);
+  t.same(await w.stops(), [id], 'offered at once');
+  const started = Date.now();
+  t.same(await w.stops(), [id], 'offered again while the worker may still hold it');
+  t.ok(Date.now() - started >= 900, 'but not in a tight loop: held about a second first');
+  await w.ping([]);
+  const quiet = Date.now();
+  t.same(await w.stops(), [], 'a ping that no longer lists the job clears the stop');
+  t.ok(Date.now() - quiet >= 2500, 'and job-stop holds until its hold time');
+
+  const id2 = (await run(a, ep)).json.id;
+  await w.take();
+  await w.done(id2, { error: 'boom' });
+  await w.ping([id2]);
+  t.same(await w.stops(), [id2], 'a finished job the worker still lists is to be stopped');
+  await a.req('POST', `/v2/${ep}/retry/${id2}`);
+  t.equal((await w.take())?.id, id2, 'the retry goes to the same worker');
+  await w.ping([id2]);
+  const held = Date.now();
+  t.same(await w.stops(), [], "the new attempt is not stopped by the old attempt's stop");
+  t.ok(Date.now() - held >= 2500);
+  t.equal((await w.done(id2, { output: 'second attempt' })).status, 200);
+});
