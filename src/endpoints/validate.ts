@@ -145,7 +145,7 @@ function checkEnv(spec: EndpointSpec, errors: string[]): void {
   if (path !== undefined && !path.startsWith('/')) errors.push('/env/HEALTH_CHECK_PATH: must start with "/"');
   for (const name of ['PORT', 'PORT_HEALTH']) {
     const v = spec.env[name];
-    if (v !== undefined && !/^[0-9]{1,5}$/.test(v)) errors.push(`/env/${name}: must be a port number`);
+    if (v !== undefined && !(/^[0-9]{1,5}$/.test(v) && Number(v) >= 1 && Number(v) <= 65535)) errors.push(`/env/${name}: must be a port number from 1 to 65535`);
   }
 }
 

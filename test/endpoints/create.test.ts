@@ -134,6 +134,8 @@ t.test('required fields and basic bounds', async (t) => {
     ['dataCenterIds duplicate', queueBody({ dataCenterIds: ['LOCAL-1', 'LOCAL-1'] }), 400, '/dataCenterIds'],
     ['HEALTH_CHECK_PATH without slash', LB({ env: { HEALTH_CHECK_PATH: 'ping' } }), 400, '/env/HEALTH_CHECK_PATH'],
     ['PORT not a number', LB({ env: { PORT: 'eighty' } }), 400, '/env/PORT'],
+    ['PORT 0', LB({ env: { PORT: '0' } }), 400, '/env/PORT'],
+    ['PORT_HEALTH above 65535', LB({ env: { PORT_HEALTH: '65536' } }), 400, '/env/PORT_HEALTH'],
   ]);
   t.equal((await createEndpoint(a, queueBody({ disk: 1, timeout: 1, ports: ['1/udp', '65535/tcp'] }))).status, 201, 'lower bounds accepted');
   const reg = await createEndpoint(a, queueBody({ registry: 'reg_doesnotexist0000000' }));

@@ -80,6 +80,10 @@ t.test('idleTimeout on PATCH follows the resulting type and scaling', async (t) 
   assertErrorAt(t, await patch(a, lb.id, { scaling: qd }), 400, '/scaling/type', 'LOAD_BALANCER cannot switch to QUEUE_DELAY');
   t.same((await mustPatch(t, a, lb.id, { scaling: { type: 'REQUEST_COUNT', requestCount: 9 }, workers: { idleTimeout: 5 } })).workers.idleTimeout, 5);
   assertErrorAt(t, await patch(a, lb.id, { scaling: { type: 'REQUEST_COUNT', requestCount: 0 } }), 400, '/scaling/requestCount');
+  const health = await mustPatch(t, a, lb.id, { env: { HEALTH_CHECK_PATH: '/ready' } });
+  t.equal(health.requestUrls.health, `${health.requestUrls.base}/ready`, 'the LB health URL follows HEALTH_CHECK_PATH on PATCH');
+  t.equal((await mustPatch(t, a, lb.id, { env: {} })).requestUrls.health, `${health.requestUrls.base}/ping`, 'and falls back to /ping');
+  assertErrorAt(t, await patch(a, lb.id, { env: { HEALTH_CHECK_PATH: 'ready' } }), 400, '/env/HEALTH_CHECK_PATH');
   assertErrorAt(t, await patch(a, lb.id, { scaling: { type: 'REQUEST_COUNT', requestCount: 2, queueDelay: 1 } }), 400, '/scaling/queueDelay');
 });
 
