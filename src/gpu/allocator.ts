@@ -1,0 +1,190 @@
+/**
+ * The ledger: which worker holds which GPUs, vCPUs and memory on this host. It decides with the
+ * pure functions of placement.ts and records the result, so a GPU belongs to one worker at a time.
+ * It takes plain requirement objects; the scheduler's adapter builds them from `EndpointSpec`
+ * (gpu/ imports neither scheduler/ nor endpoints/). {@link createLedgerPlacement} gives an object
+ * with the shape of the scheduler's `Placement` interface.
+ */
+import { AgentError } from '../core/errors.js';
+import { placeCpuWorker, placeGpuWorker, type CpuNoFitReason, type GpuNoFitReason } from './placement.js';
+import type { CpuResources, DiscoveredGpu, InventoryGpuRow, PlacementGpu, WorkerRequirement } from './types.js';
+
+/** The host as the ledger sees it. */
+export interface LedgerHost {
+  /** @defaultValue `"local"` */
+  hostId?: string;
+  dataCenterId: string;
+  gpus: readonly Pick<DiscoveredGpu, 'uuid' | 'name' | 'gpuTypeId' | 'cudaVersion'>[];
+  cpu: CpuResources;
+}
+
+/** What one worker holds. */
+export interface Holding {
+  workerId: string;
+  gpuUuids: string[];
+  gpuTypeId: string | null;
+  vcpus: number;
+  memoryGb: number;
+  /** The CPU flavor entry for a CPU worker. */
+  cpuFlavorId: string | null;
+}
+
+/** A successful reservation. `gpuDeviceIds`/`gpuName` match the scheduler's `Reservation`. */
+export interface LedgerReservation {
+  ok: true;
+  workerId: string;
+  /** GPU UUIDs for Docker `DeviceRequests`; [] for a CPU worker. */
+  gpuDeviceIds: string[];
+  /** GPU type id for the worker's URLs (`?gpu=`), or "cpu". */
+  gpuName: string;
+  /** For a CPU worker: the `cpu` entry chosen, with its vCPUs and memory (GiB). */
+  cpu: { id: string; vcpuCount: number; memoryGb: number } | null;
+}
+
+export type LedgerNoFit = { ok: false; reason: GpuNoFitReason | CpuNoFitReason; detail: string };
+
+/** Upper bound for {@link ResourceLedger.capacity}'s simulation (a host never runs more workers). */
+const MAX_CAPACITY = 10_000;
+
+export class ResourceLedger {
+  #host: LedgerHost;
+  #holdings = new Map<string, Holding>();
+
+  constructor(host: LedgerHost) {
+    this.#host = host;
+  }
+
+  /** Replaces the host's resources after a new discovery; holdings stay (a vanished GPU stays held until released). */
+  setHost(host: LedgerHost): void {
+    this.#host = host;
+  }
+
+  get host(): LedgerHost {
+    return this.#host;
+  }
+
+  #placementGpus(): PlacementGpu[] {
+    const hostId = this.#host.hostId ?? 'local';
+    return this.#host.gpus.map((g) => ({ uuid: g.uuid, gpuTypeId: g.gpuTypeId, cudaVersion: g.cudaVersion, dataCenterId: this.#host.dataCenterId, hostId }));
+  }
+
+  /** UUIDs of every GPU some worker holds. */
+  heldGpuUuids(): Set<string> {
+    return new Set([...this.#holdings.values()].flatMap((h) => h.gpuUuids));
+  }
+
+  /** vCPUs and memory held by all workers (GPU workers hold none here: their limits come from the GPU type). */
+  reservedCpu(): CpuResources {
+    let vcpus = 0;
+    let memoryGb = 0;
+    for (const h of this.#holdings.values()) {
+      vcpus += h.vcpus;
+      memoryGb += h.memoryGb;
+    }
+    return { vcpus, memoryGb };
+  }
+
+  holding(workerId: string): Holding | undefined {
+    const h = this.#holdings.get(workerId);
+    return h ? { ...h, gpuUuids: [...h.gpuUuids] } : undefined;
+  }
+
+  holdings(): Holding[] {
+    return [...this.#holdings.values()].map((h) => ({ ...h, gpuUuids: [...h.gpuUuids] }));
+  }
+
+  /** Where one more worker with this requirement would go, without recording it. */
+  #decide(req: WorkerRequirement, heldGpus: ReadonlySet<string>, reservedCpu: CpuResources): Omit<Holding, 'workerId'> | LedgerNoFit {
+    if (req.kind === 'gpu') {
+      const p = placeGpuWorker(req.gpu, this.#placementGpus(), heldGpus);
+      if (!p.ok) return p;
+      return { gpuUuids: p.gpuUuids, gpuTypeId: p.gpuTypeId, vcpus: 0, memoryGb: 0, cpuFlavorId: null };
+    }
+    const p = placeCpuWorker(req.cpu, { ...this.#host.cpu, dataCenterId: this.#host.dataCenterId }, reservedCpu);
+    if (!p.ok) return p;
+    return { gpuUuids: [], gpuTypeId: null, vcpus: p.vcpus, memoryGb: p.memoryGb, cpuFlavorId: p.entry.id };
+  }
+
+  /** Reserves devices for one worker, or says why nothing fits. A worker holds one reservation at a time. */
+  reserve(workerId: string, req: WorkerRequirement): LedgerReservation | LedgerNoFit {
+    if (this.#holdings.has(workerId)) throw new AgentError('CONFLICT', `Worker ${workerId} already holds a reservation.`);
+    const d = this.#decide(req, this.heldGpuUuids(), this.reservedCpu());
+    if ('ok' in d) return d;
+    this.#holdings.set(workerId, { workerId, ...d });
+    return {
+      ok: true,
+      workerId,
+      gpuDeviceIds: [...d.gpuUuids],
+      gpuName: d.gpuTypeId ?? 'cpu',
+      cpu: d.cpuFlavorId === null ? null : { id: d.cpuFlavorId, vcpuCount: d.vcpus, memoryGb: d.memoryGb },
+    };
+  }
+
+  /** Frees what a worker held; false when it held nothing. */
+  release(workerId: string): boolean {
+    return this.#holdings.delete(workerId);
+  }
+
+  /** How many more workers with this requirement would fit now (0: nothing fits, jobs wait throttled). */
+  capacity(req: WorkerRequirement): number {
+    const held = this.heldGpuUuids();
+    const reserved = this.reservedCpu();
+    let n = 0;
+    while (n < MAX_CAPACITY) {
+      const d = this.#decide(req, held, reserved);
+      if ('ok' in d) break;
+      for (const u of d.gpuUuids) held.add(u);
+      reserved.vcpus += d.vcpus;
+      reserved.memoryGb += d.memoryGb;
+      n += 1;
+      if (d.gpuUuids.length === 0 && d.vcpus === 0) break; // a requirement that takes nothing cannot be counted
+    }
+    return n;
+  }
+
+  /** Why a worker with this requirement would not fit now, or null when it would. */
+  whyNot(req: WorkerRequirement): LedgerNoFit | null {
+    const d = this.#decide(req, this.heldGpuUuids(), this.reservedCpu());
+    return 'ok' in d ? d : null;
+  }
+
+  /** One row per GPU for the catalogs' availability. */
+  inventory(): InventoryGpuRow[] {
+    return inventorySnapshot(this.#host.gpus.map((g) => ({ ...g, dataCenterId: this.#host.dataCenterId })), this.heldGpuUuids());
+  }
+}
+
+/**
+ * `InventoryGpu`-shaped rows (api/services.ts) for `/v2/catalog/gpus?include=AVAILABILITY` and
+ * `/v2/catalog/data-centers?include=GPU_AVAILABILITY`: a GPU is free when no worker holds it.
+ */
+export function inventorySnapshot(
+  gpus: readonly (Pick<DiscoveredGpu, 'uuid' | 'name' | 'gpuTypeId' | 'cudaVersion'> & { dataCenterId: string })[],
+  held: ReadonlySet<string>,
+): InventoryGpuRow[] {
+  return gpus.map((g) => ({ gpuTypeId: g.gpuTypeId, name: g.name, cudaVersion: g.cudaVersion, dataCenterId: g.dataCenterId, free: !held.has(g.uuid) }));
+}
+
+/** The scheduler's `Placement` shape, for a ledger and a function from the scheduler's spec type to a requirement. */
+export interface LedgerPlacement<S> {
+  capacity(endpointId: string, spec: S): number;
+  reserve(endpointId: string, workerId: string, spec: S): { gpuDeviceIds: string[]; gpuName: string } | undefined;
+  release(workerId: string): void;
+}
+
+/**
+ * Adapts a ledger to the scheduler's `Placement` interface structurally: `toRequirement` turns the
+ * scheduler's `EndpointSpec` into a {@link WorkerRequirement} (written where both are visible).
+ */
+export function createLedgerPlacement<S>(ledger: ResourceLedger, toRequirement: (spec: S) => WorkerRequirement): LedgerPlacement<S> {
+  return {
+    capacity: (_endpointId, spec) => ledger.capacity(toRequirement(spec)),
+    reserve: (_endpointId, workerId, spec) => {
+      const r = ledger.reserve(workerId, toRequirement(spec));
+      return r.ok ? { gpuDeviceIds: r.gpuDeviceIds, gpuName: r.gpuName } : undefined;
+    },
+    release: (workerId) => {
+      ledger.release(workerId);
+    },
+  };
+}
