@@ -199,6 +199,12 @@ t.test('users and teams; a team key acts for the team', async (t) => {
   t.equal((await createEndpoint(a, cpuBody({ mounts: { network: [{ volumeId: tv.id }] } }), ownerTeamKey.key)).status, 201, 'team resources are shared by team keys');
   assertProblem(t, await a.req('POST', '/v2/teams', { body: { name: 'nested' }, key: ownerTeamKey.key }), 403, 'team keys cannot create teams');
 
+  const third = await makeUser(t, a, 'team-third');
+  t.equal((await a.req('POST', `/v2/teams/${team.id}/members`, { body: { userId: third.id }, key: owner.key })).status, 204);
+  assertProblem(t, await a.req('DELETE', `/v2/teams/${team.id}/members/${third.id}`, { key: member.key }), 403, 'a member cannot remove another member');
+  t.equal((await a.req('DELETE', `/v2/teams/${team.id}/members/${third.id}`, { key: third.key })).status, 204, 'a member may leave');
+  assertProblem(t, await a.req('DELETE', `/v2/teams/${team.id}/members/${owner.id}`, { key: owner.key }), 404, 'the owner cannot be removed');
+  assertProblem(t, await a.req('DELETE', `/v2/teams/${team.id}/members/${outsider.id}`, { key: owner.key }), 404, 'not a member');
   const removed = await a.req('DELETE', `/v2/teams/${team.id}/members/${member.id}`, { key: owner.key });
   t.equal(removed.status, 204);
   assert401(t, await a.req('GET', '/v2/serverless', { key: memberTeamKey.key }), /no longer a member/, 'a team key stops working when its user leaves the team');
@@ -263,4 +269,17 @@ t.test('admins manage every user key; others only their own', async (t) => {
   t.equal((await a.req('DELETE', `/v2/api-keys/${u2.keyId}`)).status, 204, 'an admin revokes any user key');
   t.equal((await a.req('GET', '/v2/serverless', { key: u2.key })).status, 401);
   assertProblem(t, await a.req('GET', '/v2/api-keys/key_unknown'), 404);
+});
+
+t.test('a revoked FLASHD_ADMIN_API_KEY is not revived by a restart', async (t) => {
+  const dir = t.testdir();
+  const first = await startAgent(t, { adminApiKey: 'automation-key-to-revoke-0001' }, { dir });
+  const keys = (await first.req('GET', '/v2/api-keys', { key: 'automation-key-to-revoke-0001' })).json;
+  t.equal(keys.length, 1);
+  t.equal((await first.req('DELETE', `/v2/api-keys/${keys[0].id}`, { key: 'automation-key-to-revoke-0001' })).status, 204);
+  assert401(t, await first.req('GET', '/v2/serverless', { key: 'automation-key-to-revoke-0001' }), /revoked/);
+  await first.agent.close();
+  await t.rejects(startAgent(t, { adminApiKey: 'automation-key-to-revoke-0001' }, { dir }), /revoked/, 'start refuses the revoked value');
+  const next = await startAgent(t, { adminApiKey: 'automation-key-new-value-0002' }, { dir });
+  t.equal((await next.req('GET', '/v2/serverless', { key: 'automation-key-new-value-0002' })).status, 200, 'a new value works');
 });
