@@ -115,6 +115,14 @@ t.test('403: a valid token without the scope or the right', async (t) => {
   forbidden(await a.req('GET', '/v2/catalog/gpus', { key: runner.key }), 'nor catalogs');
   forbidden(await a.req('POST', '/v1/endpoints', { body: { name: 'x', templateId: 'y' }, key: reader.key }), 'older REST create needs endpoints:write');
 
+  const ep = await mustCreate(t, a, queueBody({ name: 'jobs-scope' }), writer.key);
+  const jobsOnly = await mustPost(t, a, '/v2/api-keys', { name: 'jobs-only', scopes: ['jobs:run'], userId: writer.id });
+  const readOnly = await mustPost(t, a, '/v2/api-keys', { name: 'read-only', scopes: ['endpoints:read'], userId: writer.id });
+  t.equal((await a.req('POST', `/v2/${ep.id}/run`, { body: { input: {} }, key: jobsOnly.key })).status, 200, 'jobs:run submits jobs');
+  forbidden(await a.req('POST', `/v2/${ep.id}/run`, { body: { input: {} }, key: readOnly.key }), 'endpoints:read cannot submit jobs');
+  forbidden(await a.req('GET', `/v2/serverless/${ep.id}`, { key: jobsOnly.key }), 'jobs:run cannot read the endpoint');
+  t.equal((await a.req('GET', `/v2/serverless/${ep.id}`, { key: readOnly.key })).status, 200, 'a second key of the same user sees its endpoints');
+
   forbidden(await a.req('POST', '/v2/users', { body: { name: 'mallory' }, key: writer.key }), 'only admins create users');
   forbidden(await a.req('POST', '/v2/api-keys', { body: { name: 'up', scopes: ['endpoints:write'] }, key: reader.key }), 'a key cannot grant scopes its creator lacks');
   forbidden(await a.req('POST', '/v2/api-keys', { body: { name: 'up', scopes: ['admin'] }, key: reader.key }), 'nor admin');
