@@ -123,3 +123,25 @@ t.test('the documented shapes carry the spec rules', async (t) => {
   t.notOk('password' in s.RegistryCredential.properties, 'the credential view has no password');
   t.notOk('key' in s.ApiKey.properties, 'a listed key has no secret');
 });
+
+t.test('uniqueItems only on arrays of scalars', async (t) => {
+  // ajv compares non-scalar items with a recursive deep equality: a body of two deeply nested
+  // items then exhausts the stack (a 500). Arrays of objects check uniqueness in code instead.
+  const found: string[] = [];
+  const walk = (node: unknown, at: string): void => {
+    if (Array.isArray(node)) node.forEach((v, i) => walk(v, `${at}/${i}`));
+    else if (node && typeof node === 'object') {
+      const o = node as Record<string, unknown>;
+      if (o['uniqueItems'] === true) {
+        const type = (o['items'] as { type?: unknown } | undefined)?.type;
+        const types = Array.isArray(type) ? type : [type];
+        const scalar = types.length > 0 && types.every((x) => x === 'string' || x === 'integer' || x === 'number' || x === 'boolean');
+        found.push(at);
+        t.ok(scalar, `${at}: uniqueItems with items of scalar type (got ${JSON.stringify(type)})`);
+      }
+      for (const [k, v] of Object.entries(o)) walk(v, `${at}/${k}`);
+    }
+  };
+  for (const [file, doc] of Object.entries(SCHEMA_DOCUMENTS)) walk(doc, file);
+  t.ok(found.length > 10, `${found.length} uniqueItems arrays checked`);
+});
