@@ -154,7 +154,7 @@ function checkEnv(spec: EndpointSpec, errors: string[]): void {
  * `networkPointer` is where the network list came from (`/networkVolumes` when only the
  * deprecated field was sent), so errors point into the body as sent.
  */
-function checkReferences(spec: EndpointSpec, ctx: ValidationContext, errors: string[], networkPointer = '/mounts/network'): void {
+function checkReferences(spec: EndpointSpec, ctx: ValidationContext, errors: string[], networkPointer = '/mounts/network', registryFromTemplate = false): void {
   spec.dataCenterIds.forEach((dc, i) => {
     if (!ctx.knownDataCenters.includes(dc)) errors.push(`/dataCenterIds/${i}: unknown data center "${dc}"; this installation has ${ctx.knownDataCenters.join(', ')}`);
   });
@@ -180,7 +180,12 @@ function checkReferences(spec: EndpointSpec, ctx: ValidationContext, errors: str
   global.forEach((id, i) => {
     if (!ctx.globalVolumeExists(id)) missing.push(`/mounts/global/${i}: global volume ${id} not found or not accessible`);
   });
-  if (spec.registry !== null && !ctx.registryExists(spec.registry)) missing.push(`/registry: registry credential ${spec.registry} not found or not accessible`);
+  if (spec.registry !== null && !ctx.registryExists(spec.registry)) {
+    // A public template may name its owner's credential, which other accounts cannot use.
+    missing.push(registryFromTemplate
+      ? `/templateId: the template's registry credential ${spec.registry} not found or not accessible; set registry (or null) in the body`
+      : `/registry: registry credential ${spec.registry} not found or not accessible`);
+  }
   if (errors.length) throw validationError(errors);
   if (missing.length) {
     const what = missing.map((m) => m.slice(m.indexOf(': ') + 2).replace(/ not found or not accessible$/, ''));
@@ -307,7 +312,7 @@ export function buildEndpoint(raw: unknown, ctx: ValidationContext): EndpointSpe
     templateId: body.templateId ?? null,
   };
   checkEnv(spec, errors);
-  checkReferences(spec, ctx, errors, networkPointer);
+  checkReferences(spec, ctx, errors, networkPointer, body.registry === undefined && template?.registry != null);
   return spec;
 }
 

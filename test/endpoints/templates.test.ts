@@ -134,6 +134,14 @@ t.test('own or public templates only; unknown is 404, non-serverless is 422', as
   t.equal(plain.isServerless, false, 'templates are not serverless unless flagged');
   assertErrorAt(t, await createEndpoint(a, fromTemplate(plain.id), caller.key), 422, '/templateId');
 
+  const ownerReg = await makeRegistry(t, a, { name: 'owner-reg' }, owner.key);
+  const pubWithReg = await makeTemplate(t, a, { name: 'public-private-image', isPublic: true, registry: ownerReg.id }, owner.key);
+  t.equal((await mustCreate(t, a, fromTemplate(pubWithReg.id), owner.key)).registry, ownerReg.id, "the owner gets the template's credential");
+  assertErrorAt(t, await createEndpoint(a, fromTemplate(pubWithReg.id), caller.key), 404, '/templateId', "another account cannot use the owner's credential through a public template");
+  const ownCred = await makeRegistry(t, a, { name: 'caller-reg' }, caller.key);
+  t.equal((await mustCreate(t, a, fromTemplate(pubWithReg.id, { registry: ownCred.id }), caller.key)).registry, ownCred.id, 'but may name its own');
+  t.equal((await mustCreate(t, a, fromTemplate(pubWithReg.id, { registry: null }), caller.key)).registry, null, 'or none');
+
   t.equal((await a.req('PATCH', `/v2/templates/${pub.id}`, { body: { isPublic: false }, key: owner.key })).status, 200);
   assertErrorAt(t, await createEndpoint(a, fromTemplate(pub.id), caller.key), 404, '/templateId', 'once made private it is a 404 for others');
   t.equal((await a.req('GET', `/v2/serverless/${defaulted.id}`, { key: caller.key })).json.image, 'registry.local/public:1', 'endpoints made from it keep working');
