@@ -17,6 +17,8 @@ import { createHttpServer, type HttpServer } from './http/index.js';
 import { JobQueue, WebhookSender, WorkerRegistry } from './queue/index.js';
 import { ProcessRuntime } from './runtime/index.js';
 import { Autoscaler, LogHub } from './scheduler/index.js';
+import { ResourceLedger, createLedgerPlacement, probeHost, workerRequirement } from './gpu/index.js';
+import type { EndpointSpec } from './endpoints/index.js';
 import { IdentityRepo, JobsRepo, LogsRepo, WriteBatch, openDb, type Db } from './store/index.js';
 
 export const VERSION: string = pkg.version;
@@ -113,6 +115,16 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
     closers.push(() => webhooks.close());
     const logs = new LogHub(new LogsRepo(db), batch, clock);
     const pingIntervalMs = Math.max(1000, Math.floor(config.leaseMs / 3));
+    // Hardware: GPUs (nvidia-smi) and CPU/memory (systeminformation) feed placement and the catalogs.
+    const hardware = await probeHost({ dataCenterId: config.dataCenterId, log: log.child({ component: 'gpu' }) });
+    log.info('hardware', {
+      gpus: hardware.gpus.length, cuda: hardware.discovery.cudaVersion ?? undefined, noGpu: hardware.discovery.noGpuReason ?? undefined,
+      vcpus: hardware.cpu.vcpus, memoryGb: hardware.cpu.memoryGb,
+    });
+    const ledger = new ResourceLedger(hardware);
+    const placement = createLedgerPlacement<EndpointSpec>(ledger, (spec) => workerRequirement({
+      gpu: spec.gpu, cpu: spec.cpu, dataCenterIds: spec.dataCenterIds, ...(spec.gpuTypePriority ? { gpuTypePriority: spec.gpuTypePriority } : {}),
+    }));
     const runtime = config.runtime === 'process'
       ? new ProcessRuntime({ dataDir, workdir: config.processWorkdir, log: log.child({ component: 'runtime' }) })
       : null;
@@ -120,6 +132,7 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
       queue, endpoints, runtime, auth, logs, clock, log: log.child({ component: 'autoscaler' }),
       baseUrl: urls.queueBaseUrl, pingIntervalMs,
       registryAuth: (ownerId, id) => endpoints.registryAuth(ownerId, id),
+      placement,
     });
     closers.push(() => autoscaler.close());
     queue.on({
@@ -147,7 +160,7 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
     closers.push(() => timers.forEach(clearInterval));
 
     const api = createApi({
-      services: { endpoints, auth, urls, dataCenters: () => dataCenters, inventory: () => [], version: VERSION },
+      services: { endpoints, auth, urls, dataCenters: () => dataCenters, inventory: () => ledger.inventory(), version: VERSION },
       auth, rateLimiter, log: log.child({ component: 'api' }), maxBodyBytes: config.maxBodyBytes,
       extraRoutes: [
         ...jobRoutes({ queue, endpoints, now: () => clock.now() }),

@@ -73,6 +73,8 @@ export class ProcessRuntime implements WorkerRuntime {
     const env: Record<string, string> = {};
     for (const k of INHERITED_ENV) if (process.env[k] !== undefined) env[k] = process.env[k] as string;
     Object.assign(env, spec.env);
+    // A host process sees every GPU; CUDA honours this list, so the worker uses only its own.
+    if (spec.gpuDeviceIds.length) env['CUDA_VISIBLE_DEVICES'] = spec.gpuDeviceIds.join(',');
     return new Promise((resolve, reject) => {
       const child = spawn(argv[0] as string, argv.slice(1), { cwd: this.#workdir, env, stdio: ['ignore', 'pipe', 'pipe'], detached: true });
       let started = false;
