@@ -30,6 +30,7 @@ const INDEX_EXCEPTIONS: readonly string[] = [
 const ADAPTERS: Readonly<Record<string, string>> = {
   'better-sqlite3': 'store',
   'uWebSockets.js': 'http',
+  systeminformation: 'gpu',
 };
 
 /** Files outside src/ that src may import: the schemas and the package manifest (JSON). */
