@@ -72,6 +72,8 @@ export function formatSchemaErrors(errors: readonly ErrorObject[]): string[] {
         line = `${at}: must be ${JSON.stringify(p['allowedValue'])}`;
         break;
       case 'discriminator':
+        // A missing tag is already reported by `required`; say it once.
+        if (p['error'] !== 'mapping' && errors.some((o) => o.keyword === 'required' && o.instancePath === e.instancePath && o.params['missingProperty'] === p['tag'])) continue;
         line = p['error'] === 'mapping'
           ? `${at}/${String(p['tag'])}: must be one of "QUEUE_DELAY", "REQUEST_COUNT"`
           : `${at}/${String(p['tag'])}: is required and must be a string`;
