@@ -15,7 +15,7 @@ import { createSecretBox } from './core/secret-box.js';
 import { EndpointService, type PublicUrls } from './endpoints/index.js';
 import { createHttpServer, type HttpServer } from './http/index.js';
 import { JobQueue, WebhookSender, WorkerRegistry } from './queue/index.js';
-import { ProcessRuntime } from './runtime/index.js';
+import { ContainerRuntime, ProcessRuntime, findEngineSocket, type WorkerRuntime } from './runtime/index.js';
 import { Autoscaler, LogHub } from './scheduler/index.js';
 import { ResourceLedger, createLedgerPlacement, probeHost, workerRequirement } from './gpu/index.js';
 import type { EndpointSpec } from './endpoints/index.js';
@@ -58,6 +58,22 @@ function loadSecretKey(dataDir: string): Buffer {
   const key = Buffer.from(readFileSync(file, 'utf8').trim(), 'base64');
   if (key.length !== 32) throw new Error(`${file} is not a 32-byte base64 key`);
   return key;
+}
+
+/**
+ * `--runtime docker`, or `auto` when an engine socket is found; null otherwise. `docker`
+ * without a socket is a start error; `auto` without one logs that flashd starts no workers.
+ */
+function createContainerRuntime(config: FlashdConfig, dataDir: string, log: Logger): ContainerRuntime | null {
+  if (config.runtime !== 'docker' && config.runtime !== 'auto') return null;
+  const socketPath = findEngineSocket(config.containerSocketCandidates);
+  const looked = config.containerSocketCandidates.join(', ');
+  if (socketPath === null) {
+    if (config.runtime === 'docker') throw new Error(`--runtime docker: no Docker Engine API socket found (looked at ${looked}); set --container-socket`);
+    log.info('no container engine socket found: runtime none, flashd starts no workers', { looked });
+    return null;
+  }
+  return new ContainerRuntime({ socketPath, dataDir, workerUrl: config.workerUrl, log: log.child({ component: 'runtime' }) });
 }
 
 export async function createAgent(options: AgentOptions): Promise<Agent> {
@@ -125,12 +141,13 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
     const placement = createLedgerPlacement<EndpointSpec>(ledger, (spec) => workerRequirement({
       gpu: spec.gpu, cpu: spec.cpu, dataCenterIds: spec.dataCenterIds, ...(spec.gpuTypePriority ? { gpuTypePriority: spec.gpuTypePriority } : {}),
     }));
-    const runtime = config.runtime === 'process'
+    const containers = createContainerRuntime(config, dataDir, log);
+    const runtime: WorkerRuntime | null = config.runtime === 'process'
       ? new ProcessRuntime({ dataDir, workdir: config.processWorkdir, log: log.child({ component: 'runtime' }) })
-      : null;
+      : containers;
     const autoscaler = new Autoscaler({
       queue, endpoints, runtime, auth, logs, clock, log: log.child({ component: 'autoscaler' }),
-      baseUrl: urls.queueBaseUrl, pingIntervalMs,
+      baseUrl: () => config.workerUrl ?? containers?.workerBaseUrl() ?? urls.queueBaseUrl(), pingIntervalMs,
       registryAuth: (ownerId, id) => endpoints.registryAuth(ownerId, id),
       placement,
     });
@@ -146,6 +163,7 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
       changed: (id) => autoscaler.endpointChanged(id),
       deleting: (id) => {
         queue.dropEndpoint(id);
+        logs.drop(id);
         void autoscaler.dropEndpoint(id);
       },
     });
@@ -166,7 +184,7 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
         ...jobRoutes({ queue, endpoints, now: () => clock.now() }),
         ...workerRoutes({
           queue, endpoints, auth, logs: new LogsRepo(db), baseUrl: urls.queueBaseUrl, pingIntervalMs,
-          onLog: (endpointId, listener) => logs.follow(endpointId, listener),
+          onLog: (endpointId, listener, end) => logs.follow(endpointId, listener, end),
         }),
       ],
     });
@@ -179,8 +197,10 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
       queue.close();
       return http.close();
     });
+    // Containers need the bound port for the URL they reach flashd at (see --worker-url).
+    await containers?.start({ host: config.host, port });
     autoscaler.start();
-    log.info('flashd listening', { url: `http://${host}:${port}`, dataDir, version: VERSION, runtime: config.runtime });
+    log.info('flashd listening', { url: `http://${host}:${port}`, dataDir, version: VERSION, runtime: runtime?.name ?? 'none' });
 
     let closed = false;
     return {

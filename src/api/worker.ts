@@ -19,8 +19,8 @@ export interface WorkerRouteServices {
   /** queue_base_url as workers reach it. */
   baseUrl(): string;
   pingIntervalMs: number;
-  /** Subscribe to new log lines of an endpoint; returns an unsubscribe function. */
-  onLog(endpointId: string, listener: (line: LogLine) => void): () => void;
+  /** Subscribe to new log lines of an endpoint (`end` when it is deleted); returns an unsubscribe function. */
+  onLog(endpointId: string, listener: (line: LogLine) => void, end: () => void): () => void;
 }
 
 const MB = 1024 * 1024;
@@ -176,7 +176,7 @@ export function workerRoutes(s: WorkerRouteServices): RouteDef[] {
             headers: { 'content-type': 'application/x-ndjson', 'cache-control': 'no-store' },
             stream: (w) => {
               for (const l of lines) w.write(JSON.stringify(logView(l)) + '\n');
-              const off = s.onLog(ep.id, (l) => w.write(JSON.stringify(logView(l)) + '\n'));
+              const off = s.onLog(ep.id, (l) => w.write(JSON.stringify(logView(l)) + '\n'), () => w.end());
               w.signal.addEventListener('abort', off, { once: true });
             },
           },

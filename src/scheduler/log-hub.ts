@@ -5,11 +5,16 @@
 import type { Clock } from '../core/clock.js';
 import type { LogLine, LogsRepo, WriteBatch } from '../store/index.js';
 
+interface Follower {
+  line(line: LogLine): void;
+  end(): void;
+}
+
 export class LogHub {
   readonly #repo: LogsRepo;
   readonly #batch: WriteBatch;
   readonly #clock: Clock;
-  readonly #followers = new Map<string, Set<(line: LogLine) => void>>();
+  readonly #followers = new Map<string, Set<Follower>>();
   readonly #written = new Map<string, number>();
   readonly #keep: number;
 
@@ -33,17 +38,27 @@ export class LogHub {
     if (followers?.size) {
       this.#batch.committed().then(
         () => {
-          for (const f of followers) f({ seq, endpointId, workerId, stream, line, at });
+          for (const f of followers) f.line({ seq, endpointId, workerId, stream, line, at });
         },
         () => undefined,
       );
     }
   }
 
-  follow(endpointId: string, listener: (line: LogLine) => void): () => void {
+  /** New lines of an endpoint as they are committed; `end` when the endpoint goes away. */
+  follow(endpointId: string, line: (line: LogLine) => void, end: () => void): () => void {
     let set = this.#followers.get(endpointId);
     if (!set) this.#followers.set(endpointId, (set = new Set()));
-    set.add(listener);
-    return () => set.delete(listener);
+    const follower: Follower = { line, end };
+    set.add(follower);
+    return () => set.delete(follower);
+  }
+
+  /** The endpoint was deleted: its followers' streams end. */
+  drop(endpointId: string): void {
+    const set = this.#followers.get(endpointId);
+    this.#followers.delete(endpointId);
+    this.#written.delete(endpointId);
+    for (const f of set ?? []) f.end();
   }
 }
