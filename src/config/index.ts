@@ -22,7 +22,9 @@ export interface FlashdConfig {
   readonly maxBodyBytes: number;
   readonly sqliteSynchronous: 'full' | 'normal';
   readonly sessionTtlSeconds: number;
-  readonly runtime: 'none' | 'process';
+  readonly runtime: 'auto' | 'docker' | 'none' | 'process';
+  readonly containerSocket: string | null;
+  readonly workerUrl: string | null;
   readonly leaseMs: number;
   readonly takeHoldMs: number;
   readonly maxAttempts: number;
@@ -32,6 +34,12 @@ export interface FlashdConfig {
   readonly logLevel: 'debug' | 'info' | 'warn' | 'error' | 'silent';
   readonly logFormat: 'text' | 'json';
   readonly adminApiKey: string | null;
+  /**
+   * Derived, not a setting: where `--runtime auto|docker` looks for an engine socket, in
+   * order. `containerSocket` alone when it is set; else $DOCKER_HOST (unix://), the Docker
+   * and rootful Podman paths, and rootless Podman's under $XDG_RUNTIME_DIR.
+   */
+  readonly containerSocketCandidates: readonly string[];
 }
 
 interface OptionSchema {
@@ -44,13 +52,24 @@ interface OptionSchema {
   'x-secret'?: boolean;
 }
 
-const properties = configSchema.properties as unknown as Record<keyof FlashdConfig, OptionSchema>;
+type SettingKey = Exclude<keyof FlashdConfig, 'containerSocketCandidates'>;
+const properties = configSchema.properties as unknown as Record<SettingKey, OptionSchema>;
 
 export interface LoadConfigInput {
   argv?: readonly string[];
   env?: Readonly<Record<string, string | undefined>>;
   /** Values that win over everything (tests). */
-  overrides?: Partial<FlashdConfig>;
+  overrides?: Partial<Omit<FlashdConfig, 'containerSocketCandidates'>>;
+}
+
+function containerSocketCandidates(explicit: unknown, env: Readonly<Record<string, string | undefined>>): string[] {
+  if (typeof explicit === 'string') return [explicit];
+  const out: string[] = [];
+  const dockerHost = env['DOCKER_HOST'];
+  if (dockerHost?.startsWith('unix://')) out.push(dockerHost.slice('unix://'.length));
+  out.push('/var/run/docker.sock', '/run/podman/podman.sock');
+  if (env['XDG_RUNTIME_DIR']) out.push(`${env['XDG_RUNTIME_DIR']}/podman/podman.sock`);
+  return out;
 }
 
 function isIntegerOption(schema: OptionSchema): boolean {
@@ -187,6 +206,7 @@ export function loadConfig(input: LoadConfigInput = {}): FlashdConfig {
     }
   }
   if (errors.length) throw new AgentError('VALIDATION_FAILED', `invalid configuration: ${errors.join('; ')}`, { errors });
+  merged['containerSocketCandidates'] = Object.freeze(containerSocketCandidates(merged['containerSocket'], env));
   return Object.freeze(merged) as unknown as FlashdConfig;
 }
 

@@ -32,7 +32,8 @@ export async function startAgent(
 ): Promise<TestAgent> {
   const dir = options.dir ?? t.testdir();
   const config = loadConfig({
-    overrides: { host: '127.0.0.1', port: 0, dataDir: dir, logLevel: 'info', adminApiKey: ADMIN_KEY, ...overrides },
+    // runtime none unless a test asks: the default (auto) would pick up any engine socket on the machine.
+    overrides: { host: '127.0.0.1', port: 0, dataDir: dir, logLevel: 'info', adminApiKey: ADMIN_KEY, runtime: 'none', ...overrides },
   });
   const logs: string[] = [];
   const agent = await createAgent({

@@ -1,0 +1,503 @@
+/**
+ * Container runtime (`--runtime docker`, or `auto` with an engine socket): each worker is a
+ * container created through the Docker Engine API, which Docker and Podman both serve.
+ *
+ * - Launch: pull when missing (credentials only in `X-Registry-Auth`), create with the safe
+ *   HostConfig of container-spec.ts, attach, start. Or restart a kept FlashBoot container.
+ * - Supervision: `POST /containers/{id}/wait` per container; the engine's restart policy is
+ *   off. Each launch ends in exactly one `events.exit`.
+ * - Stop: `POST /containers/{id}/stop?t=`; then the container is removed (`OFF`, a crash,
+ *   shutdown) or kept stopped for a restart (`FLASHBOOT`, `PRIORITY_FLASHBOOT`; kept-pool.ts).
+ * - Restarts of flashd: its containers are labelled with this data directory's instance id;
+ *   at start every one left from a previous run is removed (their worker keys and leases
+ *   belonged to the old process, so not even a kept one can be restored).
+ */
+import { randomBytes } from 'node:crypto';
+import { existsSync, readFileSync, writeFileSync } from 'node:fs';
+import { constants } from 'node:os';
+import { join } from 'node:path';
+import { performance } from 'node:perf_hooks';
+import type { Logger } from '../../core/logger.js';
+import { lineSplitter } from '../line-splitter.js';
+import type { ExitInfo, LaunchResult, LaunchSpec, WorkerEvents, WorkerRuntime } from '../types.js';
+import { DockerClient } from './client.js';
+import { LABELS, containerName, createBody, volumeName } from './container-spec.js';
+import { DockerError, isDockerError } from './errors.js';
+import { DEFAULT_KEPT_POOL, KeptPool, type KeepMode, type KeptEntry, type KeptPoolOptions } from './kept-pool.js';
+import { WorkerRelay } from './worker-relay.js';
+
+export interface ContainerRuntimeOptions {
+  /** The engine's unix socket (Docker or `podman system service`). */
+  socketPath: string;
+  /** flashd's data directory: holds the instance id that labels its containers. */
+  dataDir: string;
+  log: Logger;
+  /** Base URL workers use to reach flashd (`--worker-url`); null: derived in `start()`. */
+  workerUrl?: string | null;
+  /** FlashBoot limits. @defaultValue DEFAULT_KEPT_POOL */
+  keptPool?: KeptPoolOptions;
+  /** Called once per started container with the time each step took (bench hook). */
+  onLaunchTiming?(timing: LaunchTiming): void;
+  /** Pause between tries while the engine is unreachable, in ms. @defaultValue 5000 */
+  reconnectMs?: number;
+}
+
+export interface LaunchTiming {
+  endpointId: string;
+  workerId: string;
+  /** A kept container restarted (start only) rather than a new one created. */
+  reused: boolean;
+  /** Image inspect and, when missing, pull. */
+  imageMs: number;
+  /** `POST /containers/create` (0 when reused). */
+  createMs: number;
+  /** Attach + `POST /containers/{id}/start`. */
+  startMs: number;
+  totalMs: number;
+}
+
+/** Where flashd listens, for the default worker URL. */
+export interface ListenAddress {
+  host: string;
+  port: number;
+}
+
+interface Running {
+  workerId: string;
+  endpointId: string;
+  containerId: string;
+  configHash: string;
+  flashboot: LaunchSpec['flashboot'];
+  events: WorkerEvents;
+  stopping: boolean;
+  /** Resolves once the exit was handled (container removed or kept, `events.exit` called). */
+  exited: Promise<void>;
+}
+
+interface Kept {
+  containerId: string;
+  events: WorkerEvents;
+  timer: NodeJS.Timeout;
+}
+
+/** An engine's refusal of `StorageOpt.size` (overlay without xfs project quota, vfs, btrfs...). */
+function refusesDiskLimit(err: unknown): boolean {
+  // The engine gives no code for this; its message is the only signal (Docker and Podman both
+  // say "--storage-opt is supported only for overlay over xfs with 'pquota' mount option").
+  return isDockerError(err) && err.code !== 'DOCKER_UNREACHABLE' && /storage[- ]?opt|quota/i.test(err.message);
+}
+
+const SIGNALS = new Map(Object.entries(constants.signals).map(([name, n]) => [n, name]));
+const isLoopback = (host: string): boolean => host === 'localhost' || host === '::1' || host.startsWith('127.');
+const isWildcard = (host: string): boolean => host === '0.0.0.0' || host === '::';
+const hostPort = (host: string, port: number): string => `http://${host.includes(':') ? `[${host}]` : host}:${port}`;
+const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms).unref());
+
+/** This data directory's instance id (created once, kept across restarts). */
+function instanceId(dataDir: string): string {
+  const file = join(dataDir, 'container-instance-id');
+  if (existsSync(file)) {
+    const id = readFileSync(file, 'utf8').trim();
+    if (/^[a-z0-9]{8,64}$/.test(id)) return id;
+  }
+  const id = randomBytes(10).toString('hex');
+  writeFileSync(file, id + '\n', { mode: 0o600 });
+  return id;
+}
+
+export class ContainerRuntime implements WorkerRuntime {
+  readonly name = 'docker';
+  readonly client: DockerClient;
+  readonly instanceId: string;
+  readonly #o: ContainerRuntimeOptions;
+  readonly #log: Logger;
+  readonly #running = new Map<string, Running>();
+  /** Launches in progress, by the launch's worker id (a stop waits for them). */
+  readonly #launching = new Map<string, Promise<unknown>>();
+  readonly #kept: KeptPool<Kept>;
+  readonly #pulls = new Map<string, Promise<void>>();
+  readonly #volumes = new Map<string, Promise<void>>();
+  #listen: ListenAddress | null = null;
+  #workerUrl: string | null;
+  #relay: WorkerRelay | null = null;
+  #ready = false;
+  #connecting: Promise<boolean> | null = null;
+  #reconnect: NodeJS.Timeout | undefined;
+  #diskLimit: 'unknown' | 'supported' | 'unsupported' = 'unknown';
+  #closing = false;
+  /** Aborts pulls in flight at shutdown. */
+  readonly #shutdown = new AbortController();
+
+  constructor(options: ContainerRuntimeOptions) {
+    this.#o = options;
+    this.#log = options.log;
+    this.client = new DockerClient({ socketPath: options.socketPath });
+    this.instanceId = instanceId(options.dataDir);
+    this.#kept = new KeptPool(options.keptPool ?? DEFAULT_KEPT_POOL);
+    this.#workerUrl = options.workerUrl ?? null;
+  }
+
+  /**
+   * Connects to the engine: API version, removal of this instance's leftover containers, and
+   * the worker URL. Never rejects: while the engine is unreachable, capacity is 0 and this is
+   * retried every `reconnectMs`.
+   */
+  async start(listen: ListenAddress): Promise<void> {
+    this.#listen = listen;
+    await this.#connect();
+  }
+
+  /** Whether the engine answered and the runtime can launch. */
+  get ready(): boolean {
+    return this.#ready;
+  }
+
+  /** Whether `StorageOpt.size` works on this engine (unknown until a launch with a disk size). */
+  get diskLimit(): 'unknown' | 'supported' | 'unsupported' {
+    return this.#diskLimit;
+  }
+
+  /** The base URL workers reach flashd at (configured, or derived in `start()`). */
+  workerBaseUrl(): string | null {
+    return this.#workerUrl;
+  }
+
+  capacity(): number {
+    return this.#ready && !this.#closing ? Number.POSITIVE_INFINITY : 0;
+  }
+
+  #connect(): Promise<boolean> {
+    this.#connecting ??= (async () => {
+      try {
+        const v = await this.client.negotiate();
+        await this.#removeLeftovers();
+        // Derived once: kept containers hold it in their env.
+        this.#workerUrl ??= await this.#deriveWorkerUrl();
+        this.#ready = true;
+        const engine = v.Components?.find((c) => /engine/i.test(c.Name))?.Name ?? 'Docker Engine';
+        this.#log.info('container engine ready', {
+          socket: this.client.socketPath, engine, version: v.Version, api: this.client.apiVersion, workerUrl: this.#workerUrl, instance: this.instanceId,
+        });
+        return true;
+      } catch (err) {
+        this.#unreachable(err);
+        return false;
+      } finally {
+        this.#connecting = null;
+      }
+    })();
+    return this.#connecting;
+  }
+
+  /** Marks the engine unreachable (capacity 0) and retries the connection on a timer. */
+  #unreachable(err: unknown): void {
+    if (this.#ready || this.#reconnect === undefined) {
+      this.#log.warn('container engine unreachable', { socket: this.client.socketPath, reason: (err as Error).message, retryMs: this.#o.reconnectMs ?? 5000 });
+    }
+    this.#ready = false;
+    if (this.#reconnect !== undefined || this.#closing) return;
+    this.#reconnect = setInterval(() => {
+      void this.#connect().then((ok) => {
+        if (ok || this.#closing) {
+          clearInterval(this.#reconnect);
+          this.#reconnect = undefined;
+        }
+      });
+    }, this.#o.reconnectMs ?? 5000);
+    this.#reconnect.unref();
+  }
+
+  /** Removes containers of this instance that this process does not know (a previous run's). */
+  async #removeLeftovers(): Promise<void> {
+    const mine = await this.client.listContainers({ all: true, labels: [`${LABELS.managed}=true`, `${LABELS.instance}=${this.instanceId}`] });
+    const known = new Set([...this.#running.values()].map((w) => w.containerId));
+    for (const e of this.#kept.list()) known.add(e.value.containerId);
+    const leftovers = mine.filter((c) => !known.has(c.Id));
+    await Promise.all(leftovers.map((c) => this.#remove(c.Id)));
+    if (leftovers.length) this.#log.info('removed containers left by a previous run', { count: leftovers.length });
+  }
+
+  /**
+   * The URL workers use when `--worker-url` is not set. Containers on the bridge reach the
+   * host at the bridge's gateway address; flashd listens there directly when it listens on
+   * all addresses, through a relay when it listens on loopback only, and a specific
+   * non-loopback address is reachable from containers as it is.
+   */
+  async #deriveWorkerUrl(): Promise<string> {
+    const listen = this.#listen ?? { host: '127.0.0.1', port: 8000 };
+    if (!isLoopback(listen.host) && !isWildcard(listen.host)) return hostPort(listen.host, listen.port);
+    const net = await this.client.inspectNetwork('bridge');
+    const gateway = net?.IPAM?.Config?.map((c) => c.Gateway).find((g): g is string => typeof g === 'string' && g.includes('.'));
+    if (!gateway) {
+      this.#log.warn('the engine reports no bridge gateway; workers may not reach flashd', { hint: 'set --worker-url' });
+      return hostPort('host.docker.internal', listen.port);
+    }
+    if (isLoopback(listen.host) && !this.#relay) {
+      this.#relay = new WorkerRelay({
+        listenHost: gateway, listenPort: listen.port, targetHost: listen.host === 'localhost' ? '127.0.0.1' : listen.host, targetPort: listen.port,
+        log: this.#log,
+      });
+      await this.#relay.ensure();
+    }
+    return hostPort(gateway, listen.port);
+  }
+
+  async launch(spec: LaunchSpec, events: WorkerEvents): Promise<LaunchResult> {
+    if (this.#closing) throw new Error('the container runtime is shutting down');
+    if (!this.#ready && !(await this.#connect())) {
+      throw new DockerError('DOCKER_UNREACHABLE', `the container engine at ${this.client.socketPath} is unreachable`, { request: 'launch' });
+    }
+    const t0 = performance.now();
+    const launching = (async () => (await this.#restartKept(spec, events, t0)) ?? (await this.#create(spec, events, t0)))();
+    this.#launching.set(spec.workerId, launching);
+    try {
+      return await launching;
+    } catch (err) {
+      if (isDockerError(err, 'DOCKER_UNREACHABLE')) this.#unreachable(err);
+      throw err;
+    } finally {
+      this.#launching.delete(spec.workerId);
+    }
+  }
+
+  /** FlashBoot: restarts the newest kept container with this config hash, if there is one. */
+  async #restartKept(spec: LaunchSpec, events: WorkerEvents, t0: number): Promise<LaunchResult | null> {
+    const { hit, stale } = this.#kept.take(spec.endpointId, spec.configHash);
+    for (const e of stale) void this.#discard(e, 'configuration changed');
+    if (!hit) return null;
+    clearTimeout(hit.value.timer);
+    try {
+      const startMs = await this.#run(hit.value.containerId, { ...spec, workerId: hit.workerId }, events);
+      this.#timed({ endpointId: spec.endpointId, workerId: hit.workerId, reused: true, imageMs: 0, createMs: 0, startMs, totalMs: performance.now() - t0 });
+      return { workerId: hit.workerId, reused: true };
+    } catch (err) {
+      if (isDockerError(err, 'DOCKER_UNREACHABLE')) throw err;
+      this.#log.warn('kept container could not be restarted; creating a new one', { workerId: hit.workerId, reason: (err as Error).message });
+      await this.#discard(hit, 'restart failed');
+      return null;
+    }
+  }
+
+  async #create(spec: LaunchSpec, events: WorkerEvents, t0: number): Promise<LaunchResult> {
+    await this.#ensureImage(spec);
+    if (spec.volume) await this.#ensureVolume(spec.volume.id, spec.volume.kind);
+    const tImage = performance.now();
+    const id = await this.#createContainer(spec);
+    const tCreate = performance.now();
+    try {
+      if (this.#closing) throw new Error('the container runtime is shutting down');
+      const startMs = await this.#run(id, spec, events);
+      this.#timed({ endpointId: spec.endpointId, workerId: spec.workerId, reused: false, imageMs: tImage - t0, createMs: tCreate - tImage, startMs, totalMs: performance.now() - t0 });
+      return { workerId: spec.workerId, reused: false };
+    } catch (err) {
+      await this.#remove(id);
+      throw err;
+    }
+  }
+
+  #timed(timing: LaunchTiming): void {
+    const round = (n: number): number => Math.round(n * 10) / 10;
+    this.#log.info('container started', {
+      endpointId: timing.endpointId, workerId: timing.workerId, reused: timing.reused,
+      imageMs: round(timing.imageMs), createMs: round(timing.createMs), startMs: round(timing.startMs), totalMs: round(timing.totalMs),
+    });
+    this.#o.onLaunchTiming?.(timing);
+  }
+
+  /** Pulls the image when it is not present (one pull per image at a time). */
+  async #ensureImage(spec: LaunchSpec): Promise<void> {
+    if (await this.client.inspectImage(spec.image)) return;
+    let pull = this.#pulls.get(spec.image);
+    if (!pull) {
+      this.#log.info('pulling image', { image: spec.image, endpointId: spec.endpointId, authenticated: spec.registryAuth !== null });
+      pull = this.client.pullImage(spec.image, { auth: spec.registryAuth, signal: this.#shutdown.signal }).finally(() => this.#pulls.delete(spec.image));
+      this.#pulls.set(spec.image, pull);
+    }
+    await pull;
+  }
+
+  /** Creates the named volume of a flashd volume id when it does not exist yet. */
+  async #ensureVolume(id: string, kind: 'network' | 'global'): Promise<void> {
+    const name = volumeName(id);
+    let pending = this.#volumes.get(name);
+    if (!pending) {
+      pending = (async () => {
+        if (await this.client.inspectVolume(name)) return;
+        try {
+          await this.client.createVolume(name, { [LABELS.managed]: 'true', [LABELS.volume]: id, 'dev.flashd.volume-kind': kind });
+          this.#log.info('volume created', { volume: name });
+        } catch (err) {
+          if (!isDockerError(err, 'DOCKER_CONFLICT')) throw err;
+        }
+      })().finally(() => this.#volumes.delete(name));
+      this.#volumes.set(name, pending);
+    }
+    await pending;
+  }
+
+  /**
+   * Creates the container. The first launch with a disk size learns whether the engine can
+   * limit it; when it cannot, the launch goes on without the limit (logged once).
+   */
+  async #createContainer(spec: LaunchSpec): Promise<string> {
+    const body = createBody(spec, { instanceId: this.instanceId, diskLimit: this.#diskLimit !== 'unsupported' });
+    try {
+      const { Id } = await this.client.createContainer(body, containerName(spec.workerId));
+      if (body.HostConfig.StorageOpt) this.#diskLimit = 'supported';
+      return Id;
+    } catch (err) {
+      if (!body.HostConfig.StorageOpt || !refusesDiskLimit(err)) throw err;
+      this.#diskLimit = 'unsupported';
+      this.#log.warn('the container engine cannot limit container disk size; workers run without a disk limit', { reason: (err as Error).message });
+      return this.#createContainer(spec);
+    }
+  }
+
+  /**
+   * Attaches to a created or stopped container, starts it and begins supervising it.
+   * Resolves with the time attach + start took. Output before the launch resolves is held
+   * back a turn, so the caller can file it under the right worker id (a reused one).
+   */
+  async #run(containerId: string, spec: LaunchSpec, events: WorkerEvents): Promise<number> {
+    const t = performance.now();
+    let announced = false;
+    const held: [stream: 'stdout' | 'stderr', line: string][] = [];
+    const emit = (stream: 'stdout' | 'stderr', line: string): void => {
+      if (announced) events.log(stream, line);
+      else held.push([stream, line]);
+    };
+    const out = lineSplitter((l) => emit('stdout', l));
+    const err = lineSplitter((l) => emit('stderr', l));
+    const attached = await this.client.attach(containerId, (stream, payload) => (stream === 'stderr' ? err : out).push(payload));
+    try {
+      await this.client.startContainer(containerId);
+    } catch (e) {
+      attached.detach();
+      throw e;
+    }
+    void this.#relay?.ensure();
+    let announce!: () => void;
+    const gate = new Promise<void>((resolve) => (announce = resolve));
+    setImmediate(() => {
+      announced = true;
+      for (const [s, l] of held.splice(0)) events.log(s, l);
+      announce();
+    });
+    const w: Running = {
+      workerId: spec.workerId, endpointId: spec.endpointId, containerId, configHash: spec.configHash, flashboot: spec.flashboot,
+      events, stopping: false, exited: Promise.resolve(),
+    };
+    w.exited = (async () => {
+      const code = await this.#waitExit(containerId);
+      // Let the last output arrive before the exit is reported (bounded: the engine may hold it).
+      await Promise.race([attached.ended, sleep(2000)]);
+      attached.detach();
+      out.end();
+      err.end();
+      await gate;
+      await this.#exited(w, code);
+    })();
+    this.#running.set(spec.workerId, w);
+    return performance.now() - t;
+  }
+
+  /** The container's exit code once it stops; null when it vanished. Survives engine hiccups. */
+  async #waitExit(containerId: string): Promise<number | null> {
+    // Gone, or unreachable while shutting down: nothing more will be learnt.
+    const hopeless = (err: unknown): boolean => isDockerError(err, 'DOCKER_NOT_FOUND') || (this.#closing && isDockerError(err, 'DOCKER_UNREACHABLE'));
+    for (;;) {
+      try {
+        return (await this.client.wait(containerId, 'not-running')).StatusCode;
+      } catch (err) {
+        if (hopeless(err)) return null;
+      }
+      // The wait connection broke (engine restart, socket trouble): poll until it answers.
+      await sleep(1000);
+      try {
+        const state = (await this.client.inspectContainer(containerId)).State;
+        if (!state.Running) return state.ExitCode;
+      } catch (err) {
+        if (hopeless(err)) return null;
+      }
+    }
+  }
+
+  /** One exit of one launch: keep (FlashBoot, asked to stop) or remove, then `events.exit`. */
+  async #exited(w: Running, code: number | null): Promise<void> {
+    this.#running.delete(w.workerId);
+    const signal = code !== null && code > 128 ? SIGNALS.get(code - 128) ?? null : null;
+    const info: ExitInfo = { code, signal, requested: w.stopping };
+    if (w.stopping && w.flashboot !== 'OFF' && !this.#closing && code !== null) {
+      const mode: KeepMode = w.flashboot;
+      const entry = { workerId: w.workerId, endpointId: w.endpointId, configHash: w.configHash, mode, keptAt: Date.now() };
+      const timer = setTimeout(() => {
+        const e = this.#kept.remove(w.workerId);
+        if (e) void this.#discard(e, 'kept long enough');
+      }, this.#kept.ttlMs(mode));
+      timer.unref();
+      const { kept, evicted } = this.#kept.add({ ...entry, value: { containerId: w.containerId, events: w.events, timer } });
+      for (const e of evicted) void this.#discard(e, 'FlashBoot limit');
+      if (kept) {
+        this.#log.info('container kept for FlashBoot', { endpointId: w.endpointId, workerId: w.workerId, mode });
+        w.events.exit({ ...info, kept: true });
+        return;
+      }
+      clearTimeout(timer);
+    }
+    await this.#remove(w.containerId);
+    w.events.exit(info);
+  }
+
+  /** Removes a kept container for good and tells its last launch (`discarded`). */
+  async #discard(e: KeptEntry<Kept>, reason: string): Promise<void> {
+    clearTimeout(e.value.timer);
+    await this.#remove(e.value.containerId);
+    this.#log.info('kept container removed', { endpointId: e.endpointId, workerId: e.workerId, reason });
+    e.value.events.discarded?.();
+  }
+
+  /** Force-removes a container (and its anonymous volumes); failures are logged, not thrown. */
+  async #remove(containerId: string): Promise<void> {
+    try {
+      await this.client.removeContainer(containerId, { force: true, volumes: true });
+    } catch (err) {
+      if (!isDockerError(err, 'DOCKER_NOT_FOUND')) this.#log.warn('cannot remove container', { containerId, reason: (err as Error).message });
+    }
+  }
+
+  async stop(workerId: string, graceMs: number): Promise<void> {
+    // A worker still being launched is stopped once it runs (or not at all when it fails).
+    await this.#launching.get(workerId)?.catch(() => undefined);
+    const w = this.#running.get(workerId);
+    if (!w) return;
+    if (!w.stopping) {
+      w.stopping = true;
+      try {
+        await this.client.stopContainer(w.containerId, graceMs / 1000);
+      } catch (err) {
+        if (!isDockerError(err, 'DOCKER_NOT_FOUND')) {
+          this.#log.warn('cannot stop container; killing it', { workerId, reason: (err as Error).message });
+          await this.client.killContainer(w.containerId).catch(() => undefined);
+        }
+      }
+    }
+    await w.exited;
+  }
+
+  async discardEndpoint(endpointId: string): Promise<void> {
+    await Promise.all(this.#kept.removeEndpoint(endpointId).map((e) => this.#discard(e, 'endpoint deleted')));
+  }
+
+  /** Stops and removes every container of this process, kept ones included. */
+  async close(): Promise<void> {
+    if (this.#closing) return;
+    this.#closing = true;
+    clearInterval(this.#reconnect);
+    this.#shutdown.abort();
+    await Promise.all([...this.#launching.values()].map((p) => p.catch(() => undefined)));
+    await Promise.all([...this.#running.keys()].map((id) => this.stop(id, 2000)));
+    await Promise.all(this.#kept.drain().map((e) => this.#discard(e, 'shutdown')));
+    await this.#relay?.close();
+    this.client.close();
+  }
+}

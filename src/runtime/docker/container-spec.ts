@@ -1,0 +1,142 @@
+/**
+ * The `POST /containers/create` body of a worker: a pure function of the launch spec, so the
+ * safe defaults can be table-tested without an engine (test/runtime/container-spec.test.ts)
+ * and checked again on a real container's inspect. reliability-anchors §3.5 is the source of
+ * the defaults; ARCHITECTURE.md ("Containers") lists them with the reasons.
+ */
+import type { LaunchSpec } from '../types.js';
+import type { ContainerCreateBody, HostConfig } from './api-types.js';
+
+/** Labels on every container (and volume) flashd makes. */
+export const LABELS = {
+  managed: 'dev.flashd.managed',
+  /** Which flashd (data directory) owns it: one flashd never touches another's containers. */
+  instance: 'dev.flashd.instance',
+  endpoint: 'dev.flashd.endpoint',
+  worker: 'dev.flashd.worker',
+  configHash: 'dev.flashd.config-hash',
+  flashboot: 'dev.flashd.flashboot',
+  volume: 'dev.flashd.volume',
+} as const;
+
+/** Where an endpoint's volume appears inside its workers (spec, "Mounts"). */
+export const VOLUME_PATH = '/vendor-volume';
+
+const GIB = 1024 ** 3;
+
+/** Fixed limits every worker gets. */
+export const SAFE_LIMITS = {
+  /** Processes and threads per container (fork-bomb guard; PyTorch spawns many threads). */
+  pidsLimit: 8192,
+  /** Engine-side log file: flashd streams the output into its own log, so little is kept. */
+  logMaxSize: '10m',
+  logMaxFiles: '3',
+  /** /dev/shm of GPU workers (PyTorch data loaders share tensors through it). */
+  gpuShmBytes: 8 * GIB,
+  /** /dev/shm of CPU workers is at most this, and at most half their memory limit. */
+  cpuShmBytes: 1 * GIB,
+} as const;
+
+/** The engine volume that holds flashd volume `id`. */
+export function volumeName(id: string): string {
+  return `flashd-volume-${id}`;
+}
+
+/** The container of worker `workerId` (worker ids are `wkr_<base36>`: a valid container name). */
+export function containerName(workerId: string): string {
+  return `flashd-${workerId}`;
+}
+
+/**
+ * The worker's environment as `KEY=value` lines. Every `NVIDIA_*` variable the user set is
+ * dropped: with the NVIDIA container toolkit, `NVIDIA_VISIBLE_DEVICES=all` in a container's
+ * env can hand it every GPU of the host. flashd then sets the pair itself: a GPU worker's own
+ * device UUIDs (the same list as its device request), and `void` for a CPU worker, which
+ * also overrides an image's `ENV NVIDIA_VISIBLE_DEVICES=all` (CUDA base images set it).
+ */
+export function containerEnv(spec: Pick<LaunchSpec, 'env' | 'gpuDeviceIds'>): string[] {
+  const env: Record<string, string> = {};
+  for (const [k, v] of Object.entries(spec.env)) if (!/^NVIDIA_/i.test(k)) env[k] = v;
+  if (spec.gpuDeviceIds.length > 0) {
+    env['NVIDIA_VISIBLE_DEVICES'] = spec.gpuDeviceIds.join(',');
+    env['NVIDIA_DRIVER_CAPABILITIES'] = 'compute,utility';
+  } else {
+    env['NVIDIA_VISIBLE_DEVICES'] = 'void';
+  }
+  return Object.entries(env).map(([k, v]) => `${k}=${v}`);
+}
+
+/** `8000/http` → `8000/tcp`; `53/udp` stays. Entries that are not `port/protocol` are skipped. */
+export function exposedPorts(ports: readonly string[]): Record<string, Record<string, never>> {
+  const out: Record<string, Record<string, never>> = {};
+  for (const p of ports) {
+    const m = /^(\d{1,5})\/([a-z]+)$/i.exec(p.trim());
+    if (!m) continue;
+    out[`${m[1]}/${(m[2] as string).toLowerCase() === 'udp' ? 'udp' : 'tcp'}`] = {};
+  }
+  return out;
+}
+
+export interface CreateBodyOptions {
+  /** The owning flashd's instance id (label). */
+  instanceId: string;
+  /** Whether to ask for `StorageOpt.size` (false once the engine said it cannot). */
+  diskLimit: boolean;
+}
+
+/** The HostConfig: safe defaults first, then the worker's resources. */
+export function hostConfig(spec: LaunchSpec, options: Pick<CreateBodyOptions, 'diskLimit'>): HostConfig {
+  const hc: HostConfig = {
+    Privileged: false,
+    CapDrop: ['ALL'],
+    CapAdd: [],
+    SecurityOpt: ['no-new-privileges:true'],
+    PidsLimit: SAFE_LIMITS.pidsLimit,
+    NetworkMode: 'bridge',
+    IpcMode: 'private',
+    PublishAllPorts: false,
+    RestartPolicy: { Name: 'no' },
+    LogConfig: { Type: 'json-file', Config: { 'max-size': SAFE_LIMITS.logMaxSize, 'max-file': SAFE_LIMITS.logMaxFiles } },
+    Mounts: spec.volume ? [{ Type: 'volume', Source: volumeName(spec.volume.id), Target: VOLUME_PATH }] : [],
+  };
+  if (spec.gpuDeviceIds.length > 0) {
+    hc.DeviceRequests = [{ Driver: 'nvidia', DeviceIDs: [...spec.gpuDeviceIds], Capabilities: [['gpu']] }];
+    hc.ShmSize = SAFE_LIMITS.gpuShmBytes;
+  }
+  if (spec.cpu) {
+    const memory = Math.round(spec.cpu.memoryGb * GIB);
+    hc.NanoCpus = Math.round(spec.cpu.vcpuCount * 1e9);
+    hc.Memory = memory;
+    hc.MemorySwap = memory;
+    hc.ShmSize = Math.min(SAFE_LIMITS.cpuShmBytes, Math.floor(memory / 2));
+  }
+  if (options.diskLimit && spec.diskGb !== null && spec.diskGb > 0) hc.StorageOpt = { size: `${spec.diskGb}G` };
+  return hc;
+}
+
+/** The whole create body of a worker container. Empty entrypoint/cmd keep the image's own. */
+export function createBody(spec: LaunchSpec, options: CreateBodyOptions): ContainerCreateBody {
+  const body: ContainerCreateBody = {
+    Image: spec.image,
+    Env: containerEnv(spec),
+    Labels: {
+      [LABELS.managed]: 'true',
+      [LABELS.instance]: options.instanceId,
+      [LABELS.endpoint]: spec.endpointId,
+      [LABELS.worker]: spec.workerId,
+      [LABELS.configHash]: spec.configHash,
+      [LABELS.flashboot]: spec.flashboot,
+    },
+    Tty: false,
+    OpenStdin: false,
+    AttachStdin: false,
+    AttachStdout: true,
+    AttachStderr: true,
+    HostConfig: hostConfig(spec, options),
+  };
+  if (spec.entrypoint.length > 0) body.Entrypoint = [...spec.entrypoint];
+  if (spec.cmd.length > 0) body.Cmd = [...spec.cmd];
+  const ports = exposedPorts(spec.ports);
+  if (Object.keys(ports).length > 0) body.ExposedPorts = ports;
+  return body;
+}
