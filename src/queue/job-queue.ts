@@ -443,18 +443,21 @@ export class JobQueue {
 
   // Final states ------------------------------------------------------------------------------
 
+  /** Takes a running job off its worker; returns that worker (if still known). */
+  #release(job: Job): WorkerInfo | undefined {
+    this.#running.delete(job);
+    this.#queue(job.endpointId).inProgress--;
+    const worker = job.workerId ? this.workers.get(job.endpointId, job.workerId) : undefined;
+    if (worker) {
+      worker.jobs.delete(job.id);
+      if (worker.jobs.size === 0) worker.idleSince = this.#clock.monotonic();
+    }
+    return worker;
+  }
+
   #finish(job: Job, status: JobStatus, output: string | null, error: string | null): void {
     const now = this.#clock.now();
-    const q = this.#queue(job.endpointId);
-    if (job.status === 'IN_PROGRESS') {
-      this.#running.delete(job);
-      q.inProgress--;
-      const worker = job.workerId ? this.workers.get(job.endpointId, job.workerId) : undefined;
-      if (worker) {
-        worker.jobs.delete(job.id);
-        if (worker.jobs.size === 0) worker.idleSince = this.#clock.monotonic();
-      }
-    }
+    if (job.status === 'IN_PROGRESS') this.#release(job);
     job.status = status;
     job.output = output;
     job.error = error;
@@ -500,14 +503,8 @@ export class JobQueue {
       return;
     }
     const q = this.#queue(job.endpointId);
-    this.#running.delete(job);
-    q.inProgress--;
-    const worker = job.workerId ? this.workers.get(job.endpointId, job.workerId) : undefined;
-    if (worker) {
-      worker.jobs.delete(job.id);
-      if (worker.jobs.size === 0) worker.idleSince = this.#clock.monotonic();
-      this.#requestStop(worker, job.id);
-    }
+    const worker = this.#release(job);
+    if (worker) this.#requestStop(worker, job.id);
     job.status = 'IN_QUEUE';
     job.retries++;
     job.workerId = null;

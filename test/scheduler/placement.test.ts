@@ -8,20 +8,11 @@ import t from 'tap';
 import { join } from 'node:path';
 import { startAgent, queueBody, type TestAgent } from '../helpers/agent.js';
 import { REPO_ROOT } from '../helpers/spawn-flashd.js';
+import { until } from '../helpers/wait.js';
 
 process.env['PATH'] = `${join(REPO_ROOT, 'test/fixtures/nvidia-smi/bin')}:${process.env['PATH'] ?? ''}`;
 process.env['FAKE_NVIDIA_SMI_SCENARIO'] = 'rtx4090-single';
 const UUID = 'GPU-8ee5f1e0-e705-aac5-6d6e-b97ad59601ef';
-
-async function until<T>(what: string, fn: () => Promise<T | undefined | false>, ms = 20_000): Promise<T> {
-  const deadline = Date.now() + ms;
-  for (;;) {
-    const v = await fn();
-    if (v) return v;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 100));
-  }
-}
 
 const gpuEndpoint = async (a: TestAgent, gpu: Record<string, unknown>) => {
   const r = await a.req('POST', '/v2/serverless', {
