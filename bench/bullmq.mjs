@@ -9,10 +9,11 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { DATA_1K, closedLoop, until } from './lib/load.mjs';
-import { cpuSeconds, freePort, rssMb, sleep, startRedis } from './lib/procs.mjs';
+import { cpuSeconds, foreignCpu, freePort, rssMb, sleep, startRedis } from './lib/procs.mjs';
 import { Samples, combine, nowUs } from './lib/stats.mjs';
 
-const flat = (r) => ({ rate: r.rate, p50: r.lat.p50, p99: r.lat.p99, p999: r.lat.p999, serverCpuMsPer1k: r.serverCpuMsPer1k ?? null, loadCpu: r.loadCpu ?? null });
+const flat = (r) => ({ rate: r.rate, p50: r.lat.p50, p99: r.lat.p99, p999: r.lat.p999, serverCpuMsPer1k: r.serverCpuMsPer1k ?? null, loadCpu: r.loadCpu ?? null, foreignCpu: r.foreignCpu ?? null });
+const KEYS = ['rate', 'p50', 'p99', 'p999', 'serverCpuMsPer1k', 'loadCpu', 'foreignCpu'];
 const quiet = (x) => {
   x.on?.('error', () => undefined);
   return x;
@@ -43,7 +44,9 @@ export async function bullmqSuite({ aof, cfg, log }) {
   const cpu = () => cpuSeconds(redis.pid);
   const measured = async (fn) => {
     const c0 = cpu();
+    const foreign = foreignCpu(() => [redis.pid]);
     const r = await fn();
+    r.foreignCpu = foreign();
     const c1 = cpu();
     if (c0 !== null && c1 !== null && r.ok > 0) r.serverCpuMsPer1k = ((c1 - c0) * 1e6) / r.ok;
     return r;
@@ -77,7 +80,7 @@ export async function bullmqSuite({ aof, cfg, log }) {
       await s1Run(c, cfg.warm);
       const runs = [];
       for (let k = 0; k < cfg.runs; k++) runs.push(await s1Run(c, cfg.seconds));
-      res.s1[c] = { ...combine(runs.map(flat)), check: runs.every((r) => r.check), checkDetail: runs.map((r) => r.checkDetail) };
+      res.s1[c] = { ...combine(runs.map(flat), KEYS), check: runs.every((r) => r.check), checkDetail: runs.map((r) => r.checkDetail) };
       log(`  S1 add c=${c}: ${runs.map((r) => r.rate.toFixed(0)).join(', ')} jobs/s; check ${res.s1[c].check ? 'ok' : 'FAILED ' + res.s1[c].checkDetail.join(' | ')}`);
     }
 
@@ -87,6 +90,8 @@ export async function bullmqSuite({ aof, cfg, log }) {
       const qname = name('s2');
       const queue = quiet(new Queue(qname, { connection }));
       const events = quiet(new QueueEvents(qname, { connection }));
+      queue.setMaxListeners(0);
+      events.setMaxListeners(0);
       let processed = [];
       const worker = quiet(new Worker(qname, async (job) => {
         processed.push(job.id);
@@ -121,7 +126,7 @@ export async function bullmqSuite({ aof, cfg, log }) {
         await once(cfg.warm);
         const runs = [];
         for (let k = 0; k < cfg.runs; k++) runs.push(await once(cfg.seconds));
-        res.s2[W] = { ...combine(runs.map(flat)), check: runs.every((r) => r.check), checkDetail: runs.map((r) => r.checkDetail) };
+        res.s2[W] = { ...combine(runs.map(flat), KEYS), check: runs.every((r) => r.check), checkDetail: runs.map((r) => r.checkDetail) };
         log(`  S2 add->worker->waitUntilFinished W=c=${W}: ${runs.map((r) => r.rate.toFixed(0)).join(', ')} jobs/s, p50 ${runs.map((r) => r.lat.p50.toFixed(0)).join(', ')} µs; check ${res.s2[W].check ? 'ok' : 'FAILED ' + res.s2[W].checkDetail.join(' | ')}`);
       } finally {
         await worker.close();

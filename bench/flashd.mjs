@@ -11,7 +11,7 @@ import path from 'node:path';
 import Database from 'better-sqlite3';
 import { Conn, call, head } from './lib/http.mjs';
 import { BODY_1K, closedLoop, countedLoop, until } from './lib/load.mjs';
-import { benchKey, cpuSeconds, createEndpoint, freePort, rssMb, sleep, startFlashd, workerEnv } from './lib/procs.mjs';
+import { benchKey, cpuSeconds, createEndpoint, foreignCpu, freePort, rssMb, sleep, startFlashd, workerEnv } from './lib/procs.mjs';
 import { SimWorker } from './lib/sim-worker.mjs';
 import { Samples, combine, nowUs } from './lib/stats.mjs';
 
@@ -57,13 +57,16 @@ class Ctx {
 /** Wraps one measured run with the server's CPU time per 1k jobs. */
 async function measured(ctx, fn) {
   const c0 = ctx.cpu();
+  const foreign = foreignCpu(() => [ctx.srv.pid]);
   const r = await fn();
+  r.foreignCpu = foreign();
   const c1 = ctx.cpu();
   if (c0 !== null && c1 !== null && r.ok > 0) r.serverCpuMsPer1k = ((c1 - c0) * 1000 * 1000) / r.ok;
   return r;
 }
 
-const flat = (r) => ({ rate: r.rate, p50: r.lat.p50, p99: r.lat.p99, p999: r.lat.p999, serverCpuMsPer1k: r.serverCpuMsPer1k ?? null, loadCpu: r.loadCpu ?? null });
+const flat = (r) => ({ rate: r.rate, p50: r.lat.p50, p99: r.lat.p99, p999: r.lat.p999, serverCpuMsPer1k: r.serverCpuMsPer1k ?? null, loadCpu: r.loadCpu ?? null, foreignCpu: r.foreignCpu ?? null });
+const KEYS = ['rate', 'p50', 'p99', 'p999', 'serverCpuMsPer1k', 'loadCpu', 'foreignCpu'];
 
 // S1 --------------------------------------------------------------------------------------------
 
@@ -287,7 +290,7 @@ function s5Storm(ctx, cfg) {
     const b = med(base.map((r) => r.rate));
     const s = med(storm.map((r) => r.rate));
     return {
-      base: combine(base.map(flat)), storm: combine(storm.map((r) => ({ ...flat(r), pollRate: r.pollRate, pollP50: r.pollLat.p50, pollP99: r.pollLat.p99 })), ['rate', 'p50', 'p99', 'pollRate', 'pollP50', 'pollP99']),
+      base: combine(base.map(flat), KEYS), storm: combine(storm.map((r) => ({ ...flat(r), pollRate: r.pollRate, pollP50: r.pollLat.p50, pollP99: r.pollLat.p99 })), ['rate', 'p50', 'p99', 'pollRate', 'pollP50', 'pollP99']),
       degradationPct: ((b - s) / b) * 100, pollBad: storm.reduce((a, r) => a + r.pollBad, 0),
       check: base.every((r) => r.check) && storm.every((r) => r.check && r.pollBad === 0),
     };
@@ -434,7 +437,7 @@ export async function flashdSuite({ sync, cfg, log, storm }) {
       await s1Run(ctx, c, cfg.warm);
       const runs = [];
       for (let k = 0; k < cfg.runs; k++) runs.push(await s1Run(ctx, c, cfg.seconds));
-      res.s1[c] = { ...combine(runs.map(flat)), check: runs.every((r) => r.check), checkDetail: runs.map((r) => r.checkDetail) };
+      res.s1[c] = { ...combine(runs.map(flat), KEYS), check: runs.every((r) => r.check), checkDetail: runs.map((r) => r.checkDetail) };
       log(`  S1 /run c=${c}: ${runs.map((r) => r.rate.toFixed(0)).join(', ')} jobs/s; check ${res.s1[c].check ? 'ok' : 'FAILED ' + res.s1[c].checkDetail.join(' | ')}`);
     }
 
@@ -442,7 +445,7 @@ export async function flashdSuite({ sync, cfg, log, storm }) {
     for (const W of cfg.s2Workers) {
       const poll = storm && W === Math.max(...cfg.s2Workers) ? s5Storm(ctx, cfg) : null;
       const { runs, storm: st } = await s2Level(ctx, W, cfg, poll);
-      res.s2[W] = { ...combine(runs.map(flat)), check: runs.every((r) => r.check), checkDetail: runs.map((r) => r.checkDetail) };
+      res.s2[W] = { ...combine(runs.map(flat), KEYS), check: runs.every((r) => r.check), checkDetail: runs.map((r) => r.checkDetail) };
       log(`  S2 /runsync W=c=${W}: ${runs.map((r) => r.rate.toFixed(0)).join(', ')} jobs/s, p50 ${runs.map((r) => r.lat.p50.toFixed(0)).join(', ')} µs; check ${res.s2[W].check ? 'ok' : 'FAILED ' + res.s2[W].checkDetail.join(' | ')}`);
       if (st) {
         res.s5 = { workers: W, pollRateTarget: cfg.pollRate, ...st };
@@ -469,4 +472,18 @@ export async function flashdSuite({ sync, cfg, log, storm }) {
   const s7 = res.s7;
   log(`  S7 kill -9: acked=${s7.acked} lost=${s7.lost} duplicated=${s7.duplicated} restart ${s7.restartListenMs.toFixed(0)} ms (recovered ${s7.recoveredQueued} queued, ${s7.recoveredRunning} running), kill->first ack ${s7.killToFirstAckMs.toFixed(0)} ms, integrity ${s7.integrity}`);
   return res;
+}
+
+/** S3 alone on a fresh flashd (for quick checks). */
+export async function s3Only(sync, samples) {
+  const dataDir = mkdtempSync(path.join(os.tmpdir(), 'flashd-s3-'));
+  const port = await freePort();
+  const srv = await startFlashd({ port, dataDir, adminKey: ADMIN, sync, cpu: 1 });
+  try {
+    const key = await benchKey(srv.url, ADMIN);
+    return await s3(new Ctx(srv, port, key, () => undefined), samples);
+  } finally {
+    await srv.stop();
+    rmSync(dataDir, { recursive: true, force: true });
+  }
 }

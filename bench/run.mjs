@@ -5,7 +5,7 @@
  *
  *   BENCH_QUICK=1      about one minute instead of about ten
  *   BENCH_ONLY=flashd|bullmq   one side only
- *   BENCH_RUNS, BENCH_SECONDS, BENCH_S4_JOBS   override the run count, run length, drain size
+ *   BENCH_RUNS, BENCH_SECONDS, BENCH_S4_JOBS, BENCH_S4_RUNS   override run count, run length, drain size and count
  *
  * Prints a table and writes bench/results/latest.json and latest.md.
  */
@@ -30,8 +30,8 @@ const cfg = {
   s1Clients: [1, 16, 64],
   s2Workers: [1, 8, 64],
   s3Samples: quick ? 300 : 2000,
-  s4Jobs: num('BENCH_S4_JOBS', quick ? 10_000 : 100_000),
-  s4Runs: quick ? 1 : 2,
+  s4Jobs: num('BENCH_S4_JOBS', quick ? 10_000 : 50_000),
+  s4Runs: num('BENCH_S4_RUNS', 1),
   s7Prequeue: quick ? 5_000 : 50_000,
   pollers: 32,
   pollRate: 10_000,
@@ -68,6 +68,7 @@ const m = machine();
 const pinnedSelf = pinSelf(0);
 log(`flashd bench${quick ? ' (quick)' : ''}: ${m.nproc} CPUs (${m.cpu}), ${m.memGiB} GiB, kernel ${m.kernel}, node ${m.node}`);
 log(pinnedSelf ? 'pinning: servers on CPU1, load generator and simulated workers on CPU0' : 'pinning: taskset unavailable or 1 CPU; nothing pinned');
+log(`load average at start: ${os.loadavg().map((x) => x.toFixed(2)).join(' ')}`);
 log(`runs: ${cfg.runs} x ${cfg.seconds} s after ${cfg.warm} s warm-up; S3 ${cfg.s3Samples} samples; S4 ${cfg.s4Jobs} jobs x ${cfg.s4Runs}; S7 backlog ${cfg.s7Prequeue}\n`);
 
 const results = { machine: m, cfg, systems: [] };
@@ -121,6 +122,8 @@ for (const W of cfg.s2Workers) {
   row(`S2 W=${W}: p50 / p99`, ...results.systems.map((s) => get(s, (x) => `${fmtUs(x.s2[W].p50.median)} / ${fmtUs(x.s2[W].p99.median)}`)));
 }
 row('S2 W=64: server CPU ms per 1k jobs', ...results.systems.map((s) => get(s, (x) => x.s2[64].serverCpuMsPer1k.median?.toFixed(0))));
+row('S2 W=64: load-generator core busy', ...results.systems.map((s) => get(s, (x) => `${(x.s2[64].loadCpu.median * 100).toFixed(0)} %`)));
+row('other processes on the box during S1/S2 (cores, max)', ...results.systems.map((s) => get(s, (x) => Math.max(...[...Object.values(x.s1), ...Object.values(x.s2)].map((l) => l.foreignCpu.max ?? 0)).toFixed(2))));
 row('S3 idle pickup p50 / p99', ...results.systems.map((s) => get(s, (x) => `${fmtUs(x.s3.pickup.p50)} / ${fmtUs(x.s3.pickup.p99)}` + ck(x.s3.check))));
 row('S3 submit→done p50 / p99', ...results.systems.map((s) => get(s, (x) => `${fmtUs(x.s3.e2e.p50)} / ${fmtUs(x.s3.e2e.p99)}`)));
 row(`S4 drain ${cfg.s4Jobs} (64 workers): jobs/s`, ...results.systems.map((s) => get(s, (x) => fmtSpread(x.s4.rate, fmtRate) + ck(x.s4.check))));

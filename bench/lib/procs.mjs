@@ -236,3 +236,39 @@ export async function startRedis(opts) {
     },
   };
 }
+
+/** Busy CPU seconds of the whole machine (all CPUs, from /proc/stat), or null. */
+export function machineBusySeconds() {
+  try {
+    const line = readFileSync('/proc/stat', 'latin1').split('\n')[0];
+    const f = line.trim().split(/\s+/).slice(1).map(Number);
+    // user nice system idle iowait irq softirq steal
+    return (f[0] + f[1] + f[2] + f[5] + f[6] + (f[7] ?? 0)) / 100;
+  } catch {
+    return null;
+  }
+}
+
+/**
+ * CPU used by processes other than ours during a section: machine busy time minus this
+ * process, the given server pids and their children. A busy neighbour on a 2-core box skews
+ * every number, so the bench reports this next to them.
+ */
+export function foreignCpu(pids) {
+  const ours = () => {
+    let t = process.cpuUsage();
+    let sum = (t.user + t.system) / 1e6;
+    for (const pid of pids()) sum += cpuSeconds(pid) ?? 0;
+    return sum;
+  };
+  const m0 = machineBusySeconds();
+  const o0 = ours();
+  const w0 = performance.now();
+  return () => {
+    const m1 = machineBusySeconds();
+    const o1 = ours();
+    const wall = (performance.now() - w0) / 1000;
+    if (m0 === null || m1 === null || wall <= 0) return null;
+    return Math.max(0, (m1 - m0 - (o1 - o0)) / wall);
+  };
+}
