@@ -16,7 +16,7 @@
  * failed check.
  *
  * env: CHAOS_JOBS (3000), CHAOS_KILLS (30 orchestrated kills; worker self-kills come on top),
- *      CHAOS_WORKERS (6), CHAOS_SECONDS (submission window, default JOBS/30 s),
+ *      CHAOS_WORKERS (6), CHAOS_SECONDS (submission window, default JOBS/25 s),
  *      CHAOS_FLASHD_SHARE (0.3 of kills hit flashd), CHAOS_SEED, CHAOS_FLASHD (entry file),
  *      CHAOS_KEEP=1 (keep the data dir and logs), CHAOS_TIMEOUT_S (overall limit, 900)
  */
@@ -34,7 +34,7 @@ const int = (name, def) => (env[name] !== undefined && env[name] !== '' ? Number
 const JOBS = int('CHAOS_JOBS', 3000);
 const KILLS = int('CHAOS_KILLS', 30);
 const WORKERS = int('CHAOS_WORKERS', 6);
-const WINDOW_S = int('CHAOS_SECONDS', Math.max(8, Math.round(JOBS / 30)));
+const WINDOW_S = int('CHAOS_SECONDS', Math.max(8, Math.round(JOBS / 25)));
 const FLASHD_SHARE = Number(env.CHAOS_FLASHD_SHARE ?? 0.3);
 const TIMEOUT_S = int('CHAOS_TIMEOUT_S', 900);
 const LEASE_MS = 2000;
