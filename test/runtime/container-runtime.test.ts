@@ -2,13 +2,19 @@
  * The container runtime end to end (issue 4 §1, §2, §5): a real flashd with `runtime: docker`
  * on the Docker Engine API served by podman (`.ci/run` starts it and builds the worker image
  * with build/worker-image.sh), QUEUE endpoints on CPU hardware, jobs through the public API.
+ * Deadlines are generous and every wait polls: CI has 2 loaded cores.
  */
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { createServer } from 'node:net';
+import { join } from 'node:path';
 import t, { type Test } from 'tap';
 import { cpuBody, startAgent, type TestAgent } from '../helpers/agent.js';
-import { DockerClient, LABELS } from '../../src/runtime/index.js';
+import { makeNetworkVolume, makeRegistry } from '../helpers/expect.js';
+import { DockerClient, LABELS, createBody, volumeName, type LaunchSpec } from '../../src/runtime/index.js';
 
-const SOCKET = process.env['FLASHD_TEST_CONTAINER_SOCKET'];
-const IMAGE = process.env['FLASHD_TEST_WORKER_IMAGE'];
+const SOCKET = process.env['FLASHD_TEST_CONTAINER_SOCKET'] as string;
+const IMAGE = process.env['FLASHD_TEST_WORKER_IMAGE'] as string;
 if (!SOCKET || !IMAGE) {
   t.plan(0, 'needs a container engine: FLASHD_TEST_CONTAINER_SOCKET and FLASHD_TEST_WORKER_IMAGE (set by .ci/run)');
   process.exit(0);
@@ -24,11 +30,25 @@ async function until<T>(what: string, fn: () => Promise<T | undefined | false | 
   }
 }
 
-const docker = new DockerClient({ socketPath: SOCKET as string });
+const docker = new DockerClient({ socketPath: SOCKET });
 t.teardown(() => docker.close());
 
-async function start(t: Test, extra: Record<string, unknown> = {}): Promise<TestAgent> {
-  return startAgent(t, { runtime: 'docker', containerSocket: SOCKET as string, takeHoldMs: 1000, leaseMs: 6000, ...extra });
+const instanceOf = (dir: string): string => readFileSync(join(dir, 'container-instance-id'), 'utf8').trim();
+const containersOf = (labels: string[]) => docker.listContainers({ all: true, labels: [`${LABELS.managed}=true`, ...labels] });
+
+/** A flashd with the docker runtime; on teardown, after it closed, no container of it may remain. */
+async function start(t: Test, extra: Record<string, unknown> = {}, dir?: string): Promise<TestAgent> {
+  const a = await startAgent(t, { runtime: 'docker', containerSocket: SOCKET, takeHoldMs: 1000, leaseMs: 6000, ...extra }, dir ? { dir } : {});
+  const instance = instanceOf(a.dir);
+  t.teardown(async () => {
+    await a.agent.close();
+    const left = await containersOf([`${LABELS.instance}=${instance}`]);
+    if (left.length) {
+      for (const c of left) await docker.removeContainer(c.Id, { force: true }).catch(() => undefined);
+      throw new Error(`${left.length} container(s) leaked after close`);
+    }
+  });
+  return a;
 }
 
 async function endpoint(a: TestAgent, extra: Record<string, unknown>): Promise<string> {
@@ -37,14 +57,218 @@ async function endpoint(a: TestAgent, extra: Record<string, unknown>): Promise<s
   return r.json.id as string;
 }
 
-const containersOf = async (endpointId: string) =>
-  docker.listContainers({ all: true, labels: [`${LABELS.endpoint}=${endpointId}`] });
+const runsync = async (a: TestAgent, ep: string, input: unknown) => (await a.req('POST', `/v2/${ep}/runsync?wait=120000`, { body: { input } })).json;
+const health = async (a: TestAgent, ep: string) => (await a.req('GET', `/v2/${ep}/health`)).json;
+const logLines = async (a: TestAgent, ep: string) => (await a.req('GET', `/v2/serverless/${ep}/logs`)).json as { line: string; stream: string; workerId: string }[];
+const noWorkers = (h: any) => h.workers.idle + h.workers.running + h.workers.initializing === 0;
 
-t.test('smoke', async (t) => {
+t.test('OFF: cold start, warm reuse, logs, scale to zero removes the container', async (t) => {
   const a = await start(t);
-  const ep = await endpoint(a, { env: { GREETING: 'hi' }, workers: { min: 0, max: 1, idleTimeout: 2 } });
-  const r = await a.req('POST', `/v2/${ep}/runsync?wait=90000`, { body: { input: { n: 1 } } });
-  t.equal(r.json.status, 'COMPLETED', r.text);
-  console.log(r.text, (await containersOf(ep)).length);
-  console.log(a.logs.join(''));
+  const ep = await endpoint(a, { env: { GREETING: 'hello from env' }, workers: { min: 0, max: 1, idleTimeout: 2 } });
+  t.same(await containersOf([`${LABELS.endpoint}=${ep}`]), [], 'no container before a job');
+
+  const first = await runsync(a, ep, { n: 1 });
+  t.equal(first.status, 'COMPLETED', `the container starts, takes the job, returns the output: ${JSON.stringify(first)}`);
+  t.same(first.output.echo, { n: 1 });
+  t.equal(first.output.env, 'hello from env', 'endpoint env reaches the container');
+  t.equal(first.output.worker, first.workerId, 'the worker id is the container\'s RUNPOD_POD_ID');
+  const running = await containersOf([`${LABELS.endpoint}=${ep}`]);
+  t.equal(running.length, 1, 'one container');
+  t.equal(running[0]?.Labels?.[LABELS.worker], first.workerId, 'labelled with the worker id');
+
+  const second = await runsync(a, ep, { n: 2 });
+  t.equal(second.status, 'COMPLETED');
+  t.equal(second.workerId, first.workerId, 'the warm worker takes the second job');
+  t.equal((await containersOf([`${LABELS.endpoint}=${ep}`])).length, 1, 'still one container');
+
+  const logs = await until('container output in the endpoint log', async () => {
+    const l = await logLines(a, ep);
+    return l.some((x) => x.stream === 'stdout' && x.line.includes(`handling ${second.id}`)) && l;
+  });
+  t.ok(logs.some((l) => l.workerId === first.workerId && l.stream === 'stdout'), 'container stdout lines carry the worker id');
+  t.ok(logs.some((l) => l.stream === 'system' && /docker runtime/.test(l.line)), 'the start is logged');
+
+  await until('scale to zero after idleTimeout', async () => noWorkers(await health(a, ep)));
+  await until('the container removed (OFF)', async () => (await containersOf([`${LABELS.endpoint}=${ep}`])).length === 0);
+  t.pass('worker gone and container removed');
+  t.ok(a.logs.some((l) => /container started .*reused=false .*createMs=/.test(l)), 'launch timing is logged (bench hook)');
+});
+
+t.test('FLASHBOOT: scale to zero keeps the container stopped; the next job restarts it', async (t) => {
+  const a = await start(t);
+  const ep = await endpoint(a, { flashboot: 'FLASHBOOT', workers: { min: 0, max: 1, idleTimeout: 1 } });
+  const first = await runsync(a, ep, { n: 1 });
+  t.equal(first.status, 'COMPLETED', JSON.stringify(first));
+  const [c1] = await containersOf([`${LABELS.endpoint}=${ep}`]);
+
+  await until('scale to zero', async () => noWorkers(await health(a, ep)));
+  const kept = await until('the container stopped, not removed', async () => {
+    const list = await containersOf([`${LABELS.endpoint}=${ep}`]);
+    return list.length === 1 && list[0]?.State !== 'running' && list[0];
+  });
+  t.equal(kept.Id, c1?.Id, 'the same container, stopped');
+  t.equal(kept.Labels?.[LABELS.flashboot], 'FLASHBOOT');
+
+  const again = await runsync(a, ep, { n: 2 });
+  t.equal(again.status, 'COMPLETED', JSON.stringify(again));
+  t.equal(again.workerId, first.workerId, 'the kept worker (same id and key) took the job');
+  const list = await containersOf([`${LABELS.endpoint}=${ep}`]);
+  t.same(list.map((c) => [c.Id, c.State]), [[c1?.Id, 'running']], 'restarted, not created');
+  t.ok(a.logs.some((l) => /container started .*reused=true/.test(l)), 'the restart is timed as a reuse');
+  const logs = await logLines(a, ep);
+  t.ok(logs.some((l) => /restarted kept worker/.test(l.line)), 'the endpoint log tells of the FlashBoot restart');
+  t.equal(logs.filter((l) => l.line.includes(`handling ${first.id}`)).length, 1, 'the first run\'s output is not replayed by the restart');
+
+  await until('scale to zero again', async () => noWorkers(await health(a, ep)));
+  await until('kept again', async () => (await containersOf([`${LABELS.endpoint}=${ep}`]))[0]?.State === 'exited');
+  t.equal((await a.req('DELETE', `/v2/serverless/${ep}`)).status < 300, true, 'endpoint deleted');
+  await until('deleting the endpoint removes its kept container', async () => (await containersOf([`${LABELS.endpoint}=${ep}`])).length === 0);
+  t.pass('no container left');
+});
+
+t.test('a handler that crashes the container: the job is retried, /health shows unhealthy', async (t) => {
+  const a = await start(t, { maxAttempts: 2 });
+  const ep = await endpoint(a, { workers: { min: 0, max: 1, idleTimeout: 30 } });
+  const id = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { crash: true } } })).json.id as string;
+  const final = await until('the crashing job to fail', async () => {
+    const s = (await a.req('GET', `/v2/${ep}/status/${id}`)).json;
+    return s.status === 'FAILED' && s;
+  }, 180_000);
+  t.match(final.error, /exited/, 'the reason names the worker exit');
+  t.equal(final.retries, 1, 'retried once before failing (maxAttempts 2)');
+  const h = await health(a, ep);
+  t.ok(h.workers.unhealthy >= 1, `crashed workers are unhealthy: ${JSON.stringify(h.workers)}`);
+  t.ok(h.jobs.retried >= 1, 'the retry is counted');
+  const logs = await logLines(a, ep);
+  t.ok(logs.some((l) => l.line.includes('crashing on purpose')), 'the container\'s last words are in the log');
+  t.ok(logs.some((l) => /exited unexpectedly \(code 3\)/.test(l.line)), 'the exit code is reported');
+  await until('crashed containers removed', async () =>
+    (await containersOf([`${LABELS.endpoint}=${ep}`])).every((c) => c.State === 'running'));
+  const ok = await runsync(a, ep, { fine: true });
+  t.equal(ok.status, 'COMPLETED', `a healthy job still runs after the crashes: ${JSON.stringify(ok)}`);
+});
+
+t.test('env and command encoding as seen inside the container; the safe defaults from inside', async (t) => {
+  const a = await start(t);
+  const env = { QUOTED: 'a "b" $c \\d', SPACES: ' x  y ', NVIDIA_VISIBLE_DEVICES: 'all', NVIDIA_DRIVER_CAPABILITIES: 'all' };
+  // One CPU worker fits this 2-vCPU machine at a time (placement), so these run one by one.
+  const json = await endpoint(a, {
+    env, workers: { min: 0, max: 1, idleTimeout: 1 },
+    args: JSON.stringify({ entrypoint: ['python3', '-u'], cmd: ['/opt/flashd-worker/handler.py', '--flag', 'two words'] }),
+  });
+  const shell = await endpoint(a, { workers: { min: 0, max: 1, idleTimeout: 1 }, args: `python3 -u /opt/flashd-worker/handler.py 'single quoted' "double \\"q\\""` });
+  const plain = await endpoint(a, { workers: { min: 0, max: 1, idleTimeout: 1 } });
+  const j = await runsync(a, json, { inspect: true });
+  const s = await runsync(a, shell, { inspect: true });
+  const p = await runsync(a, plain, { inspect: true });
+  for (const r of [j, s, p]) t.equal(r.status, 'COMPLETED', JSON.stringify(r).slice(0, 500));
+  t.same(j.output.argv, ['/opt/flashd-worker/handler.py', '--flag', 'two words'], 'JSON args: entrypoint and cmd, each argument whole');
+  t.same(s.output.argv, ['/opt/flashd-worker/handler.py', 'single quoted', 'double "q"'], 'shell-style args: split like a shell');
+  t.same(p.output.argv, ['/opt/flashd-worker/handler.py'], 'no args: the image\'s own CMD');
+  const inside = j.output.environ as Record<string, string>;
+  t.equal(inside['QUOTED'], env.QUOTED, 'quotes, $ and backslashes arrive as they were');
+  t.equal(inside['SPACES'], env.SPACES, 'spaces kept');
+  t.equal(inside['NVIDIA_VISIBLE_DEVICES'], 'void', 'the user\'s NVIDIA_VISIBLE_DEVICES is replaced: a CPU worker sees no GPU');
+  t.equal(inside['NVIDIA_DRIVER_CAPABILITIES'], undefined, 'NVIDIA_DRIVER_CAPABILITIES removed');
+  t.match(inside['RUNPOD_WEBHOOK_GET_JOB'], /^http:\/\/[\d.]+:\d+\/v2\//, 'workers get a URL they can reach (the bridge gateway), not 127.0.0.1');
+  t.notMatch(inside['RUNPOD_WEBHOOK_GET_JOB'], /127\.0\.0\.1/);
+  t.equal(j.output.capEff, '0000000000000000', 'no capabilities: the Python worker needs none');
+  t.equal(j.output.noNewPrivs, '1', 'no-new-privileges');
+});
+
+t.test('a network volume is visible at /vendor-volume and outlives its workers', async (t) => {
+  const a = await start(t);
+  const nv = await makeNetworkVolume(t, a, { name: 'models' });
+  t.teardown(async () => {
+    await a.agent.close();
+    await docker.removeVolume(volumeName(nv.id), { force: true });
+  });
+  const body = { mounts: { network: [{ volumeId: nv.id }] }, workers: { min: 0, max: 1, idleTimeout: 1 } };
+  const writer = await endpoint(a, body);
+  const reader = await endpoint(a, body);
+  const w = await runsync(a, writer, { writeVolume: { name: 'weights.txt', content: 'shared bytes' } });
+  t.equal(w.status, 'COMPLETED', JSON.stringify(w));
+  const r = await runsync(a, reader, { readVolume: 'weights.txt' });
+  t.equal(r.output.volume, 'shared bytes', 'another endpoint\'s worker reads what the first wrote');
+  t.equal(r.output.volumeIsMount, true, '/vendor-volume is a mount');
+  const vol = await docker.inspectVolume(volumeName(nv.id));
+  t.equal(vol?.Labels?.[LABELS.volume], nv.id, `a flashd-managed named volume: ${volumeName(nv.id)}`);
+  const [c] = await containersOf([`${LABELS.endpoint}=${reader}`]);
+  const mounts = (await docker.inspectContainer(c?.Id as string)).Mounts ?? [];
+  t.same(mounts.map((m) => [m.Type, m.Name, m.Destination]), [['volume', volumeName(nv.id), '/vendor-volume']], 'the only mount');
+});
+
+t.test('registry credentials reach the engine only: not the container, labels, logs or API', async (t) => {
+  const a = await start(t);
+  const password = `pw-${process.pid}-never-shown`;
+  const reg = await makeRegistry(t, a, { username: 'robot', password });
+  const ep = await endpoint(a, { registry: reg.id, workers: { min: 0, max: 1, idleTimeout: 5 } });
+  const r = await runsync(a, ep, { inspect: true });
+  t.equal(r.status, 'COMPLETED', JSON.stringify(r).slice(0, 300));
+  const [c] = await containersOf([`${LABELS.endpoint}=${ep}`]);
+  const inspect = await docker.inspectContainer(c?.Id as string);
+  t.notMatch(JSON.stringify(inspect.Config.Env), password, 'not in Config.Env');
+  t.notMatch(JSON.stringify(inspect.Config.Labels), password, 'not in the labels');
+  t.notMatch(JSON.stringify(r.output.environ), password, 'not in the environment seen inside');
+  t.notMatch(JSON.stringify(await logLines(a, ep)), password, 'not in the endpoint log');
+  t.notMatch((await a.req('GET', `/v2/serverless/${ep}`)).text, password, 'not in the endpoint view');
+  t.notMatch(a.logs.join(''), password, 'not in flashd\'s log');
+});
+
+t.test('after a restart, containers left by the previous run are removed; none leak', async (t) => {
+  const dir = t.testdir();
+  const first = await startAgent(t, { runtime: 'docker', containerSocket: SOCKET }, { dir });
+  await first.agent.close();
+  const instance = instanceOf(dir);
+  // What a crashed flashd leaves: a running worker and a stopped FlashBoot one, with its labels.
+  const leftover = (n: number, flashboot: LaunchSpec['flashboot']): LaunchSpec => ({
+    endpointId: 'leftoverendpnt', workerId: `wkr_left${n}${process.pid}`, entrypoint: ['sleep'], cmd: ['300'], image: IMAGE,
+    env: {}, ports: [], diskGb: null, volume: null, gpuDeviceIds: [], cpu: null, registryAuth: null, flashboot, configHash: 'x',
+  });
+  const ids: string[] = [];
+  for (const [n, mode] of [[1, 'OFF'], [2, 'FLASHBOOT']] as const) {
+    const { Id } = await docker.createContainer(createBody(leftover(n, mode), { instanceId: instance, diskLimit: false }), `flashd-wkr_left${n}${process.pid}`);
+    ids.push(Id);
+  }
+  await docker.startContainer(ids[0] as string);
+  const other = await docker.createContainer(createBody(leftover(3, 'OFF'), { instanceId: 'another-flashd', diskLimit: false }), `flashd-wkr_left3${process.pid}`);
+  t.teardown(() => docker.removeContainer(other.Id, { force: true }));
+
+  const a = await start(t, {}, dir);
+  t.same(await containersOf([`${LABELS.instance}=${instance}`]), [], 'both leftovers of this data directory removed at start');
+  t.ok(await docker.inspectContainer(other.Id), 'another flashd\'s container is left alone');
+  t.ok(a.logs.some((l) => /removed containers left by a previous run .*count=2/.test(l)), 'and logged');
+});
+
+t.test('engine sockets', async (t) => {
+  const sockets = mkdtempSync(join(tmpdir(), 'flashd-sock-'));
+  t.teardown(() => rmSync(sockets, { recursive: true, force: true }));
+
+  t.test('runtime docker without a socket fails to start', async (t) => {
+    const err = await startAgent(t, { runtime: 'docker', containerSocket: join(sockets, 'missing.sock') }).catch((e: Error) => e);
+    t.match(String(err), /no Docker Engine API socket found/);
+  });
+
+  t.test('auto without a socket: runtime none, logged', async (t) => {
+    const auto = await startAgent(t, { runtime: 'auto', containerSocket: join(sockets, 'missing.sock') });
+    t.ok(auto.logs.some((l) => /no container engine socket found: runtime none/.test(l)));
+    t.ok(auto.logs.some((l) => /flashd listening .*runtime=none/.test(l)));
+  });
+
+  t.test('an engine that does not answer: no capacity, jobs wait throttled, nothing unhealthy', async (t) => {
+    const dead = join(sockets, 'dead.sock');
+    const server = createServer((c) => c.destroy());
+    await new Promise<void>((r) => server.listen(dead, r));
+    t.teardown(() => new Promise<void>((r) => server.close(() => r())));
+    const d = await startAgent(t, { runtime: 'docker', containerSocket: dead });
+    t.ok(d.logs.some((l) => /container engine unreachable/.test(l)), 'the outage is logged');
+    const ep = await endpoint(d, { workers: { min: 0, max: 1, idleTimeout: 5 } });
+    const id = (await d.req('POST', `/v2/${ep}/run`, { body: { input: {} } })).json.id as string;
+    const h = await until('the endpoint to show throttled', async () => {
+      const x = await health(d, ep);
+      return x.workers.throttled >= 1 && x;
+    }, 30_000);
+    t.equal(h.workers.unhealthy, 0, 'no capacity is not a crash');
+    t.equal((await d.req('GET', `/v2/${ep}/status/${id}`)).json.status, 'IN_QUEUE', 'the job waits');
+  });
 });

@@ -84,7 +84,7 @@ export class DockerClient {
 
   /** `GET /_ping`: resolves when the engine answers. */
   async ping(): Promise<void> {
-    await this.#t.json({ method: 'GET', path: '/_ping', unversioned: true, timeoutMs: 10_000 });
+    await this.#t.text({ method: 'GET', path: '/_ping', unversioned: true, timeoutMs: 10_000 });
   }
 
   /** `GET /version` (unversioned, so it works before negotiation). */

@@ -22,8 +22,8 @@ export function demultiplexer(onFrame: (stream: StreamName, payload: Buffer) => 
         if (pending.length - offset - HEADER < size) break;
         const payload = pending.subarray(offset + HEADER, offset + HEADER + size);
         offset += HEADER + size;
-        // stdin (0) is never sent to us; anything else unknown is treated as stdout.
-        if (kind !== 0) onFrame(kind === 2 ? 'stderr' : 'stdout', payload);
+        // stdin (0) is never sent to us; anything else unknown is treated as stdout. Empty frames carry nothing.
+        if (kind !== 0 && size > 0) onFrame(kind === 2 ? 'stderr' : 'stdout', payload);
       }
       pending = offset === pending.length ? Buffer.alloc(0) : pending.subarray(offset);
     },

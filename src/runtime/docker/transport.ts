@@ -128,6 +128,11 @@ export class Transport {
     }
   }
 
+  /** A request whose reply is plain text (`/_ping`). */
+  async text(o: RequestOptions): Promise<string> {
+    return (await readAll((await this.#send(o, false)).res)).toString('utf8');
+  }
+
   /** A request whose reply body is consumed as a stream by the caller. */
   async stream(o: RequestOptions): Promise<http.IncomingMessage> {
     return (await this.#send(o, false)).res;
