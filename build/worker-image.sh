@@ -67,6 +67,6 @@ $engine import \
   --change 'ENV PYTHONUNBUFFERED=1' \
   --change 'WORKDIR /opt/flashd-worker' \
   --change 'CMD ["python3", "-u", "/opt/flashd-worker/handler.py"]' \
-  "$work/image.tar" "$tag" >/dev/null
+  "$work/image.tar" "$tag" >"$work/import.log" 2>&1 || { cat "$work/import.log" >&2; exit 1; }
 say "built $tag"
 echo "$tag"

@@ -146,7 +146,12 @@ export class DockerClient {
     if (broken) throw new DockerError('DOCKER_PROTOCOL', `pull of ${ref}: progress stream broke`, { request: 'POST /images/create', cause: broken });
   }
 
-  /** `DELETE /images/{name}`. */
+  /** `GET /images/{name}/get`: the image as a `docker save` tarball, streamed. */
+  async exportImage(name: string): Promise<Readable> {
+    return this.#t.stream({ method: 'GET', path: `/images/${imagePath(name)}/get`, timeoutMs: 0 });
+  }
+
+  /** `DELETE /images/{name}`: untags, and removes the image once no tag is left. */
   async removeImage(name: string, options: { force?: boolean } = {}): Promise<void> {
     await this.#t.json({ method: 'DELETE', path: `/images/${imagePath(name)}`, query: { force: options.force } });
   }
