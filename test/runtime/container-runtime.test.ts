@@ -176,6 +176,18 @@ t.test('env and command encoding as seen inside the container; the safe defaults
   t.equal(j.output.noNewPrivs, '1', 'no-new-privileges');
 });
 
+t.test('disk: a container disk limit where the engine has one, else a launch without it', async (t) => {
+  const a = await start(t);
+  const ep = await endpoint(a, { disk: 7, workers: { min: 0, max: 1, idleTimeout: 30 } });
+  const r = await runsync(a, ep, {});
+  t.equal(r.status, 'COMPLETED', JSON.stringify(r));
+  const [c] = await containersOf([`${LABELS.endpoint}=${ep}`]);
+  const size = (await docker.inspectContainer(c?.Id as string)).HostConfig.StorageOpt?.['size'];
+  const refused = a.logs.some((l) => /cannot limit container disk size/.test(l));
+  t.ok(refused !== (size !== undefined), `either StorageOpt.size (${size ?? 'none'}) or the logged refusal (${refused}), not both`);
+  if (size !== undefined) t.match(size, /^7G/, 'the endpoint\'s disk in GB');
+});
+
 t.test('a network volume is visible at /vendor-volume and outlives its workers', async (t) => {
   const a = await start(t);
   const nv = await makeNetworkVolume(t, a, { name: 'models' });

@@ -212,7 +212,7 @@ export class ContainerRuntime implements WorkerRuntime {
     const mine = await this.client.listContainers({ all: true, labels: [`${LABELS.managed}=true`, `${LABELS.instance}=${this.instanceId}`] });
     const known = new Set([...this.#running.values()].map((w) => w.containerId));
     for (const e of this.#kept.list()) known.add(e.value.containerId);
-    const leftovers = mine.filter((c) => !known.has(c.Id));
+    const leftovers = mine.filter((c) => !known.has(c.Id) && !this.#launching.has(c.Labels?.[LABELS.worker] ?? ''));
     await Promise.all(leftovers.map((c) => this.#remove(c.Id)));
     if (leftovers.length) this.#log.info('removed containers left by a previous run', { count: leftovers.length });
   }
@@ -426,6 +426,11 @@ export class ContainerRuntime implements WorkerRuntime {
   async #exited(w: Running, code: number | null): Promise<void> {
     this.#running.delete(w.workerId);
     const signal = code !== null && code > 128 ? SIGNALS.get(code - 128) ?? null : null;
+    if (signal === 'SIGKILL' && !w.stopping) {
+      // Say why when the kernel's OOM killer ended it: the exit code alone reads like a kill.
+      const state = await this.client.inspectContainer(w.containerId).then((i) => i.State, () => null);
+      if (state?.OOMKilled) w.events.log('stderr', 'flashd: the container ran out of memory (its memory limit) and was killed');
+    }
     const info: ExitInfo = { code, signal, requested: w.stopping };
     if (w.stopping && w.flashboot !== 'OFF' && !this.#closing && code !== null) {
       const mode: KeepMode = w.flashboot;
