@@ -271,9 +271,10 @@ export class ContainerRuntime implements WorkerRuntime {
       this.#timed({ endpointId: spec.endpointId, workerId: hit.workerId, reused: true, imageMs: 0, createMs: 0, startMs, totalMs: performance.now() - t0 });
       return { workerId: hit.workerId, reused: true };
     } catch (err) {
+      // Its identity goes with it either way; an unreachable engine fails the launch too.
+      await this.#discard(hit, 'restart failed');
       if (isDockerError(err, 'DOCKER_UNREACHABLE')) throw err;
       this.#log.warn('kept container could not be restarted; creating a new one', { workerId: hit.workerId, reason: (err as Error).message });
-      await this.#discard(hit, 'restart failed');
       return null;
     }
   }
