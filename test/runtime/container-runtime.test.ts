@@ -11,6 +11,7 @@ import { join } from 'node:path';
 import t, { type Test } from 'tap';
 import { cpuBody, startAgent, type TestAgent } from '../helpers/agent.js';
 import { makeNetworkVolume, makeRegistry } from '../helpers/expect.js';
+import { until as untilWithin } from '../helpers/wait.js';
 import { DockerClient, LABELS, createBody, volumeName, type LaunchSpec } from '../../src/runtime/index.js';
 
 const SOCKET = process.env['FLASHD_TEST_CONTAINER_SOCKET'] as string;
@@ -20,15 +21,8 @@ if (!SOCKET || !IMAGE) {
   process.exit(0);
 }
 
-async function until<T>(what: string, fn: () => Promise<T | undefined | false | null>, ms = 90_000): Promise<T> {
-  const deadline = Date.now() + ms;
-  for (;;) {
-    const v = await fn();
-    if (v) return v;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 200));
-  }
-}
+/** The shared helper with this file's default: container starts on 2 loaded cores take a while. */
+const until = <T>(what: string, fn: () => Promise<T | undefined | false>, ms = 90_000): Promise<T> => untilWithin(what, fn, ms);
 
 const docker = new DockerClient({ socketPath: SOCKET });
 t.teardown(() => docker.close());
