@@ -69,4 +69,8 @@ $engine import \
   --change 'CMD ["python3", "-u", "/opt/flashd-worker/handler.py"]' \
   "$work/image.tar" "$tag" >"$work/import.log" 2>&1 || { cat "$work/import.log" >&2; exit 1; }
 say "built $tag"
+# Older builds of this image (other input hashes) only take disk space.
+for old in $($engine images --format '{{.Repository}}:{{.Tag}}' | grep '^localhost/flashd-test-worker:' | grep -vx "$tag"); do
+  $engine rmi "$old" >/dev/null 2>&1 && say "removed $old" || true
+done
 echo "$tag"
