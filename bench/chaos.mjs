@@ -75,12 +75,14 @@ const stats = { flashdKills: 0, workerKills: 0, workerExits: 0, integrityChecks:
 
 // flashd -------------------------------------------------------------------------------------------
 
-const port = await freePort();
+let port = await freePort();
 let srv = null;
 let flashdUp = false;
 
-async function startServer() {
+async function startServer(firstStart = false) {
   for (let attempt = 1; ; attempt++) {
+    // The first start may pick another free port (someone took this one); restarts keep theirs.
+    if (firstStart && attempt > 1) port = await freePort();
     try {
       srv = await startFlashd({
         port, dataDir, adminKey: ADMIN, sync: 'full', leaseMs: LEASE_MS, takeHoldMs: TAKE_HOLD_MS,
@@ -236,7 +238,7 @@ const SUBMITTERS = 8;
 let exitCode = 1;
 try {
   say(`jobs=${JOBS} kills=${KILLS} (+ self-kills p=${SELF_KILL_P.toFixed(4)} per point) workers=${WORKERS} window=${WINDOW_S}s seed=${SEED} dir=${dir}`);
-  await startServer();
+  await startServer(true);
   key = await benchKey(srv.url, ADMIN);
   endpointId = await createEndpoint(srv.url, key, 'chaos');
   RUN_HEAD = head('POST', `/v2/${endpointId}/run`, `${HOST}:${port}`, `Bearer ${key}`, true);
