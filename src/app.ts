@@ -162,6 +162,7 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
     endpoints.on({
       changed: (id) => autoscaler.endpointChanged(id),
       deleting: (id) => {
+        auth.revokeEndpointKeys(id);
         queue.dropEndpoint(id);
         logs.drop(id);
         void autoscaler.dropEndpoint(id);

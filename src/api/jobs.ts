@@ -25,22 +25,11 @@ interface SubmitBody {
   s3Config?: Record<string, unknown>;
 }
 
-/** Endpoint lookups on the job path are cached; updates and deletes invalidate. */
-export function createEndpointCache(endpoints: EndpointService): (principal: Principal, id: string) => ResourceRow<EndpointSpec> {
-  const cache = new Map<string, ResourceRow<EndpointSpec>>();
-  endpoints.on({ changed: (id) => cache.delete(id), deleting: (id) => cache.delete(id) });
-  return (principal, id) => {
-    let row = cache.get(id);
-    if (!row) {
-      row = endpoints.byId(id);
-      if (row) {
-        if (cache.size > 10_000) cache.clear();
-        cache.set(id, row);
-      }
-    }
-    if (!row || row.ownerId !== principal.ownerId) throw new AgentError('NOT_FOUND', `Endpoint ${id} not found.`);
-    return row;
-  };
+/** The caller's endpoint (cached by EndpointService.byId), or a 404 for anyone else's. */
+export function endpointOf(endpoints: EndpointService, principal: Principal, id: string): ResourceRow<EndpointSpec> {
+  const row = endpoints.byId(id);
+  if (!row || row.ownerId !== principal.ownerId) throw new AgentError('NOT_FOUND', `Endpoint ${id} not found.`);
+  return row;
 }
 
 function queueEndpoint(row: ResourceRow<EndpointSpec>): ResourceRow<EndpointSpec> {
@@ -65,7 +54,7 @@ const json = (status: number, body: string): ApiResult => ({ status, body, heade
 const ref = (j: Pick<JobSnapshot, 'id' | 'status'>) => `{"id":${JSON.stringify(j.id)},"status":"${j.status}"}`;
 
 export function jobRoutes(s: JobRouteServices): RouteDef[] {
-  const endpointFor = createEndpointCache(s.endpoints);
+  const endpointFor = (principal: Principal, id: string) => endpointOf(s.endpoints, principal, id);
   const P = '/v2/{endpointId}';
   const READ = [400, 401, 403, 404, 429];
 

