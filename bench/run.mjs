@@ -29,10 +29,10 @@ const cfg = {
   warm: quick ? 0.5 : 1.5,
   s1Clients: [1, 16, 64],
   s2Workers: [1, 8, 64],
-  s3Samples: quick ? 300 : 2000,
-  s4Jobs: num('BENCH_S4_JOBS', quick ? 10_000 : 50_000),
+  s3Samples: quick ? 200 : 2000,
+  s4Jobs: num('BENCH_S4_JOBS', quick ? 5_000 : 50_000),
   s4Runs: num('BENCH_S4_RUNS', 1),
-  s7Prequeue: quick ? 5_000 : 50_000,
+  s7Prequeue: quick ? 3_000 : 50_000,
   pollers: 32,
   pollRate: 10_000,
 };
