@@ -110,7 +110,13 @@ export class WorkerRegistry {
   }
 
   setThrottled(endpointId: string, n: number): void {
-    this.#throttled.set(endpointId, n);
+    if (n > 0) this.#throttled.set(endpointId, n);
+    else this.#throttled.delete(endpointId);
+  }
+
+  /** Endpoints waiting for capacity. */
+  throttledEndpoints(): string[] {
+    return [...this.#throttled.keys()];
   }
 
   /** Forgets external workers not heard from for a while (they hold no jobs by then). */

@@ -244,6 +244,8 @@ export class Autoscaler {
       this.#o.logs.append(endpointId, workerId, 'system', `worker ${workerId} stopped (${how})`);
       this.#o.queue.workers.remove(endpointId, workerId);
     }
+    // The capacity it held is free again: endpoints waiting for it go first, not on the next tick.
+    for (const waiting of this.#o.queue.workers.throttledEndpoints()) this.trigger(waiting);
     this.trigger(endpointId);
   }
 
