@@ -28,12 +28,13 @@ mkdirSync(work, { recursive: true });
 
 const main = await bundle({ format: 'cjs', outfile: join(work, 'flashd.cjs') });
 
-// The addon file names must match src/core/native.ts (UWS_ADDON, SQLITE_ADDON).
-const uwsName = `uws_${process.platform}_${process.arch}_${process.versions.modules}.node`;
-const addons = [
-  { name: 'better_sqlite3.node', path: join(dirname(require.resolve('better-sqlite3/package.json')), 'build/Release/better_sqlite3.node') },
-  { name: uwsName, path: join(dirname(require.resolve('uWebSockets.js/package.json')), 'binaries', uwsName) },
-];
+// native/addons.json lists the addons; their file names must match src/core/native.ts.
+const fill = (t) => t.replace('{platform}', process.platform).replace('{arch}', process.arch).replace('{abi}', process.versions.modules);
+const listed = JSON.parse(readFileSync(join(root, 'native/addons.json'), 'utf8')).addons;
+const addons = listed.map((a) => ({
+  name: fill(a.name),
+  path: join(dirname(require.resolve(`${a.package}/package.json`)), fill(a.path)),
+}));
 const whole = createHash('sha256');
 const files = addons.map((a) => {
   const bytes = readFileSync(a.path);
