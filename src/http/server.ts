@@ -5,7 +5,7 @@
  * await, every write happens inside `cork()`, and large bodies honour backpressure.
  */
 import type { HttpResponse, us_listen_socket } from 'uWebSockets.js';
-import { randomUUID } from 'node:crypto';
+import { randomBytes } from 'node:crypto';
 import { loadUws } from '../core/native.js';
 import type { Logger } from '../core/logger.js';
 
@@ -20,6 +20,7 @@ export interface IncomingRequest {
   readonly query: URLSearchParams;
   /** Lower-case header names. */
   readonly headers: Readonly<Record<string, string>>;
+  /** The peer address, read when first asked for. */
   readonly remoteAddress: string;
   /** Aborted when the client goes away before the reply is sent. */
   readonly signal: AbortSignal;
@@ -75,8 +76,21 @@ export interface HttpServer {
 interface ResponseState {
   aborted: boolean;
   done: boolean;
-  controller: AbortController;
+  /** Made on first use of `signal` (most requests never look at it). */
+  controller: AbortController | undefined;
 }
+
+function signalOf(state: ResponseState): AbortSignal {
+  if (!state.controller) {
+    state.controller = new AbortController();
+    if (state.aborted) state.controller.abort();
+  }
+  return state.controller.signal;
+}
+
+/** Request ids: a random per-process prefix and a counter (unique, and cheaper than a UUID per request). */
+const ID_PREFIX = randomBytes(6).toString('hex');
+let idCounter = 0;
 
 function writeHead(res: HttpResponse, reply: OutgoingReply, requestId: string): void {
   res.writeStatus(`${reply.status} ${STATUS_TEXT[reply.status] ?? 'Status'}`);
@@ -116,7 +130,9 @@ export function createHttpServer(options: HttpServerOptions): HttpServer {
         res.write('');
       });
       const writer: StreamWriter = {
-        signal: state.controller.signal,
+        get signal() {
+          return signalOf(state);
+        },
         write: (chunk) => {
           if (state.aborted || state.done) return;
           res.cork(() => res.write(chunk));
@@ -143,10 +159,10 @@ export function createHttpServer(options: HttpServerOptions): HttpServer {
   };
 
   app.any('/*', (res, uReq) => {
-    const state: ResponseState = { aborted: false, done: false, controller: new AbortController() };
+    const state: ResponseState = { aborted: false, done: false, controller: undefined };
     res.onAborted(() => {
       state.aborted = true;
-      state.controller.abort();
+      state.controller?.abort();
     });
     const method = uReq.getCaseSensitiveMethod().toUpperCase();
     const path = uReq.getUrl();
@@ -155,8 +171,19 @@ export function createHttpServer(options: HttpServerOptions): HttpServer {
     uReq.forEach((k, v) => {
       headers[k] = headers[k] === undefined ? v : `${headers[k]}, ${v}`;
     });
-    const requestId = /^[A-Za-z0-9._-]{1,64}$/.test(headers['x-request-id'] ?? '') ? (headers['x-request-id'] as string) : randomUUID();
-    const remoteAddress = Buffer.from(res.getRemoteAddressAsText()).toString();
+    const given = headers['x-request-id'];
+    const requestId = given !== undefined && /^[A-Za-z0-9._-]{1,64}$/.test(given) ? given : `${ID_PREFIX}-${(++idCounter).toString(36)}`;
+    let remoteAddress: string | undefined;
+    const peer = (): string => {
+      if (remoteAddress === undefined) {
+        try {
+          remoteAddress = state.aborted ? '' : Buffer.from(res.getRemoteAddressAsText()).toString();
+        } catch {
+          remoteAddress = '';
+        }
+      }
+      return remoteAddress ?? '';
+    };
 
     let decision: RouteDecision;
     try {
@@ -168,9 +195,18 @@ export function createHttpServer(options: HttpServerOptions): HttpServer {
     }
 
     const run = (body: Buffer): void => {
+      let query: URLSearchParams | undefined;
       const req: IncomingRequest = {
-        id: requestId, method, path, query: new URLSearchParams(rawQuery), headers, remoteAddress,
-        signal: state.controller.signal, body,
+        id: requestId, method, path, headers, body,
+        get query() {
+          return (query ??= new URLSearchParams(rawQuery));
+        },
+        get remoteAddress() {
+          return peer();
+        },
+        get signal() {
+          return signalOf(state);
+        },
       };
       let result: Promise<OutgoingReply> | OutgoingReply;
       try {
