@@ -35,7 +35,6 @@ export class EndpointService {
   readonly networkVolumes: ResourceRepo<NetworkVolumeSpec>;
   readonly globalVolumes: ResourceRepo<GlobalVolumeSpec>;
   readonly registries: ResourceRepo<RegistryCredentialSpec>;
-  readonly #db: Db;
   readonly #clock: Clock;
   readonly #log: Logger;
   readonly #secrets: SecretBox;
@@ -45,7 +44,6 @@ export class EndpointService {
   readonly #byId = new Map<string, ResourceRow<EndpointSpec>>();
 
   constructor(options: EndpointServiceOptions) {
-    this.#db = options.db;
     this.#clock = options.clock;
     this.#log = options.log;
     this.#secrets = options.secrets;
