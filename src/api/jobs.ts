@@ -109,10 +109,11 @@ export function jobRoutes(s: JobRouteServices): RouteDef[] {
       method: 'GET', path: `${P}/status/{jobId}`, operationId: 'jobStatus', summary: 'Job status and result (?ttl ms sets how long the result is kept)',
       tag: 'Jobs', auth: 'user', scope: 'jobs:read', successStatus: 200, responseSchema: 'JobStatus', problems: READ,
       query: [{ name: 'ttl', description: 'Keep the result this many ms from now (or from completion).', schema: { type: 'integer', minimum: 1000 } }],
-      handle: ({ req, principal, params }) => {
+      handle: async ({ req, principal, params }) => {
         const ep = queueEndpoint(endpointFor(principal, params['endpointId'] as string));
         const ttl = intQuery(req.query, 'ttl', 1000, 7 * 86_400_000);
         const jobId = params['jobId'] as string;
+        await s.queue.durable();
         const snap = s.queue.find(ep.id, jobId);
         if (!snap) throw new AgentError('NOT_FOUND', `Job ${jobId} not found (unknown, or its result expired).`);
         if (ttl !== undefined) s.queue.setRetention(ep.id, jobId, ttl);
@@ -122,9 +123,10 @@ export function jobRoutes(s: JobRouteServices): RouteDef[] {
     {
       method: 'GET', path: `${P}/stream/{jobId}`, operationId: 'jobStream', summary: 'Stream chunks posted since the last poll',
       tag: 'Jobs', auth: 'user', scope: 'jobs:read', successStatus: 200, responseSchema: 'JobStream', problems: READ,
-      handle: ({ principal, params }) => {
+      handle: async ({ principal, params }) => {
         const ep = queueEndpoint(endpointFor(principal, params['endpointId'] as string));
         const jobId = params['jobId'] as string;
+        await s.queue.durable();
         const drained = s.queue.drainStream(ep.id, jobId);
         if (!drained) throw new AgentError('NOT_FOUND', `Job ${jobId} not found (unknown, or its result expired).`);
         const chunks = drained.stream.map((c) => (c.metrics === undefined ? `{"output":${c.output}}` : `{"output":${c.output},"metrics":${c.metrics}}`));

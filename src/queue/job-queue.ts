@@ -541,6 +541,14 @@ export class JobQueue {
     return { ...row, progress: null };
   }
 
+  /**
+   * Resolves once every state change made so far is committed, so a reply built after it never
+   * shows a result that a crash could still take back (at once when nothing is pending).
+   */
+  durable(): Promise<void> {
+    return this.#batch.committed();
+  }
+
   /** Live job object, when in memory. */
   live(jobId: string): Job | undefined {
     return this.#jobs.get(jobId);
