@@ -184,8 +184,7 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
       extraRoutes: [
         ...jobRoutes({ queue, endpoints, now: () => clock.now() }),
         ...workerRoutes({
-          queue, endpoints, auth, logs: new LogsRepo(db), baseUrl: urls.queueBaseUrl, pingIntervalMs,
-          onLog: (endpointId, listener, end) => logs.follow(endpointId, listener, end),
+          queue, endpoints, auth, logs, baseUrl: urls.queueBaseUrl, pingIntervalMs,
         }),
       ],
     });

@@ -1,14 +1,9 @@
 import type { AuthService } from '../auth/index.js';
 import type { EndpointService, PublicUrls } from '../endpoints/index.js';
+import type { InventoryGpuRow as InventoryGpu } from '../gpu/index.js';
 
-/** One GPU as the installation sees it (fed by gpu/ discovery). */
-export interface InventoryGpu {
-  gpuTypeId: string | null;
-  name: string;
-  cudaVersion: string | null;
-  dataCenterId: string;
-  free: boolean;
-}
+/** One GPU as the installation sees it (gpu/ discovery and the reservation ledger). */
+export type { InventoryGpu };
 
 /** What the route handlers are built from: plain components, wired in app.ts. */
 export interface ApiServices {

@@ -8,19 +8,19 @@ import { newId } from '../core/ids.js';
 import type { EndpointService } from '../endpoints/index.js';
 import type { OutgoingReply } from '../http/index.js';
 import { workerEnv, workerJobBody, type DoneBody, type DoneOutcome, type JobQueue } from '../queue/index.js';
-import type { LogLine, LogsRepo } from '../store/index.js';
+import type { LogLine } from '../store/index.js';
+import type { LogHub } from '../scheduler/index.js';
 import type { RouteDef } from './route.js';
 
 export interface WorkerRouteServices {
   queue: JobQueue;
   endpoints: EndpointService;
   auth: AuthService;
-  logs: LogsRepo;
+  /** Worker output: stored lines and followers of new ones. */
+  logs: Pick<LogHub, 'read' | 'follow'>;
   /** queue_base_url as workers reach it. */
   baseUrl(): string;
   pingIntervalMs: number;
-  /** Subscribe to new log lines of an endpoint (`end` when it is deleted); returns an unsubscribe function. */
-  onLog(endpointId: string, listener: (line: LogLine) => void, end: () => void): () => void;
 }
 
 const MB = 1024 * 1024;
@@ -63,7 +63,7 @@ function outcomeReply(outcome: DoneOutcome, jobId: string): { status: number; bo
   }
 }
 
-const jobsReply = (jobs: { id: string; input: string; extra: string | null; webhook: string | null }[], batch: boolean): OutgoingReply | undefined => {
+const jobsReply = (jobs: { id: string; input: string; extra: string | null }[], batch: boolean): OutgoingReply | undefined => {
   if (!batch) {
     const job = jobs[0];
     return job ? { status: 200, headers: { 'content-type': 'application/json' }, body: workerJobBody(job) } : undefined;
@@ -176,7 +176,7 @@ export function workerRoutes(s: WorkerRouteServices): RouteDef[] {
             headers: { 'content-type': 'application/x-ndjson', 'cache-control': 'no-store' },
             stream: (w) => {
               for (const l of lines) w.write(JSON.stringify(logView(l)) + '\n');
-              const off = s.onLog(ep.id, (l) => w.write(JSON.stringify(logView(l)) + '\n'), () => w.end());
+              const off = s.logs.follow(ep.id, (l) => w.write(JSON.stringify(logView(l)) + '\n'), () => w.end());
               w.signal.addEventListener('abort', off, { once: true });
             },
           },

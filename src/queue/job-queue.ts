@@ -745,7 +745,7 @@ export class JobQueue {
         }
       }
     }
-    for (const map of [this.workers]) map.sweep();
+    this.workers.sweep();
     this.#evict();
   }
 

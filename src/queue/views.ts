@@ -34,7 +34,7 @@ export function statusBody(j: JobSnapshot, now: number): string {
 }
 
 /** The job object a worker receives from job-take: always `id` and `input`, plus extra keys. */
-export function workerJobBody(j: Pick<Job, 'id' | 'input' | 'extra' | 'webhook'>): string {
+export function workerJobBody(j: Pick<Job, 'id' | 'input' | 'extra'>): string {
   let s = `{"id":${JSON.stringify(j.id)},"input":${j.input}`;
   if (j.extra !== null && j.extra.length > 2) s += `,${j.extra.slice(1, -1)}`;
   return s + '}';

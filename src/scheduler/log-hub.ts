@@ -45,6 +45,11 @@ export class LogHub {
     }
   }
 
+  /** Lines after `afterSeq` (oldest first), or the last `limit` lines when it is undefined. */
+  read(endpointId: string, afterSeq: number | undefined, limit: number): LogLine[] {
+    return this.#repo.read(endpointId, afterSeq, limit);
+  }
+
   /** New lines of an endpoint as they are committed; `end` when the endpoint goes away. */
   follow(endpointId: string, line: (line: LogLine) => void, end: () => void): () => void {
     let set = this.#followers.get(endpointId);
