@@ -19,7 +19,7 @@ import { ContainerRuntime, ProcessRuntime, findEngineSocket, type WorkerRuntime 
 import { Autoscaler, LogHub } from './scheduler/index.js';
 import { ResourceLedger, createLedgerPlacement, probeHost, workerRequirement } from './gpu/index.js';
 import type { EndpointSpec } from './endpoints/index.js';
-import { IdentityRepo, JobsRepo, LogsRepo, WriteBatch, openDb, type Db } from './store/index.js';
+import { IdentityRepo, JobsRepo, LogsRepo, WriteBatch, openDb, walPathOf, type Db } from './store/index.js';
 
 export const VERSION: string = pkg.version;
 
@@ -115,7 +115,11 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
     const rateLimiter = new RateLimiter({ minute: config.rateLimitMinute, hour: config.rateLimitHour, day: config.rateLimitDay }, clock);
 
     // Jobs: group commit, queue, webhooks, logs, autoscaler.
-    const batch = new WriteBatch(db, (err) => log.error('store commit failed', { err }));
+    const batch = new WriteBatch(db, {
+      durability: config.sqliteSynchronous === 'full' ? 'fsync' : 'none',
+      walPath: walPathOf(dataDir),
+      onError: (err) => log.error('store commit failed', { err }),
+    });
     closers.push(() => batch.close());
     const queue = new JobQueue({
       repo: new JobsRepo(db), batch, clock, log: log.child({ component: 'queue' }),
@@ -156,12 +160,14 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
       jobQueued: (endpointId) => autoscaler.trigger(endpointId),
       recycleWorker: (endpointId, workerId) => autoscaler.recycle(endpointId, workerId),
       finished: (job, body) => {
-        if (job.webhook) webhooks.send(job.webhook, body, job.id);
+        if (job.webhook) webhooks.send(job.webhook, body(), job.id);
       },
     });
     endpoints.on({
       changed: (id) => autoscaler.endpointChanged(id),
       deleting: (id) => {
+        // Writes already queued for this endpoint commit before its rows go.
+        batch.flush(true);
         auth.revokeEndpointKeys(id);
         queue.dropEndpoint(id);
         logs.drop(id);

@@ -21,6 +21,9 @@ export interface DispatcherOptions {
   hostHandler?: (method: string, path: string, headers: Readonly<Record<string, string>>) => RouteDecision | undefined;
 }
 
+/** Shared empty header set of requests that earn no rate-limit headers (never written to). */
+const NO_HEADERS: Record<string, string> = Object.freeze({}) as Record<string, string>;
+
 const JSON_TYPE = /^application\/(?:[\w.+-]+\+)?json\s*(?:;|$)/i;
 
 export function isJsonContentType(value: string | undefined): boolean {
@@ -57,7 +60,7 @@ export function createDispatcher(options: DispatcherOptions): (method: string, p
     return {
       maxBodyBytes: route.maxBodyBytes ?? options.maxBodyBytes,
       handle: async (req) => {
-        let rateHeaders: Record<string, string> = {};
+        let rateHeaders: Record<string, string> = NO_HEADERS;
         try {
           let principal: Principal | undefined;
           if (route.auth !== 'none') {
@@ -82,6 +85,7 @@ export function createDispatcher(options: DispatcherOptions): (method: string, p
             if (route.scope) requireScope(principal, route.scope);
           }
           let body: unknown;
+          let bodyText: string | undefined;
           if (route.body !== undefined) {
             const hasBody = req.body.length > 0;
             if (route.body === 'json' && !isJsonContentType(req.headers['content-type'])) {
@@ -89,19 +93,20 @@ export function createDispatcher(options: DispatcherOptions): (method: string, p
             }
             if (route.body === 'json' && !hasBody) throw new AgentError('BAD_REQUEST', 'A JSON request body is required.');
             if (hasBody && route.body !== 'raw') {
+              bodyText = req.body.toString('utf8');
               try {
-                body = JSON.parse(req.body.toString('utf8'));
+                body = JSON.parse(bodyText);
               } catch (err) {
                 throw new AgentError('INVALID_JSON', `The body is not valid JSON: ${(err as Error).message}.`);
               }
             }
           }
-          const result = await route.handle({ req, params: match.params, principal: principal as Principal, body });
+          const result = await route.handle({ req, params: match.params, principal: principal as Principal, body, bodyText });
           if (result.reply) {
-            result.reply.headers = { ...rateHeaders, ...result.reply.headers };
+            if (rateHeaders !== NO_HEADERS) result.reply.headers = { ...rateHeaders, ...result.reply.headers };
             return result.reply;
           }
-          const headers: Record<string, string> = { ...rateHeaders, ...result.headers };
+          const headers: Record<string, string> = rateHeaders === NO_HEADERS && result.headers ? result.headers : { ...rateHeaders, ...result.headers };
           if (result.body === undefined) return { status: result.status, headers };
           headers['content-type'] ??= 'application/json';
           return { status: result.status, headers, body: typeof result.body === 'string' ? result.body : JSON.stringify(result.body) };

@@ -3,6 +3,7 @@
  * `Authorization` works with or without `Bearer ` (runpod clients send the raw key).
  */
 import { AgentError } from '../core/errors.js';
+import { rawMember } from '../core/json-raw.js';
 import { assertSchema } from '../core/schemas.js';
 import type { EndpointService, EndpointSpec } from '../endpoints/index.js';
 import { checkWebhookUrl, statusBody, type JobQueue, type JobSnapshot } from '../queue/index.js';
@@ -58,7 +59,7 @@ export function jobRoutes(s: JobRouteServices): RouteDef[] {
   const P = '/v2/{endpointId}';
   const READ = [400, 401, 403, 404, 429];
 
-  const submit = async (principal: Principal, endpointId: string, body: unknown, retentionMs: number) => {
+  const submit = (principal: Principal, endpointId: string, body: unknown, text: string | undefined, retentionMs: number) => {
     const ep = queueEndpoint(endpointFor(principal, endpointId));
     const b = assertSchema<SubmitBody>('JobSubmit', body);
     if (b.webhook !== undefined) {
@@ -67,7 +68,8 @@ export function jobRoutes(s: JobRouteServices): RouteDef[] {
     }
     return s.queue.submit({
       endpointId: ep.id,
-      input: JSON.stringify(b.input),
+      // The input as the client sent it: never parsed again or re-serialised.
+      input: (text === undefined ? undefined : rawMember(text, 'input')) ?? JSON.stringify(b.input),
       extra: b.s3Config === undefined ? null : JSON.stringify({ s3Config: b.s3Config }),
       webhook: b.webhook ?? null,
       executionTimeoutMs: b.policy?.executionTimeout ?? ep.data.timeout,
@@ -82,8 +84,8 @@ export function jobRoutes(s: JobRouteServices): RouteDef[] {
       method: 'POST', path: `${P}/run`, operationId: 'runJob', summary: 'Queue a job; replies at once with its id', tag: 'Jobs',
       auth: 'user', scope: 'jobs:run', body: 'json', requestSchema: 'JobSubmit', successStatus: 200, responseSchema: 'JobAccepted',
       problems: [400, 401, 403, 404, 413, 415, 429], maxBodyBytes: 10 * MB,
-      handle: async ({ principal, params, body }) => {
-        const job = await submit(principal, params['endpointId'] as string, body, s.queue.settings.runRetentionMs);
+      handle: async ({ principal, params, body, bodyText }) => {
+        const job = await submit(principal, params['endpointId'] as string, body, bodyText, s.queue.settings.runRetentionMs);
         // Always IN_QUEUE: the job was queued when accepted, even if a parked worker took it
         // before the commit completed.
         return json(200, `{"id":${JSON.stringify(job.id)},"status":"IN_QUEUE"}`);
@@ -95,13 +97,13 @@ export function jobRoutes(s: JobRouteServices): RouteDef[] {
       tag: 'Jobs', auth: 'user', scope: 'jobs:run', body: 'json', requestSchema: 'JobSubmit', successStatus: 200, responseSchema: 'JobStatus',
       problems: [400, 401, 403, 404, 413, 415, 429], maxBodyBytes: 20 * MB,
       query: [{ name: 'wait', description: 'ms to wait for completion, 1000–300000 (default 90000).', schema: { type: 'integer', minimum: 1000, maximum: 300000 } }],
-      handle: async ({ req, principal, params, body }) => {
+      handle: async ({ req, principal, params, body, bodyText }) => {
         const wait = intQuery(req.query, 'wait', 1000, 300_000);
         const { syncRetentionMs, maxSyncRetentionMs } = s.queue.settings;
         const retention = wait === undefined ? syncRetentionMs : Math.min(maxSyncRetentionMs, Math.max(syncRetentionMs, wait));
-        const job = await submit(principal, params['endpointId'] as string, body, retention);
+        const job = await submit(principal, params['endpointId'] as string, body, bodyText, retention);
         // A client that goes away stops waiting; it never cancels the job.
-        await s.queue.waitFinal(job, wait ?? 90_000, req.signal);
+        await s.queue.waitFinal(job, wait ?? 90_000, req.cancel);
         return json(200, statusBody(job, s.now()));
       },
     },

@@ -14,6 +14,8 @@ export interface ApiContext {
   principal: Principal;
   /** Parsed JSON body (routes with `body: 'json'`), or undefined. */
   body: unknown;
+  /** The text `body` was parsed from, for slicing raw members out of it (core/json-raw.ts). */
+  bodyText?: string | undefined;
 }
 
 export interface ApiResult {

@@ -5,6 +5,7 @@
 import type { AuthService, Principal } from '../auth/index.js';
 import { AgentError } from '../core/errors.js';
 import { newId } from '../core/ids.js';
+import { rawMember } from '../core/json-raw.js';
 import type { EndpointService } from '../endpoints/index.js';
 import type { OutgoingReply } from '../http/index.js';
 import { workerEnv, workerJobBody, type DoneBody, type DoneOutcome, type JobQueue } from '../queue/index.js';
@@ -40,13 +41,20 @@ function checkWorker(s: WorkerRouteServices, principal: Principal, endpointId: s
 function parseRaw(body: Buffer): DoneBody {
   // runpod-python posts JSON as application/x-www-form-urlencoded: read the raw bytes as JSON.
   if (body.length === 0) return {};
+  const text = body.toString('utf8');
+  let parsed: unknown;
   try {
-    const parsed = JSON.parse(body.toString('utf8')) as unknown;
-    if (parsed === null || typeof parsed !== 'object' || Array.isArray(parsed)) throw new Error('not an object');
-    return parsed as DoneBody;
+    parsed = JSON.parse(text) as unknown;
   } catch {
+    parsed = undefined;
+  }
+  if (parsed === null || typeof parsed !== 'object' || Array.isArray(parsed)) {
     throw new AgentError('INVALID_JSON', 'The result body must be a JSON object.');
   }
+  const done = parsed as DoneBody;
+  // The output as the worker sent it, so it is stored and served without re-serialising.
+  if (done.output !== undefined) done.outputJson = rawMember(text, 'output');
+  return done;
 }
 
 function outcomeReply(outcome: DoneOutcome, jobId: string): { status: number; body?: unknown } {
@@ -83,7 +91,7 @@ export function workerRoutes(s: WorkerRouteServices): RouteDef[] {
       const endpointId = params['endpointId'] as string;
       checkWorker(s, principal, endpointId);
       const size = batch ? Math.min(256, Math.max(1, Number(req.query.get('batch_size') ?? '1') || 1)) : 1;
-      const jobs = await s.queue.take(endpointId, params['workerId'] as string, size, req.signal);
+      const jobs = await s.queue.take(endpointId, params['workerId'] as string, size, req.cancel);
       const reply = jobsReply(jobs, batch);
       return reply ? { status: 200, reply } : { status: 204 };
     },

@@ -40,14 +40,42 @@ export interface IssuedKey {
 const unauthenticated = (detail: string): AgentError =>
   new AgentError('UNAUTHENTICATED', detail, { headers: { 'www-authenticate': 'Bearer realm="flashd"' } });
 
+/** A key that authenticated, as of `generation` of the identity tables. */
+interface CachedKey {
+  readonly principal: Principal;
+  readonly expiresAt: number | null;
+  readonly generation: number;
+}
+
+const KEY_CACHE_MAX = 10_000;
+
+/**
+ * The token in an Authorization value, without the regexes of the full parse: what follows a
+ * leading `Bearer ` (any case), else the whole value, trimmed. Only a cache key: for any value
+ * whose result is a cached key (no whitespace inside), the full parse finds the same token.
+ */
+function cacheToken(value: string): string {
+  const bearer = value.startsWith('Bearer ') || (value.length > 7 && value.slice(0, 7).toLowerCase() === 'bearer ');
+  return (bearer ? value.slice(7) : value).trim();
+}
+
 export class AuthService {
   readonly #repo: IdentityRepo;
   readonly #clock: Clock;
   readonly #log: Logger;
   readonly #sessionSecret: string;
   readonly #sessionTtlMs: number;
-  /** Key rows by hash for the hot path; every write to a key goes through this class. */
-  readonly #cache = new Map<string, ApiKeyRow | null>();
+  /**
+   * Principals of keys that authenticated, by the raw key, so a repeated request costs one Map
+   * lookup and the expiry check instead of the format check, SHA-256, SQLite reads and a new
+   * principal. Keeping raw keys as Map keys adds no exposure: each one already sits in process
+   * memory in the headers of every request that carries it, the cache lives only in this process
+   * (never logged, never written), and at rest keys stay hashed in SQLite as before. An entry is
+   * trusted only while the identity tables are at the generation it was computed at, so any
+   * write (a key created, revoked or changed, a user, team or membership changed) makes every
+   * entry recompute on its next use. Session tokens are not cached.
+   */
+  readonly #keys = new Map<string, CachedKey>();
 
   constructor(repo: IdentityRepo, clock: Clock, log: Logger, sessionTtlSeconds: number) {
     this.#repo = repo;
@@ -107,13 +135,22 @@ export class AuthService {
       revokedAt: null,
     };
     this.#repo.insertKey(row);
-    this.#cache.delete(row.hash);
     return row;
   }
 
-  /** Resolves the Authorization header (with or without `Bearer `) to a principal, or throws 401. */
+  /**
+   * Resolves the Authorization header (with or without `Bearer `) to a principal, or throws 401.
+   * Key principals are cached and shared between requests; they are frozen.
+   */
   authenticate(headers: Readonly<Record<string, string>>): Principal {
     const raw = headers['authorization'];
+    if (raw !== undefined) {
+      const hit = this.#keys.get(cacheToken(raw));
+      if (hit !== undefined && hit.generation === this.#repo.generation) {
+        if (hit.expiresAt !== null && hit.expiresAt <= this.#clock.now()) throw unauthenticated('The API key has expired.');
+        return hit.principal;
+      }
+    }
     if (raw === undefined || raw.trim() === '') throw unauthenticated('Missing Authorization header. Send "Authorization: Bearer <API key>".');
     const m = /^\s*(?:Bearer\s+)?(\S+)\s*$/i.exec(raw);
     if (!m) throw unauthenticated('Malformed Authorization header. Send "Authorization: Bearer <API key>".');
@@ -121,14 +158,14 @@ export class AuthService {
     if (/^Bearer$/i.test(token)) throw unauthenticated('The Authorization header has no token after "Bearer".');
     if (token.startsWith('fds_')) return this.#fromSession(token, headers['x-team-id']);
     if (checkKeyFormat(token) === 'malformed') throw unauthenticated('The API key is malformed (bad format or checksum).');
-    const row = this.#lookup(hashKey(token));
+    const row = this.#repo.keyByHash(hashKey(token));
     if (!row) throw unauthenticated('The API key is not valid.');
     this.#checkUsable(row);
     // A team key acts for the team only while its user belongs to it (spec, Authentication 3).
     if (row.teamId !== null && row.kind === 'user' && !this.#repo.member(row.teamId, row.userId)) {
       throw unauthenticated('The API key belongs to a team its user is no longer a member of.');
     }
-    return {
+    const principal: Principal = Object.freeze({
       via: 'key',
       userId: row.userId,
       ownerId: row.teamId ?? row.userId,
@@ -137,17 +174,10 @@ export class AuthService {
       keyId: row.id,
       endpointId: row.endpointId,
       exempt: row.exempt,
-    };
-  }
-
-  #lookup(hash: string): ApiKeyRow | undefined {
-    let row = this.#cache.get(hash);
-    if (row === undefined) {
-      row = this.#repo.keyByHash(hash) ?? null;
-      if (this.#cache.size > 10_000) this.#cache.clear();
-      this.#cache.set(hash, row);
-    }
-    return row ?? undefined;
+    });
+    if (this.#keys.size >= KEY_CACHE_MAX) this.#keys.clear();
+    this.#keys.set(token, { principal, expiresAt: row.expiresAt, generation: this.#repo.generation });
+    return principal;
   }
 
   #checkUsable(row: ApiKeyRow): void {
@@ -220,15 +250,12 @@ export class AuthService {
 
   /** Revokes every worker key bound to an endpoint (it is being deleted). */
   revokeEndpointKeys(endpointId: string): void {
-    if (this.#repo.revokeEndpointKeys(endpointId, this.#clock.now()) > 0) this.#cache.clear();
+    this.#repo.revokeEndpointKeys(endpointId, this.#clock.now());
   }
 
   /** Revokes a key by id without a caller (worker keys of stopped workers). */
   revokeKeyById(id: string): void {
-    const row = this.#repo.keyById(id);
-    if (!row) return;
     this.#repo.revokeKey(id, this.#clock.now());
-    this.#cache.delete(row.hash);
   }
 
   /** Keys visible to the caller: admins see every user key, others their own. */
@@ -246,20 +273,18 @@ export class AuthService {
   }
 
   updateKey(caller: Principal, id: string, patch: { name?: string; exempt?: boolean }): ApiKeyRow {
-    const row = this.keyFor(caller, id);
+    this.keyFor(caller, id);
     if (patch.exempt !== undefined) {
       if (!caller.scopes.has('admin')) throw new AgentError('FORBIDDEN', 'Only admins can change rate-limit exemption.');
       this.#repo.setKeyExempt(id, patch.exempt);
     }
     if (patch.name !== undefined) this.#repo.renameKey(id, patch.name);
-    this.#cache.delete(row.hash);
     return this.#repo.keyById(id) as ApiKeyRow;
   }
 
   revokeKey(caller: Principal, id: string): void {
-    const row = this.keyFor(caller, id);
+    this.keyFor(caller, id);
     this.#repo.revokeKey(id, this.#clock.now());
-    this.#cache.delete(row.hash);
     this.#log.info('api key revoked', { keyId: id });
   }
 

@@ -7,6 +7,7 @@
 import type { HttpResponse, us_listen_socket } from 'uWebSockets.js';
 import { randomBytes } from 'node:crypto';
 import { loadUws } from '../core/native.js';
+import type { Cancellation } from '../core/abort.js';
 import type { Logger } from '../core/logger.js';
 
 const uws = loadUws();
@@ -24,6 +25,8 @@ export interface IncomingRequest {
   readonly remoteAddress: string;
   /** Aborted when the client goes away before the reply is sent. */
   readonly signal: AbortSignal;
+  /** The same event without an AbortController, for the hot long-poll paths. */
+  readonly cancel: Cancellation;
   /** The whole body (empty for bodiless requests), already bounded by the route's limit. */
   readonly body: Buffer;
 }
@@ -73,11 +76,34 @@ export interface HttpServer {
   close(): Promise<void>;
 }
 
-interface ResponseState {
-  aborted: boolean;
-  done: boolean;
+/** Per-request state; it is also the request's `cancel` (no closure or controller per request). */
+class ResponseState implements Cancellation {
+  aborted = false;
+  done = false;
   /** Made on first use of `signal` (most requests never look at it). */
-  controller: AbortController | undefined;
+  controller: AbortController | undefined = undefined;
+  /** Callbacks registered through `onAbort`. */
+  hooks: (() => void)[] | null = null;
+
+  onAbort(cb: () => void): () => void {
+    if (this.aborted) {
+      cb();
+      return () => undefined;
+    }
+    (this.hooks ??= []).push(cb);
+    return () => {
+      const i = this.hooks?.indexOf(cb) ?? -1;
+      if (i >= 0) this.hooks?.splice(i, 1);
+    };
+  }
+}
+
+function abortState(state: ResponseState): void {
+  state.aborted = true;
+  state.controller?.abort();
+  const hooks = state.hooks;
+  state.hooks = null;
+  if (hooks) for (const h of hooks) h();
 }
 
 function signalOf(state: ResponseState): AbortSignal {
@@ -92,11 +118,18 @@ function signalOf(state: ResponseState): AbortSignal {
 const ID_PREFIX = randomBytes(6).toString('hex');
 let idCounter = 0;
 
+const STATUS_LINE: Record<number, string> = {};
+for (const [code, text] of Object.entries(STATUS_TEXT)) STATUS_LINE[Number(code)] = `${code} ${text}`;
+
 function writeHead(res: HttpResponse, reply: OutgoingReply, requestId: string): void {
-  res.writeStatus(`${reply.status} ${STATUS_TEXT[reply.status] ?? 'Status'}`);
+  res.writeStatus(STATUS_LINE[reply.status] ?? `${reply.status} Status`);
   res.writeHeader('x-request-id', requestId);
-  for (const [k, v] of Object.entries(reply.headers ?? {})) res.writeHeader(k, v);
+  const headers = reply.headers;
+  if (headers) for (const k in headers) res.writeHeader(k, headers[k] as string);
 }
+
+/** Bodies up to this size are handed to uWS whole (it buffers what the socket does not take). */
+const SMALL_BODY = 64 * 1024;
 
 /** Sends a complete body, continuing through onWritable when the socket is backed up. */
 function sendWhole(res: HttpResponse, state: ResponseState, body: Buffer, closeConnection: boolean): void {
@@ -146,24 +179,25 @@ export function createHttpServer(options: HttpServerOptions): HttpServer {
       reply.stream(writer);
       return;
     }
-    const body = reply.body === undefined ? Buffer.alloc(0) : Buffer.isBuffer(reply.body) ? reply.body : Buffer.from(reply.body);
+    const raw = reply.body ?? '';
     res.cork(() => {
       writeHead(res, reply, requestId);
       if (reply.status === 204 || reply.status === 304) {
         res.endWithoutBody(0, closeConnection);
         state.done = true;
+      } else if (raw.length <= SMALL_BODY / 4) {
+        // Small (even at 4 bytes per character): no Buffer, no backpressure bookkeeping.
+        res.end(raw, closeConnection);
+        state.done = true;
       } else {
-        sendWhole(res, state, body, closeConnection);
+        sendWhole(res, state, Buffer.isBuffer(raw) ? raw : Buffer.from(raw), closeConnection);
       }
     });
   };
 
   app.any('/*', (res, uReq) => {
-    const state: ResponseState = { aborted: false, done: false, controller: undefined };
-    res.onAborted(() => {
-      state.aborted = true;
-      state.controller?.abort();
-    });
+    const state = new ResponseState();
+    res.onAborted(() => abortState(state));
     const method = uReq.getCaseSensitiveMethod().toUpperCase();
     const path = uReq.getUrl();
     const rawQuery = uReq.getQuery() ?? '';
@@ -207,6 +241,7 @@ export function createHttpServer(options: HttpServerOptions): HttpServer {
         get signal() {
           return signalOf(state);
         },
+        cancel: state,
       };
       let result: Promise<OutgoingReply> | OutgoingReply;
       try {
@@ -231,7 +266,8 @@ export function createHttpServer(options: HttpServerOptions): HttpServer {
 
     const lengthHeader = headers['content-length'];
     const declared = lengthHeader === undefined ? undefined : Number(lengthHeader);
-    const chunked = /chunked/i.test(headers['transfer-encoding'] ?? '');
+    const te = headers['transfer-encoding'];
+    const chunked = te !== undefined && /chunked/i.test(te);
     if (declared !== undefined && Number.isFinite(declared) && declared > decision.maxBodyBytes) {
       tooLarge();
       return;
@@ -251,8 +287,11 @@ export function createHttpServer(options: HttpServerOptions): HttpServer {
         tooLarge();
         return;
       }
-      // uWS reuses the ArrayBuffer after this callback returns: copy it.
-      chunks.push(Buffer.from(new Uint8Array(ab).slice()));
+      // uWS reuses the ArrayBuffer after this callback returns: copy it (small copies come
+      // from Node's shared buffer pool, not a fresh ArrayBuffer each).
+      const copy = Buffer.allocUnsafe(ab.byteLength);
+      copy.set(new Uint8Array(ab));
+      chunks.push(copy);
       if (isLast) run(chunks.length === 1 ? (chunks[0] as Buffer) : Buffer.concat(chunks, received));
     });
   });

@@ -8,6 +8,7 @@
  * Execution is at least once: a job whose worker dies or loses its lease goes back to the
  * queue, at most `maxAttempts` times. Completion is recorded exactly once.
  */
+import type { Cancellation } from '../core/abort.js';
 import type { Clock } from '../core/clock.js';
 import { AgentError } from '../core/errors.js';
 import { newJobId } from '../core/ids.js';
@@ -32,7 +33,11 @@ export interface QueueSettings {
   defaultTtlMs: number;
   /** Largest stream chunk; larger outputs are split. */
   streamChunkBytes: number;
-  /** Finished jobs kept in memory for fast /status (older ones are read from SQLite). */
+  /**
+   * Finished jobs kept in memory for /status (older ones are read from SQLite by id). Few: a
+   * finished job that stays in the heap for seconds is copied by every young-generation GC and
+   * then promoted, which cost more than the SQLite reads it saves.
+   */
   finishedInMemory: number;
 }
 
@@ -45,7 +50,7 @@ export const DEFAULT_QUEUE_SETTINGS: QueueSettings = {
   maxSyncRetentionMs: 5 * 60_000,
   defaultTtlMs: 24 * 3_600_000,
   streamChunkBytes: 1024 * 1024,
-  finishedInMemory: 20_000,
+  finishedInMemory: 2_000,
 };
 
 export interface SubmitInput {
@@ -66,14 +71,17 @@ export interface QueueListener {
   jobQueued?(endpointId: string): void;
   /** A worker asked to be recycled (stopPod / refresh_worker). */
   recycleWorker?(endpointId: string, workerId: string): void;
-  /** A job reached a final state, after commit. */
-  finished?(job: Job, body: string): void;
+  /** A job reached a final state, after commit; `body()` renders its final status body. */
+  finished?(job: Job, body: () => string): void;
 }
+
+/** A job handed to a worker: its input is in memory. */
+export type ClaimedJob = Job & { input: string };
 
 interface Taker {
   worker: WorkerInfo;
   max: number;
-  resolve(jobs: Job[]): void;
+  resolve(jobs: ClaimedJob[]): void;
 }
 
 class EndpointQueue {
@@ -88,6 +96,18 @@ class EndpointQueue {
 
 export type DoneOutcome = 'accepted' | 'duplicate' | 'stale' | 'unknown';
 
+/**
+ * Shared empty lists: most jobs never get a stream chunk or a /runsync waiter, so a job gets
+ * its own array on first use (frozen, so a push onto the shared one fails loudly).
+ */
+const NO_CHUNKS: StreamChunk[] = Object.freeze([]) as unknown as StreamChunk[];
+const NO_WAITERS: (() => void)[] = Object.freeze([]) as unknown as (() => void)[];
+const NOOP = (): void => undefined;
+const chunksOf = (job: Job): StreamChunk[] => (job.chunks === NO_CHUNKS ? (job.chunks = []) : job.chunks);
+
+/** Queued jobs of an endpoint beyond this many keep their input in SQLite only, until taken. */
+const HOT_QUEUE_DEPTH = 64;
+
 /** A pending stop is offered again on job-stop at most this often. */
 const STOP_REOFFER_MS = 1000;
 
@@ -95,6 +115,8 @@ const STOP_REOFFER_MS = 1000;
 export interface DoneBody {
   status?: unknown;
   output?: unknown;
+  /** The source text of `output`, when the body's text was at hand (stored as is). */
+  outputJson?: string | undefined;
   error?: unknown;
   stopPod?: unknown;
 }
@@ -163,14 +185,14 @@ export class JobQueue {
     return { queued, running };
   }
 
-  #fromRow(row: JobRow, mono: number, now: number): Job {
+  #fromRow(row: Omit<JobRow, 'input'> & { input: string | null }, mono: number, now: number): Job {
     return {
       id: row.id, endpointId: row.endpointId, status: row.status, input: row.input, extra: row.extra, webhook: row.webhook,
       lowPriority: row.lowPriority, executionTimeoutMs: row.executionTimeoutMs, ttlMs: row.ttlMs, retentionMs: row.retentionMs,
       attempt: row.attempt, retries: row.retries, workerId: row.workerId,
       resultBy: row.status === 'COMPLETED' || row.status === 'FAILED' ? row.workerId : null, output: row.output, error: row.error, progress: null,
-      chunks: [], createdAt: row.createdAt, startedAt: row.startedAt, completedAt: row.completedAt, expiresAt: row.expiresAt,
-      ttlDeadline: mono + Math.max(0, row.ttlMs - (now - row.createdAt)), leaseDeadline: 0, execDeadline: 0, waiters: [],
+      chunks: NO_CHUNKS, createdAt: row.createdAt, startedAt: row.startedAt, completedAt: row.completedAt, expiresAt: row.expiresAt,
+      ttlDeadline: mono + Math.max(0, row.ttlMs - (now - row.createdAt)), leaseDeadline: 0, execDeadline: 0, waiters: NO_WAITERS,
     };
   }
 
@@ -182,15 +204,43 @@ export class JobQueue {
     const job: Job = {
       id: newJobId(), endpointId: input.endpointId, status: 'IN_QUEUE', input: input.input, extra: input.extra, webhook: input.webhook,
       lowPriority: input.lowPriority, executionTimeoutMs: input.executionTimeoutMs, ttlMs: input.ttlMs, retentionMs: input.retentionMs,
-      attempt: 0, retries: 0, workerId: null, resultBy: null, output: null, error: null, progress: null, chunks: [], createdAt: now, startedAt: null,
-      completedAt: null, expiresAt: null, ttlDeadline: this.#clock.monotonic() + input.ttlMs, leaseDeadline: 0, execDeadline: 0, waiters: [],
+      attempt: 0, retries: 0, workerId: null, resultBy: null, output: null, error: null, progress: null, chunks: NO_CHUNKS, createdAt: now, startedAt: null,
+      completedAt: null, expiresAt: null, ttlDeadline: this.#clock.monotonic() + input.ttlMs, leaseDeadline: 0, execDeadline: 0, waiters: NO_WAITERS,
     };
     this.#jobs.set(job.id, job);
-    this.#batch.write(() => this.#repo.insert(job));
     const q = this.#queue(job.endpointId);
+    const raw = input.input;
+    this.#batch.write(() => {
+      this.#repo.insert(job, raw);
+      // Deep in a busy queue, the input waits in SQLite rather than in the heap.
+      if (job.status === 'IN_QUEUE' && q.queued + q.lowQueued > HOT_QUEUE_DEPTH) job.input = null;
+    });
     this.#enqueue(q, job, false);
-    await this.#batch.committed();
+    try {
+      await this.#batch.committed();
+    } catch (err) {
+      // Not stored, so never acknowledged: take it back out of memory before the caller's 500.
+      this.#forget(job);
+      throw err;
+    }
     return job;
+  }
+
+  /** Drops a job whose insert did not commit: off its queue or worker, out of the map. */
+  #forget(job: Job): void {
+    if (job.status === 'IN_QUEUE') {
+      const q = this.#queue(job.endpointId);
+      if (job.lowPriority) q.lowQueued--;
+      else q.queued--;
+    } else if (job.status === 'IN_PROGRESS') {
+      const worker = this.#release(job);
+      if (worker) this.#requestStop(worker, job.id);
+    }
+    job.status = 'CANCELLED';
+    if (this.#jobs.get(job.id) === job) this.#jobs.delete(job.id);
+    const waiters = job.waiters;
+    job.waiters = NO_WAITERS;
+    for (const w of waiters) w();
   }
 
   #enqueue(q: EndpointQueue, job: Job, front: boolean): void {
@@ -221,7 +271,20 @@ export class JobQueue {
     return undefined;
   }
 
-  #claim(job: Job, worker: WorkerInfo): void {
+  /** Reads the input of a job that waited in SQLite only; a job without a row fails. */
+  #loadInput(job: Job): job is ClaimedJob {
+    if (job.input !== null) return true;
+    const input = this.#repo.inputOf(job.id);
+    if (input !== undefined) {
+      job.input = input;
+      return true;
+    }
+    this.#log.error('queued job has no row to read its input from', { jobId: job.id, endpointId: job.endpointId });
+    this.#finish(job, 'FAILED', null, 'The job input could not be read from the database.');
+    return false;
+  }
+
+  #claim(job: ClaimedJob, worker: WorkerInfo): ClaimedJob {
     const mono = this.#clock.monotonic();
     job.status = 'IN_PROGRESS';
     job.attempt++;
@@ -236,15 +299,15 @@ export class JobQueue {
     this.#queue(job.endpointId).inProgress++;
     const { id, attempt, startedAt } = job;
     this.#batch.write(() => this.#repo.claim(id, attempt, worker.id, startedAt));
+    return job;
   }
 
-  #claimUpTo(q: EndpointQueue, worker: WorkerInfo, max: number): Job[] {
-    const jobs: Job[] = [];
+  #claimUpTo(q: EndpointQueue, worker: WorkerInfo, max: number): ClaimedJob[] {
+    const jobs: ClaimedJob[] = [];
     while (jobs.length < max) {
       const job = this.#next(q);
       if (!job) break;
-      this.#claim(job, worker);
-      jobs.push(job);
+      if (this.#loadInput(job)) jobs.push(this.#claim(job, worker));
     }
     return jobs;
   }
@@ -266,20 +329,21 @@ export class JobQueue {
    * job-take: returns up to `max` jobs at once, or holds the request until one arrives (woken
    * by submit, never by a timer) and gives [] after `holdMs`.
    */
-  take(endpointId: string, workerId: string, max: number, signal: AbortSignal, holdMs = this.settings.takeHoldMs): Promise<Job[]> {
+  take(endpointId: string, workerId: string, max: number, cancel: Cancellation, holdMs = this.settings.takeHoldMs): Promise<ClaimedJob[]> {
     const worker = this.workers.seen(endpointId, workerId);
     const q = this.#queue(endpointId);
     // A take renews no lease: only pings (which list the jobs held) and results do. A worker
     // restarted with the same id would otherwise keep its dead incarnation's jobs alive.
     const jobs = this.#claimUpTo(q, worker, Math.max(1, max));
-    if (jobs.length || signal.aborted) return Promise.resolve(jobs);
+    if (jobs.length || cancel.aborted) return Promise.resolve(jobs);
     return new Promise((resolve) => {
       let settled = false;
-      const settle = (result: Job[]) => {
+      let unhook = NOOP;
+      const settle = (result: ClaimedJob[]) => {
         if (settled) return;
         settled = true;
         clearTimeout(timer);
-        signal.removeEventListener('abort', onAbort);
+        unhook();
         worker.parked--;
         worker.lastSeen = this.#clock.monotonic();
         resolve(result);
@@ -299,7 +363,7 @@ export class JobQueue {
       }, holdMs);
       worker.parked++;
       q.takers.push(taker);
-      signal.addEventListener('abort', onAbort, { once: true });
+      unhook = cancel.onAbort(onAbort);
     });
   }
 
@@ -311,7 +375,7 @@ export class JobQueue {
       if (job.status === 'IN_PROGRESS' && job.workerId === workerId) return { job };
       return { outcome: job.resultBy === workerId ? 'duplicate' : 'stale' };
     }
-    const row = this.#repo.get(jobId);
+    const row = this.#repo.getWithoutInput(jobId);
     if (!row || row.endpointId !== endpointId) return { outcome: 'unknown' };
     return { outcome: (row.status === 'COMPLETED' || row.status === 'FAILED') && row.workerId === workerId ? 'duplicate' : 'stale' };
   }
@@ -323,14 +387,14 @@ export class JobQueue {
     if (!job) return outcome as DoneOutcome;
     job.leaseDeadline = this.#clock.monotonic() + this.settings.leaseMs;
     if (body.status === 'IN_PROGRESS') {
-      job.progress = body.output === undefined ? 'null' : JSON.stringify(body.output);
+      job.progress = body.output === undefined ? 'null' : body.outputJson ?? JSON.stringify(body.output);
       return 'accepted';
     }
     if (body.stopPod === true) {
       worker.recycle = true;
       for (const l of this.#listeners) l.recycleWorker?.(endpointId, workerId);
     }
-    const output = body.output === undefined ? null : JSON.stringify(body.output);
+    const output = body.output === undefined ? null : body.outputJson ?? JSON.stringify(body.output);
     job.resultBy = workerId;
     if (body.error !== undefined && body.error !== null && body.error !== false && body.error !== '' && body.error !== 0) {
       const error = typeof body.error === 'string' ? body.error : JSON.stringify(body.error);
@@ -342,16 +406,16 @@ export class JobQueue {
   }
 
   /** job-stream: chunks for /stream, each at most `streamChunkBytes` (larger ones are split). */
-  stream(endpointId: string, workerId: string, jobId: string, body: { output?: unknown; metrics?: unknown }): DoneOutcome {
+  stream(endpointId: string, workerId: string, jobId: string, body: { output?: unknown; outputJson?: string | undefined; metrics?: unknown }): DoneOutcome {
     this.workers.seen(endpointId, workerId);
     const { job, outcome } = this.#owned(endpointId, workerId, jobId);
     if (!job) return outcome as DoneOutcome;
     job.leaseDeadline = this.#clock.monotonic() + this.settings.leaseMs;
     const metrics = body.metrics === undefined ? undefined : JSON.stringify(body.metrics);
-    const output = JSON.stringify(body.output ?? null);
+    const output = body.output === undefined || body.output === null ? 'null' : body.outputJson ?? JSON.stringify(body.output);
     const limit = this.settings.streamChunkBytes;
     if (Buffer.byteLength(output) <= limit) {
-      job.chunks.push(metrics === undefined ? { output } : { output, metrics });
+      chunksOf(job).push(metrics === undefined ? { output } : { output, metrics });
       return 'accepted';
     }
     // Too large for one chunk: split strings into pieces, anything else as pieces of its JSON text.
@@ -360,7 +424,7 @@ export class JobQueue {
     for (let i = 0; i < text.length; i += step) {
       const piece: StreamChunk = { output: JSON.stringify(text.slice(i, i + step)) };
       if (i === 0 && metrics !== undefined) piece.metrics = metrics;
-      job.chunks.push(piece);
+      chunksOf(job).push(piece);
     }
     return 'accepted';
   }
@@ -461,6 +525,8 @@ export class JobQueue {
     job.status = status;
     job.output = output;
     job.error = error;
+    // Not shown once final; a /retry reads it back from SQLite.
+    job.input = null;
     job.completedAt = now;
     job.expiresAt = now + job.retentionMs;
     const { id, expiresAt } = job;
@@ -468,10 +534,11 @@ export class JobQueue {
     this.#batch.committed().then(
       () => {
         const waiters = job.waiters;
-        job.waiters = [];
+        job.waiters = NO_WAITERS;
         for (const w of waiters) w();
-        const body = statusBody(job, this.#clock.now());
-        for (const l of this.#listeners) l.finished?.(job, body);
+        let body: string | undefined;
+        const render = () => (body ??= statusBody(job, this.#clock.now()));
+        for (const l of this.#listeners) l.finished?.(job, render);
       },
       () => undefined,
     );
@@ -536,7 +603,7 @@ export class JobQueue {
       if (job.endpointId !== endpointId || (job.expiresAt !== null && job.expiresAt <= now)) return undefined;
       return job;
     }
-    const row = this.#repo.get(jobId);
+    const row = this.#repo.getWithoutInput(jobId);
     if (!row || row.endpointId !== endpointId || (row.expiresAt !== null && row.expiresAt <= now)) return undefined;
     return { ...row, progress: null };
   }
@@ -555,22 +622,23 @@ export class JobQueue {
   }
 
   /** Waits until the job is final or `ms` passes (runsync). The job goes on either way. */
-  waitFinal(job: Job, ms: number, signal: AbortSignal): Promise<void> {
+  waitFinal(job: Job, ms: number, cancel: Cancellation): Promise<void> {
     if (TERMINAL.has(job.status) && job.waiters.length === 0) return Promise.resolve();
     return new Promise((resolve) => {
       let settled = false;
+      let unhook = NOOP;
       const settle = () => {
         if (settled) return;
         settled = true;
         clearTimeout(timer);
-        signal.removeEventListener('abort', settle);
+        unhook();
         const i = job.waiters.indexOf(settle);
         if (i >= 0) job.waiters.splice(i, 1);
         resolve();
       };
       const timer = setTimeout(settle, ms);
-      job.waiters.push(settle);
-      signal.addEventListener('abort', settle, { once: true });
+      (job.waiters === NO_WAITERS ? (job.waiters = []) : job.waiters).push(settle);
+      unhook = cancel.onAbort(settle);
     });
   }
 
@@ -587,7 +655,7 @@ export class JobQueue {
       }
       return;
     }
-    const row = this.#repo.get(jobId);
+    const row = this.#repo.getWithoutInput(jobId);
     if (row && row.endpointId === endpointId && row.completedAt !== null) this.#batch.write(() => this.#repo.setExpiry(jobId, now + ms));
   }
 
@@ -596,7 +664,11 @@ export class JobQueue {
     const snap = this.find(endpointId, jobId);
     if (!snap) return undefined;
     const job = this.#jobs.get(jobId);
-    const stream = job ? job.chunks.splice(0) : [];
+    let stream: StreamChunk[] = [];
+    if (job && job.chunks !== NO_CHUNKS) {
+      stream = job.chunks;
+      job.chunks = NO_CHUNKS;
+    }
     return { status: snap.status, stream };
   }
 
@@ -635,7 +707,7 @@ export class JobQueue {
     job.output = null;
     job.error = null;
     job.progress = null;
-    job.chunks = [];
+    job.chunks = NO_CHUNKS;
     job.workerId = null;
     job.resultBy = null;
     job.startedAt = null;
@@ -711,7 +783,9 @@ export class JobQueue {
       if (job.endpointId !== endpointId) continue;
       this.#running.delete(job);
       this.#jobs.delete(id);
-      for (const w of job.waiters.splice(0)) w();
+      const waiters = job.waiters;
+      job.waiters = NO_WAITERS;
+      for (const w of waiters) w();
     }
     this.workers.dropEndpoint(endpointId);
   }

@@ -16,7 +16,11 @@ export interface Job {
   readonly id: string;
   readonly endpointId: string;
   status: JobStatus;
-  readonly input: string;
+  /**
+   * Raw JSON input; null while it lives only in SQLite (a job deep in a queue, or recovered
+   * after a restart), loaded when a worker takes the job. Keeps a long backlog out of the heap.
+   */
+  input: string | null;
   readonly extra: string | null;
   readonly webhook: string | null;
   readonly lowPriority: boolean;

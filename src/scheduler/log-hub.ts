@@ -29,7 +29,12 @@ export class LogHub {
     const at = this.#clock.now();
     let seq = 0;
     this.#batch.write(() => {
-      seq = this.#repo.insert(endpointId, workerId, stream, line, at);
+      try {
+        seq = this.#repo.insert(endpointId, workerId, stream, line, at);
+      } catch {
+        // The endpoint was deleted after the line was written (a stopping worker's last output):
+        // the line goes with it, and the statement's failure must not fail the batch around it.
+      }
     });
     const n = (this.#written.get(endpointId) ?? 0) + 1;
     this.#written.set(endpointId, n);

@@ -10,15 +10,21 @@ export type Db = Database.Database;
 export interface OpenDbOptions {
   dataDir: string;
   /**
-   * `full` (default): WAL synced on every commit, so a committed row survives power loss.
+   * `full` (default): a commit is synced before anyone is told, so it survives power loss.
+   * Direct writes get SQLite's own FULL; the job path's group commit (write-batch.ts) commits
+   * at NORMAL and syncs the WAL itself, off the event loop, before answering.
    * `normal`: synced only at checkpoints; survives a crash of flashd, not of the machine.
-   * Group commit (one transaction per event-loop turn on the job path) makes `full` cheap.
    */
   synchronous: 'full' | 'normal';
   log: Logger;
 }
 
 /** Opens `<dataDir>/flashd.db` in WAL mode and applies pending migrations. */
+/** The WAL file of the database `openDb` opens in `dataDir`. */
+export function walPathOf(dataDir: string): string {
+  return join(dataDir, 'flashd.db-wal');
+}
+
 export function openDb(options: OpenDbOptions): Db {
   mkdirSync(options.dataDir, { recursive: true });
   // In the single binary the addon comes from core/native.ts. better-sqlite3 takes the loaded

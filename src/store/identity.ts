@@ -1,4 +1,4 @@
-import type { Statement } from 'better-sqlite3';
+import type { RunResult, Statement } from 'better-sqlite3';
 import type { Db } from './db.js';
 
 export interface UserRow {
@@ -51,6 +51,7 @@ const mapKey = (r: RawKey): ApiKeyRow => ({
 /** Users, teams, memberships, API keys and small settings. */
 export class IdentityRepo {
   readonly #s: Record<string, Statement>;
+  #generation = 0;
 
   constructor(db: Db) {
     this.#s = {
@@ -81,6 +82,21 @@ export class IdentityRepo {
     };
   }
 
+  /**
+   * Changes with every write to these tables, so a reader may cache what it derives from them
+   * (AuthService's key cache) and recompute when this moves. In memory only: this repository is
+   * the one writer of its tables, in one process.
+   */
+  get generation(): number {
+    return this.#generation;
+  }
+
+  /** Every write goes through here, so none can leave the generation unchanged. */
+  #write(statement: string, ...params: unknown[]): RunResult {
+    this.#generation++;
+    return this.#s[statement]!.run(...params);
+  }
+
   #user(r: { id: string; name: string; is_admin: number; created_at: number } | undefined): UserRow | undefined {
     return r && { id: r.id, name: r.name, isAdmin: r.is_admin === 1, createdAt: r.created_at };
   }
@@ -90,7 +106,7 @@ export class IdentityRepo {
   }
 
   insertUser(user: UserRow): void {
-    this.#s['insertUser']!.run(user.id, user.name, user.isAdmin ? 1 : 0, user.createdAt);
+    this.#write('insertUser', user.id, user.name, user.isAdmin ? 1 : 0, user.createdAt);
   }
   getUser(id: string): UserRow | undefined {
     return this.#user(this.#s['getUser']!.get(id) as never);
@@ -99,7 +115,7 @@ export class IdentityRepo {
     return (this.#s['listUsers']!.all() as never[]).map((r) => this.#user(r) as UserRow);
   }
   insertTeam(team: TeamRow): void {
-    this.#s['insertTeam']!.run(team.id, team.name, team.ownerUserId, team.createdAt);
+    this.#write('insertTeam', team.id, team.name, team.ownerUserId, team.createdAt);
   }
   getTeam(id: string): TeamRow | undefined {
     return this.#team(this.#s['getTeam']!.get(id) as never);
@@ -108,10 +124,10 @@ export class IdentityRepo {
     return (this.#s['teamsOf']!.all(userId) as never[]).map((r) => this.#team(r) as TeamRow);
   }
   putMember(teamId: string, userId: string, role: 'owner' | 'member', now: number): void {
-    this.#s['insertMember']!.run(teamId, userId, role, now);
+    this.#write('insertMember', teamId, userId, role, now);
   }
   removeMember(teamId: string, userId: string): boolean {
-    return this.#s['deleteMember']!.run(teamId, userId).changes > 0;
+    return this.#write('deleteMember', teamId, userId).changes > 0;
   }
   member(teamId: string, userId: string): TeamMemberRow | undefined {
     const r = this.#s['getMember']!.get(teamId, userId) as { team_id: string; user_id: string; role: 'owner' | 'member' } | undefined;
@@ -123,7 +139,7 @@ export class IdentityRepo {
     }));
   }
   insertKey(key: ApiKeyRow): void {
-    this.#s['insertKey']!.run({ ...key, scopes: JSON.stringify(key.scopes), exempt: key.exempt ? 1 : 0 });
+    this.#write('insertKey', { ...key, scopes: JSON.stringify(key.scopes), exempt: key.exempt ? 1 : 0 });
   }
   keyByHash(hash: string): ApiKeyRow | undefined {
     const r = this.#s['keyByHash']!.get(hash) as RawKey | undefined;
@@ -141,21 +157,21 @@ export class IdentityRepo {
     return (this.#s['countKeys']!.get() as { n: number }).n;
   }
   revokeKey(id: string, now: number): boolean {
-    return this.#s['revokeKey']!.run(now, id).changes > 0;
+    return this.#write('revokeKey', now, id).changes > 0;
   }
   revokeEndpointKeys(endpointId: string, now: number): number {
-    return this.#s['revokeEndpointKeys']!.run(now, endpointId).changes;
+    return this.#write('revokeEndpointKeys', now, endpointId).changes;
   }
   setKeyExempt(id: string, exempt: boolean): void {
-    this.#s['setExempt']!.run(exempt ? 1 : 0, id);
+    this.#write('setExempt', exempt ? 1 : 0, id);
   }
   renameKey(id: string, name: string): void {
-    this.#s['renameKey']!.run(name, id);
+    this.#write('renameKey', name, id);
   }
   getSetting(key: string): string | undefined {
     return (this.#s['getSetting']!.get(key) as { value: string } | undefined)?.value;
   }
   putSetting(key: string, value: string): void {
-    this.#s['putSetting']!.run(key, value);
+    this.#write('putSetting', key, value);
   }
 }

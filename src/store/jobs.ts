@@ -57,6 +57,8 @@ export class JobsRepo {
   readonly #counts: Statement;
   readonly #retried: Statement;
   readonly #lease: Statement;
+  readonly #input: Statement;
+  readonly #getLight: Statement;
 
   constructor(db: Db) {
     this.#insert = db.prepare(`INSERT INTO jobs (id, endpoint_id, status, input, extra, webhook, low_priority, execution_timeout_ms, ttl_ms,
@@ -70,14 +72,21 @@ export class JobsRepo {
     this.#lease = db.prepare('UPDATE jobs SET attempt = ? WHERE id = ?');
     this.#setExpiry = db.prepare('UPDATE jobs SET expires_at = ? WHERE id = ?');
     this.#get = db.prepare('SELECT * FROM jobs WHERE id = ?');
-    this.#active = db.prepare("SELECT * FROM jobs WHERE status IN ('IN_QUEUE', 'IN_PROGRESS') ORDER BY created_at, rowid");
+    // Without input and output: recovery loads inputs lazily (inputOf), so a restart with a long
+    // backlog reads only the small columns.
+    this.#active = db.prepare(`SELECT id, endpoint_id, status, NULL AS input, extra, webhook, low_priority, execution_timeout_ms, ttl_ms,
+      retention_ms, attempt, retries, worker_id, NULL AS output, error, created_at, started_at, completed_at, expires_at
+      FROM jobs WHERE status IN ('IN_QUEUE', 'IN_PROGRESS') ORDER BY created_at, rowid`);
+    this.#input = db.prepare('SELECT input FROM jobs WHERE id = ?').pluck();
+    this.#getLight = db.prepare(`SELECT id, endpoint_id, status, NULL AS input, extra, webhook, low_priority, execution_timeout_ms, ttl_ms,
+      retention_ms, attempt, retries, worker_id, output, error, created_at, started_at, completed_at, expires_at FROM jobs WHERE id = ?`);
     this.#expire = db.prepare('DELETE FROM jobs WHERE expires_at IS NOT NULL AND expires_at <= ?');
     this.#counts = db.prepare('SELECT status, count(*) AS n FROM jobs WHERE endpoint_id = ? GROUP BY status');
     this.#retried = db.prepare('SELECT coalesce(sum(retries), 0) AS n FROM jobs WHERE endpoint_id = ?');
   }
 
-  insert(j: Pick<JobRow, 'id' | 'endpointId' | 'input' | 'extra' | 'webhook' | 'lowPriority' | 'executionTimeoutMs' | 'ttlMs' | 'retentionMs' | 'createdAt'>): void {
-    this.#insert.run(j.id, j.endpointId, j.input, j.extra, j.webhook, j.lowPriority ? 1 : 0, j.executionTimeoutMs, j.ttlMs, j.retentionMs, j.createdAt);
+  insert(j: Pick<JobRow, 'id' | 'endpointId' | 'extra' | 'webhook' | 'lowPriority' | 'executionTimeoutMs' | 'ttlMs' | 'retentionMs' | 'createdAt'>, input: string): void {
+    this.#insert.run(j.id, j.endpointId, input, j.extra, j.webhook, j.lowPriority ? 1 : 0, j.executionTimeoutMs, j.ttlMs, j.retentionMs, j.createdAt);
   }
 
   claim(id: string, attempt: number, workerId: string, startedAt: number): void {
@@ -107,9 +116,20 @@ export class JobsRepo {
     return r && map(r);
   }
 
-  /** Queued and running jobs, oldest first (restart recovery). */
-  active(): JobRow[] {
-    return (this.#active.all() as Raw[]).map(map);
+  /** A job row without its input (status reads: the input may be megabytes and is not shown). */
+  getWithoutInput(id: string): (Omit<JobRow, 'input'> & { input: null }) | undefined {
+    const r = this.#getLight.get(id) as Raw | undefined;
+    return r && (map(r) as unknown as Omit<JobRow, 'input'> & { input: null });
+  }
+
+  /** Queued and running jobs, oldest first (restart recovery), with `input` and `output` null. */
+  active(): (Omit<JobRow, 'input'> & { input: null })[] {
+    return (this.#active.all() as Raw[]).map(map) as unknown as (Omit<JobRow, 'input'> & { input: null })[];
+  }
+
+  /** The raw input of a job, or undefined when there is no such row. */
+  inputOf(id: string): string | undefined {
+    return this.#input.get(id) as string | undefined;
   }
 
   deleteExpired(now: number): number {

@@ -1,0 +1,90 @@
+/**
+ * Raw JSON slicing: the source text of one member of a JSON object, so a job's `input` and a
+ * worker's `output` travel as the bytes the client sent instead of being parsed into objects
+ * and serialised again (`JSON.stringify` of a 1 KB input costs more than the SQLite insert of
+ * its row; perf-anchors §7.3 "keep job input/output as raw bytes end to end").
+ *
+ * The text must already have been accepted by `JSON.parse`: the scanner trusts its structure
+ * and only finds boundaries. Like `JSON.parse`, it takes the last of duplicate keys.
+ */
+
+const QUOTE = 0x22;
+const BACKSLASH = 0x5c;
+const COMMA = 0x2c;
+const OPEN_OBJECT = 0x7b;
+const CLOSE_OBJECT = 0x7d;
+
+function skipWs(text: string, i: number): number {
+  for (;;) {
+    const c = text.charCodeAt(i);
+    if (c !== 0x20 && c !== 0x0a && c !== 0x0d && c !== 0x09) return i;
+    i++;
+  }
+}
+
+/** `text[i]` is an opening quote: the index just past the closing one. */
+function stringEnd(text: string, i: number): number {
+  let from = i + 1;
+  for (;;) {
+    const q = text.indexOf('"', from);
+    let backslashes = 0;
+    for (let b = q - 1; text.charCodeAt(b) === BACKSLASH; b--) backslashes++;
+    if (backslashes % 2 === 0) return q + 1;
+    from = q + 1;
+  }
+}
+
+const STRUCTURAL = /["[\]{}]/g;
+
+/** `text[i]` starts a value: the index just past it. */
+function valueEnd(text: string, i: number): number {
+  const c = text.charCodeAt(i);
+  if (c === QUOTE) return stringEnd(text, i);
+  if (c === OPEN_OBJECT || c === 0x5b) {
+    let depth = 0;
+    let j = i;
+    for (;;) {
+      STRUCTURAL.lastIndex = j;
+      const m = STRUCTURAL.exec(text);
+      const k = (m as RegExpExecArray).index;
+      const ch = text.charCodeAt(k);
+      if (ch === QUOTE) {
+        j = stringEnd(text, k);
+        continue;
+      }
+      if (ch === OPEN_OBJECT || ch === 0x5b) depth++;
+      else if (--depth === 0) return k + 1;
+      j = k + 1;
+    }
+  }
+  // number, true, false, null
+  let j = i + 1;
+  for (;;) {
+    const d = text.charCodeAt(j);
+    if (Number.isNaN(d) || d === COMMA || d === CLOSE_OBJECT || d === 0x5d || d === 0x20 || d === 0x0a || d === 0x0d || d === 0x09) return j;
+    j++;
+  }
+}
+
+/**
+ * The source text of the top-level member `key` of the object in `text`, or undefined when
+ * `text` is not an object or has no such member.
+ */
+export function rawMember(text: string, key: string): string | undefined {
+  let i = skipWs(text, 0);
+  if (text.charCodeAt(i) !== OPEN_OBJECT) return undefined;
+  i = skipWs(text, i + 1);
+  if (text.charCodeAt(i) === CLOSE_OBJECT) return undefined;
+  let found: string | undefined;
+  for (;;) {
+    const keyEnd = stringEnd(text, i);
+    const rawKey = text.slice(i + 1, keyEnd - 1);
+    const name = rawKey.includes('\\') ? (JSON.parse(text.slice(i, keyEnd)) as string) : rawKey;
+    i = skipWs(text, skipWs(text, keyEnd) + 1);
+    const end = valueEnd(text, i);
+    if (name === key) found = text.slice(i, end);
+    i = skipWs(text, end);
+    if (text.charCodeAt(i) !== COMMA) return found;
+    i = skipWs(text, i + 1);
+  }
+}

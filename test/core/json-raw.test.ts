@@ -1,0 +1,63 @@
+/**
+ * rawMember slices a member's source text out of a JSON object; the slice must parse to
+ * exactly what JSON.parse gives for that member, whatever the formatting, escapes or nesting.
+ */
+import t from 'tap';
+import fc from 'fast-check';
+import { rawMember } from '../../src/core/json-raw.js';
+
+const SEED = process.env['FUZZ_SEED'] === undefined ? undefined : Number(process.env['FUZZ_SEED']);
+const params = (numRuns: number) => ({ numRuns, ...(SEED === undefined ? {} : { seed: SEED }) });
+
+/** Re-renders JSON text with random whitespace between tokens (strings untouched). */
+function spaced(text: string, ws: string[]): string {
+  let out = '';
+  let k = 0;
+  for (let i = 0; i < text.length; i++) {
+    const c = text[i] as string;
+    if (c === '"') {
+      let j = i + 1;
+      while (text[j] !== '"') j += text[j] === '\\' ? 2 : 1;
+      out += text.slice(i, j + 1);
+      i = j;
+    } else {
+      out += c;
+      if ('{}[],:'.includes(c)) out += ws[k++ % ws.length] ?? '';
+    }
+  }
+  return (ws[0] ?? '') + out;
+}
+
+t.test('the slice parses to the member JSON.parse returns', (t) => {
+  fc.assert(
+    fc.property(
+      fc.dictionary(fc.string({ maxLength: 8 }), fc.jsonValue({ maxDepth: 4 }), { minKeys: 1, maxKeys: 6 }),
+      fc.array(fc.constantFrom('', ' ', '\n', '\t ', '\r\n  '), { minLength: 1, maxLength: 5 }),
+      (obj, ws) => {
+        const text = spaced(JSON.stringify(obj), ws);
+        const parsed = JSON.parse(text) as Record<string, unknown>;
+        for (const key of Object.keys(parsed)) {
+          const raw = rawMember(text, key);
+          if (raw === undefined) return false;
+          if (JSON.stringify(JSON.parse(raw)) !== JSON.stringify(parsed[key])) return false;
+        }
+        return rawMember(text, '\u0000not-a-key') === undefined;
+      },
+    ),
+    params(500),
+  );
+  t.pass('500 generated objects');
+  t.end();
+});
+
+t.test('edge cases', (t) => {
+  t.equal(rawMember('{"input":{"a":"x\\"}y"},"b":1}', 'input'), '{"a":"x\\"}y"}', 'escaped quote and brace inside a string');
+  t.equal(rawMember('{"input":"a\\\\","b":2}', 'b'), '2', 'string ending in an escaped backslash');
+  t.equal(rawMember('{"a":1,"a":[2,{"c":"]"}]}', 'a'), '[2,{"c":"]"}]', 'the last of duplicate keys wins, like JSON.parse');
+  t.equal(rawMember('{"\\u0069nput":true}', 'input'), 'true', 'escaped key');
+  t.equal(rawMember('{}', 'input'), undefined);
+  t.equal(rawMember('[1,2]', 'input'), undefined, 'not an object');
+  t.equal(rawMember(' { "output" : -1.5e3 } ', 'output'), '-1.5e3');
+  t.equal(rawMember('{"output":null}', 'output'), 'null');
+  t.end();
+});
