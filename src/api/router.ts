@@ -39,7 +39,9 @@ export class Router<R> {
 
   /** The route for method and path; `allowed` lists methods when only the method is wrong. */
   find(method: string, path: string): { match?: Match<R>; allowed?: string[] } {
-    const segs = path.split('/').filter(Boolean);
+    const parts = path.split('/');
+    // Empty segments (leading, trailing or doubled slashes) do not count, as in `add`.
+    const segs = parts.includes('') ? parts.filter(Boolean) : parts;
     const params: Record<string, string> = {};
     const node = this.#walk(this.#root, segs, 0, params);
     if (!node) return {};
@@ -57,11 +59,13 @@ export class Router<R> {
       if (found) return found;
     }
     if (node.param) {
-      let value: string;
-      try {
-        value = decodeURIComponent(seg);
-      } catch {
-        return undefined;
+      let value = seg;
+      if (seg.includes('%')) {
+        try {
+          value = decodeURIComponent(seg);
+        } catch {
+          return undefined;
+        }
       }
       const found = this.#walk(node.param.node, segs, i + 1, params);
       if (found) {

@@ -121,9 +121,14 @@ let idCounter = 0;
 const STATUS_LINE: Record<number, string> = {};
 for (const [code, text] of Object.entries(STATUS_TEXT)) STATUS_LINE[Number(code)] = `${code} ${text}`;
 
-function writeHead(res: HttpResponse, reply: OutgoingReply, requestId: string): void {
+/**
+ * `x-request-id` goes out on every non-2xx reply (it is also the problem body's `instance`) and
+ * whenever the client sent one; a plain success of the job or worker path carries no id nobody
+ * asked for (each header is a native call on the hottest path).
+ */
+function writeHead(res: HttpResponse, reply: OutgoingReply, requestId: string, echoId: boolean): void {
   res.writeStatus(STATUS_LINE[reply.status] ?? `${reply.status} Status`);
-  res.writeHeader('x-request-id', requestId);
+  if (echoId || reply.status >= 300) res.writeHeader('x-request-id', requestId);
   const headers = reply.headers;
   if (headers) for (const k in headers) res.writeHeader(k, headers[k] as string);
 }
@@ -155,11 +160,11 @@ export function createHttpServer(options: HttpServerOptions): HttpServer {
   let listenSocket: us_listen_socket | null = null;
   const log = options.log;
 
-  const send = (res: HttpResponse, state: ResponseState, reply: OutgoingReply, requestId: string, closeConnection = false): void => {
+  const send = (res: HttpResponse, state: ResponseState, reply: OutgoingReply, requestId: string, echoId: boolean, closeConnection = false): void => {
     if (state.aborted || state.done) return;
     if (reply.stream) {
       res.cork(() => {
-        writeHead(res, reply, requestId);
+        writeHead(res, reply, requestId, echoId);
         res.write('');
       });
       const writer: StreamWriter = {
@@ -181,7 +186,7 @@ export function createHttpServer(options: HttpServerOptions): HttpServer {
     }
     const raw = reply.body ?? '';
     res.cork(() => {
-      writeHead(res, reply, requestId);
+      writeHead(res, reply, requestId, echoId);
       if (reply.status === 204 || reply.status === 304) {
         res.endWithoutBody(0, closeConnection);
         state.done = true;
@@ -206,7 +211,8 @@ export function createHttpServer(options: HttpServerOptions): HttpServer {
       headers[k] = headers[k] === undefined ? v : `${headers[k]}, ${v}`;
     });
     const given = headers['x-request-id'];
-    const requestId = given !== undefined && /^[A-Za-z0-9._-]{1,64}$/.test(given) ? given : `${ID_PREFIX}-${(++idCounter).toString(36)}`;
+    const echoId = given !== undefined && /^[A-Za-z0-9._-]{1,64}$/.test(given);
+    const requestId = echoId ? given : `${ID_PREFIX}-${(++idCounter).toString(36)}`;
     let remoteAddress: string | undefined;
     const peer = (): string => {
       if (remoteAddress === undefined) {
@@ -224,7 +230,7 @@ export function createHttpServer(options: HttpServerOptions): HttpServer {
       decision = options.resolve(method, path, headers);
     } catch (err) {
       log.error('route resolution failed', { err });
-      send(res, state, options.onEarlyError('internal', 'The server could not route this request.', requestId), requestId);
+      send(res, state, options.onEarlyError('internal', 'The server could not route this request.', requestId), requestId, echoId);
       return;
     }
 
@@ -250,10 +256,10 @@ export function createHttpServer(options: HttpServerOptions): HttpServer {
         result = Promise.reject(err);
       }
       Promise.resolve(result).then(
-        (reply) => send(res, state, reply, requestId),
+        (reply) => send(res, state, reply, requestId, echoId),
         (err: unknown) => {
           log.error('unhandled handler failure', { err, requestId, method, path });
-          send(res, state, options.onEarlyError('internal', 'The server failed to handle this request.', requestId), requestId);
+          send(res, state, options.onEarlyError('internal', 'The server failed to handle this request.', requestId), requestId, echoId);
         },
       );
     };
@@ -261,7 +267,7 @@ export function createHttpServer(options: HttpServerOptions): HttpServer {
     const tooLarge = (): void => {
       const reply = options.onEarlyError('payload-too-large', `The request body is larger than the ${decision.maxBodyBytes} bytes this route accepts.`, requestId);
       // The client may still be sending: close the connection after the 413.
-      send(res, state, reply, requestId, true);
+      send(res, state, reply, requestId, echoId, true);
     };
 
     const lengthHeader = headers['content-length'];

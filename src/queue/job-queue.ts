@@ -105,6 +105,14 @@ const NO_WAITERS: (() => void)[] = Object.freeze([]) as unknown as (() => void)[
 const NOOP = (): void => undefined;
 const chunksOf = (job: Job): StreamChunk[] => (job.chunks === NO_CHUNKS ? (job.chunks = []) : job.chunks);
 
+/**
+ * A claim is written to SQLite only once its job has run this long (ms). Most jobs finish
+ * sooner and are then written once, by their final state, instead of twice. A crash inside
+ * this window forgets the claim: the job is queued again after the restart, which at-least-once
+ * execution allows, and the old attempt's result is refused as stale.
+ */
+const CLAIM_SAVE_DELAY_MS = 100;
+
 /** Queued jobs of an endpoint beyond this many keep their input in SQLite only, until taken. */
 const HOT_QUEUE_DEPTH = 64;
 
@@ -133,6 +141,10 @@ export class JobQueue {
   readonly #queues = new Map<string, EndpointQueue>();
   readonly #running = new Set<Job>();
   readonly #listeners: QueueListener[] = [];
+  /** Claimed jobs, in claim order, whose claim is not written yet. */
+  readonly #unsavedClaims = new Deque<Job>();
+  #claimTimer: NodeJS.Timeout | null = null;
+  #closing = false;
 
   constructor(options: { repo: JobsRepo; batch: WriteBatch; clock: Clock; log: Logger; workers: WorkerRegistry; settings?: Partial<QueueSettings> }) {
     this.#repo = options.repo;
@@ -189,7 +201,7 @@ export class JobQueue {
     return {
       id: row.id, endpointId: row.endpointId, status: row.status, input: row.input, extra: row.extra, webhook: row.webhook,
       lowPriority: row.lowPriority, executionTimeoutMs: row.executionTimeoutMs, ttlMs: row.ttlMs, retentionMs: row.retentionMs,
-      attempt: row.attempt, retries: row.retries, workerId: row.workerId,
+      attempt: row.attempt, claimSaved: row.attempt, retries: row.retries, workerId: row.workerId,
       resultBy: row.status === 'COMPLETED' || row.status === 'FAILED' ? row.workerId : null, output: row.output, error: row.error, progress: null,
       chunks: NO_CHUNKS, createdAt: row.createdAt, startedAt: row.startedAt, completedAt: row.completedAt, expiresAt: row.expiresAt,
       ttlDeadline: mono + Math.max(0, row.ttlMs - (now - row.createdAt)), leaseDeadline: 0, execDeadline: 0, waiters: NO_WAITERS,
@@ -204,7 +216,7 @@ export class JobQueue {
     const job: Job = {
       id: newJobId(), endpointId: input.endpointId, status: 'IN_QUEUE', input: input.input, extra: input.extra, webhook: input.webhook,
       lowPriority: input.lowPriority, executionTimeoutMs: input.executionTimeoutMs, ttlMs: input.ttlMs, retentionMs: input.retentionMs,
-      attempt: 0, retries: 0, workerId: null, resultBy: null, output: null, error: null, progress: null, chunks: NO_CHUNKS, createdAt: now, startedAt: null,
+      attempt: 0, claimSaved: 0, retries: 0, workerId: null, resultBy: null, output: null, error: null, progress: null, chunks: NO_CHUNKS, createdAt: now, startedAt: null,
       completedAt: null, expiresAt: null, ttlDeadline: this.#clock.monotonic() + input.ttlMs, leaseDeadline: 0, execDeadline: 0, waiters: NO_WAITERS,
     };
     this.#jobs.set(job.id, job);
@@ -297,9 +309,26 @@ export class JobQueue {
     worker.jobs.add(job.id);
     this.#running.add(job);
     this.#queue(job.endpointId).inProgress++;
-    const { id, attempt, startedAt } = job;
-    this.#batch.write(() => this.#repo.claim(id, attempt, worker.id, startedAt));
+    // The claim is written only if the job is still running CLAIM_SAVE_DELAY_MS from now; a job
+    // that finishes sooner is written once, by its final state (which carries the claim too).
+    this.#unsavedClaims.push(job);
+    this.#claimTimer ??= setTimeout(() => this.#saveClaims(), CLAIM_SAVE_DELAY_MS).unref();
     return job;
+  }
+
+  /** Writes the claims of jobs still running since they were claimed (see CLAIM_SAVE_DELAY_MS). */
+  #saveClaims(): void {
+    this.#claimTimer = null;
+    const due = this.#clock.now() - CLAIM_SAVE_DELAY_MS;
+    for (let job = this.#unsavedClaims.peek(); job; job = this.#unsavedClaims.peek()) {
+      if (job.status === 'IN_PROGRESS' && job.startedAt !== null && job.startedAt > due && !this.#closing) break;
+      this.#unsavedClaims.shift();
+      if (job.status !== 'IN_PROGRESS' || job.claimSaved === job.attempt || job.workerId === null || job.startedAt === null) continue;
+      const { id, attempt, workerId, startedAt } = job;
+      job.claimSaved = attempt;
+      this.#batch.write(() => this.#repo.claim(id, attempt, workerId, startedAt));
+    }
+    if (this.#unsavedClaims.size && !this.#closing) this.#claimTimer = setTimeout(() => this.#saveClaims(), CLAIM_SAVE_DELAY_MS).unref();
   }
 
   #claimUpTo(q: EndpointQueue, worker: WorkerInfo, max: number): ClaimedJob[] {
@@ -529,8 +558,9 @@ export class JobQueue {
     job.input = null;
     job.completedAt = now;
     job.expiresAt = now + job.retentionMs;
-    const { id, expiresAt } = job;
-    this.#batch.write(() => this.#repo.finish(id, status, output, error, now, expiresAt));
+    const { id, expiresAt, workerId, attempt, startedAt } = job;
+    job.claimSaved = attempt;
+    this.#batch.write(() => this.#repo.finish(id, status, output, error, now, expiresAt, workerId, attempt, startedAt));
     this.#batch.committed().then(
       () => {
         const waiters = job.waiters;
@@ -832,5 +862,9 @@ export class JobQueue {
   /** Rejects parked requests at shutdown so their connections close cleanly. */
   close(): void {
     for (const q of this.#queues.values()) for (const t of q.takers.splice(0)) t.resolve([]);
+    // A clean stop writes every claim, so running jobs keep their workers across the restart.
+    this.#closing = true;
+    if (this.#claimTimer) clearTimeout(this.#claimTimer);
+    this.#saveClaims();
   }
 }

@@ -29,6 +29,8 @@ export interface Job {
   retentionMs: number;
   /** Fencing token: bumped on every claim; results for an older attempt are refused. */
   attempt: number;
+  /** The attempt whose claim is in SQLite (claims are written late; see CLAIM_SAVE_DELAY_MS). */
+  claimSaved: number;
   /** Automatic and manual re-queues so far. */
   retries: number;
   workerId: string | null;

@@ -65,8 +65,9 @@ export class JobsRepo {
       retention_ms, attempt, retries, created_at) VALUES (?, ?, 'IN_QUEUE', ?, ?, ?, ?, ?, ?, ?, 0, 0, ?)`);
     this.#claim = db.prepare(`UPDATE jobs SET status = 'IN_PROGRESS', attempt = ?, worker_id = ?, started_at = ?
       WHERE id = ? AND status = 'IN_QUEUE'`);
-    this.#finish = db.prepare(`UPDATE jobs SET status = ?, output = ?, error = ?, completed_at = ?, expires_at = ?
-      WHERE id = ? AND status IN ('IN_QUEUE', 'IN_PROGRESS')`);
+    // A final state carries the claim too: a job that finishes quickly has its claim written here only.
+    this.#finish = db.prepare(`UPDATE jobs SET status = ?, output = ?, error = ?, completed_at = ?, expires_at = ?, worker_id = ?,
+      attempt = ?, started_at = ? WHERE id = ? AND status IN ('IN_QUEUE', 'IN_PROGRESS')`);
     this.#requeue = db.prepare(`UPDATE jobs SET status = 'IN_QUEUE', worker_id = NULL, output = NULL, error = NULL, started_at = NULL,
       completed_at = NULL, expires_at = NULL, retries = ?, attempt = ? WHERE id = ?`);
     this.#lease = db.prepare('UPDATE jobs SET attempt = ? WHERE id = ?');
@@ -93,8 +94,9 @@ export class JobsRepo {
     this.#claim.run(attempt, workerId, startedAt, id);
   }
 
-  finish(id: string, status: JobStatus, output: string | null, error: string | null, completedAt: number, expiresAt: number): void {
-    this.#finish.run(status, output, error, completedAt, expiresAt, id);
+  finish(id: string, status: JobStatus, output: string | null, error: string | null, completedAt: number, expiresAt: number,
+    workerId: string | null, attempt: number, startedAt: number | null): void {
+    this.#finish.run(status, output, error, completedAt, expiresAt, workerId, attempt, startedAt, id);
   }
 
   /** Back to the queue (lease lost, reclaimed, or a manual retry): same id and input. */

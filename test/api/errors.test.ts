@@ -38,6 +38,11 @@ t.test('problem members on every kind of failure', async (t) => {
   t.equal(mine.json.instance, 'trace-123.abc', 'and is the instance');
   const weird = await a.req('GET', '/v2/serverless/abcdefghijklmn', { headers: { 'x-request-id': 'has spaces and <tags>' } });
   t.not(weird.json.instance, 'has spaces and <tags>', 'an unsafe request id is replaced');
+  const ok = await a.req('GET', '/v2/serverless');
+  t.equal(ok.status, 200);
+  t.equal(ok.headers.get('x-request-id'), null, 'a success carries no request id the client did not send');
+  const okMine = await a.req('GET', '/v2/serverless', { headers: { 'x-request-id': 'trace-ok' } });
+  t.equal(okMine.headers.get('x-request-id'), 'trace-ok', 'a client request id is echoed on success too');
 
   const v = await a.req('POST', '/v2/serverless', { body: { type: 'QUEUE', gpu: { pools: ['ADA_24'], extra: 1 } } });
   t.ok(Array.isArray(v.json.errors) && v.json.errors.length >= 3, 'validation failures come as errors[]');

@@ -157,3 +157,26 @@ t.test('deleting an endpoint removes its jobs and logs', async (t) => {
   const logs = a.agent.db.prepare('SELECT count(*) AS n FROM endpoint_logs WHERE endpoint_id = ?').get(ep) as { n: number };
   t.same([jobs.n, logs.n], [0, 0]);
 });
+
+t.test('a claim is written once the job has run 100 ms, or by its final state', async (t) => {
+  const a = await startAgent(t, { takeHoldMs: 300 });
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  const w = await TestWorker.create(a, ep);
+  const row = (id: string) => a.agent.db.prepare('SELECT status, attempt, worker_id AS workerId, started_at AS startedAt FROM jobs WHERE id = ?').get(id) as
+    { status: string; attempt: number; workerId: string | null; startedAt: number | null };
+  const slow = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { k: 'slow' } } })).json.id as string;
+  t.equal((await w.take())?.id, slow);
+  await a.agent.queue.durable();
+  t.equal(row(slow).status, 'IN_QUEUE', 'right after the take the claim is not written yet');
+  t.equal((await status(a, ep, slow)).status, 'IN_PROGRESS', 'though the job is running');
+  await new Promise((r) => setTimeout(r, 250));
+  await a.agent.queue.durable();
+  t.match(row(slow), { status: 'IN_PROGRESS', attempt: 1, workerId: w.workerId }, 'a job still running after 100 ms has its claim written');
+
+  const quick = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { k: 'quick' } } })).json.id as string;
+  t.equal((await w.take())?.id, quick);
+  t.equal((await w.done(quick, { output: 1 })).status, 200);
+  const r = row(quick);
+  t.match(r, { status: 'COMPLETED', attempt: 1, workerId: w.workerId }, 'a quick job is written once, claim included');
+  t.type(r.startedAt, 'number');
+});
