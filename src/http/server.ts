@@ -118,8 +118,23 @@ function signalOf(state: ResponseState): AbortSignal {
 const ID_PREFIX = randomBytes(6).toString('hex');
 let idCounter = 0;
 
-const STATUS_LINE: Record<number, string> = {};
-for (const [code, text] of Object.entries(STATUS_TEXT)) STATUS_LINE[Number(code)] = `${code} ${text}`;
+/**
+ * Status lines and frequent header names and values as bytes: uWS copies a JS string argument
+ * into a temporary UTF-8 buffer on every call, while a Buffer is read in place.
+ */
+const STATUS_LINE: Record<number, Buffer> = {};
+for (const [code, text] of Object.entries(STATUS_TEXT)) STATUS_LINE[Number(code)] = Buffer.from(`${code} ${text}`);
+const X_REQUEST_ID = Buffer.from('x-request-id');
+const encoded = new Map<string, Buffer>();
+/** `s` as bytes, remembered (header names, and content types: values that repeat). */
+function bytesOf(s: string): Buffer | string {
+  let b = encoded.get(s);
+  if (b === undefined) {
+    if (s.length > 64 || encoded.size >= 256) return s;
+    encoded.set(s, (b = Buffer.from(s)));
+  }
+  return b;
+}
 
 /**
  * `x-request-id` goes out on every non-2xx reply (it is also the problem body's `instance`) and
@@ -128,9 +143,14 @@ for (const [code, text] of Object.entries(STATUS_TEXT)) STATUS_LINE[Number(code)
  */
 function writeHead(res: HttpResponse, reply: OutgoingReply, requestId: string, echoId: boolean): void {
   res.writeStatus(STATUS_LINE[reply.status] ?? `${reply.status} Status`);
-  if (echoId || reply.status >= 300) res.writeHeader('x-request-id', requestId);
+  if (echoId || reply.status >= 300) res.writeHeader(X_REQUEST_ID, requestId);
   const headers = reply.headers;
-  if (headers) for (const k in headers) res.writeHeader(k, headers[k] as string);
+  if (headers) {
+    for (const k in headers) {
+      const v = headers[k] as string;
+      res.writeHeader(bytesOf(k), k === 'content-type' ? bytesOf(v) : v);
+    }
+  }
 }
 
 /** Bodies up to this size are handed to uWS whole (it buffers what the socket does not take). */
