@@ -13,6 +13,8 @@ const BACKSLASH = 0x5c;
 const COMMA = 0x2c;
 const OPEN_OBJECT = 0x7b;
 const CLOSE_OBJECT = 0x7d;
+const OPEN_ARRAY = 0x5b;
+const CLOSE_ARRAY = 0x5d;
 
 function skipWs(text: string, i: number): number {
   for (;;) {
@@ -34,34 +36,25 @@ function stringEnd(text: string, i: number): number {
   }
 }
 
-const STRUCTURAL = /["[\]{}]/g;
-
 /** `text[i]` starts a value: the index just past it. */
 function valueEnd(text: string, i: number): number {
   const c = text.charCodeAt(i);
   if (c === QUOTE) return stringEnd(text, i);
-  if (c === OPEN_OBJECT || c === 0x5b) {
+  if (c === OPEN_OBJECT || c === OPEN_ARRAY) {
+    // A plain character loop (strings are skipped with indexOf): one pass, no allocation.
     let depth = 0;
-    let j = i;
-    for (;;) {
-      STRUCTURAL.lastIndex = j;
-      const m = STRUCTURAL.exec(text);
-      const k = (m as RegExpExecArray).index;
-      const ch = text.charCodeAt(k);
-      if (ch === QUOTE) {
-        j = stringEnd(text, k);
-        continue;
-      }
-      if (ch === OPEN_OBJECT || ch === 0x5b) depth++;
-      else if (--depth === 0) return k + 1;
-      j = k + 1;
+    for (let j = i; ; j++) {
+      const ch = text.charCodeAt(j);
+      if (ch === QUOTE) j = stringEnd(text, j) - 1;
+      else if (ch === OPEN_OBJECT || ch === OPEN_ARRAY) depth++;
+      else if ((ch === CLOSE_OBJECT || ch === CLOSE_ARRAY) && --depth === 0) return j + 1;
     }
   }
   // number, true, false, null
   let j = i + 1;
   for (;;) {
     const d = text.charCodeAt(j);
-    if (Number.isNaN(d) || d === COMMA || d === CLOSE_OBJECT || d === 0x5d || d === 0x20 || d === 0x0a || d === 0x0d || d === 0x09) return j;
+    if (Number.isNaN(d) || d === COMMA || d === CLOSE_OBJECT || d === CLOSE_ARRAY || d === 0x20 || d === 0x0a || d === 0x0d || d === 0x09) return j;
     j++;
   }
 }

@@ -10,10 +10,12 @@
  * committed together when it completes, and the next sync starts at once for them: under load
  * there is one fsync in flight at a time and one commit per sync, covering many turns (fewer,
  * larger commits also write each hot page of the table and its indexes to the WAL fewer times).
- * An fdatasync costs about 70 µs of kernel CPU on a small VM whatever it covers, so when the
- * last sync covered a crowd (BUSY_GROUP callers or more) the next one starts no sooner than
- * BUSY_SYNC_INTERVAL_MS after it: under load that caps the syncs per second and grows each
- * group, and a lone client (nothing else waiting) still gets its sync at once.
+ * An fdatasync costs about 70 µs of kernel CPU on a small VM whatever it covers, and under
+ * load a sync started for the first caller to come back splits the crowd in two. So when the
+ * last sync answered a crowd (BUSY_GROUP callers or more), the next commit waits until about as
+ * many callers are waiting again (3/4 of the last group) or BUSY_MAX_WAIT_MS passes, whichever
+ * comes first (the group-commit delay of MySQL's binlog_group_commit_sync_delay with
+ * sync_no_delay_count, sized by the load itself). A lone client still gets its sync at once.
  *
  * What this promises is what SQLite's `synchronous=FULL` promises: a write whose caller was
  * answered is in a synced WAL and survives power loss. It relies on two facts: fdatasync on
@@ -31,8 +33,8 @@ type Waiter = (err?: Error) => void;
 
 /** A sync that answered at least this many callers means the server is busy. */
 const BUSY_GROUP = 8;
-/** When busy, syncs start at least this far apart (ms). */
-const BUSY_SYNC_INTERVAL_MS = 1;
+/** When busy, the longest the next commit waits for its group to gather (ms). */
+const BUSY_MAX_WAIT_MS = 1;
 
 export interface WriteBatchOptions {
   /** `fsync`: answer callers after the WAL is synced; `none`: after the commit. */
@@ -60,9 +62,9 @@ export class WriteBatch {
   #nextSync: Waiter[] = [];
   /** A commit happened since the last sync started. */
   #dirty = false;
-  /** Busy: the next commit waits for this timer (see BUSY_SYNC_INTERVAL_MS). */
+  /** Busy: the next commit waits until #holdTarget callers wait, or for this timer. */
   #hold: NodeJS.Timeout | null = null;
-  #lastSyncStart = 0;
+  #holdTarget = 0;
   /** Syncs completed (diagnostics and tests). */
   syncs = 0;
 
@@ -94,8 +96,16 @@ export class WriteBatch {
     }
     return new Promise((resolve, reject) => {
       this.#waiters.push((err) => (err ? reject(err) : resolve()));
-      this.#schedule();
+      if (this.#hold && this.#waiters.length + this.#nextSync.length >= this.#holdTarget) this.#release();
+      else this.#schedule();
     });
+  }
+
+  /** Ends a hold: the group has gathered, or the wait is over. */
+  #release(): void {
+    if (this.#hold) clearTimeout(this.#hold);
+    this.#hold = null;
+    this.#continue();
   }
 
   /** Queues a write and resolves when it is durable. */
@@ -145,12 +155,25 @@ export class WriteBatch {
     for (const w of waiters) this.#afterCommit(w);
   }
 
+  /** After a sync that answered `answered` callers: hold the next commit while a crowd gathers. */
+  #holdAfter(answered: number): boolean {
+    const target = answered >= BUSY_GROUP ? Math.ceil(answered * 0.75) : 0;
+    if (this.#waiters.length + this.#nextSync.length >= target) return false;
+    this.#holdTarget = target;
+    this.#hold = setTimeout(() => this.#release(), BUSY_MAX_WAIT_MS);
+    return true;
+  }
+
   /** Answers `w` once every commit made so far is synced (at once when there is nothing to sync). */
   #afterCommit(w: Waiter): void {
     if (this.#dirty) {
       // Only a sync that starts after the last commit covers it.
       this.#nextSync.push(w);
-      if (!this.#syncing && !this.#hold) this.#startSync();
+      if (this.#hold) {
+        if (this.#waiters.length + this.#nextSync.length >= this.#holdTarget) this.#release();
+      } else if (!this.#syncing) {
+        this.#startSync();
+      }
     } else if (this.#syncing) {
       this.#syncing.push(w);
     } else {
@@ -163,7 +186,6 @@ export class WriteBatch {
     this.#nextSync = [];
     this.#syncing = group;
     this.#dirty = false;
-    this.#lastSyncStart = performance.now();
     const fd = this.#fd;
     fdatasync(fd, (err) => {
       if (this.#closed) {
@@ -176,15 +198,7 @@ export class WriteBatch {
       const error = err ? new Error(`fdatasync of the WAL failed: ${err.message}`, { cause: err }) : undefined;
       if (error) this.#onError(error);
       for (const w of group) w(error);
-      const wait = group.length >= BUSY_GROUP ? this.#lastSyncStart + BUSY_SYNC_INTERVAL_MS - performance.now() : 0;
-      if (wait > 0) {
-        this.#hold = setTimeout(() => {
-          this.#hold = null;
-          this.#continue();
-        }, wait);
-      } else {
-        this.#continue();
-      }
+      if (!this.#holdAfter(group.length)) this.#continue();
     });
   }
 
