@@ -126,6 +126,9 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
       workers: new WorkerRegistry(clock, config.leaseMs * 2),
       settings: { leaseMs: config.leaseMs, takeHoldMs: config.takeHoldMs, maxAttempts: config.maxAttempts },
     });
+    // The hardware probe waits on nvidia-smi and /proc; it runs while recovery reads the backlog.
+    const hardwareProbe = probeHost({ dataCenterId: config.dataCenterId, log: log.child({ component: 'gpu' }) });
+    hardwareProbe.catch(() => undefined);
     const recovered = queue.recover();
     if (recovered.queued || recovered.running) log.info('jobs recovered', recovered);
     const webhooks = new WebhookSender({
@@ -136,7 +139,7 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
     const logs = new LogHub(new LogsRepo(db), batch, clock);
     const pingIntervalMs = Math.max(1000, Math.floor(config.leaseMs / 3));
     // Hardware: GPUs (nvidia-smi) and CPU/memory (systeminformation) feed placement and the catalogs.
-    const hardware = await probeHost({ dataCenterId: config.dataCenterId, log: log.child({ component: 'gpu' }) });
+    const hardware = await hardwareProbe;
     log.info('hardware', {
       gpus: hardware.gpus.length, cuda: hardware.discovery.cudaVersion ?? undefined, noGpu: hardware.discovery.noGpuReason ?? undefined,
       vcpus: hardware.cpu.vcpus, memoryGb: hardware.cpu.memoryGb,

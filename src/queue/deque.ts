@@ -27,6 +27,12 @@ export class Deque<T> {
     return this.#head < this.#items.length ? this.#items[this.#head] : undefined;
   }
 
+  /** Calls `fn` on every item, front to back (a plain loop: reap scans long backlogs with it). */
+  forEach(fn: (item: T) => void): void {
+    const items = this.#items;
+    for (let i = this.#head; i < items.length; i++) fn(items[i] as T);
+  }
+
   *[Symbol.iterator](): IterableIterator<T> {
     for (let i = this.#head; i < this.#items.length; i++) yield this.#items[i] as T;
   }

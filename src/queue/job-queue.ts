@@ -839,15 +839,15 @@ export class JobQueue {
       }
     }
     for (const q of this.#queues.values()) {
-      for (const d of [q.retry, q.normal, q.low]) {
-        for (const job of d) {
-          if (job.status === 'IN_QUEUE' && mono >= job.ttlDeadline) {
-            if (job.lowPriority) q.lowQueued--;
-            else q.queued--;
-            this.#finish(job, 'TIMED_OUT', null, 'Job expired in the queue before a worker took it (policy.ttl).');
-          }
-        }
-      }
+      const expire = (job: Job): void => {
+        if (job.status !== 'IN_QUEUE' || mono < job.ttlDeadline) return;
+        if (job.lowPriority) q.lowQueued--;
+        else q.queued--;
+        this.#finish(job, 'TIMED_OUT', null, 'Job expired in the queue before a worker took it (policy.ttl).');
+      };
+      q.retry.forEach(expire);
+      q.normal.forEach(expire);
+      q.low.forEach(expire);
     }
     this.workers.sweep();
     this.#evict();

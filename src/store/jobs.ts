@@ -27,6 +27,9 @@ export interface JobRow {
   expiresAt: number | null;
 }
 
+/** A queued or running job as recovery reads it: no input, no result. */
+export type ActiveJobRow = Omit<JobRow, 'input'> & { input: null };
+
 interface Raw {
   id: string; endpoint_id: string; status: JobStatus; input: string; extra: string | null; webhook: string | null;
   low_priority: number; execution_timeout_ms: number; ttl_ms: number; retention_ms: number; attempt: number; retries: number;
@@ -52,7 +55,8 @@ export class JobsRepo {
   readonly #requeue: Statement;
   readonly #setExpiry: Statement;
   readonly #get: Statement;
-  readonly #active: Statement;
+  readonly #activeRunning: Statement;
+  readonly #activeQueued: Statement;
   readonly #expire: Statement;
   readonly #counts: Statement;
   readonly #retried: Statement;
@@ -73,11 +77,13 @@ export class JobsRepo {
     this.#lease = db.prepare('UPDATE jobs SET attempt = ? WHERE id = ?');
     this.#setExpiry = db.prepare('UPDATE jobs SET expires_at = ? WHERE id = ?');
     this.#get = db.prepare('SELECT * FROM jobs WHERE id = ?');
-    // Without input and output: recovery loads inputs lazily (inputOf), so a restart with a long
-    // backlog reads only the small columns.
-    this.#active = db.prepare(`SELECT id, endpoint_id, status, NULL AS input, extra, webhook, low_priority, execution_timeout_ms, ttl_ms,
-      retention_ms, attempt, retries, worker_id, NULL AS output, error, created_at, started_at, completed_at, expires_at
-      FROM jobs WHERE status IN ('IN_QUEUE', 'IN_PROGRESS') ORDER BY created_at, rowid`);
+    // Recovery reads only the small columns (inputs are loaded when taken, inputOf), one status
+    // at a time so each query walks the jobs_active index in order instead of sorting, and as
+    // arrays (a restart with a long backlog makes one object per row, not two).
+    const activeCols = `id, endpoint_id, status, extra, webhook, low_priority, execution_timeout_ms, ttl_ms, retention_ms, attempt,
+      retries, worker_id, created_at, started_at`;
+    this.#activeRunning = db.prepare(`SELECT ${activeCols} FROM jobs WHERE status = 'IN_PROGRESS'`).raw();
+    this.#activeQueued = db.prepare(`SELECT ${activeCols} FROM jobs WHERE status = 'IN_QUEUE' ORDER BY created_at, rowid`).raw();
     this.#input = db.prepare('SELECT input FROM jobs WHERE id = ?').pluck();
     this.#getLight = db.prepare(`SELECT id, endpoint_id, status, NULL AS input, extra, webhook, low_priority, execution_timeout_ms, ttl_ms,
       retention_ms, attempt, retries, worker_id, output, error, created_at, started_at, completed_at, expires_at FROM jobs WHERE id = ?`);
@@ -124,9 +130,20 @@ export class JobsRepo {
     return r && (map(r) as unknown as Omit<JobRow, 'input'> & { input: null });
   }
 
-  /** Queued and running jobs, oldest first (restart recovery), with `input` and `output` null. */
-  active(): (Omit<JobRow, 'input'> & { input: null })[] {
-    return (this.#active.all() as Raw[]).map(map) as unknown as (Omit<JobRow, 'input'> & { input: null })[];
+  /** Running jobs, then queued jobs oldest first (restart recovery), with `input` and `output` null. */
+  active(): ActiveJobRow[] {
+    const rows: ActiveJobRow[] = [];
+    for (const stmt of [this.#activeRunning, this.#activeQueued]) {
+      for (const r of stmt.all() as unknown[][]) {
+        rows.push({
+          id: r[0] as string, endpointId: r[1] as string, status: r[2] as JobStatus, input: null, extra: r[3] as string | null,
+          webhook: r[4] as string | null, lowPriority: r[5] === 1, executionTimeoutMs: r[6] as number, ttlMs: r[7] as number,
+          retentionMs: r[8] as number, attempt: r[9] as number, retries: r[10] as number, workerId: r[11] as string | null,
+          output: null, error: null, createdAt: r[12] as number, startedAt: r[13] as number | null, completedAt: null, expiresAt: null,
+        });
+      }
+    }
+    return rows;
   }
 
   /** The raw input of a job, or undefined when there is no such row. */
