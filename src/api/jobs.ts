@@ -115,8 +115,7 @@ export function jobRoutes(s: JobRouteServices): RouteDef[] {
         const ep = queueEndpoint(endpointFor(principal, params['endpointId'] as string));
         const ttl = intQuery(req.query, 'ttl', 1000, 7 * 86_400_000);
         const jobId = params['jobId'] as string;
-        await s.queue.durable();
-        const snap = s.queue.find(ep.id, jobId);
+        const snap = await s.queue.findDurable(ep.id, jobId);
         if (!snap) throw new AgentError('NOT_FOUND', `Job ${jobId} not found (unknown, or its result expired).`);
         if (ttl !== undefined) s.queue.setRetention(ep.id, jobId, ttl);
         return json(200, statusBody(snap, s.now()));

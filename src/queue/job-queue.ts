@@ -201,7 +201,7 @@ export class JobQueue {
     return {
       id: row.id, endpointId: row.endpointId, status: row.status, input: row.input, extra: row.extra, webhook: row.webhook,
       lowPriority: row.lowPriority, executionTimeoutMs: row.executionTimeoutMs, ttlMs: row.ttlMs, retentionMs: row.retentionMs,
-      attempt: row.attempt, claimSaved: row.attempt, retries: row.retries, workerId: row.workerId,
+      attempt: row.attempt, claimSaved: row.attempt, writeSeq: 0, retries: row.retries, workerId: row.workerId,
       resultBy: row.status === 'COMPLETED' || row.status === 'FAILED' ? row.workerId : null, output: row.output, error: row.error, progress: null,
       chunks: NO_CHUNKS, createdAt: row.createdAt, startedAt: row.startedAt, completedAt: row.completedAt, expiresAt: row.expiresAt,
       ttlDeadline: mono + Math.max(0, row.ttlMs - (now - row.createdAt)), leaseDeadline: 0, execDeadline: 0, waiters: NO_WAITERS,
@@ -216,13 +216,13 @@ export class JobQueue {
     const job: Job = {
       id: newJobId(), endpointId: input.endpointId, status: 'IN_QUEUE', input: input.input, extra: input.extra, webhook: input.webhook,
       lowPriority: input.lowPriority, executionTimeoutMs: input.executionTimeoutMs, ttlMs: input.ttlMs, retentionMs: input.retentionMs,
-      attempt: 0, claimSaved: 0, retries: 0, workerId: null, resultBy: null, output: null, error: null, progress: null, chunks: NO_CHUNKS, createdAt: now, startedAt: null,
+      attempt: 0, claimSaved: 0, writeSeq: 0, retries: 0, workerId: null, resultBy: null, output: null, error: null, progress: null, chunks: NO_CHUNKS, createdAt: now, startedAt: null,
       completedAt: null, expiresAt: null, ttlDeadline: this.#clock.monotonic() + input.ttlMs, leaseDeadline: 0, execDeadline: 0, waiters: NO_WAITERS,
     };
     this.#jobs.set(job.id, job);
     const q = this.#queue(job.endpointId);
     const raw = input.input;
-    this.#batch.write(() => {
+    job.writeSeq = this.#batch.write(() => {
       this.#repo.insert(job, raw);
       // Deep in a busy queue, the input waits in SQLite rather than in the heap.
       if (job.status === 'IN_QUEUE' && q.queued + q.lowQueued > HOT_QUEUE_DEPTH) job.input = null;
@@ -326,7 +326,7 @@ export class JobQueue {
       if (job.status !== 'IN_PROGRESS' || job.claimSaved === job.attempt || job.workerId === null || job.startedAt === null) continue;
       const { id, attempt, workerId, startedAt } = job;
       job.claimSaved = attempt;
-      this.#batch.write(() => this.#repo.claim(id, attempt, workerId, startedAt));
+      job.writeSeq = this.#batch.write(() => this.#repo.claim(id, attempt, workerId, startedAt));
     }
     if (this.#unsavedClaims.size && !this.#closing) this.#claimTimer = setTimeout(() => this.#saveClaims(), CLAIM_SAVE_DELAY_MS).unref();
   }
@@ -560,7 +560,7 @@ export class JobQueue {
     job.expiresAt = now + job.retentionMs;
     const { id, expiresAt, workerId, attempt, startedAt } = job;
     job.claimSaved = attempt;
-    this.#batch.write(() => this.#repo.finish(id, status, output, error, now, expiresAt, workerId, attempt, startedAt));
+    job.writeSeq = this.#batch.write(() => this.#repo.finish(id, status, output, error, now, expiresAt, workerId, attempt, startedAt));
     this.#batch.committed().then(
       () => {
         const waiters = job.waiters;
@@ -608,7 +608,7 @@ export class JobQueue {
     job.startedAt = null;
     job.progress = null;
     const { id, retries, attempt } = job;
-    this.#batch.write(() => this.#repo.requeue(id, retries, attempt));
+    job.writeSeq = this.#batch.write(() => this.#repo.requeue(id, retries, attempt));
     this.#log.info('job requeued', { jobId: id, endpointId: job.endpointId, attempt, reason });
     this.#enqueue(q, job, true);
   }
@@ -646,6 +646,18 @@ export class JobQueue {
     return this.#batch.committed();
   }
 
+  /**
+   * The job as a crash could no longer take back: at once when its last write is durable (the
+   * usual case for a polled job), else after the pending commits; undefined when unknown.
+   */
+  async findDurable(endpointId: string, jobId: string): Promise<JobSnapshot | undefined> {
+    for (let round = 0; ; round++) {
+      const job = this.#jobs.get(jobId);
+      if (!job || this.#batch.isDurable(job.writeSeq) || round === 3) return this.find(endpointId, jobId);
+      await this.#batch.committed();
+    }
+  }
+
   /** Live job object, when in memory. */
   live(jobId: string): Job | undefined {
     return this.#jobs.get(jobId);
@@ -681,7 +693,7 @@ export class JobQueue {
       if (job.completedAt !== null) {
         job.expiresAt = now + ms;
         const exp = job.expiresAt;
-        this.#batch.write(() => this.#repo.setExpiry(jobId, exp));
+        job.writeSeq = this.#batch.write(() => this.#repo.setExpiry(jobId, exp));
       }
       return;
     }
@@ -747,7 +759,7 @@ export class JobQueue {
     job.attempt = 0;
     (job as { ttlDeadline: number }).ttlDeadline = this.#clock.monotonic() + job.ttlMs;
     const { retries } = job;
-    this.#batch.write(() => this.#repo.requeue(jobId, retries, 0));
+    job.writeSeq = this.#batch.write(() => this.#repo.requeue(jobId, retries, 0));
     this.#enqueue(this.#queue(endpointId), job, false);
     await this.#batch.committed();
     return job;

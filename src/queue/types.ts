@@ -31,6 +31,8 @@ export interface Job {
   attempt: number;
   /** The attempt whose claim is in SQLite (claims are written late; see CLAIM_SAVE_DELAY_MS). */
   claimSaved: number;
+  /** Write-batch sequence number of the job's last write (durable reads wait only while it is not). */
+  writeSeq: number;
   /** Automatic and manual re-queues so far. */
   retries: number;
   workerId: string | null;

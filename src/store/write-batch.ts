@@ -67,6 +67,10 @@ export class WriteBatch {
   #holdTarget = 0;
   /** Syncs completed (diagnostics and tests). */
   syncs = 0;
+  /** Sequence number of the batch collecting writes now (what `write` returns). */
+  #openSeq = 1;
+  #committedSeq = 0;
+  #durableSeq = 0;
 
   constructor(db: Db, options: WriteBatchOptions) {
     this.#db = db;
@@ -81,11 +85,17 @@ export class WriteBatch {
     }
   }
 
-  /** Queues a write for this turn's transaction. */
-  write(fn: () => void): void {
+  /** Queues a write for this turn's transaction; returns its batch's sequence number. */
+  write(fn: () => void): number {
     if (this.#closed) throw new Error('write batch is closed');
     this.#writes.push(fn);
     this.#schedule();
+    return this.#openSeq;
+  }
+
+  /** Whether the batch numbered `seq` (from `write`) is durable, so a read of it needs no wait. */
+  isDurable(seq: number): boolean {
+    return seq <= this.#durableSeq;
   }
 
   /** Resolves once everything queued or committed so far is durable. */
@@ -133,6 +143,7 @@ export class WriteBatch {
     this.#waiters = [];
     let error: Error | undefined;
     if (writes.length) {
+      const seq = this.#openSeq++;
       try {
         this.#toNormal?.run();
         try {
@@ -143,10 +154,12 @@ export class WriteBatch {
           this.#toFull?.run();
         }
         if (this.#fd >= 0) this.#dirty = true;
+        else this.#durableSeq = seq;
       } catch (err) {
         error = err as Error;
         this.#onError(error);
       }
+      this.#committedSeq = seq;
     }
     if (error || this.#fd < 0) {
       for (const w of waiters) w(error);
@@ -186,6 +199,7 @@ export class WriteBatch {
     this.#nextSync = [];
     this.#syncing = group;
     this.#dirty = false;
+    const covers = this.#committedSeq;
     const fd = this.#fd;
     fdatasync(fd, (err) => {
       if (this.#closed) {
@@ -197,6 +211,7 @@ export class WriteBatch {
       this.syncs++;
       const error = err ? new Error(`fdatasync of the WAL failed: ${err.message}`, { cause: err }) : undefined;
       if (error) this.#onError(error);
+      else this.#durableSeq = Math.max(this.#durableSeq, covers);
       for (const w of group) w(error);
       if (!this.#holdAfter(group.length)) this.#continue();
     });
@@ -220,6 +235,7 @@ export class WriteBatch {
       let error: Error | undefined;
       try {
         fdatasyncSync(this.#fd);
+        this.#durableSeq = this.#committedSeq;
       } catch (err) {
         error = err as Error;
         this.#onError(error);

@@ -90,3 +90,18 @@ t.test('close commits and syncs whatever is pending', async (t) => {
   t.throws(() => batch.write(() => insert.run(8)), /closed/);
   db.close();
 });
+
+t.test('sequence numbers: a write is durable once its batch is synced (fsync) or committed (none)', async (t) => {
+  for (const durability of ['fsync', 'none'] as const) {
+    const { batch, insert } = setup(t, durability);
+    const seq = batch.write(() => insert.run(1));
+    t.notOk(batch.isDurable(seq), `${durability}: not durable while queued`);
+    await batch.committed();
+    t.ok(batch.isDurable(seq), `${durability}: durable once committed() resolves`);
+    const next = batch.write(() => insert.run(2));
+    t.ok(next > seq, 'a later batch has a larger number');
+    t.notOk(batch.isDurable(next), 'and is not durable yet');
+    await batch.committed();
+    t.ok(batch.isDurable(next));
+  }
+});
