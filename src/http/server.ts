@@ -4,7 +4,7 @@
  * headers are copied synchronously, `onAborted` and `onData` are registered before the first
  * await, every write happens inside `cork()`, and large bodies honour backpressure.
  */
-import type { HttpResponse, us_listen_socket } from 'uWebSockets.js';
+import type { HttpRequest, HttpResponse, us_listen_socket } from 'uWebSockets.js';
 import { randomBytes } from 'node:crypto';
 import { loadUws } from '../core/native.js';
 import type { Cancellation } from '../core/abort.js';
@@ -153,6 +153,8 @@ function writeHead(res: HttpResponse, reply: OutgoingReply, requestId: string, e
   }
 }
 
+const EMPTY_BODY = Buffer.alloc(0);
+
 /** Bodies up to this size are handed to uWS whole (it buffers what the socket does not take). */
 const SMALL_BODY = 64 * 1024;
 
@@ -220,106 +222,137 @@ export function createHttpServer(options: HttpServerOptions): HttpServer {
     });
   };
 
-  app.any('/*', (res, uReq) => {
-    const state = new ResponseState();
-    res.onAborted(() => abortState(state));
-    const method = uReq.getCaseSensitiveMethod().toUpperCase();
-    const path = uReq.getUrl();
-    const rawQuery = uReq.getQuery() ?? '';
-    const headers: Record<string, string> = {};
-    uReq.forEach((k, v) => {
-      headers[k] = headers[k] === undefined ? v : `${headers[k]}, ${v}`;
-    });
-    const given = headers['x-request-id'];
-    const echoId = given !== undefined && /^[A-Za-z0-9._-]{1,64}$/.test(given);
-    const requestId = echoId ? given : `${ID_PREFIX}-${(++idCounter).toString(36)}`;
-    let remoteAddress: string | undefined;
-    const peer = (): string => {
-      if (remoteAddress === undefined) {
-        try {
-          remoteAddress = state.aborted ? '' : Buffer.from(res.getRemoteAddressAsText()).toString();
-        } catch {
-          remoteAddress = '';
-        }
-      }
-      return remoteAddress ?? '';
-    };
+  /** One request: its state, its `IncomingRequest` view (getters on the prototype) and its body. */
+  class Exchange extends ResponseState implements IncomingRequest {
+    readonly id: string;
+    readonly method: string;
+    readonly path: string;
+    readonly headers: Record<string, string>;
+    body: Buffer = EMPTY_BODY;
+    readonly echoId: boolean;
+    readonly #res: HttpResponse;
+    readonly #rawQuery: string;
+    #query: URLSearchParams | undefined = undefined;
+    #remote: string | undefined = undefined;
+    decision: RouteDecision | undefined = undefined;
+    #chunks: Buffer[] | null = null;
+    #received = 0;
+    #refused = false;
 
-    let decision: RouteDecision;
-    try {
-      decision = options.resolve(method, path, headers);
-    } catch (err) {
-      log.error('route resolution failed', { err });
-      send(res, state, options.onEarlyError('internal', 'The server could not route this request.', requestId), requestId, echoId);
-      return;
+    constructor(res: HttpResponse, uReq: HttpRequest) {
+      super();
+      this.#res = res;
+      this.method = uReq.getCaseSensitiveMethod().toUpperCase();
+      this.path = uReq.getUrl();
+      this.#rawQuery = uReq.getQuery() ?? '';
+      const headers: Record<string, string> = {};
+      uReq.forEach((k, v) => {
+        headers[k] = headers[k] === undefined ? v : `${headers[k]}, ${v}`;
+      });
+      this.headers = headers;
+      const given = headers['x-request-id'];
+      this.echoId = given !== undefined && /^[A-Za-z0-9._-]{1,64}$/.test(given);
+      this.id = this.echoId ? (given as string) : `${ID_PREFIX}-${(++idCounter).toString(36)}`;
     }
 
-    const run = (body: Buffer): void => {
-      let query: URLSearchParams | undefined;
-      const req: IncomingRequest = {
-        id: requestId, method, path, headers, body,
-        get query() {
-          return (query ??= new URLSearchParams(rawQuery));
-        },
-        get remoteAddress() {
-          return peer();
-        },
-        get signal() {
-          return signalOf(state);
-        },
-        cancel: state,
-      };
+    get query(): URLSearchParams {
+      return (this.#query ??= new URLSearchParams(this.#rawQuery));
+    }
+
+    get remoteAddress(): string {
+      if (this.#remote === undefined) {
+        try {
+          this.#remote = this.aborted ? '' : Buffer.from(this.#res.getRemoteAddressAsText()).toString();
+        } catch {
+          this.#remote = '';
+        }
+      }
+      return this.#remote;
+    }
+
+    get signal(): AbortSignal {
+      return signalOf(this);
+    }
+
+    get cancel(): Cancellation {
+      return this;
+    }
+
+    reply(reply: OutgoingReply, closeConnection = false): void {
+      send(this.#res, this, reply, this.id, this.echoId, closeConnection);
+    }
+
+    run(): void {
       let result: Promise<OutgoingReply> | OutgoingReply;
       try {
-        result = decision.handle(req);
+        result = (this.decision as RouteDecision).handle(this);
       } catch (err) {
         result = Promise.reject(err);
       }
-      Promise.resolve(result).then(
-        (reply) => send(res, state, reply, requestId, echoId),
-        (err: unknown) => {
-          log.error('unhandled handler failure', { err, requestId, method, path });
-          send(res, state, options.onEarlyError('internal', 'The server failed to handle this request.', requestId), requestId, echoId);
-        },
-      );
-    };
+      if (result instanceof Promise) result.then((r) => this.reply(r), (err: unknown) => this.failed(err));
+      else this.reply(result);
+    }
 
-    const tooLarge = (): void => {
-      const reply = options.onEarlyError('payload-too-large', `The request body is larger than the ${decision.maxBodyBytes} bytes this route accepts.`, requestId);
+    failed(err: unknown): void {
+      log.error('unhandled handler failure', { err, requestId: this.id, method: this.method, path: this.path });
+      this.reply(options.onEarlyError('internal', 'The server failed to handle this request.', this.id));
+    }
+
+    tooLarge(): void {
+      const limit = (this.decision as RouteDecision).maxBodyBytes;
       // The client may still be sending: close the connection after the 413.
-      send(res, state, reply, requestId, echoId, true);
-    };
+      this.reply(options.onEarlyError('payload-too-large', `The request body is larger than the ${limit} bytes this route accepts.`, this.id), true);
+    }
 
-    const lengthHeader = headers['content-length'];
-    const declared = lengthHeader === undefined ? undefined : Number(lengthHeader);
-    const te = headers['transfer-encoding'];
-    const chunked = te !== undefined && /chunked/i.test(te);
-    if (declared !== undefined && Number.isFinite(declared) && declared > decision.maxBodyBytes) {
-      tooLarge();
-      return;
-    }
-    if (!chunked && (declared === undefined || declared === 0)) {
-      run(Buffer.alloc(0));
-      return;
-    }
-    const chunks: Buffer[] = [];
-    let received = 0;
-    let refused = false;
-    res.onData((ab, isLast) => {
-      if (refused) return;
-      received += ab.byteLength;
-      if (received > decision.maxBodyBytes) {
-        refused = true;
-        tooLarge();
+    data(ab: ArrayBuffer, isLast: boolean): void {
+      if (this.#refused) return;
+      this.#received += ab.byteLength;
+      if (this.#received > (this.decision as RouteDecision).maxBodyBytes) {
+        this.#refused = true;
+        this.tooLarge();
         return;
       }
       // uWS reuses the ArrayBuffer after this callback returns: copy it (small copies come
       // from Node's shared buffer pool, not a fresh ArrayBuffer each).
       const copy = Buffer.allocUnsafe(ab.byteLength);
       copy.set(new Uint8Array(ab));
-      chunks.push(copy);
-      if (isLast) run(chunks.length === 1 ? (chunks[0] as Buffer) : Buffer.concat(chunks, received));
-    });
+      if (isLast && this.#chunks === null) {
+        this.body = copy;
+        this.run();
+        return;
+      }
+      (this.#chunks ??= []).push(copy);
+      if (isLast) {
+        this.body = Buffer.concat(this.#chunks, this.#received);
+        this.#chunks = null;
+        this.run();
+      }
+    }
+  }
+
+  app.any('/*', (res, uReq) => {
+    const ex = new Exchange(res, uReq);
+    res.onAborted(() => abortState(ex));
+    try {
+      ex.decision = options.resolve(ex.method, ex.path, ex.headers);
+    } catch (err) {
+      log.error('route resolution failed', { err });
+      ex.reply(options.onEarlyError('internal', 'The server could not route this request.', ex.id));
+      return;
+    }
+    const lengthHeader = ex.headers['content-length'];
+    const declared = lengthHeader === undefined ? undefined : Number(lengthHeader);
+    const te = ex.headers['transfer-encoding'];
+    const chunked = te !== undefined && /chunked/i.test(te);
+    if (declared !== undefined && Number.isFinite(declared) && declared > ex.decision.maxBodyBytes) {
+      ex.tooLarge();
+      return;
+    }
+    if (!chunked && (declared === undefined || declared === 0)) {
+      ex.run();
+      return;
+    }
+    res.onData((ab, isLast) => ex.data(ab, isLast));
   });
 
   return {
