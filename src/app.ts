@@ -124,6 +124,7 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
     const queue = new JobQueue({
       repo: new JobsRepo(db), batch, clock, log: log.child({ component: 'queue' }),
       workers: new WorkerRegistry(clock, config.leaseMs * 2),
+      endpointExists: (id) => endpoints.byId(id) !== undefined,
       settings: { leaseMs: config.leaseMs, takeHoldMs: config.takeHoldMs, maxAttempts: config.maxAttempts },
     });
     // The hardware probe waits on nvidia-smi and /proc; it runs while recovery reads the backlog.

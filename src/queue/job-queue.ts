@@ -113,6 +113,9 @@ const chunksOf = (job: Job): StreamChunk[] => (job.chunks === NO_CHUNKS ? (job.c
  */
 const CLAIM_SAVE_DELAY_MS = 100;
 
+/** Rows per slice when an endpoint's jobs are deleted (see #deleteRows). */
+const DELETE_SLICE_ROWS = 20_000;
+
 /** Queued jobs of an endpoint beyond this many keep their input in SQLite only, until taken. */
 const HOT_QUEUE_DEPTH = 64;
 
@@ -144,9 +147,19 @@ export class JobQueue {
   /** Claimed jobs, in claim order, whose claim is not written yet. */
   readonly #unsavedClaims = new Deque<Job>();
   #claimTimer: NodeJS.Timeout | null = null;
+  /** Finished-job count changes not written yet, by endpoint and status. */
+  readonly #counts = new Map<string, Map<JobStatus, { jobs: number; retries: number }>>();
+  #countsQueued = false;
   #closing = false;
 
-  constructor(options: { repo: JobsRepo; batch: WriteBatch; clock: Clock; log: Logger; workers: WorkerRegistry; settings?: Partial<QueueSettings> }) {
+  readonly #endpointExists: (id: string) => boolean;
+
+  constructor(options: {
+    repo: JobsRepo; batch: WriteBatch; clock: Clock; log: Logger; workers: WorkerRegistry; settings?: Partial<QueueSettings>;
+    /** Recovery drops the rows of endpoints deleted before their rows were (a crash mid-deletion). */
+    endpointExists?: (id: string) => boolean;
+  }) {
+    this.#endpointExists = options.endpointExists ?? (() => true);
     this.#repo = options.repo;
     this.#batch = options.batch;
     this.#clock = options.clock;
@@ -177,7 +190,13 @@ export class JobQueue {
     const now = this.#clock.now();
     let queued = 0;
     let running = 0;
+    const orphaned = new Set<string>();
     for (const row of this.#repo.active()) {
+      if (orphaned.has(row.endpointId)) continue;
+      if (!this.#endpointExists(row.endpointId)) {
+        orphaned.add(row.endpointId);
+        continue;
+      }
       const job = this.#fromRow(row, mono, now);
       this.#jobs.set(job.id, job);
       const q = this.#queue(job.endpointId);
@@ -193,6 +212,11 @@ export class JobQueue {
         q.inProgress++;
         running++;
       }
+    }
+    for (const id of orphaned) {
+      this.#log.info('deleting jobs of a deleted endpoint', { endpointId: id });
+      this.#repo.dropCounts(id);
+      this.#deleteRows(id);
     }
     return { queued, running };
   }
@@ -561,6 +585,7 @@ export class JobQueue {
     const { id, expiresAt, workerId, attempt, startedAt } = job;
     job.claimSaved = attempt;
     job.writeSeq = this.#batch.write(() => this.#repo.finish(id, status, output, error, now, expiresAt, workerId, attempt, startedAt));
+    this.#count(job.endpointId, status, 1, job.retries);
     this.#batch.committed().then(
       () => {
         const waiters = job.waiters;
@@ -574,6 +599,26 @@ export class JobQueue {
     );
     this.#finishedOrder.push(job);
     this.#evict();
+  }
+
+  /** Adds to an endpoint's finished-job counts, written once per commit (job_counts). */
+  #count(endpointId: string, status: JobStatus, jobs: number, retries: number): void {
+    let byStatus = this.#counts.get(endpointId);
+    if (!byStatus) this.#counts.set(endpointId, (byStatus = new Map()));
+    const c = byStatus.get(status);
+    if (c) {
+      c.jobs += jobs;
+      c.retries += retries;
+    } else {
+      byStatus.set(status, { jobs, retries });
+    }
+    if (this.#countsQueued) return;
+    this.#countsQueued = true;
+    this.#batch.write(() => {
+      this.#countsQueued = false;
+      for (const [endpointId, m] of this.#counts) for (const [st, d] of m) this.#repo.addCount(endpointId, st, d.jobs, d.retries);
+      this.#counts.clear();
+    });
   }
 
   async #finishCommitted(job: Job, status: JobStatus, output: string | null, error: string | null): Promise<void> {
@@ -745,6 +790,8 @@ export class JobQueue {
       job = this.#fromRow(this.#repo.get(jobId) as JobRow, this.#clock.monotonic(), this.#clock.now());
       this.#jobs.set(jobId, job);
     }
+    // It leaves the finished counts (job_counts) it was in.
+    this.#count(endpointId, job.status, -1, -job.retries);
     job.status = 'IN_QUEUE';
     job.output = null;
     job.error = null;
@@ -784,14 +831,23 @@ export class JobQueue {
 
   health(endpointId: string): { jobs: Record<string, number>; workers: WorkerCounts } {
     const q = this.#queue(endpointId);
+    // Finished jobs are counted in job_counts; the retries of queued and running jobs are here.
     const { byStatus, retried } = this.#repo.counts(endpointId);
+    let activeRetries = 0;
+    const add = (job: Job): void => {
+      if (job.status === 'IN_QUEUE') activeRetries += job.retries;
+    };
+    q.retry.forEach(add);
+    q.normal.forEach(add);
+    q.low.forEach(add);
+    for (const job of this.#running) if (job.endpointId === endpointId && job.status === 'IN_PROGRESS') activeRetries += job.retries;
     return {
       jobs: {
         completed: byStatus.COMPLETED ?? 0,
         failed: (byStatus.FAILED ?? 0) + (byStatus.TIMED_OUT ?? 0),
         inProgress: q.inProgress,
         inQueue: q.queued + q.lowQueued,
-        retried,
+        retried: retried + activeRetries,
       },
       workers: this.workers.counts(endpointId),
     };
@@ -830,6 +886,33 @@ export class JobQueue {
       for (const w of waiters) w();
     }
     this.workers.dropEndpoint(endpointId);
+    this.#counts.delete(endpointId);
+    this.#repo.dropCounts(endpointId);
+    this.#deleteRows(endpointId);
+  }
+
+  /**
+   * Deletes an endpoint's rows in rowid slices (there is no per-endpoint index to find them
+   * by): a small table at once, a large one a slice per event-loop turn through the write batch,
+   * so a deletion never stalls the loop for long.
+   */
+  #deleteRows(endpointId: string): void {
+    const range = this.#repo.rowidRange();
+    if (!range) return;
+    const end = range.hi + 1;
+    if (end - range.lo <= DELETE_SLICE_ROWS) {
+      this.#repo.deleteSlice(endpointId, range.lo, end);
+      return;
+    }
+    let from = range.lo;
+    const step = (): void => {
+      const to = Math.min(end, from + DELETE_SLICE_ROWS);
+      const slice = from;
+      this.#batch.write(() => this.#repo.deleteSlice(endpointId, slice, to));
+      from = to;
+      if (from < end) setImmediate(step);
+    };
+    step();
   }
 
   // Timers ------------------------------------------------------------------------------------
@@ -868,7 +951,18 @@ export class JobQueue {
   /** Deletes expired results from SQLite. */
   expire(): void {
     const now = this.#clock.now();
-    this.#batch.write(() => this.#repo.deleteExpired(now));
+    this.#batch.write(() => {
+      const gone = new Map<string, { endpointId: string; status: JobStatus; jobs: number; retries: number }>();
+      for (const r of this.#repo.deleteExpired(now)) {
+        if (!TERMINAL.has(r.status)) continue;
+        const key = `${r.endpointId}\u0000${r.status}`;
+        const g = gone.get(key) ?? { endpointId: r.endpointId, status: r.status, jobs: 0, retries: 0 };
+        g.jobs--;
+        g.retries -= r.retries;
+        gone.set(key, g);
+      }
+      for (const g of gone.values()) this.#repo.addCount(g.endpointId, g.status, g.jobs, g.retries);
+    });
   }
 
   /** Rejects parked requests at shutdown so their connections close cleanly. */

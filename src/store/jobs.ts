@@ -59,7 +59,10 @@ export class JobsRepo {
   readonly #activeQueued: Statement;
   readonly #expire: Statement;
   readonly #counts: Statement;
-  readonly #retried: Statement;
+  readonly #addCount: Statement;
+  readonly #dropCounts: Statement;
+  readonly #rowidRange: Statement;
+  readonly #deleteSlice: Statement;
   readonly #lease: Statement;
   readonly #input: Statement;
   readonly #getLight: Statement;
@@ -87,9 +90,14 @@ export class JobsRepo {
     this.#input = db.prepare('SELECT input FROM jobs WHERE id = ?').pluck();
     this.#getLight = db.prepare(`SELECT id, endpoint_id, status, NULL AS input, extra, webhook, low_priority, execution_timeout_ms, ttl_ms,
       retention_ms, attempt, retries, worker_id, output, error, created_at, started_at, completed_at, expires_at FROM jobs WHERE id = ?`);
-    this.#expire = db.prepare('DELETE FROM jobs WHERE expires_at IS NOT NULL AND expires_at <= ?');
-    this.#counts = db.prepare('SELECT status, count(*) AS n FROM jobs WHERE endpoint_id = ? GROUP BY status');
-    this.#retried = db.prepare('SELECT coalesce(sum(retries), 0) AS n FROM jobs WHERE endpoint_id = ?');
+    this.#expire = db.prepare(`DELETE FROM jobs WHERE expires_at IS NOT NULL AND expires_at <= ?
+      RETURNING endpoint_id AS endpointId, status, retries`);
+    this.#counts = db.prepare('SELECT status, jobs, retries FROM job_counts WHERE endpoint_id = ?');
+    this.#addCount = db.prepare(`INSERT INTO job_counts (endpoint_id, status, jobs, retries) VALUES (?, ?, ?, ?)
+      ON CONFLICT (endpoint_id, status) DO UPDATE SET jobs = jobs + excluded.jobs, retries = retries + excluded.retries`);
+    this.#dropCounts = db.prepare('DELETE FROM job_counts WHERE endpoint_id = ?');
+    this.#rowidRange = db.prepare('SELECT min(rowid) AS lo, max(rowid) AS hi FROM jobs');
+    this.#deleteSlice = db.prepare('DELETE FROM jobs WHERE rowid >= ? AND rowid < ? AND endpoint_id = ?');
   }
 
   insert(j: Pick<JobRow, 'id' | 'endpointId' | 'extra' | 'webhook' | 'lowPriority' | 'executionTimeoutMs' | 'ttlMs' | 'retentionMs' | 'createdAt'>, input: string): void {
@@ -151,13 +159,39 @@ export class JobsRepo {
     return this.#input.get(id) as string | undefined;
   }
 
-  deleteExpired(now: number): number {
-    return this.#expire.run(now).changes;
+  /** Deletes expired rows; returns them (for job_counts). */
+  deleteExpired(now: number): { endpointId: string; status: JobStatus; retries: number }[] {
+    return this.#expire.all(now) as { endpointId: string; status: JobStatus; retries: number }[];
   }
 
+  /** Finished-job counts of an endpoint (job_counts), and the retries of those jobs. */
   counts(endpointId: string): { byStatus: Partial<Record<JobStatus, number>>; retried: number } {
     const byStatus: Partial<Record<JobStatus, number>> = {};
-    for (const r of this.#counts.all(endpointId) as { status: JobStatus; n: number }[]) byStatus[r.status] = r.n;
-    return { byStatus, retried: (this.#retried.get(endpointId) as { n: number }).n };
+    let retried = 0;
+    for (const r of this.#counts.all(endpointId) as { status: JobStatus; jobs: number; retries: number }[]) {
+      byStatus[r.status] = r.jobs;
+      retried += r.retries;
+    }
+    return { byStatus, retried };
+  }
+
+  /** Adds to the finished-job counts (negative to take away). */
+  addCount(endpointId: string, status: JobStatus, jobs: number, retries: number): void {
+    this.#addCount.run(endpointId, status, jobs, retries);
+  }
+
+  dropCounts(endpointId: string): void {
+    this.#dropCounts.run(endpointId);
+  }
+
+  /** The rowids in use now: an endpoint's rows are deleted slice by slice within them. */
+  rowidRange(): { lo: number; hi: number } | undefined {
+    const r = this.#rowidRange.get() as { lo: number | null; hi: number | null };
+    return r.lo === null || r.hi === null ? undefined : { lo: r.lo, hi: r.hi };
+  }
+
+  /** Deletes an endpoint's rows with rowid in [from, to). */
+  deleteSlice(endpointId: string, from: number, to: number): number {
+    return this.#deleteSlice.run(from, to, endpointId).changes;
   }
 }

@@ -6,6 +6,7 @@ import t, { type Test } from 'tap';
 import { ManualClock } from '../../src/core/clock.js';
 import { startAgent, assertProblem, cpuBody, type TestAgent } from '../helpers/agent.js';
 import { TestWorker } from '../helpers/worker.js';
+import { until } from '../helpers/wait.js';
 
 async function setup(t: Test, overrides: Record<string, unknown> = {}, epExtra: Record<string, unknown> = {}) {
   const clock = new ManualClock();
@@ -179,4 +180,55 @@ t.test('a claim is written once the job has run 100 ms, or by its final state', 
   const r = row(quick);
   t.match(r, { status: 'COMPLETED', attempt: 1, workerId: w.workerId }, 'a quick job is written once, claim included');
   t.type(r.startedAt, 'number');
+});
+
+t.test('health counts of finished jobs survive a restart and leave with retries and expiry', async (t) => {
+  const clock = new ManualClock();
+  const dir = t.testdir();
+  const a = await startAgent(t, { takeHoldMs: 300 }, { clock, dir });
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  const w = await TestWorker.create(a, ep);
+  const ids: string[] = [];
+  for (let i = 0; i < 4; i++) ids.push((await a.req('POST', `/v2/${ep}/run`, { body: { input: { i } } })).json.id);
+  await w.take();
+  await w.done(ids[0] as string, { output: 1 });
+  await w.take();
+  await w.done(ids[1] as string, { output: 2 });
+  await w.take();
+  await w.done(ids[2] as string, { error: 'no' });
+  const health = async (x: TestAgent) => (await x.req('GET', `/v2/${ep}/health`)).json.jobs;
+  t.match(await health(a), { completed: 2, failed: 1, inQueue: 1, retried: 0 });
+  t.same(a.agent.db.prepare('SELECT status, jobs FROM job_counts WHERE endpoint_id = ? ORDER BY status').all(ep),
+    [{ status: 'COMPLETED', jobs: 2 }, { status: 'FAILED', jobs: 1 }], 'kept in job_counts, committed with the results');
+
+  await a.agent.close();
+  const b = await startAgent(t, { takeHoldMs: 300 }, { clock, dir });
+  t.match(await health(b), { completed: 2, failed: 1, inQueue: 1, retried: 0 }, 'the same after a restart');
+  t.equal((await b.req('POST', `/v2/${ep}/retry/${ids[2]}`)).status, 200);
+  t.match(await health(b), { completed: 2, failed: 0, inQueue: 2, retried: 1 }, 'a retried job leaves failed and counts in retried');
+
+  clock.advance(31 * 60_000);
+  b.agent.queue.expire();
+  await b.agent.queue.durable();
+  t.match(await health(b), { completed: 0, failed: 0, inQueue: 2, retried: 1 }, 'expired results leave the counts');
+});
+
+t.test('deleting an endpoint with many rows deletes them in slices, leaving other endpoints alone', async (t) => {
+  const a = await startAgent(t, { takeHoldMs: 300 });
+  const mk = async () => (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  const gone = await mk();
+  const kept = await mk();
+  const keptJob = (await a.req('POST', `/v2/${kept}/run`, { body: { input: { keep: 1 } } })).json.id as string;
+  // Finished rows as a busy endpoint leaves them (written directly: the HTTP path is not under test).
+  const insert = a.agent.db.prepare(`INSERT INTO jobs (id, endpoint_id, status, input, execution_timeout_ms, ttl_ms, retention_ms, created_at, completed_at, expires_at)
+    VALUES (?, ?, 'COMPLETED', '{}', 1000, 1000, 1000, 0, 0, 9999999999999)`);
+  a.agent.db.transaction(() => {
+    for (let i = 0; i < 45_000; i++) insert.run(`bulk-${i}`, i % 9 === 0 ? kept : gone);
+  })();
+  const count = (ep: string) => (a.agent.db.prepare('SELECT count(*) AS n FROM jobs WHERE endpoint_id = ?').get(ep) as { n: number }).n;
+  t.equal((await a.req('DELETE', `/v2/serverless/${gone}`)).status, 204);
+  t.ok(count(gone) > 0, 'a large table is not deleted in one go');
+  await until('every row of the deleted endpoint', async () => count(gone) === 0, 10_000);
+  t.equal(count(kept), 5001, 'the other endpoint keeps its rows');
+  t.equal((await a.req('GET', `/v2/${kept}/status/${keptJob}`)).json.status, 'IN_QUEUE');
 });

@@ -1,0 +1,48 @@
+/**
+ * Migration 3 rebuilds the jobs table without the per-endpoint index and foreign key, and
+ * fills job_counts from the finished rows: a database written by the previous version keeps
+ * every row (same rowids, same values) and its /health counts.
+ */
+import t from 'tap';
+import { join } from 'node:path';
+import Database from 'better-sqlite3';
+import { createLogger } from '../../src/core/logger.js';
+import { MIGRATIONS } from '../../src/store/migrations.js';
+import { openDb } from '../../src/store/index.js';
+
+const quiet = createLogger({ level: 'error', sink: { write: () => undefined } });
+
+t.test('a version-2 database keeps its jobs and gets job_counts', (t) => {
+  const dir = t.testdir();
+  const old = new Database(join(dir, 'flashd.db'));
+  old.pragma('journal_mode = WAL');
+  for (let v = 0; v < 2; v++) {
+    old.exec(MIGRATIONS[v] as string);
+    old.pragma(`user_version = ${v + 1}`);
+  }
+  old.pragma('foreign_keys = ON');
+  for (const ep of ['epa', 'epb']) old.prepare("INSERT INTO endpoints (id, owner_id, data, created_at, updated_at) VALUES (?, 'usr', '{}', 0, 0)").run(ep);
+  const insert = old.prepare(`INSERT INTO jobs (id, endpoint_id, status, input, execution_timeout_ms, ttl_ms, retention_ms, retries, created_at, expires_at)
+    VALUES (?, ?, ?, '{"n":1}', 600000, 86400000, 1800000, ?, ?, ?)`);
+  const rows: [string, string, string, number][] = [
+    ['j1', 'epa', 'COMPLETED', 1], ['j2', 'epa', 'COMPLETED', 0], ['j3', 'epa', 'FAILED', 2], ['j4', 'epa', 'IN_QUEUE', 1],
+    ['j5', 'epb', 'TIMED_OUT', 0], ['j6', 'epb', 'IN_PROGRESS', 0],
+  ];
+  rows.forEach(([id, ep, status, retries], i) => insert.run(id, ep, status, retries, 1000 + i, status.startsWith('IN_') ? null : 5000));
+  const before = old.prepare('SELECT rowid, * FROM jobs ORDER BY rowid').all();
+  old.close();
+
+  const db = openDb({ dataDir: dir, synchronous: 'full', log: quiet });
+  t.teardown(() => db.close());
+  t.equal(db.pragma('user_version', { simple: true }), MIGRATIONS.length);
+  t.same(db.prepare('SELECT rowid, * FROM jobs ORDER BY rowid').all(), before, 'every row, rowid and value kept');
+  t.same(db.prepare('SELECT endpoint_id AS ep, status, jobs, retries FROM job_counts ORDER BY ep, status').all(), [
+    { ep: 'epa', status: 'COMPLETED', jobs: 2, retries: 1 },
+    { ep: 'epa', status: 'FAILED', jobs: 1, retries: 2 },
+    { ep: 'epb', status: 'TIMED_OUT', jobs: 1, retries: 0 },
+  ], 'finished rows counted per endpoint and status');
+  const indexes = (db.prepare("SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'jobs' AND sql IS NOT NULL").all() as { name: string }[]).map((r) => r.name).sort();
+  t.same(indexes, ['jobs_active', 'jobs_expiry'], 'no per-endpoint index');
+  t.same(db.prepare('PRAGMA foreign_key_list(jobs)').all(), [], 'no foreign key');
+  t.end();
+});
