@@ -22,13 +22,7 @@ export class SimWorker {
     this.donePrefix = `POST /v2/${o.endpointId}/job-done/${o.workerId}/`;
     this.doneSuffix = `?gpu=cpu&isStream=false HTTP/1.1\r\nHost: ${this.hostHeader}\r\nAuthorization: ${o.key}\r\nContent-Type: application/json`;
     this.stopped = false;
-    this.received = [];
-    /** Result posts answered {"ok":true} without "duplicate". */
-    this.accepted = [];
-    this.duplicates = 0;
-    this.stale = 0;
-    this.unknown = 0;
-    this.errors = 0;
+    this.reset();
     this.reconnects = 0;
     this.running = null;
     /** Between receiving a job and getting the answer to its result post. */
@@ -50,6 +44,7 @@ export class SimWorker {
   /** Forgets what was recorded (between runs). */
   reset() {
     this.received = [];
+    /** Result posts answered {"ok":true} without "duplicate". */
     this.accepted = [];
     this.duplicates = 0;
     this.stale = 0;

@@ -76,44 +76,6 @@ export interface HttpServer {
   close(): Promise<void>;
 }
 
-/** Per-request state; it is also the request's `cancel` (no closure or controller per request). */
-class ResponseState implements Cancellation {
-  aborted = false;
-  done = false;
-  /** Made on first use of `signal` (most requests never look at it). */
-  controller: AbortController | undefined = undefined;
-  /** Callbacks registered through `onAbort`. */
-  hooks: (() => void)[] | null = null;
-
-  onAbort(cb: () => void): () => void {
-    if (this.aborted) {
-      cb();
-      return () => undefined;
-    }
-    (this.hooks ??= []).push(cb);
-    return () => {
-      const i = this.hooks?.indexOf(cb) ?? -1;
-      if (i >= 0) this.hooks?.splice(i, 1);
-    };
-  }
-}
-
-function abortState(state: ResponseState): void {
-  state.aborted = true;
-  state.controller?.abort();
-  const hooks = state.hooks;
-  state.hooks = null;
-  if (hooks) for (const h of hooks) h();
-}
-
-function signalOf(state: ResponseState): AbortSignal {
-  if (!state.controller) {
-    state.controller = new AbortController();
-    if (state.aborted) state.controller.abort();
-  }
-  return state.controller.signal;
-}
-
 /** Request ids: a random per-process prefix and a counter (unique, and cheaper than a UUID per request). */
 const ID_PREFIX = randomBytes(6).toString('hex');
 let idCounter = 0;
@@ -159,7 +121,7 @@ const EMPTY_BODY = Buffer.alloc(0);
 const SMALL_BODY = 64 * 1024;
 
 /** Sends a complete body, continuing through onWritable when the socket is backed up. */
-function sendWhole(res: HttpResponse, state: ResponseState, body: Buffer, closeConnection: boolean): void {
+function sendWhole(res: HttpResponse, state: { aborted: boolean; done: boolean }, body: Buffer, closeConnection: boolean): void {
   if (closeConnection) {
     res.end(body, true);
     state.done = true;
@@ -182,48 +144,18 @@ export function createHttpServer(options: HttpServerOptions): HttpServer {
   let listenSocket: us_listen_socket | null = null;
   const log = options.log;
 
-  const send = (res: HttpResponse, state: ResponseState, reply: OutgoingReply, requestId: string, echoId: boolean, closeConnection = false): void => {
-    if (state.aborted || state.done) return;
-    if (reply.stream) {
-      res.cork(() => {
-        writeHead(res, reply, requestId, echoId);
-        res.write('');
-      });
-      const writer: StreamWriter = {
-        get signal() {
-          return signalOf(state);
-        },
-        write: (chunk) => {
-          if (state.aborted || state.done) return;
-          res.cork(() => res.write(chunk));
-        },
-        end: () => {
-          if (state.aborted || state.done) return;
-          state.done = true;
-          res.cork(() => res.end());
-        },
-      };
-      reply.stream(writer);
-      return;
-    }
-    const raw = reply.body ?? '';
-    res.cork(() => {
-      writeHead(res, reply, requestId, echoId);
-      if (reply.status === 204 || reply.status === 304) {
-        res.endWithoutBody(0, closeConnection);
-        state.done = true;
-      } else if (raw.length <= SMALL_BODY / 4) {
-        // Small (even at 4 bytes per character): no Buffer, no backpressure bookkeeping.
-        res.end(raw, closeConnection);
-        state.done = true;
-      } else {
-        sendWhole(res, state, Buffer.isBuffer(raw) ? raw : Buffer.from(raw), closeConnection);
-      }
-    });
-  };
-
-  /** One request: its state, its `IncomingRequest` view (getters on the prototype) and its body. */
-  class Exchange extends ResponseState implements IncomingRequest {
+  /**
+   * One request: its state, its `IncomingRequest` view (getters on the prototype), its body and
+   * its reply. It is also the request's `cancel`, so a request allocates no closure or
+   * AbortController for that.
+   */
+  class Exchange implements IncomingRequest, Cancellation {
+    aborted = false;
+    done = false;
+    /** Made on first use of `signal` (most requests never look at it). */
+    #controller: AbortController | undefined = undefined;
+    /** Callbacks registered through `onAbort`. */
+    #hooks: (() => void)[] | null = null;
     readonly id: string;
     readonly method: string;
     readonly path: string;
@@ -240,7 +172,6 @@ export function createHttpServer(options: HttpServerOptions): HttpServer {
     #refused = false;
 
     constructor(res: HttpResponse, uReq: HttpRequest) {
-      super();
       this.#res = res;
       this.method = uReq.getCaseSensitiveMethod().toUpperCase();
       this.path = uReq.getUrl();
@@ -271,15 +202,78 @@ export function createHttpServer(options: HttpServerOptions): HttpServer {
     }
 
     get signal(): AbortSignal {
-      return signalOf(this);
+      if (!this.#controller) {
+        this.#controller = new AbortController();
+        if (this.aborted) this.#controller.abort();
+      }
+      return this.#controller.signal;
     }
 
     get cancel(): Cancellation {
       return this;
     }
 
+    onAbort(cb: () => void): () => void {
+      if (this.aborted) {
+        cb();
+        return () => undefined;
+      }
+      (this.#hooks ??= []).push(cb);
+      return () => {
+        const i = this.#hooks?.indexOf(cb) ?? -1;
+        if (i >= 0) this.#hooks?.splice(i, 1);
+      };
+    }
+
+    /** The client went away (uWS onAborted). */
+    abort(): void {
+      this.aborted = true;
+      this.#controller?.abort();
+      const hooks = this.#hooks;
+      this.#hooks = null;
+      if (hooks) for (const h of hooks) h();
+    }
+
     reply(reply: OutgoingReply, closeConnection = false): void {
-      send(this.#res, this, reply, this.id, this.echoId, closeConnection);
+      if (this.aborted || this.done) return;
+      const res = this.#res;
+      if (reply.stream) {
+        res.cork(() => {
+          writeHead(res, reply, this.id, this.echoId);
+          res.write('');
+        });
+        const ex = this;
+        const writer: StreamWriter = {
+          get signal() {
+            return ex.signal;
+          },
+          write: (chunk) => {
+            if (this.aborted || this.done) return;
+            res.cork(() => res.write(chunk));
+          },
+          end: () => {
+            if (this.aborted || this.done) return;
+            this.done = true;
+            res.cork(() => res.end());
+          },
+        };
+        reply.stream(writer);
+        return;
+      }
+      const raw = reply.body ?? '';
+      res.cork(() => {
+        writeHead(res, reply, this.id, this.echoId);
+        if (reply.status === 204 || reply.status === 304) {
+          res.endWithoutBody(0, closeConnection);
+          this.done = true;
+        } else if (raw.length <= SMALL_BODY / 4) {
+          // Small (even at 4 bytes per character): no Buffer, no backpressure bookkeeping.
+          res.end(raw, closeConnection);
+          this.done = true;
+        } else {
+          sendWhole(res, this, Buffer.isBuffer(raw) ? raw : Buffer.from(raw), closeConnection);
+        }
+      });
     }
 
     run(): void {
@@ -332,7 +326,7 @@ export function createHttpServer(options: HttpServerOptions): HttpServer {
 
   app.any('/*', (res, uReq) => {
     const ex = new Exchange(res, uReq);
-    res.onAborted(() => abortState(ex));
+    res.onAborted(() => ex.abort());
     try {
       ex.decision = options.resolve(ex.method, ex.path, ex.headers);
     } catch (err) {

@@ -16,6 +16,8 @@ export class LogHub {
   readonly #clock: Clock;
   readonly #followers = new Map<string, Set<Follower>>();
   readonly #written = new Map<string, number>();
+  /** Deleted endpoints: their late lines are dropped (ids are never reused). */
+  readonly #dropped = new Set<string>();
   readonly #keep: number;
 
   constructor(repo: LogsRepo, batch: WriteBatch, clock: Clock, keepPerEndpoint = 10_000) {
@@ -26,15 +28,13 @@ export class LogHub {
   }
 
   append(endpointId: string, workerId: string | null, stream: LogLine['stream'], line: string): void {
+    // A stopping worker of a deleted endpoint may still print: its row would fail the foreign
+    // key and, with it, the whole group commit around it.
+    if (this.#dropped.has(endpointId)) return;
     const at = this.#clock.now();
     let seq = 0;
     this.#batch.write(() => {
-      try {
-        seq = this.#repo.insert(endpointId, workerId, stream, line, at);
-      } catch {
-        // The endpoint was deleted after the line was written (a stopping worker's last output):
-        // the line goes with it, and the statement's failure must not fail the batch around it.
-      }
+      seq = this.#repo.insert(endpointId, workerId, stream, line, at);
     });
     const n = (this.#written.get(endpointId) ?? 0) + 1;
     this.#written.set(endpointId, n);
@@ -66,6 +66,7 @@ export class LogHub {
 
   /** The endpoint was deleted: its followers' streams end. */
   drop(endpointId: string): void {
+    this.#dropped.add(endpointId);
     const set = this.#followers.get(endpointId);
     this.#followers.delete(endpointId);
     this.#written.delete(endpointId);

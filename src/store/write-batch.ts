@@ -46,7 +46,6 @@ export interface WriteBatchOptions {
 
 export class WriteBatch {
   readonly #db: Db;
-  readonly #durability: 'fsync' | 'none';
   readonly #onError: (err: Error) => void;
   #writes: (() => void)[] = [];
   #waiters: Waiter[] = [];
@@ -74,7 +73,6 @@ export class WriteBatch {
 
   constructor(db: Db, options: WriteBatchOptions) {
     this.#db = db;
-    this.#durability = options.durability;
     this.#onError = options.onError;
     if (options.durability === 'fsync') {
       if (!options.walPath) throw new Error('WriteBatch: durability fsync needs walPath');
