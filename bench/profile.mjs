@@ -51,10 +51,13 @@ if (scenario === 's2') {
 }
 const h = head('POST', `/v2/${ep}/${scenario === 's2' ? 'runsync' : 'run'}`, `127.0.0.1:${port}`, `Bearer ${key}`, true);
 await closedLoop(c, 1, async (i) => (await conns[i].request(h, BODY_1K)).status === 200); // warm-up
+const sysOf = () => Number(readFileSync(`/proc/${child.pid}/stat`, 'latin1').split(') ')[1].split(' ')[12]) / 100;
 const cpu0 = cpuSeconds(child.pid);
+const sys0 = sysOf();
 const r = await closedLoop(c, seconds, async (i) => (await conns[i].request(h, BODY_1K)).status === 200);
 const cpuUs = ((cpuSeconds(child.pid) - cpu0) * 1e6) / r.ok;
-console.log(`${scenario} c=${c} ${sync}: ${Math.round(r.rate)} jobs/s, p50 ${Math.round(r.lat.p50)} µs, p99 ${Math.round(r.lat.p99)} µs, server CPU ${cpuUs.toFixed(1)} µs/job${profiling ? ' (profiling slows it down)' : ''}`);
+const sysUs = ((sysOf() - sys0) * 1e6) / r.ok;
+console.log(`${scenario} c=${c} ${sync}: ${Math.round(r.rate)} jobs/s, p50 ${Math.round(r.lat.p50)} µs, p99 ${Math.round(r.lat.p99)} µs, server CPU ${cpuUs.toFixed(1)} µs/job (kernel ${sysUs.toFixed(1)})${profiling ? ' (profiling slows it down)' : ''}`);
 for (const w of workers) await w.stop();
 conns.forEach((x) => x.close());
 child.kill('SIGTERM');

@@ -7,6 +7,15 @@
  *
  * Execution is at least once: a job whose worker dies or loses its lease goes back to the
  * queue, at most `maxAttempts` times. Completion is recorded exactly once.
+ *
+ * Restart recovery reads the jobs table from the recovery floor up (there is no index of active
+ * jobs; migration 4). The invariant, kept inside the same transactions as the writes it covers:
+ * every queued or running row has a rowid at or above the floor stored in settings.
+ * - A row that becomes active with a lower rowid lowers the floor in its own transaction: an
+ *   insert given a reused rowid, a /retry of an old job.
+ * - The floor rises to the lowest rowid of an active job in memory (#lowestActiveRowid), computed
+ *   inside the commit that writes it, so memory and rows agree at that point; never while an
+ *   endpoint's rows are still being deleted (they are active rows memory no longer holds).
  */
 import type { Cancellation } from '../core/abort.js';
 import type { Clock } from '../core/clock.js';
@@ -151,6 +160,15 @@ export class JobQueue {
   readonly #counts = new Map<string, Map<JobStatus, { jobs: number; retries: number }>>();
   #countsQueued = false;
   #closing = false;
+  /** The recovery floor as last written (see the file header). */
+  #floor = 0;
+  /** Highest rowid inserted or recovered: the floor when nothing is active. */
+  #maxRowid = 0;
+  /** Active jobs whose rowid is out of order in their deque (manual retries); the floor walk reads all of them. */
+  readonly #outOfOrder = new Set<Job>();
+  /** Endpoint deletions still deleting rows: the floor does not rise meanwhile. */
+  #floorHeld = 0;
+  #floorQueued = false;
 
   readonly #endpointExists: (id: string) => boolean;
 
@@ -191,7 +209,10 @@ export class JobQueue {
     let queued = 0;
     let running = 0;
     const orphaned = new Set<string>();
-    for (const row of this.#repo.active()) {
+    this.#floor = this.#repo.floor();
+    this.#maxRowid = this.#repo.rowidRange()?.hi ?? 0;
+    const { running: runningRows, queued: queuedRows } = this.#repo.active(this.#floor);
+    for (const rows of [runningRows, queuedRows]) for (const row of rows) {
       if (orphaned.has(row.endpointId)) continue;
       if (!this.#endpointExists(row.endpointId)) {
         orphaned.add(row.endpointId);
@@ -223,7 +244,7 @@ export class JobQueue {
 
   #fromRow(row: Omit<JobRow, 'input'> & { input: string | null }, mono: number, now: number): Job {
     return {
-      id: row.id, endpointId: row.endpointId, status: row.status, input: row.input, extra: row.extra, webhook: row.webhook,
+      rowid: row.rowid, id: row.id, endpointId: row.endpointId, status: row.status, input: row.input, extra: row.extra, webhook: row.webhook,
       lowPriority: row.lowPriority, executionTimeoutMs: row.executionTimeoutMs, ttlMs: row.ttlMs, retentionMs: row.retentionMs,
       attempt: row.attempt, claimSaved: row.attempt, writeSeq: 0, retries: row.retries, workerId: row.workerId,
       resultBy: row.status === 'COMPLETED' || row.status === 'FAILED' ? row.workerId : null, output: row.output, error: row.error, progress: null,
@@ -238,7 +259,7 @@ export class JobQueue {
   async submit(input: SubmitInput): Promise<Job> {
     const now = this.#clock.now();
     const job: Job = {
-      id: newJobId(), endpointId: input.endpointId, status: 'IN_QUEUE', input: input.input, extra: input.extra, webhook: input.webhook,
+      rowid: 0, id: newJobId(), endpointId: input.endpointId, status: 'IN_QUEUE', input: input.input, extra: input.extra, webhook: input.webhook,
       lowPriority: input.lowPriority, executionTimeoutMs: input.executionTimeoutMs, ttlMs: input.ttlMs, retentionMs: input.retentionMs,
       attempt: 0, claimSaved: 0, writeSeq: 0, retries: 0, workerId: null, resultBy: null, output: null, error: null, progress: null, chunks: NO_CHUNKS, createdAt: now, startedAt: null,
       completedAt: null, expiresAt: null, ttlDeadline: this.#clock.monotonic() + input.ttlMs, leaseDeadline: 0, execDeadline: 0, waiters: NO_WAITERS,
@@ -247,7 +268,11 @@ export class JobQueue {
     const q = this.#queue(job.endpointId);
     const raw = input.input;
     job.writeSeq = this.#batch.write(() => {
-      this.#repo.insert(job, raw);
+      const rowid = this.#repo.insert(job, raw);
+      job.rowid = rowid;
+      if (rowid > this.#maxRowid) this.#maxRowid = rowid;
+      // A reused rowid (the newest rows were deleted) can be below the floor.
+      else if (rowid < this.#floor) this.#lowerFloor(rowid);
       // Deep in a busy queue, the input waits in SQLite rather than in the heap.
       if (job.status === 'IN_QUEUE' && q.queued + q.lowQueued > HOT_QUEUE_DEPTH) job.input = null;
     });
@@ -811,7 +836,13 @@ export class JobQueue {
     job.attempt = 0;
     (job as { ttlDeadline: number }).ttlDeadline = this.#clock.monotonic() + job.ttlMs;
     const { retries } = job;
-    job.writeSeq = this.#batch.write(() => this.#repo.requeue(jobId, retries, 0));
+    const retried = job;
+    job.writeSeq = this.#batch.write(() => {
+      this.#repo.requeue(jobId, retries, 0);
+      if (retried.rowid < this.#floor) this.#lowerFloor(retried.rowid);
+    });
+    // Queued behind newer jobs with its old rowid: out of the deque's rowid order.
+    this.#outOfOrder.add(job);
     this.#enqueue(this.#queue(endpointId), job, false);
     await this.#batch.committed();
     return job;
@@ -885,6 +916,7 @@ export class JobQueue {
     for (const [id, job] of this.#jobs) {
       if (job.endpointId !== endpointId) continue;
       this.#running.delete(job);
+      this.#outOfOrder.delete(job);
       this.#jobs.delete(id);
       const waiters = job.waiters;
       job.waiters = NO_WAITERS;
@@ -910,14 +942,70 @@ export class JobQueue {
       return;
     }
     let from = range.lo;
+    // Active rows memory no longer holds: the recovery floor stays below them until they are gone.
+    this.#floorHeld++;
     const step = (): void => {
       const to = Math.min(end, from + DELETE_SLICE_ROWS);
       const slice = from;
-      this.#batch.write(() => this.#repo.deleteSlice(endpointId, slice, to));
+      const last = to >= end;
+      this.#batch.write(() => {
+        this.#repo.deleteSlice(endpointId, slice, to);
+        if (last) this.#floorHeld--;
+      });
       from = to;
-      if (from < end) setImmediate(step);
+      if (!last) setImmediate(step);
     };
     step();
+  }
+
+  // The recovery floor (see the file header) -------------------------------------------------
+
+  /** Inside a write: an active row at `rowid` is below the floor, so the floor goes down to it. */
+  #lowerFloor(rowid: number): void {
+    this.#floor = rowid;
+    this.#repo.setFloor(rowid);
+  }
+
+  /** Queues a write that raises the floor to the lowest active rowid, computed at commit time. */
+  #raiseFloor(): void {
+    if (this.#floorQueued || this.#floorHeld > 0) return;
+    this.#floorQueued = true;
+    this.#batch.write(() => {
+      this.#floorQueued = false;
+      if (this.#floorHeld > 0) return;
+      const floor = this.#lowestActiveRowid();
+      if (floor > this.#floor) {
+        this.#floor = floor;
+        this.#repo.setFloor(floor);
+      }
+    });
+  }
+
+  /**
+   * The lowest rowid of a queued or running job, or one past the highest rowid when none is.
+   * The normal and low-priority deques are in rowid order (jobs enter them in insert order,
+   * recovery refills them in rowid order), so their first queued job is their lowest; the retry
+   * deque, running jobs and manually retried ones are read whole. A job whose insert has not
+   * run yet (rowid 0) comes after every row there is.
+   */
+  #lowestActiveRowid(): number {
+    let min = this.#maxRowid + 1;
+    for (const q of this.#queues.values()) {
+      for (const d of [q.normal, q.low]) {
+        for (const job of d) {
+          if (job.status !== 'IN_QUEUE') continue;
+          if (job.rowid > 0 && job.rowid < min) min = job.rowid;
+          break;
+        }
+      }
+      for (const job of q.retry) if (job.status === 'IN_QUEUE' && job.rowid > 0 && job.rowid < min) min = job.rowid;
+    }
+    for (const job of this.#running) if (job.rowid > 0 && job.rowid < min) min = job.rowid;
+    for (const job of this.#outOfOrder) {
+      if (job.status !== 'IN_QUEUE' && job.status !== 'IN_PROGRESS') this.#outOfOrder.delete(job);
+      else if (job.rowid > 0 && job.rowid < min) min = job.rowid;
+    }
+    return min;
   }
 
   // Timers ------------------------------------------------------------------------------------
@@ -951,6 +1039,7 @@ export class JobQueue {
     }
     this.workers.sweep();
     this.#evict();
+    this.#raiseFloor();
   }
 
   /** Deletes expired results from SQLite. */
@@ -977,5 +1066,6 @@ export class JobQueue {
     this.#closing = true;
     if (this.#claimTimer) clearTimeout(this.#claimTimer);
     this.#saveClaims();
+    this.#raiseFloor();
   }
 }

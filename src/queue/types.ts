@@ -13,6 +13,8 @@ export interface StreamChunk {
 
 /** A job as the queue holds it in memory. Raw JSON stays text end to end. */
 export interface Job {
+  /** SQLite rowid, set when the insert runs (0 before); see the recovery floor in job-queue.ts. */
+  rowid: number;
   readonly id: string;
   readonly endpointId: string;
   status: JobStatus;

@@ -5,6 +5,8 @@ export type JobStatus = 'IN_QUEUE' | 'IN_PROGRESS' | 'COMPLETED' | 'FAILED' | 'C
 
 /** A job row as stored. `input`, `output` and `extra` are raw JSON text. */
 export interface JobRow {
+  /** SQLite's rowid: insertion order, and what the recovery floor is measured in. */
+  rowid: number;
   id: string;
   endpointId: string;
   status: JobStatus;
@@ -30,15 +32,18 @@ export interface JobRow {
 /** A queued or running job as recovery reads it: no input, no result. */
 export type ActiveJobRow = Omit<JobRow, 'input'> & { input: null };
 
+/** The settings key of the recovery floor (see JobsRepo.active). */
+const FLOOR_KEY = 'jobs.recovery_floor';
+
 interface Raw {
-  id: string; endpoint_id: string; status: JobStatus; input: string; extra: string | null; webhook: string | null;
+  rowid: number; id: string; endpoint_id: string; status: JobStatus; input: string; extra: string | null; webhook: string | null;
   low_priority: number; execution_timeout_ms: number; ttl_ms: number; retention_ms: number; attempt: number; retries: number;
   worker_id: string | null; output: string | null; error: string | null; created_at: number; started_at: number | null;
   completed_at: number | null; expires_at: number | null;
 }
 
 const map = (r: Raw): JobRow => ({
-  id: r.id, endpointId: r.endpoint_id, status: r.status, input: r.input, extra: r.extra, webhook: r.webhook,
+  rowid: r.rowid, id: r.id, endpointId: r.endpoint_id, status: r.status, input: r.input, extra: r.extra, webhook: r.webhook,
   lowPriority: r.low_priority === 1, executionTimeoutMs: r.execution_timeout_ms, ttlMs: r.ttl_ms, retentionMs: r.retention_ms,
   attempt: r.attempt, retries: r.retries, workerId: r.worker_id, output: r.output, error: r.error, createdAt: r.created_at,
   startedAt: r.started_at, completedAt: r.completed_at, expiresAt: r.expires_at,
@@ -55,8 +60,9 @@ export class JobsRepo {
   readonly #requeue: Statement;
   readonly #setExpiry: Statement;
   readonly #get: Statement;
-  readonly #activeRunning: Statement;
-  readonly #activeQueued: Statement;
+  readonly #active: Statement;
+  readonly #getFloor: Statement;
+  readonly #setFloor: Statement;
   readonly #expire: Statement;
   readonly #counts: Statement;
   readonly #addCount: Statement;
@@ -79,16 +85,17 @@ export class JobsRepo {
       completed_at = NULL, expires_at = NULL, retries = ?, attempt = ? WHERE id = ?`);
     this.#lease = db.prepare('UPDATE jobs SET attempt = ? WHERE id = ?');
     this.#setExpiry = db.prepare('UPDATE jobs SET expires_at = ? WHERE id = ?');
-    this.#get = db.prepare('SELECT * FROM jobs WHERE id = ?');
-    // Recovery reads only the small columns (inputs are loaded when taken, inputOf), one status
-    // at a time so each query walks the jobs_active index in order instead of sorting, and as
+    this.#get = db.prepare('SELECT rowid, * FROM jobs WHERE id = ?');
+    // Recovery reads only the small columns (inputs are loaded when taken, inputOf), in rowid
+    // order from the recovery floor (no index of active jobs: the range scan finds them), as
     // arrays (a restart with a long backlog makes one object per row, not two).
-    const activeCols = `id, endpoint_id, status, extra, webhook, low_priority, execution_timeout_ms, ttl_ms, retention_ms, attempt,
-      retries, worker_id, created_at, started_at`;
-    this.#activeRunning = db.prepare(`SELECT ${activeCols} FROM jobs WHERE status = 'IN_PROGRESS'`).raw();
-    this.#activeQueued = db.prepare(`SELECT ${activeCols} FROM jobs WHERE status = 'IN_QUEUE' ORDER BY created_at, rowid`).raw();
+    this.#active = db.prepare(`SELECT rowid, id, endpoint_id, status, extra, webhook, low_priority, execution_timeout_ms, ttl_ms,
+      retention_ms, attempt, retries, worker_id, created_at, started_at FROM jobs
+      WHERE rowid >= ? AND status IN ('IN_QUEUE', 'IN_PROGRESS')`).raw();
+    this.#getFloor = db.prepare('SELECT value FROM settings WHERE key = ?').pluck();
+    this.#setFloor = db.prepare('INSERT OR REPLACE INTO settings (key, value) VALUES (?, ?)');
     this.#input = db.prepare('SELECT input FROM jobs WHERE id = ?').pluck();
-    this.#getLight = db.prepare(`SELECT id, endpoint_id, status, NULL AS input, extra, webhook, low_priority, execution_timeout_ms, ttl_ms,
+    this.#getLight = db.prepare(`SELECT rowid, id, endpoint_id, status, NULL AS input, extra, webhook, low_priority, execution_timeout_ms, ttl_ms,
       retention_ms, attempt, retries, worker_id, output, error, created_at, started_at, completed_at, expires_at FROM jobs WHERE id = ?`);
     this.#expire = db.prepare(`DELETE FROM jobs WHERE expires_at IS NOT NULL AND expires_at <= ?
       RETURNING endpoint_id AS endpointId, status, retries`);
@@ -100,8 +107,9 @@ export class JobsRepo {
     this.#deleteSlice = db.prepare('DELETE FROM jobs WHERE rowid >= ? AND rowid < ? AND endpoint_id = ?');
   }
 
-  insert(j: Pick<JobRow, 'id' | 'endpointId' | 'extra' | 'webhook' | 'lowPriority' | 'executionTimeoutMs' | 'ttlMs' | 'retentionMs' | 'createdAt'>, input: string): void {
-    this.#insert.run(j.id, j.endpointId, input, j.extra, j.webhook, j.lowPriority ? 1 : 0, j.executionTimeoutMs, j.ttlMs, j.retentionMs, j.createdAt);
+  /** Inserts a queued job; returns its rowid. */
+  insert(j: Pick<JobRow, 'id' | 'endpointId' | 'extra' | 'webhook' | 'lowPriority' | 'executionTimeoutMs' | 'ttlMs' | 'retentionMs' | 'createdAt'>, input: string): number {
+    return this.#insert.run(j.id, j.endpointId, input, j.extra, j.webhook, j.lowPriority ? 1 : 0, j.executionTimeoutMs, j.ttlMs, j.retentionMs, j.createdAt).lastInsertRowid as number;
   }
 
   claim(id: string, attempt: number, workerId: string, startedAt: number): void {
@@ -138,20 +146,35 @@ export class JobsRepo {
     return r && (map(r) as unknown as Omit<JobRow, 'input'> & { input: null });
   }
 
-  /** Running jobs, then queued jobs oldest first (restart recovery), with `input` and `output` null. */
-  active(): ActiveJobRow[] {
-    const rows: ActiveJobRow[] = [];
-    for (const stmt of [this.#activeRunning, this.#activeQueued]) {
-      for (const r of stmt.all() as unknown[][]) {
-        rows.push({
-          id: r[0] as string, endpointId: r[1] as string, status: r[2] as JobStatus, input: null, extra: r[3] as string | null,
-          webhook: r[4] as string | null, lowPriority: r[5] === 1, executionTimeoutMs: r[6] as number, ttlMs: r[7] as number,
-          retentionMs: r[8] as number, attempt: r[9] as number, retries: r[10] as number, workerId: r[11] as string | null,
-          output: null, error: null, createdAt: r[12] as number, startedAt: r[13] as number | null, completedAt: null, expiresAt: null,
-        });
-      }
+  /**
+   * Queued and running jobs (restart recovery), with `input` and `output` null, in rowid
+   * (insertion) order: running jobs first, then queued ones. Only rows at or above the recovery
+   * floor are read; the queue keeps every active row there (`floor`, `setFloor`).
+   */
+  active(floor: number): { running: ActiveJobRow[]; queued: ActiveJobRow[] } {
+    const running: ActiveJobRow[] = [];
+    const queued: ActiveJobRow[] = [];
+    for (const r of this.#active.all(floor) as unknown[][]) {
+      const row: ActiveJobRow = {
+        rowid: r[0] as number, id: r[1] as string, endpointId: r[2] as string, status: r[3] as JobStatus, input: null, extra: r[4] as string | null,
+        webhook: r[5] as string | null, lowPriority: r[6] === 1, executionTimeoutMs: r[7] as number, ttlMs: r[8] as number,
+        retentionMs: r[9] as number, attempt: r[10] as number, retries: r[11] as number, workerId: r[12] as string | null,
+        output: null, error: null, createdAt: r[13] as number, startedAt: r[14] as number | null, completedAt: null, expiresAt: null,
+      };
+      (row.status === 'IN_PROGRESS' ? running : queued).push(row);
     }
-    return rows;
+    return { running, queued };
+  }
+
+  /** The recovery floor: no queued or running job has a lower rowid (0 when never set: read all). */
+  floor(): number {
+    const v = this.#getFloor.get(FLOOR_KEY) as string | undefined;
+    const n = v === undefined ? 0 : Number(v);
+    return Number.isSafeInteger(n) && n > 0 ? n : 0;
+  }
+
+  setFloor(rowid: number): void {
+    this.#setFloor.run(FLOOR_KEY, String(rowid));
   }
 
   /** The raw input of a job, or undefined when there is no such row. */

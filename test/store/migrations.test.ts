@@ -1,7 +1,8 @@
 /**
  * Migration 3 rebuilds the jobs table without the per-endpoint index and foreign key, and
  * fills job_counts from the finished rows: a database written by the previous version keeps
- * every row (same rowids, same values) and its /health counts.
+ * every row (same rowids, same values) and its /health counts. Migration 4 drops the index of
+ * active jobs and sets the recovery floor from it.
  */
 import t from 'tap';
 import { join } from 'node:path';
@@ -42,7 +43,15 @@ t.test('a version-2 database keeps its jobs and gets job_counts', (t) => {
     { ep: 'epb', status: 'TIMED_OUT', jobs: 1, retries: 0 },
   ], 'finished rows counted per endpoint and status');
   const indexes = (db.prepare("SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'jobs' AND sql IS NOT NULL").all() as { name: string }[]).map((r) => r.name).sort();
-  t.same(indexes, ['jobs_active', 'jobs_expiry'], 'no per-endpoint index');
+  t.same(indexes, ['jobs_expiry'], 'no per-endpoint index, no index of active jobs');
   t.same(db.prepare('PRAGMA foreign_key_list(jobs)').all(), [], 'no foreign key');
+  t.equal(db.prepare("SELECT value FROM settings WHERE key = 'jobs.recovery_floor'").pluck().get(), '4', 'migration 4: the recovery floor is the oldest active row (j4)');
+  t.end();
+});
+
+t.test('a new database starts with the recovery floor past its (no) rows', (t) => {
+  const db = openDb({ dataDir: t.testdir(), synchronous: 'normal', log: quiet });
+  t.teardown(() => db.close());
+  t.equal(db.prepare("SELECT value FROM settings WHERE key = 'jobs.recovery_floor'").pluck().get(), '1');
   t.end();
 });

@@ -1,0 +1,163 @@
+/**
+ * Restart recovery reads the jobs table from the recovery floor up (no index of active jobs).
+ * What a crash leaves is what was committed, so the invariant is checked on the committed rows
+ * after every step: no queued or running row lies below the stored floor. And the floor must
+ * rise, or recovery would read the whole table.
+ */
+import t, { type Test } from 'tap';
+import { ManualClock } from '../../src/core/clock.js';
+import { startAgent, cpuBody, type TestAgent } from '../helpers/agent.js';
+import { TestWorker } from '../helpers/worker.js';
+
+const floorOf = (a: TestAgent): number =>
+  Number(a.agent.db.prepare("SELECT value FROM settings WHERE key = 'jobs.recovery_floor'").pluck().get());
+const lowestActive = (a: TestAgent): number | null =>
+  a.agent.db.prepare("SELECT min(rowid) FROM jobs WHERE status IN ('IN_QUEUE', 'IN_PROGRESS')").pluck().get() as number | null;
+const rowidOf = (a: TestAgent, id: string): number => a.agent.db.prepare('SELECT rowid FROM jobs WHERE id = ?').pluck().get(id) as number;
+
+async function checkInvariant(t: Test, a: TestAgent, what: string): Promise<void> {
+  await a.agent.queue.durable();
+  const low = lowestActive(a);
+  if (low !== null && low < floorOf(a)) t.fail(`${what}: active row ${low} below the floor ${floorOf(a)}`);
+}
+
+async function setup(t: Test, dir = t.testdir(), clock = new ManualClock()) {
+  const a = await startAgent(t, { takeHoldMs: 200, leaseMs: 3000, maxAttempts: 3 }, { clock, dir });
+  return { a, dir, clock };
+}
+
+t.test('the floor rises past finished jobs, and a restart recovers exactly the active ones in order', async (t) => {
+  const { a, dir, clock } = await setup(t);
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  const w = await TestWorker.create(a, ep);
+  const ids: string[] = [];
+  for (let i = 0; i < 10; i++) ids.push((await a.req('POST', `/v2/${ep}/run`, { body: { input: { i } } })).json.id);
+  for (let i = 0; i < 6; i++) {
+    const job = await w.take();
+    t.equal((await w.done(job!.id, { output: i })).status, 200);
+  }
+  const running = await w.take();
+  t.equal(running?.id, ids[6]);
+  clock.advance(10);
+  a.agent.queue.reap();
+  await checkInvariant(t, a, 'after reap');
+  t.equal(floorOf(a), rowidOf(a, ids[6] as string), 'the floor is the oldest active row (the running job)');
+
+  await a.agent.close();
+  const b = await startAgent(t, { takeHoldMs: 200, leaseMs: 3000 }, { clock, dir });
+  const w2 = w.rebase(a.url, b.url);
+  t.equal((await b.req('GET', `/v2/${ep}/status/${ids[6]}`)).json.status, 'IN_PROGRESS', 'the running job is recovered');
+  const next = [];
+  for (let i = 0; i < 3; i++) next.push((await w2.take())?.input);
+  t.same(next, [{ i: 7 }, { i: 8 }, { i: 9 }], 'the queued ones, in order');
+  t.equal(await w2.take(), null, 'and nothing else');
+});
+
+t.test('a retried old job lowers the floor in its own commit', async (t) => {
+  const { a, clock } = await setup(t);
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  const w = await TestWorker.create(a, ep);
+  const old = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { old: true } } })).json.id as string;
+  await w.take();
+  await w.done(old, { error: 'boom' });
+  for (let i = 0; i < 5; i++) {
+    const id = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { i } } })).json.id as string;
+    await w.take();
+    await w.done(id, { output: i });
+  }
+  clock.advance(10);
+  a.agent.queue.reap();
+  await checkInvariant(t, a, 'after reap');
+  t.ok(floorOf(a) > rowidOf(a, old), 'the floor passed the failed job');
+  t.equal((await a.req('POST', `/v2/${ep}/retry/${old}`)).status, 200);
+  t.equal(floorOf(a), rowidOf(a, old), 'committed with the retry: the floor is back at the retried row');
+  clock.advance(10);
+  a.agent.queue.reap();
+  await checkInvariant(t, a, 'reap after retry');
+  t.equal(floorOf(a), rowidOf(a, old), 'and a raise keeps it there while the job is queued');
+  t.same((await w.take())?.input, { old: true });
+  await w.done(old, { output: 'second time' });
+  clock.advance(10);
+  a.agent.queue.reap();
+  await checkInvariant(t, a, 'after the retried job finished');
+  t.ok(floorOf(a) > rowidOf(a, old), 'once it finished the floor rises again');
+});
+
+t.test('a reused rowid below the floor lowers it', async (t) => {
+  const { a, dir, clock } = await setup(t);
+  const mk = async () => (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  const kept = await mk();
+  const gone = await mk();
+  const w = await TestWorker.create(a, kept);
+  const first = (await a.req('POST', `/v2/${kept}/run`, { body: { input: {} } })).json.id as string;
+  await w.take();
+  await w.done(first, { output: 1 });
+  for (let i = 0; i < 3; i++) await a.req('POST', `/v2/${gone}/run`, { body: { input: { i } } });
+  clock.advance(10);
+  a.agent.queue.reap();
+  await checkInvariant(t, a, 'before delete');
+  t.equal((await a.req('DELETE', `/v2/serverless/${gone}`)).status, 204);
+  clock.advance(10);
+  a.agent.queue.reap();
+  await checkInvariant(t, a, 'after delete');
+  const floorBefore = floorOf(a);
+  t.ok(floorBefore > rowidOf(a, first) + 1, 'the floor is past the deleted rows');
+  const reused = (await a.req('POST', `/v2/${kept}/run`, { body: { input: { reused: true } } })).json.id as string;
+  t.ok(rowidOf(a, reused) < floorBefore, 'SQLite gave the new row a rowid below the floor (the newest rows were deleted)');
+  await checkInvariant(t, a, 'after the insert');
+  await a.agent.close();
+  const b = await startAgent(t, { takeHoldMs: 200 }, { clock, dir });
+  const w2 = w.rebase(a.url, b.url);
+  t.same((await w2.take())?.id, reused, 'recovered after a restart');
+});
+
+t.test('random operations keep every active row at or above the floor, and the floor rises', async (t) => {
+  const { a, dir, clock } = await setup(t);
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  const workers = [await TestWorker.create(a, ep), await TestWorker.create(a, ep)];
+  let seed = 7;
+  const rand = (n: number) => {
+    seed = (seed * 1103515245 + 12345) % 2147483648;
+    return Math.floor(seed / 65536) % n;
+  };
+  const held: { w: TestWorker; id: string }[] = [];
+  const finished: string[] = [];
+  let maxFloor = 0;
+  for (let step = 0; step < 160; step++) {
+    const op = rand(8);
+    if (op <= 1) {
+      await a.req('POST', `/v2/${ep}/run`, { body: { input: { step } } });
+    } else if (op === 2) {
+      const w = workers[rand(2)] as TestWorker;
+      const job = await w.take();
+      if (job) held.push({ w, id: job.id });
+    } else if (op === 3 && held.length) {
+      const [h] = held.splice(rand(held.length), 1);
+      const r = await h!.w.done(h!.id, rand(3) === 0 ? { error: 'e' } : { output: step });
+      if (r.status === 200) finished.push(h!.id);
+    } else if (op === 4 && finished.length) {
+      await a.req('POST', `/v2/${ep}/retry/${finished[rand(finished.length)]}`);
+    } else if (op === 5 && held.length) {
+      // A lost lease: time passes without pings; the job goes back to the retry deque.
+      clock.advance(3001);
+      a.agent.queue.reap();
+      held.length = 0;
+    } else if (op === 6) {
+      const list = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { cancel: step } } })).json.id as string;
+      await a.req('POST', `/v2/${ep}/cancel/${list}`);
+    } else {
+      clock.advance(10);
+      a.agent.queue.reap();
+    }
+    await checkInvariant(t, a, `step ${step} (op ${op})`);
+    maxFloor = Math.max(maxFloor, floorOf(a));
+  }
+  t.ok(maxFloor > 1, `the floor rose (to ${maxFloor})`);
+  const active = a.agent.db.prepare("SELECT id FROM jobs WHERE status IN ('IN_QUEUE', 'IN_PROGRESS') ORDER BY rowid").pluck().all() as string[];
+  await a.agent.close();
+  const b = await startAgent(t, { takeHoldMs: 200 }, { clock, dir });
+  const snapshot = await Promise.all(active.map(async (id) => (await b.req('GET', `/v2/${ep}/status/${id}`)).json.status as string));
+  t.ok(snapshot.every((s) => s === 'IN_QUEUE' || s === 'IN_PROGRESS'), 'every active row is active after the restart');
+  t.equal((await b.req('GET', `/v2/${ep}/health`)).json.jobs.inQueue + (await b.req('GET', `/v2/${ep}/health`)).json.jobs.inProgress, active.length,
+    'and the queue holds exactly those');
+});
