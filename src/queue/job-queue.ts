@@ -271,8 +271,8 @@ export class JobQueue {
       const rowid = this.#repo.insert(job, raw);
       job.rowid = rowid;
       if (rowid > this.#maxRowid) this.#maxRowid = rowid;
-      // A reused rowid (the newest rows were deleted) can be below the floor.
-      else if (rowid < this.#floor) this.#lowerFloor(rowid);
+      // A reused rowid (the newest rows were deleted, even before a restart) can be below the floor.
+      if (rowid < this.#floor) this.#lowerFloor(rowid);
       // Deep in a busy queue, the input waits in SQLite rather than in the heap.
       if (job.status === 'IN_QUEUE' && q.queued + q.lowQueued > HOT_QUEUE_DEPTH) job.input = null;
     });
@@ -968,7 +968,8 @@ export class JobQueue {
 
   /** Queues a write that raises the floor to the lowest active rowid, computed at commit time. */
   #raiseFloor(): void {
-    if (this.#floorQueued || this.#floorHeld > 0) return;
+    // Checked now as well, so an idle server writes (and syncs) nothing.
+    if (this.#floorQueued || this.#floorHeld > 0 || this.#lowestActiveRowid() <= this.#floor) return;
     this.#floorQueued = true;
     this.#batch.write(() => {
       this.#floorQueued = false;

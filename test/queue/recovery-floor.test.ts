@@ -102,12 +102,15 @@ t.test('a reused rowid below the floor lowers it', async (t) => {
   await checkInvariant(t, a, 'after delete');
   const floorBefore = floorOf(a);
   t.ok(floorBefore > rowidOf(a, first) + 1, 'the floor is past the deleted rows');
-  const reused = (await a.req('POST', `/v2/${kept}/run`, { body: { input: { reused: true } } })).json.id as string;
-  t.ok(rowidOf(a, reused) < floorBefore, 'SQLite gave the new row a rowid below the floor (the newest rows were deleted)');
-  await checkInvariant(t, a, 'after the insert');
+  // A restart in between: the server no longer knows the deleted rows' rowids at all.
   await a.agent.close();
   const b = await startAgent(t, { takeHoldMs: 200 }, { clock, dir });
-  const w2 = w.rebase(a.url, b.url);
+  const reused = (await b.req('POST', `/v2/${kept}/run`, { body: { input: { reused: true } } })).json.id as string;
+  t.ok(rowidOf(b, reused) < floorBefore, 'SQLite gave the new row a rowid below the floor (the newest rows were deleted)');
+  await checkInvariant(t, b, 'after the insert');
+  await b.agent.close();
+  const c = await startAgent(t, { takeHoldMs: 200 }, { clock, dir });
+  const w2 = w.rebase(a.url, c.url);
   t.same((await w2.take())?.id, reused, 'recovered after a restart');
 });
 
