@@ -122,6 +122,14 @@ const chunksOf = (job: Job): StreamChunk[] => (job.chunks === NO_CHUNKS ? (job.c
  */
 const CLAIM_SAVE_DELAY_MS = 100;
 
+/**
+ * A /runsync job is inserted only once it has existed this long (ms) without finishing; one
+ * that finishes sooner is written once, by its final state. Nobody was told of it before its
+ * result (the 200 of /runsync carries the result, or the id once the job is written), so a
+ * crash inside this window loses a job whose caller only sees its connection break.
+ */
+const SYNC_INSERT_DELAY_MS = 100;
+
 /** Rows per slice when an endpoint's jobs are deleted (see #deleteRows). */
 const DELETE_SLICE_ROWS = 20_000;
 
@@ -156,6 +164,9 @@ export class JobQueue {
   /** Claimed jobs, in claim order, whose claim is not written yet. */
   readonly #unsavedClaims = new Deque<Job>();
   #claimTimer: NodeJS.Timeout | null = null;
+  /** /runsync jobs, in submit order, whose insert is deferred (SYNC_INSERT_DELAY_MS). */
+  readonly #unsavedJobs = new Deque<Job>();
+  #insertTimer: NodeJS.Timeout | null = null;
   /** Finished-job count changes not written yet, by endpoint and status. */
   readonly #counts = new Map<string, Map<JobStatus, { jobs: number; retries: number }>>();
   #countsQueued = false;
@@ -244,7 +255,7 @@ export class JobQueue {
 
   #fromRow(row: Omit<JobRow, 'input'> & { input: string | null }, mono: number, now: number): Job {
     return {
-      rowid: row.rowid, id: row.id, endpointId: row.endpointId, status: row.status, input: row.input, extra: row.extra, webhook: row.webhook,
+      rowid: row.rowid, inserted: true, id: row.id, endpointId: row.endpointId, status: row.status, input: row.input, extra: row.extra, webhook: row.webhook,
       lowPriority: row.lowPriority, executionTimeoutMs: row.executionTimeoutMs, ttlMs: row.ttlMs, retentionMs: row.retentionMs,
       attempt: row.attempt, claimSaved: row.attempt, writeSeq: 0, retries: row.retries, workerId: row.workerId,
       resultBy: row.status === 'COMPLETED' || row.status === 'FAILED' ? row.workerId : null, output: row.output, error: row.error, progress: null,
@@ -255,27 +266,28 @@ export class JobQueue {
 
   // Submit and claim --------------------------------------------------------------------------
 
-  /** Accepts a job; resolves once it is committed (only then may the client get its 200). */
-  async submit(input: SubmitInput): Promise<Job> {
+  /**
+   * Accepts a job; resolves once it is committed (only then may the client get its 200). With
+   * `deferInsert` (/runsync) it resolves at once and the insert waits (SYNC_INSERT_DELAY_MS);
+   * `persist` writes it before its id is told to anyone.
+   */
+  async submit(input: SubmitInput, deferInsert = false): Promise<Job> {
     const now = this.#clock.now();
     const job: Job = {
-      rowid: 0, id: newJobId(), endpointId: input.endpointId, status: 'IN_QUEUE', input: input.input, extra: input.extra, webhook: input.webhook,
+      rowid: 0, inserted: false, id: newJobId(), endpointId: input.endpointId, status: 'IN_QUEUE', input: input.input, extra: input.extra, webhook: input.webhook,
       lowPriority: input.lowPriority, executionTimeoutMs: input.executionTimeoutMs, ttlMs: input.ttlMs, retentionMs: input.retentionMs,
       attempt: 0, claimSaved: 0, writeSeq: 0, retries: 0, workerId: null, resultBy: null, output: null, error: null, progress: null, chunks: NO_CHUNKS, createdAt: now, startedAt: null,
       completedAt: null, expiresAt: null, ttlDeadline: this.#clock.monotonic() + input.ttlMs, leaseDeadline: 0, execDeadline: 0, waiters: NO_WAITERS,
     };
     this.#jobs.set(job.id, job);
     const q = this.#queue(job.endpointId);
-    const raw = input.input;
-    job.writeSeq = this.#batch.write(() => {
-      const rowid = this.#repo.insert(job, raw);
-      job.rowid = rowid;
-      if (rowid > this.#maxRowid) this.#maxRowid = rowid;
-      // A reused rowid (the newest rows were deleted, even before a restart) can be below the floor.
-      if (rowid < this.#floor) this.#lowerFloor(rowid);
-      // Deep in a busy queue, the input waits in SQLite rather than in the heap.
-      if (job.status === 'IN_QUEUE' && q.queued + q.lowQueued > HOT_QUEUE_DEPTH) job.input = null;
-    });
+    if (deferInsert) {
+      this.#unsavedJobs.push(job);
+      this.#insertTimer ??= setTimeout(() => this.#saveDeferred(), SYNC_INSERT_DELAY_MS).unref();
+      this.#enqueue(q, job, false);
+      return job;
+    }
+    this.#writeInsert(job);
     this.#enqueue(q, job, false);
     try {
       await this.#batch.committed();
@@ -285,6 +297,53 @@ export class JobQueue {
       throw err;
     }
     return job;
+  }
+
+  /** Queues the insert of a job (as IN_QUEUE; a claim is written separately). */
+  #writeInsert(job: Job): void {
+    job.inserted = true;
+    const q = this.#queue(job.endpointId);
+    const raw = job.input as string;
+    job.writeSeq = this.#batch.write(() => {
+      const rowid = this.#repo.insert(job, raw);
+      job.rowid = rowid;
+      if (rowid > this.#maxRowid) this.#maxRowid = rowid;
+      // A reused rowid (the newest rows were deleted, even before a restart) can be below the floor.
+      if (rowid < this.#floor) this.#lowerFloor(rowid);
+      // Deep in a busy queue, the input waits in SQLite rather than in the heap.
+      if (job.status === 'IN_QUEUE' && q.queued + q.lowQueued > HOT_QUEUE_DEPTH) job.input = null;
+    });
+  }
+
+  /** Writes a deferred job's insert now, if it still has none (it joins the floor walk's out-of-order set). */
+  #insertDeferred(job: Job): void {
+    if (job.inserted || this.#jobs.get(job.id) !== job) return;
+    this.#outOfOrder.add(job);
+    this.#writeInsert(job);
+  }
+
+  /** Inserts the /runsync jobs still unfinished SYNC_INSERT_DELAY_MS after their submit. */
+  #saveDeferred(): void {
+    this.#insertTimer = null;
+    const due = this.#clock.now() - SYNC_INSERT_DELAY_MS;
+    for (let job = this.#unsavedJobs.peek(); job; job = this.#unsavedJobs.peek()) {
+      if (!job.inserted && job.createdAt > due && !this.#closing && this.#jobs.get(job.id) === job) break;
+      this.#unsavedJobs.shift();
+      this.#insertDeferred(job);
+    }
+    if (this.#unsavedJobs.size && !this.#closing) this.#insertTimer = setTimeout(() => this.#saveDeferred(), SYNC_INSERT_DELAY_MS).unref();
+  }
+
+  /**
+   * The job is in SQLite and its last write is durable: what /runsync does before it tells a
+   * caller the id of a job that is still running. Undefined when that is already so.
+   */
+  persist(job: Job): Promise<void> | undefined {
+    this.#insertDeferred(job);
+    if (this.#batch.isDurable(job.writeSeq)) return undefined;
+    return (async () => {
+      while (!this.#batch.isDurable(job.writeSeq)) await this.#batch.committed();
+    })();
   }
 
   /** Drops a job whose insert did not commit: off its queue or worker, out of the map. */
@@ -373,6 +432,7 @@ export class JobQueue {
       if (job.status === 'IN_PROGRESS' && job.startedAt !== null && job.startedAt > due && !this.#closing) break;
       this.#unsavedClaims.shift();
       if (job.status !== 'IN_PROGRESS' || job.claimSaved === job.attempt || job.workerId === null || job.startedAt === null) continue;
+      this.#insertDeferred(job);
       const { id, attempt, workerId, startedAt } = job;
       job.claimSaved = attempt;
       job.writeSeq = this.#batch.write(() => this.#repo.claim(id, attempt, workerId, startedAt));
@@ -604,12 +664,22 @@ export class JobQueue {
     job.output = output;
     job.error = error;
     // Not shown once final; a /retry reads it back from SQLite.
+    const input = job.input;
     job.input = null;
     job.completedAt = now;
     job.expiresAt = now + job.retentionMs;
     const { id, expiresAt, workerId, attempt, startedAt } = job;
     job.claimSaved = attempt;
-    job.writeSeq = this.#batch.write(() => this.#repo.finish(id, status, output, error, now, expiresAt, workerId, attempt, startedAt));
+    if (job.inserted) {
+      job.writeSeq = this.#batch.write(() => this.#repo.finish(id, status, output, error, now, expiresAt, workerId, attempt, startedAt));
+    } else {
+      // A /runsync job that finished before its insert was due: one row, written once.
+      job.inserted = true;
+      job.writeSeq = this.#batch.write(() => {
+        job.rowid = this.#repo.insertFinished(job, input as string);
+        if (job.rowid > this.#maxRowid) this.#maxRowid = job.rowid;
+      });
+    }
     this.#count(job.endpointId, status, 1, job.retries);
     this.#batch.committed().then(
       () => {
@@ -677,6 +747,7 @@ export class JobQueue {
     const q = this.#queue(job.endpointId);
     const worker = this.#release(job);
     if (worker) this.#requestStop(worker, job.id);
+    this.#insertDeferred(job);
     job.status = 'IN_QUEUE';
     job.retries++;
     job.workerId = null;
@@ -985,17 +1056,20 @@ export class JobQueue {
   /**
    * The lowest rowid of a queued or running job, or one past the highest rowid when none is.
    * The normal and low-priority deques are in rowid order (jobs enter them in insert order,
-   * recovery refills them in rowid order), so their first queued job is their lowest; the retry
-   * deque, running jobs and manually retried ones are read whole. A job whose insert has not
-   * run yet (rowid 0) comes after every row there is.
+   * recovery refills them in rowid order) except for the jobs in #outOfOrder (manual retries,
+   * deferred /runsync inserts), so their first other queued job is their lowest; the retry
+   * deque, running jobs and #outOfOrder are read whole. A job whose insert has not run yet
+   * (rowid 0) will get a rowid above every row there is (or lower the floor itself).
    */
   #lowestActiveRowid(): number {
     let min = this.#maxRowid + 1;
     for (const q of this.#queues.values()) {
       for (const d of [q.normal, q.low]) {
         for (const job of d) {
-          if (job.status !== 'IN_QUEUE') continue;
-          if (job.rowid > 0 && job.rowid < min) min = job.rowid;
+          // Skipped: not inserted yet (rowid 0), and jobs out of rowid order (a deferred /runsync
+          // job once written, a manual retry), which the loop below reads.
+          if (job.status !== 'IN_QUEUE' || job.rowid === 0 || this.#outOfOrder.has(job)) continue;
+          if (job.rowid < min) min = job.rowid;
           break;
         }
       }
@@ -1066,6 +1140,8 @@ export class JobQueue {
     // A clean stop writes every claim, so running jobs keep their workers across the restart.
     this.#closing = true;
     if (this.#claimTimer) clearTimeout(this.#claimTimer);
+    if (this.#insertTimer) clearTimeout(this.#insertTimer);
+    this.#saveDeferred();
     this.#saveClaims();
     this.#raiseFloor();
   }

@@ -15,6 +15,8 @@ export interface StreamChunk {
 export interface Job {
   /** SQLite rowid, set when the insert runs (0 before); see the recovery floor in job-queue.ts. */
   rowid: number;
+  /** Its insert is written or queued; false while a /runsync job's insert is deferred (job-queue.ts). */
+  inserted: boolean;
   readonly id: string;
   readonly endpointId: string;
   status: JobStatus;

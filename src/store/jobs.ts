@@ -55,6 +55,7 @@ const map = (r: Raw): JobRow => ({
  */
 export class JobsRepo {
   readonly #insert: Statement;
+  readonly #insertFinished: Statement;
   readonly #claim: Statement;
   readonly #finish: Statement;
   readonly #requeue: Statement;
@@ -76,6 +77,9 @@ export class JobsRepo {
   constructor(db: Db) {
     this.#insert = db.prepare(`INSERT INTO jobs (id, endpoint_id, status, input, extra, webhook, low_priority, execution_timeout_ms, ttl_ms,
       retention_ms, attempt, retries, created_at) VALUES (?, ?, 'IN_QUEUE', ?, ?, ?, ?, ?, ?, ?, 0, 0, ?)`);
+    this.#insertFinished = db.prepare(`INSERT INTO jobs (id, endpoint_id, status, input, extra, webhook, low_priority, execution_timeout_ms,
+      ttl_ms, retention_ms, attempt, retries, worker_id, output, error, created_at, started_at, completed_at, expires_at)
+      VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`);
     this.#claim = db.prepare(`UPDATE jobs SET status = 'IN_PROGRESS', attempt = ?, worker_id = ?, started_at = ?
       WHERE id = ? AND status = 'IN_QUEUE'`);
     // A final state carries the claim too: a job that finishes quickly has its claim written here only.
@@ -110,6 +114,12 @@ export class JobsRepo {
   /** Inserts a queued job; returns its rowid. */
   insert(j: Pick<JobRow, 'id' | 'endpointId' | 'extra' | 'webhook' | 'lowPriority' | 'executionTimeoutMs' | 'ttlMs' | 'retentionMs' | 'createdAt'>, input: string): number {
     return this.#insert.run(j.id, j.endpointId, input, j.extra, j.webhook, j.lowPriority ? 1 : 0, j.executionTimeoutMs, j.ttlMs, j.retentionMs, j.createdAt).lastInsertRowid as number;
+  }
+
+  /** Inserts a job already in its final state (a /runsync job written once, at the end); returns its rowid. */
+  insertFinished(j: Omit<JobRow, 'rowid' | 'input'>, input: string): number {
+    return this.#insertFinished.run(j.id, j.endpointId, j.status, input, j.extra, j.webhook, j.lowPriority ? 1 : 0, j.executionTimeoutMs, j.ttlMs,
+      j.retentionMs, j.attempt, j.retries, j.workerId, j.output, j.error, j.createdAt, j.startedAt, j.completedAt, j.expiresAt).lastInsertRowid as number;
   }
 
   claim(id: string, attempt: number, workerId: string, startedAt: number): void {

@@ -114,11 +114,11 @@ t.test('a reused rowid below the floor lowers it', async (t) => {
   t.same((await w2.take())?.id, reused, 'recovered after a restart');
 });
 
-t.test('random operations keep every active row at or above the floor, and the floor rises', async (t) => {
+for (const seedStart of [7, 11, 23]) t.test(`random operations keep every active row at or above the floor, and the floor rises (seed ${seedStart})`, async (t) => {
   const { a, dir, clock } = await setup(t);
   const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
   const workers = [await TestWorker.create(a, ep), await TestWorker.create(a, ep)];
-  let seed = 7;
+  let seed = seedStart;
   const rand = (n: number) => {
     seed = (seed * 1103515245 + 12345) % 2147483648;
     return Math.floor(seed / 65536) % n;
@@ -126,8 +126,9 @@ t.test('random operations keep every active row at or above the floor, and the f
   const held: { w: TestWorker; id: string }[] = [];
   const finished: string[] = [];
   let maxFloor = 0;
+  const syncCalls: Promise<unknown>[] = [];
   for (let step = 0; step < 160; step++) {
-    const op = rand(8);
+    const op = rand(9);
     if (op <= 1) {
       await a.req('POST', `/v2/${ep}/run`, { body: { input: { step } } });
     } else if (op === 2) {
@@ -148,14 +149,20 @@ t.test('random operations keep every active row at or above the floor, and the f
     } else if (op === 6) {
       const list = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { cancel: step } } })).json.id as string;
       await a.req('POST', `/v2/${ep}/cancel/${list}`);
+    } else if (op === 7) {
+      // /runsync: written only at its final state, or once it is due (deferred insert).
+      syncCalls.push(a.req('POST', `/v2/${ep}/runsync?wait=1000`, { body: { input: { sync: step } } }).catch(() => undefined));
+      await new Promise((r) => setImmediate(r));
     } else {
-      clock.advance(10);
+      clock.advance(rand(2) === 0 ? 10 : 150);
       a.agent.queue.reap();
     }
     await checkInvariant(t, a, `step ${step} (op ${op})`);
     maxFloor = Math.max(maxFloor, floorOf(a));
   }
   t.ok(maxFloor > 1, `the floor rose (to ${maxFloor})`);
+  await Promise.all(syncCalls);
+  await checkInvariant(t, a, 'after the /runsync calls ended');
   const active = a.agent.db.prepare("SELECT id FROM jobs WHERE status IN ('IN_QUEUE', 'IN_PROGRESS') ORDER BY rowid").pluck().all() as string[];
   await a.agent.close();
   const b = await startAgent(t, { takeHoldMs: 200 }, { clock, dir });
