@@ -103,7 +103,15 @@ class EndpointQueue {
   takers: Taker[] = [];
 }
 
-export type DoneOutcome = 'accepted' | 'duplicate' | 'stale' | 'unknown';
+/**
+ * `ended`: flashd ended the job (cancel, timeout, attempts used up) while this worker held it;
+ * the late result is discarded with a 2xx, because runpod-python logs every 4xx on a result
+ * post as an ERROR and a cancelled job is no fault of the worker. `stale`: the job moved on
+ * without this worker (lost lease, another worker's result): 409.
+ */
+export type DoneOutcome = 'accepted' | 'duplicate' | 'ended' | 'stale' | 'unknown';
+
+const ENDED_BY_FLASHD: ReadonlySet<JobStatus> = new Set(['CANCELLED', 'TIMED_OUT', 'FAILED']);
 
 /**
  * Shared empty lists: most jobs never get a stream chunk or a /runsync waiter, so a job gets
@@ -511,11 +519,16 @@ export class JobQueue {
     const job = this.#jobs.get(jobId);
     if (job && job.endpointId === endpointId) {
       if (job.status === 'IN_PROGRESS' && job.workerId === workerId) return { job };
-      return { outcome: job.resultBy === workerId ? 'duplicate' : 'stale' };
+      if (job.resultBy === workerId) return { outcome: 'duplicate' };
+      const ended = job.resultBy === null && job.workerId === workerId && ENDED_BY_FLASHD.has(job.status);
+      return { outcome: ended ? 'ended' : 'stale' };
     }
     const row = this.#repo.getWithoutInput(jobId);
     if (!row || row.endpointId !== endpointId) return { outcome: 'unknown' };
-    return { outcome: (row.status === 'COMPLETED' || row.status === 'FAILED') && row.workerId === workerId ? 'duplicate' : 'stale' };
+    if (row.workerId !== workerId) return { outcome: 'stale' };
+    // From the row alone a worker's FAILED result and flashd's FAILED look alike: both are final, both 2xx.
+    if (row.status === 'COMPLETED' || row.status === 'FAILED') return { outcome: 'duplicate' };
+    return { outcome: ENDED_BY_FLASHD.has(row.status) ? 'ended' : 'stale' };
   }
 
   /** job-done: a progress update, or the final result of the worker's current attempt. */

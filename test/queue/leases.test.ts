@@ -73,7 +73,9 @@ t.test('a job running past the endpoint timeout or policy.executionTimeout is TI
   const s = await status(a, ep, id);
   t.equal(s.status, 'TIMED_OUT');
   t.same(await w.stops(), [id], 'the worker is told to stop');
-  t.equal((await w.done(id, { output: 'late' })).status, 409);
+  const late = await w.done(id, { output: 'late' });
+  t.match([late.status, late.json], [200, { discarded: true }], 'its late result is discarded without an error');
+  t.equal((await status(a, ep, id)).status, 'TIMED_OUT', 'and changes nothing');
   const r = await a.req('POST', `/v2/${ep}/retry/${id}`);
   t.equal(r.json.status, 'IN_QUEUE', 'TIMED_OUT jobs can be retried');
   await w.take();
@@ -231,4 +233,21 @@ t.test('deleting an endpoint with many rows deletes them in slices, leaving othe
   await until('every row of the deleted endpoint', async () => count(gone) === 0, 10_000);
   t.equal(count(kept), 5001, 'the other endpoint keeps its rows');
   t.equal((await a.req('GET', `/v2/${kept}/status/${keptJob}`)).json.status, 'IN_QUEUE');
+});
+
+t.test('after a restart, a late result for a job flashd ended is still discarded with a 2xx, and a stranger still gets 409', async (t) => {
+  const dir = t.testdir();
+  const a = await startAgent(t, { takeHoldMs: 300 }, { dir });
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  const w = await TestWorker.create(a, ep);
+  const other = await TestWorker.create(a, ep);
+  const id = (await a.req('POST', `/v2/${ep}/run`, { body: { input: {} } })).json.id as string;
+  await w.take();
+  t.equal((await a.req('POST', `/v2/${ep}/cancel/${id}`)).json.status, 'CANCELLED');
+  await a.agent.close();
+  const b = await startAgent(t, { takeHoldMs: 300 }, { dir });
+  const late = await w.rebase(a.url, b.url).done(id, { output: 'late' });
+  t.match([late.status, late.json], [200, { discarded: true }], 'read from the row: discarded');
+  t.equal((await other.rebase(a.url, b.url).done(id, { output: 'x' })).status, 409, 'another worker: stale');
+  t.equal((await b.req('GET', `/v2/${ep}/status/${id}`)).json.status, 'CANCELLED');
 });
