@@ -477,6 +477,8 @@ export class JobQueue {
    */
   take(endpointId: string, workerId: string, max: number, cancel: Cancellation, holdMs = this.settings.takeHoldMs): Promise<ClaimedJob[]> {
     const worker = this.workers.seen(endpointId, workerId);
+    // Being stopped: no job, and no hold, so its SDK sees the SIGTERM and exits now.
+    if (worker.draining) return Promise.resolve([]);
     const q = this.#queue(endpointId);
     // A take renews no lease: only pings (which list the jobs held) and results do. A worker
     // restarted with the same id would otherwise keep its dead incarnation's jobs alive.
@@ -627,7 +629,7 @@ export class JobQueue {
   stopSignals(endpointId: string, workerId: string, signal: AbortSignal, holdMs = this.settings.takeHoldMs): Promise<string[]> {
     const worker = this.workers.seen(endpointId, workerId);
     const first = this.#dueStops(worker);
-    if (first.ids.length || signal.aborted) return Promise.resolve(first.ids);
+    if (first.ids.length || signal.aborted || worker.draining) return Promise.resolve(first.ids);
     return new Promise((resolve) => {
       let settled = false;
       let timer: NodeJS.Timeout | undefined;
@@ -644,7 +646,7 @@ export class JobQueue {
       };
       const check = () => {
         const { ids, nextInMs } = this.#dueStops(worker);
-        if (ids.length) return finish(ids);
+        if (ids.length || worker.draining) return finish(ids);
         if (!worker.stopWaiters.includes(check)) worker.stopWaiters.push(check);
         clearTimeout(timer);
         if (Number.isFinite(nextInMs)) timer = setTimeout(check, nextInMs);
@@ -654,6 +656,25 @@ export class JobQueue {
       signal.addEventListener('abort', onAbort, { once: true });
       check();
     });
+  }
+
+  /**
+   * flashd is stopping this worker (scale-down, recycle): it gets no more jobs, and its parked
+   * job-take and job-stop polls are answered now. runpod-python's SIGTERM handler only takes
+   * effect once those polls return, so without this it sat out a 55 s take and was SIGKILLed
+   * after the stop grace period.
+   */
+  stopping(endpointId: string, workerId: string): void {
+    const worker = this.workers.get(endpointId, workerId);
+    if (!worker) return;
+    worker.draining = true;
+    const q = this.#queues.get(endpointId);
+    if (q) {
+      const released = q.takers.filter((t) => t.worker === worker);
+      if (released.length) q.takers = q.takers.filter((t) => t.worker !== worker);
+      for (const t of released) t.resolve([]);
+    }
+    for (const wake of [...worker.stopWaiters]) wake();
   }
 
   // Final states ------------------------------------------------------------------------------

@@ -30,6 +30,8 @@ export interface WorkerInfo {
   stopWaiters: (() => void)[];
   /** The worker asked to be recycled (stopPod / refresh_worker). */
   recycle: boolean;
+  /** flashd is stopping it: no more jobs, and its polls are answered at once (JobQueue.stopping). */
+  draining: boolean;
 }
 
 export class WorkerRegistry {
@@ -58,7 +60,7 @@ export class WorkerRegistry {
     const now = this.#clock.monotonic();
     const w: WorkerInfo = {
       id: workerId, endpointId, managed: true, phase: 'initializing', jobs: new Set(), lastSeen: now, idleSince: now,
-      parked: 0, stops: new Map(), stopWaiters: [], recycle: false,
+      parked: 0, stops: new Map(), stopWaiters: [], recycle: false, draining: false,
     };
     this.#map(endpointId).set(workerId, w);
     return w;
@@ -72,7 +74,7 @@ export class WorkerRegistry {
     if (!w) {
       w = {
         id: workerId, endpointId, managed: false, phase: 'up', jobs: new Set(), lastSeen: now, idleSince: now,
-        parked: 0, stops: new Map(), stopWaiters: [], recycle: false,
+        parked: 0, stops: new Map(), stopWaiters: [], recycle: false, draining: false,
       };
       map.set(workerId, w);
     }

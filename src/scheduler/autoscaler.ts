@@ -137,7 +137,7 @@ export class Autoscaler {
     });
     registry.setThrottled(endpointId, decision.throttled);
     for (let i = 0; i < decision.start; i++) this.#launch(row);
-    for (const id of decision.stop) void this.#stop(id, 'idle');
+    for (const id of decision.stop) void this.#stop(id, registry.get(endpointId, id)?.recycle ? 'recycle (stopPod, refresh_worker or new configuration)' : 'idle');
     return decision;
   }
 
@@ -254,6 +254,7 @@ export class Autoscaler {
     if (!m || m.stopping || !this.#o.runtime) return;
     m.stopping = true;
     this.#o.log.info('worker stopping', { endpointId: m.endpointId, workerId, reason: why });
+    this.#o.queue.stopping(m.endpointId, workerId);
     await this.#o.runtime.stop(workerId, this.#o.stopGraceMs ?? 10_000);
   }
 

@@ -352,3 +352,21 @@ t.test("deleting an endpoint revokes its workers' keys at once", async (t) => {
   t.equal((await a.req('DELETE', `/v2/serverless/${ep}`)).status, 204);
   t.equal(await w.ping(), 401, 'revoked, not merely pointing at a missing endpoint');
 });
+
+t.test('a worker flashd is stopping gets its parked polls answered at once and no more jobs', async (t) => {
+  const a = await startAgent(t, { takeHoldMs: 30_000 });
+  const ep = await endpoint(a);
+  const w = await TestWorker.create(a, ep);
+  const other = await TestWorker.create(a, ep);
+  const started = Date.now();
+  const parkedTake = w.take();
+  const parkedStop = w.stops();
+  await new Promise((r) => setTimeout(r, 100));
+  a.agent.queue.stopping(ep, w.workerId);
+  t.equal(await parkedTake, null, 'the parked job-take ends with 204');
+  t.same(await parkedStop, [], 'the parked job-stop ends too');
+  t.ok(Date.now() - started < 5000, 'at once, not after the 30 s hold');
+  const id = (await run(a, ep, { input: { after: 'stop' } })).json.id;
+  t.equal(await w.take(), null, 'a stopping worker is given no job, and not held either');
+  t.equal((await other.take())?.id, id, 'the job goes to another worker');
+});

@@ -64,3 +64,20 @@ t.test('a worker that dies mid-job: the job is retried, the worker shows unhealt
   const ok = await a.req('POST', `/v2/${ep}/runsync`, { body: { input: { fine: true } } });
   t.equal(ok.json.status, 'COMPLETED', 'a healthy job still runs after the crashes');
 });
+
+t.test('a worker whose SIGTERM waits for its poll (as runpod-python) exits by itself when scaled down', async (t) => {
+  // The take hold is far longer than the stop grace: only an answered poll lets it exit cleanly.
+  const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT, takeHoldMs: 30_000, leaseMs: 3000 });
+  const ep = (await a.req('POST', '/v2/serverless', {
+    body: cpuBody({ args: 'python3 -u test/fixtures/workers/late_sigterm.py', workers: { min: 0, max: 1, idleTimeout: 1 } }),
+  })).json.id as string;
+  const r = await a.req('POST', `/v2/${ep}/runsync`, { body: { input: { n: 1 } } });
+  t.equal(r.json.status, 'COMPLETED', r.text);
+  const lines = await until('the worker to stop', async () => {
+    const l = ((await a.req('GET', `/v2/serverless/${ep}/logs`)).json as { line: string }[]).map((x) => x.line);
+    return l.some((x) => /stopped \(/.test(x)) && l;
+  }, 30_000);
+  t.ok(lines.some((x) => x.includes('exiting cleanly')), 'the worker left its loop');
+  t.ok(lines.some((x) => /stopped \(code 0\)/.test(x)), `it exited with code 0: ${lines.filter((x) => /stopped/.test(x)).join(' | ')}`);
+  t.notOk(lines.some((x) => /SIGKILL/.test(x)), 'it was not killed');
+});
