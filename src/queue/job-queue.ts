@@ -555,6 +555,12 @@ export class JobQueue {
     } else {
       await this.#finishCommitted(job, 'COMPLETED', output, null);
     }
+    // An external worker that asked to be recycled exits by itself (runpod-python's
+    // refresh_worker): once it holds nothing it leaves /health at once, not 60 s later.
+    if (body.stopPod === true && !worker.managed && worker.jobs.size === 0 && this.workers.get(endpointId, workerId) === worker) {
+      this.stopping(endpointId, workerId);
+      this.workers.remove(endpointId, workerId);
+    }
     return 'accepted';
   }
 

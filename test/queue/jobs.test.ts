@@ -370,3 +370,16 @@ t.test('a worker flashd is stopping gets its parked polls answered at once and n
   t.equal(await w.take(), null, 'a stopping worker is given no job, and not held either');
   t.equal((await other.take())?.id, id, 'the job goes to another worker');
 });
+
+t.test('an external worker that posts stopPod leaves /health at once', async (t) => {
+  const a = await startAgent(t, { takeHoldMs: 5000 });
+  const ep = await endpoint(a);
+  const w = await TestWorker.create(a, ep);
+  const id = (await run(a, ep)).json.id;
+  t.equal((await w.take())?.id, id);
+  t.match((await a.req('GET', `/v2/${ep}/health`)).json.workers, { running: 1 });
+  t.equal((await w.done(id, { output: 1, stopPod: true })).status, 200);
+  t.same((await a.req('GET', `/v2/${ep}/health`)).json.workers, { idle: 0, initializing: 0, ready: 0, running: 0, throttled: 0, unhealthy: 0 },
+    'gone from the counts');
+  t.equal((await a.req('GET', `/v2/${ep}/status/${id}`)).json.status, 'COMPLETED');
+});
