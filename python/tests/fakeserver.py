@@ -42,6 +42,7 @@ class FakeFlashd:
         self.lock = threading.Condition()
         self.queue: List[Dict[str, Any]] = []
         self.stops: List[str] = []
+        self.stop_times: Dict[str, float] = {}
         self.requests: List[Request] = []
         # hooks: route -> callable(Request) -> Optional[(status, body_obj)]; None = default
         self.hooks: Dict[str, Callable[[Request], Optional[tuple]]] = {}
@@ -90,6 +91,7 @@ class FakeFlashd:
     def stop_job(self, job_id: str) -> None:
         with self.lock:
             self.stops.append(job_id)
+            self.stop_times[job_id] = time.monotonic()
             self.lock.notify_all()
 
     def recorded(self, route: str, job_id: Optional[str] = None) -> List[Request]:
@@ -138,8 +140,11 @@ class FakeFlashd:
             return (200, {"jobsToStop": stops}) if stops else (204, None)
         if req.route == "ping":
             listed = set(filter(None, req.query.get("job_id", "").split(",")))
+            now = time.monotonic()
             with self.lock:
-                self.stops = [j for j in self.stops if j in listed]
+                # like flashd: a stop younger than a second survives a ping that does not list
+                # its job (the ping may predate the job's registration in the worker)
+                self.stops = [j for j in self.stops if j in listed or now - self.stop_times.get(j, 0.0) < 1.0]
             return 200, {"ok": True}
         return 200, {}
 

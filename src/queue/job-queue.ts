@@ -422,6 +422,7 @@ export class JobQueue {
     job.execDeadline = mono + job.executionTimeoutMs;
     job.progress = null;
     worker.stops.delete(job.id);
+    worker.stopsRequested.delete(job.id);
     worker.jobs.add(job.id);
     this.#running.add(job);
     this.#queue(job.endpointId).inProgress++;
@@ -602,13 +603,23 @@ export class JobQueue {
       if (job && job.status === 'IN_PROGRESS' && job.workerId === workerId) {
         job.leaseDeadline = lease;
         worker.stops.delete(id);
+        worker.stopsRequested.delete(id);
       } else if (!worker.stops.has(id)) this.#requestStop(worker, id);
     }
-    for (const id of worker.stops.keys()) if (!listed.has(id)) worker.stops.delete(id);
+    // A ping that no longer lists a job ends its stop, unless the stop is newer than a re-offer
+    // period: that ping may have been made before the worker registered the job (and the SDK
+    // drops a stop for a job it has not registered yet), so the stop would be lost.
+    const now = this.#clock.monotonic();
+    for (const id of worker.stops.keys()) {
+      if (listed.has(id) || now - (worker.stopsRequested.get(id) ?? 0) < STOP_REOFFER_MS) continue;
+      worker.stops.delete(id);
+      worker.stopsRequested.delete(id);
+    }
   }
 
   #requestStop(worker: WorkerInfo, jobId: string): void {
     worker.stops.set(jobId, -1);
+    worker.stopsRequested.set(jobId, this.#clock.monotonic());
     const waiters = worker.stopWaiters;
     worker.stopWaiters = [];
     for (const w of waiters) w();

@@ -26,6 +26,8 @@ export interface WorkerInfo {
    * list the job, since a stop that arrives before the worker made the job's task is dropped.
    */
   readonly stops: Map<string, number>;
+  /** When each pending stop was requested (monotonic): a ping drops it only a while later. */
+  readonly stopsRequested: Map<string, number>;
   /** Parked job-stop requests, woken when a stop is added. */
   stopWaiters: (() => void)[];
   /** The worker asked to be recycled (stopPod / refresh_worker). */
@@ -60,7 +62,7 @@ export class WorkerRegistry {
     const now = this.#clock.monotonic();
     const w: WorkerInfo = {
       id: workerId, endpointId, managed: true, phase: 'initializing', jobs: new Set(), lastSeen: now, idleSince: now,
-      parked: 0, stops: new Map(), stopWaiters: [], recycle: false, draining: false,
+      parked: 0, stops: new Map(), stopsRequested: new Map(), stopWaiters: [], recycle: false, draining: false,
     };
     this.#map(endpointId).set(workerId, w);
     return w;
@@ -74,7 +76,7 @@ export class WorkerRegistry {
     if (!w) {
       w = {
         id: workerId, endpointId, managed: false, phase: 'up', jobs: new Set(), lastSeen: now, idleSince: now,
-        parked: 0, stops: new Map(), stopWaiters: [], recycle: false, draining: false,
+        parked: 0, stops: new Map(), stopsRequested: new Map(), stopWaiters: [], recycle: false, draining: false,
       };
       map.set(workerId, w);
     }

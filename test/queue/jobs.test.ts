@@ -383,3 +383,18 @@ t.test('an external worker that posts stopPod leaves /health at once', async (t)
     'gone from the counts');
   t.equal((await a.req('GET', `/v2/${ep}/status/${id}`)).json.status, 'COMPLETED');
 });
+
+t.test('a ping made before the worker registered its job does not cancel a fresh stop', async (t) => {
+  const a = await startAgent(t, { takeHoldMs: 300 });
+  const ep = await endpoint(a);
+  const w = await TestWorker.create(a, ep);
+  const id = (await run(a, ep)).json.id;
+  t.equal((await w.take())?.id, id);
+  t.equal((await a.req('POST', `/v2/${ep}/cancel/${id}`)).json.status, 'CANCELLED');
+  // The heartbeat composed just before the job was registered: it lists nothing.
+  t.equal(await w.ping([]), 200);
+  t.same(await w.stops(), [id], 'the stop is still offered');
+  await new Promise((r) => setTimeout(r, 1100));
+  t.equal(await w.ping([]), 200);
+  t.same(await w.stops(), [], 'a later ping without the job ends it');
+});
