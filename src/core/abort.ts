@@ -8,19 +8,3 @@ export interface Cancellation {
   /** Calls `cb` once when the client goes away; the returned function unregisters it. */
   onAbort(cb: () => void): () => void;
 }
-
-/** A cancellation that never fires (internal callers, tests). */
-export const NEVER_CANCELLED: Cancellation = { aborted: false, onAbort: () => () => undefined };
-
-/** Adapts an AbortSignal. */
-export function cancellationOf(signal: AbortSignal): Cancellation {
-  return {
-    get aborted() {
-      return signal.aborted;
-    },
-    onAbort(cb) {
-      signal.addEventListener('abort', cb, { once: true });
-      return () => signal.removeEventListener('abort', cb);
-    },
-  };
-}

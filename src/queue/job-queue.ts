@@ -422,7 +422,6 @@ export class JobQueue {
     job.execDeadline = mono + job.executionTimeoutMs;
     job.progress = null;
     worker.stops.delete(job.id);
-    worker.stopsRequested.delete(job.id);
     worker.jobs.add(job.id);
     this.#running.add(job);
     this.#queue(job.endpointId).inProgress++;
@@ -597,29 +596,23 @@ export class JobQueue {
       this.#log.warn('worker reported unhealthy', { endpointId, workerId });
     }
     const listed = new Set(jobIds);
-    const lease = this.#clock.monotonic() + this.settings.leaseMs;
+    const now = this.#clock.monotonic();
+    const lease = now + this.settings.leaseMs;
     for (const id of listed) {
       const job = this.#jobs.get(id);
       if (job && job.status === 'IN_PROGRESS' && job.workerId === workerId) {
         job.leaseDeadline = lease;
         worker.stops.delete(id);
-        worker.stopsRequested.delete(id);
       } else if (!worker.stops.has(id)) this.#requestStop(worker, id);
     }
     // A ping that no longer lists a job ends its stop, unless the stop is newer than a re-offer
     // period: that ping may have been made before the worker registered the job (and the SDK
     // drops a stop for a job it has not registered yet), so the stop would be lost.
-    const now = this.#clock.monotonic();
-    for (const id of worker.stops.keys()) {
-      if (listed.has(id) || now - (worker.stopsRequested.get(id) ?? 0) < STOP_REOFFER_MS) continue;
-      worker.stops.delete(id);
-      worker.stopsRequested.delete(id);
-    }
+    for (const [id, stop] of worker.stops) if (!listed.has(id) && now - stop.requested >= STOP_REOFFER_MS) worker.stops.delete(id);
   }
 
   #requestStop(worker: WorkerInfo, jobId: string): void {
-    worker.stops.set(jobId, -1);
-    worker.stopsRequested.set(jobId, this.#clock.monotonic());
+    worker.stops.set(jobId, { requested: this.#clock.monotonic(), offered: -1 });
     const waiters = worker.stopWaiters;
     worker.stopWaiters = [];
     for (const w of waiters) w();
@@ -630,12 +623,12 @@ export class JobQueue {
     const now = this.#clock.monotonic();
     let due = false;
     let nextInMs = Number.POSITIVE_INFINITY;
-    for (const offered of worker.stops.values()) {
+    for (const { offered } of worker.stops.values()) {
       if (offered < 0 || now - offered >= STOP_REOFFER_MS) due = true;
       else nextInMs = Math.min(nextInMs, STOP_REOFFER_MS - (now - offered));
     }
     if (!due) return { ids: [], nextInMs };
-    for (const id of worker.stops.keys()) worker.stops.set(id, now);
+    for (const stop of worker.stops.values()) stop.offered = now;
     return { ids: [...worker.stops.keys()], nextInMs: STOP_REOFFER_MS };
   }
 

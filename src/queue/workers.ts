@@ -21,13 +21,12 @@ export interface WorkerInfo {
   /** Open job-take long-polls. */
   parked: number;
   /**
-   * Jobs the worker must stop: id → monotonic time the stop was last offered on job-stop
-   * (-1: not offered yet). Offered again at most once a second while the worker's pings still
-   * list the job, since a stop that arrives before the worker made the job's task is dropped.
+   * Jobs the worker must stop, with the monotonic times the stop was requested and last offered
+   * on job-stop (-1: not offered yet). Offered again at most once a second while the worker's
+   * pings still list the job, since a stop that arrives before the worker made the job's task
+   * is dropped.
    */
-  readonly stops: Map<string, number>;
-  /** When each pending stop was requested (monotonic): a ping drops it only a while later. */
-  readonly stopsRequested: Map<string, number>;
+  readonly stops: Map<string, { readonly requested: number; offered: number }>;
   /** Parked job-stop requests, woken when a stop is added. */
   stopWaiters: (() => void)[];
   /** The worker asked to be recycled (stopPod / refresh_worker). */
@@ -62,7 +61,7 @@ export class WorkerRegistry {
     const now = this.#clock.monotonic();
     const w: WorkerInfo = {
       id: workerId, endpointId, managed: true, phase: 'initializing', jobs: new Set(), lastSeen: now, idleSince: now,
-      parked: 0, stops: new Map(), stopsRequested: new Map(), stopWaiters: [], recycle: false, draining: false,
+      parked: 0, stops: new Map(), stopWaiters: [], recycle: false, draining: false,
     };
     this.#map(endpointId).set(workerId, w);
     return w;
@@ -76,7 +75,7 @@ export class WorkerRegistry {
     if (!w) {
       w = {
         id: workerId, endpointId, managed: false, phase: 'up', jobs: new Set(), lastSeen: now, idleSince: now,
-        parked: 0, stops: new Map(), stopsRequested: new Map(), stopWaiters: [], recycle: false, draining: false,
+        parked: 0, stops: new Map(), stopWaiters: [], recycle: false, draining: false,
       };
       map.set(workerId, w);
     }

@@ -19,12 +19,12 @@ export interface OpenDbOptions {
   log: Logger;
 }
 
-/** Opens `<dataDir>/flashd.db` in WAL mode and applies pending migrations. */
 /** The WAL file of the database `openDb` opens in `dataDir`. */
 export function walPathOf(dataDir: string): string {
   return join(dataDir, 'flashd.db-wal');
 }
 
+/** Opens `<dataDir>/flashd.db` in WAL mode and applies pending migrations. */
 export function openDb(options: OpenDbOptions): Db {
   mkdirSync(options.dataDir, { recursive: true });
   // In the single binary the addon comes from core/native.ts. better-sqlite3 takes the loaded

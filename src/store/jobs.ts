@@ -96,6 +96,8 @@ export class JobsRepo {
     this.#active = db.prepare(`SELECT rowid, id, endpoint_id, status, extra, webhook, low_priority, execution_timeout_ms, ttl_ms,
       retention_ms, attempt, retries, worker_id, created_at, started_at FROM jobs
       WHERE rowid >= ? AND status IN ('IN_QUEUE', 'IN_PROGRESS')`).raw();
+    // Its own statements rather than IdentityRepo's get/putSetting: a write there moves the
+    // identity generation and so empties the key cache, and the floor moves every second.
     this.#getFloor = db.prepare('SELECT value FROM settings WHERE key = ?').pluck();
     this.#setFloor = db.prepare('INSERT OR REPLACE INTO settings (key, value) VALUES (?, ?)');
     this.#input = db.prepare('SELECT input FROM jobs WHERE id = ?').pluck();
