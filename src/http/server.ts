@@ -145,6 +145,29 @@ export function createHttpServer(options: HttpServerOptions): HttpServer {
   const log = options.log;
 
   /**
+   * uWS corks the socket whose callback is running, and only one socket can be corked at a
+   * time: a reply to another socket written from inside that callback or its promise jobs (a
+   * job handed from a /runsync request to a parked job-take) went out uncorked, one send(2)
+   * for the status line, each header and the body (19 for a job-take), each a TCP segment the
+   * peer has to read. So from the first uWS callback of a loop turn until the turn's check
+   * phase, a reply to any exchange other than the one whose callback ran last waits for that
+   * check phase (setImmediate), where it corks its own socket and leaves in one send, with
+   * the others deferred in that turn. Deferring is always safe; it costs one array entry.
+   */
+  let corked: Exchange | null = null;
+  let deferred: { ex: Exchange; reply: OutgoingReply; close: boolean }[] = [];
+  const turnEnd = (): void => {
+    corked = null;
+    const list = deferred;
+    deferred = [];
+    for (const d of list) d.ex.reply(d.reply, d.close);
+  };
+  const enter = (ex: Exchange): void => {
+    if (corked === null) setImmediate(turnEnd);
+    corked = ex;
+  };
+
+  /**
    * One request: its state, its `IncomingRequest` view (getters on the prototype), its body and
    * its reply. It is also the request's `cancel`, so a request allocates no closure or
    * AbortController for that.
@@ -236,6 +259,10 @@ export function createHttpServer(options: HttpServerOptions): HttpServer {
 
     reply(reply: OutgoingReply, closeConnection = false): void {
       if (this.aborted || this.done) return;
+      if (corked !== null && corked !== this) {
+        deferred.push({ ex: this, reply, close: closeConnection });
+        return;
+      }
       const res = this.#res;
       if (reply.stream) {
         res.cork(() => {
@@ -327,6 +354,11 @@ export function createHttpServer(options: HttpServerOptions): HttpServer {
   app.any('/*', (res, uReq) => {
     const ex = new Exchange(res, uReq);
     res.onAborted(() => ex.abort());
+    enter(ex);
+    start(ex, res);
+  });
+
+  function start(ex: Exchange, res: HttpResponse): void {
     try {
       ex.decision = options.resolve(ex.method, ex.path, ex.headers);
     } catch (err) {
@@ -346,8 +378,11 @@ export function createHttpServer(options: HttpServerOptions): HttpServer {
       ex.run();
       return;
     }
-    res.onData((ab, isLast) => ex.data(ab, isLast));
-  });
+    res.onData((ab, isLast) => {
+      enter(ex);
+      ex.data(ab, isLast);
+    });
+  }
 
   return {
     listen: () =>

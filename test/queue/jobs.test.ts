@@ -1,5 +1,7 @@
 import t from 'tap';
 import { createServer } from 'node:http';
+import { execFile } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
 import { startAgent, assertProblem, cpuBody, ADMIN_KEY, type TestAgent } from '../helpers/agent.js';
 import { TestWorker } from '../helpers/worker.js';
 
@@ -397,4 +399,23 @@ t.test('a ping made before the worker registered its job does not cancel a fresh
   await new Promise((r) => setTimeout(r, 1100));
   t.equal(await w.ping([]), 200);
   t.same(await w.stops(), [], 'a later ping without the job ends it');
+});
+
+t.test('a job handed to a parked job-take leaves in one TCP segment, not one per header', async (t) => {
+  // uWS corks only one socket at a time: written from inside the /run request's callback, the
+  // job-take reply went out as 19 sends. Linux counts the data segments a socket received.
+  if (process.platform !== 'linux') return t.skip('TCP_INFO is read on Linux');
+  const a = await startAgent(t, { takeHoldMs: 10_000 });
+  const ep = await endpoint(a);
+  const env = (await a.req('GET', `/v2/serverless/${ep}/worker-env`)).json as { workerId: string; env: Record<string, string> };
+  const take = `${(env.env['RUNPOD_WEBHOOK_GET_JOB'] as string).replace('$ID', env.workerId)}&job_in_progress=0`;
+  const script = fileURLToPath(new URL('../fixtures/net/take-segments.py', import.meta.url));
+  const out = await new Promise<string>((resolve, reject) => {
+    execFile('python3', [script, take, `${a.url}/v2/${ep}/run`, env.env['RUNPOD_AI_API_KEY'] as string, ADMIN_KEY], { timeout: 20_000 }, (err, stdout, stderr) =>
+      err ? reject(new Error(`${err.message}\n${stderr}`)) : resolve(stdout));
+  });
+  const r = JSON.parse(out) as { status: string; segments: number; id: string; run: string };
+  t.equal(r.status, 'HTTP/1.1 200 OK', 'the parked take got a job');
+  t.equal(r.run, 'HTTP/1.1 200 OK', 'the /run was accepted');
+  t.equal(r.segments, 1, 'status line, headers and body in one segment');
 });
