@@ -45,9 +45,11 @@ export interface WriteBatchOptions {
 }
 
 export class WriteBatch {
-  readonly #db: Db;
   readonly #onError: (err: Error) => void;
   #writes: (() => void)[] = [];
+  /** The writes being committed now, run by the one transaction function made up front. */
+  #running: (() => void)[] = [];
+  readonly #runAll: () => void;
   #waiters: Waiter[] = [];
   #scheduled = false;
   #closed = false;
@@ -72,8 +74,11 @@ export class WriteBatch {
   #durableSeq = 0;
 
   constructor(db: Db, options: WriteBatchOptions) {
-    this.#db = db;
     this.#onError = options.onError;
+    // Made once: better-sqlite3 builds four wrapper functions per transaction() call.
+    this.#runAll = db.transaction(() => {
+      for (const w of this.#running) w();
+    });
     if (options.durability === 'fsync') {
       if (!options.walPath) throw new Error('WriteBatch: durability fsync needs walPath');
       // Opened after the database is in WAL mode, so the file exists; read-only is enough to sync it.
@@ -145,9 +150,12 @@ export class WriteBatch {
       try {
         this.#toNormal?.run();
         try {
-          this.#db.transaction(() => {
-            for (const w of writes) w();
-          })();
+          this.#running = writes;
+          try {
+            this.#runAll();
+          } finally {
+            this.#running = [];
+          }
         } finally {
           this.#toFull?.run();
         }
