@@ -7,12 +7,14 @@
  *   PROFILE_SYNC=full|normal   synchronous setting (default full)
  *   PROFILE_C=64               clients (s1) or workers and clients (s2)
  *   PROFILE_CPU=0              no profiler: print rate and server CPU µs per job only
+ *   PROFILE_PREFILL=15         first fill the database with this many seconds of /run (c=64, on
+ *                              another endpoint, then purged), as `npm run bench` does before S2
  */
 import { spawn } from 'node:child_process';
 import { mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { Conn, head } from './lib/http.mjs';
+import { Conn, call, head } from './lib/http.mjs';
 import { BODY_1K, closedLoop } from './lib/load.mjs';
 import { FLASHD, REPO_ROOT, benchKey, canPin, cpuSeconds, createEndpoint, freePort, pinSelf, sleep, track, workerEnv } from './lib/procs.mjs';
 import { SimWorker } from './lib/sim-worker.mjs';
@@ -40,6 +42,17 @@ for (let i = 0; !/flashd listening/.test(err); i++) {
 const url = `http://127.0.0.1:${port}`;
 const key = await benchKey(url, ADMIN);
 const ep = await createEndpoint(url, key, 'prof');
+const prefill = Number(process.env.PROFILE_PREFILL ?? 0);
+if (prefill > 0) {
+  const fill = await createEndpoint(url, key, 'prefill');
+  const fc = [];
+  for (let i = 0; i < 64; i++) fc.push(await new Conn('127.0.0.1', port).connect());
+  const fh = head('POST', `/v2/${fill}/run`, `127.0.0.1:${port}`, `Bearer ${key}`, true);
+  const f = await closedLoop(64, prefill, async (i) => (await fc[i].request(fh, BODY_1K)).status === 200);
+  fc.forEach((x) => x.close());
+  const purged = await call(url, 'POST', `/v2/${fill}/purge-queue`, `Bearer ${key}`, {});
+  console.log(`prefill: ${f.ok} jobs in ${prefill} s, ${purged.body.removed} purged`);
+}
 const conns = [];
 for (let i = 0; i < c; i++) conns.push(await new Conn('127.0.0.1', port).connect());
 const workers = [];
