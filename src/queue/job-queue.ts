@@ -141,6 +141,9 @@ const SYNC_INSERT_DELAY_MS = 100;
 /** Rows per slice when an endpoint's jobs are deleted (see #deleteRows). */
 const DELETE_SLICE_ROWS = 20_000;
 
+/** Jobs ended per commit by a purge (see purge): the event loop runs between slices. */
+export const PURGE_SLICE_JOBS = 2_000;
+
 /** Queued jobs of an endpoint beyond this many keep their input in SQLite only, until taken. */
 const HOT_QUEUE_DEPTH = 64;
 
@@ -185,8 +188,10 @@ export class JobQueue {
   #maxRowid = 0;
   /** Active jobs whose rowid is out of order in their deque (manual retries); the floor walk reads all of them. */
   readonly #outOfOrder = new Set<Job>();
-  /** Endpoint deletions still deleting rows: the floor does not rise meanwhile. */
+  /** Endpoint deletions still deleting rows, and purges still ending jobs: the floor does not rise meanwhile. */
   #floorHeld = 0;
+  /** Queued jobs a purge has taken off their queue and not yet ended (see purge). */
+  readonly #purging = new Set<Job>();
   #floorQueued = false;
 
   readonly #endpointExists: (id: string) => boolean;
@@ -912,9 +917,12 @@ export class JobQueue {
       return snap;
     }
     if (job.status === 'IN_QUEUE') {
-      const q = this.#queue(endpointId);
-      if (job.lowPriority) q.lowQueued--;
-      else q.queued--;
+      // Off its queue already when a purge holds it (the purge skips it now).
+      if (!this.#purging.delete(job)) {
+        const q = this.#queue(endpointId);
+        if (job.lowPriority) q.lowQueued--;
+        else q.queued--;
+      }
       await this.#finishCommitted(job, 'CANCELLED', null, null);
     } else if (job.status === 'IN_PROGRESS') {
       const worker = job.workerId ? this.workers.get(endpointId, job.workerId) : undefined;
@@ -963,20 +971,50 @@ export class JobQueue {
     return job;
   }
 
-  /** Removes every queued job of the endpoint (they end CANCELLED); running jobs go on. */
+  /**
+   * Removes every queued job of the endpoint (they end CANCELLED); running jobs go on. All of
+   * them leave the queue at once, so no worker takes one after the call; they are ended
+   * PURGE_SLICE_JOBS per commit, so a backlog of a million is not one commit holding the event
+   * loop (and every other endpoint) for seconds. Until its slice commits a job is still
+   * IN_QUEUE in SQLite: the recovery floor is held, so a crash mid-purge requeues the rest
+   * (the purge was not answered), and a failed commit puts them back on the queue.
+   */
   async purge(endpointId: string): Promise<number> {
     const q = this.#queue(endpointId);
-    let removed = 0;
+    const taken: Job[] = [];
     for (const d of [q.retry, q.normal, q.low]) {
       for (let job = d.shift(); job; job = d.shift()) {
-        if (job.status !== 'IN_QUEUE') continue;
-        this.#finish(job, 'CANCELLED', null, null);
-        removed++;
+        if (job.status !== 'IN_QUEUE' || this.#purging.has(job)) continue;
+        this.#purging.add(job);
+        taken.push(job);
       }
     }
     q.queued = 0;
     q.lowQueued = 0;
-    await this.#batch.committed();
+    let removed = 0;
+    let i = 0;
+    this.#floorHeld++;
+    try {
+      while (i < taken.length) {
+        // The endpoint was deleted meanwhile: its rows are being deleted, nothing left to end.
+        if (this.#queues.get(endpointId) !== q) break;
+        for (const end = Math.min(taken.length, i + PURGE_SLICE_JOBS); i < end; i++) {
+          const job = taken[i] as Job;
+          if (!this.#purging.delete(job) || job.status !== 'IN_QUEUE') continue; // cancelled meanwhile
+          this.#finish(job, 'CANCELLED', null, null);
+          removed++;
+        }
+        await this.#batch.committed();
+      }
+    } finally {
+      this.#floorHeld--;
+      // Only after a failed commit (or a deleted endpoint): what was not ended goes back on its queue.
+      const current = this.#queues.get(endpointId);
+      for (; i < taken.length; i++) {
+        const job = taken[i] as Job;
+        if (this.#purging.delete(job) && job.status === 'IN_QUEUE' && current === q) this.#enqueue(q, job, false);
+      }
+    }
     return removed;
   }
 

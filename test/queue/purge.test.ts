@@ -1,0 +1,85 @@
+/**
+ * purge-queue on a long backlog: every queued job leaves the queue at once, but they are ended
+ * a slice per commit, with the event loop running between slices; the recovery floor stays
+ * below the rows not yet ended, so a crash mid-purge loses no job.
+ */
+import t from 'tap';
+import { ManualClock } from '../../src/core/clock.js';
+import { PURGE_SLICE_JOBS } from '../../src/queue/job-queue.js';
+import { startAgent, cpuBody, type TestAgent } from '../helpers/agent.js';
+import { TestWorker } from '../helpers/worker.js';
+
+const N = 10 * PURGE_SLICE_JOBS + 17;
+
+async function backlog(a: TestAgent, ep: string, n: number): Promise<string[]> {
+  const jobs = [];
+  for (let i = 0; i < n; i++) {
+    jobs.push(a.agent.queue.submit({
+      endpointId: ep, input: `{"i":${i}}`, extra: null, webhook: null, executionTimeoutMs: 600_000,
+      ttlMs: 86_400_000, lowPriority: i % 5 === 0, retentionMs: 600_000,
+    }));
+  }
+  return (await Promise.all(jobs)).map((j) => j.id);
+}
+
+const count = (a: TestAgent, ep: string, status: string): number =>
+  a.agent.db.prepare('SELECT count(*) FROM jobs WHERE endpoint_id = ? AND status = ?').pluck().get(ep, status) as number;
+const floorOf = (a: TestAgent): number =>
+  Number(a.agent.db.prepare("SELECT value FROM settings WHERE key = 'jobs.recovery_floor'").pluck().get());
+const lowestQueued = (a: TestAgent, ep: string): number | null =>
+  a.agent.db.prepare("SELECT min(rowid) FROM jobs WHERE endpoint_id = ? AND status = 'IN_QUEUE'").pluck().get(ep) as number | null;
+
+t.test('a purge ends a long backlog a slice per commit, the event loop turning between slices', async (t) => {
+  // NORMAL: a commit answers at once (no sync, no group-commit hold), so the turns are exact.
+  const clock = new ManualClock();
+  const a = await startAgent(t, { takeHoldMs: 200, sqliteSynchronous: 'normal' }, { clock });
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  const ids = await backlog(a, ep, N);
+  const w = await TestWorker.create(a, ep);
+  const cancelledMidway = ids[N - 1] as string;
+
+  let settled = false;
+  const purge = a.agent.queue.purge(ep).finally(() => (settled = true));
+  t.equal(a.agent.queue.health(ep).jobs.inQueue, 0, 'the whole backlog left the queue at once');
+  const take = w.take();
+
+  await new Promise((resolve) => setImmediate(resolve));
+  t.notOk(settled, 'one loop turn later the purge is still going');
+  t.equal(count(a, ep, 'CANCELLED'), PURGE_SLICE_JOBS, 'one slice is committed');
+  t.equal(count(a, ep, 'IN_QUEUE'), N - PURGE_SLICE_JOBS, 'the rest is still queued in SQLite');
+
+  // The reaper would raise the floor past every row it no longer holds in a queue.
+  clock.advance(10);
+  a.agent.queue.reap();
+  await a.agent.queue.durable();
+  const low = lowestQueued(a, ep);
+  t.ok(low !== null && low >= floorOf(a), `the floor (${floorOf(a)}) stays at or below the rows not yet ended (${low}): a crash now requeues them`);
+  t.notOk(settled, 'still going');
+  t.equal((await a.agent.queue.cancel(ep, cancelledMidway)).status, 'CANCELLED', 'a job of the backlog can still be cancelled on its own');
+
+  t.equal(await purge, N - 1, 'the purge counts what it ended');
+  t.equal(await take, null, 'a worker asking during the purge got none of the backlog');
+  t.equal(count(a, ep, 'CANCELLED'), N, 'every row is CANCELLED');
+  t.equal(count(a, ep, 'IN_QUEUE'), 0);
+  t.equal(a.agent.queue.health(ep).jobs.inQueue, 0, 'the queue counters did not go negative');
+  t.equal((await a.req('GET', `/v2/${ep}/status/${ids[0]}`)).json.status, 'CANCELLED');
+
+  clock.advance(10);
+  a.agent.queue.reap();
+  await a.agent.queue.durable();
+  t.ok(floorOf(a) > (a.agent.db.prepare('SELECT max(rowid) FROM jobs WHERE endpoint_id = ?').pluck().get(ep) as number), 'the floor rises past the purged rows once it is over');
+
+  const after = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { after: true } } })).json.id as string;
+  t.equal((await w.take())?.id, after, 'the queue works on after a purge');
+});
+
+t.test('a purge started twice ends each job once', async (t) => {
+  const a = await startAgent(t);
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  await backlog(a, ep, PURGE_SLICE_JOBS + 5);
+  const [first, second] = await Promise.all([a.agent.queue.purge(ep), a.agent.queue.purge(ep)]);
+  t.equal(first, PURGE_SLICE_JOBS + 5, 'the first purge takes the backlog');
+  t.equal(second, 0, 'the second finds the queue empty');
+  const counted = a.agent.db.prepare("SELECT jobs FROM job_counts WHERE endpoint_id = ? AND status = 'CANCELLED'").pluck().get(ep);
+  t.equal(counted, PURGE_SLICE_JOBS + 5, 'job_counts counts each job once');
+});
