@@ -141,6 +141,9 @@ const SYNC_INSERT_DELAY_MS = 100;
 /** Rows per slice when an endpoint's jobs are deleted (see #deleteRows). */
 const DELETE_SLICE_ROWS = 20_000;
 
+/** Expired rows deleted per commit (see expire). */
+export const EXPIRE_SLICE_ROWS = 2_000;
+
 /** Jobs ended per commit by a purge (see purge): the event loop runs between slices. */
 export const PURGE_SLICE_JOBS = 2_000;
 
@@ -182,6 +185,8 @@ export class JobQueue {
   readonly #counts = new Map<string, Map<JobStatus, { jobs: number; retries: number }>>();
   #countsQueued = false;
   #closing = false;
+  /** An expiry sweep is deleting rows (a slice per commit). */
+  #expiring = false;
   /** The recovery floor as last written (see the file header). */
   #floor = 0;
   /** Highest rowid inserted or recovered: the floor when nothing is active. */
@@ -1199,21 +1204,43 @@ export class JobQueue {
     this.#raiseFloor();
   }
 
-  /** Deletes expired results from SQLite. */
+  /**
+   * Deletes expired results from SQLite, EXPIRE_SLICE_ROWS per commit with the event loop
+   * turning between slices: results that expire together (a burst of /run jobs, a purged
+   * backlog) would otherwise be one DELETE holding every request for seconds.
+   */
   expire(): void {
+    if (this.#expiring || this.#closing) return;
+    this.#expiring = true;
     const now = this.#clock.now();
-    this.#batch.write(() => {
-      const gone = new Map<string, { endpointId: string; status: JobStatus; jobs: number; retries: number }>();
-      for (const r of this.#repo.deleteExpired(now)) {
-        if (!TERMINAL.has(r.status)) continue;
-        const key = `${r.endpointId}\u0000${r.status}`;
-        const g = gone.get(key) ?? { endpointId: r.endpointId, status: r.status, jobs: 0, retries: 0 };
-        g.jobs--;
-        g.retries -= r.retries;
-        gone.set(key, g);
+    const step = (): void => {
+      if (this.#closing) {
+        this.#expiring = false;
+        return;
       }
-      for (const g of gone.values()) this.#repo.addCount(g.endpointId, g.status, g.jobs, g.retries);
-    });
+      this.#batch.write(() => {
+        let rows: ReturnType<JobsRepo['deleteExpired']>;
+        try {
+          rows = this.#repo.deleteExpired(now, EXPIRE_SLICE_ROWS);
+        } catch (err) {
+          this.#expiring = false; // the next sweep tries again
+          throw err;
+        }
+        const gone = new Map<string, { endpointId: string; status: JobStatus; jobs: number; retries: number }>();
+        for (const r of rows) {
+          if (!TERMINAL.has(r.status)) continue;
+          const key = `${r.endpointId}\u0000${r.status}`;
+          const g = gone.get(key) ?? { endpointId: r.endpointId, status: r.status, jobs: 0, retries: 0 };
+          g.jobs--;
+          g.retries -= r.retries;
+          gone.set(key, g);
+        }
+        for (const g of gone.values()) this.#repo.addCount(g.endpointId, g.status, g.jobs, g.retries);
+        if (rows.length < EXPIRE_SLICE_ROWS) this.#expiring = false;
+        else setImmediate(step);
+      });
+    };
+    step();
   }
 
   /** Rejects parked requests at shutdown so their connections close cleanly. */

@@ -103,7 +103,9 @@ export class JobsRepo {
     this.#input = db.prepare('SELECT input FROM jobs WHERE id = ?').pluck();
     this.#getLight = db.prepare(`SELECT rowid, id, endpoint_id, status, NULL AS input, extra, webhook, low_priority, execution_timeout_ms, ttl_ms,
       retention_ms, attempt, retries, worker_id, output, error, created_at, started_at, completed_at, expires_at FROM jobs WHERE id = ?`);
-    this.#expire = db.prepare(`DELETE FROM jobs WHERE expires_at IS NOT NULL AND expires_at <= ?
+    // At most `limit` rows a statement: results that expire together (a burst, a purge) are
+    // deleted over several commits instead of one that holds the event loop.
+    this.#expire = db.prepare(`DELETE FROM jobs WHERE rowid IN (SELECT rowid FROM jobs WHERE expires_at IS NOT NULL AND expires_at <= ? LIMIT ?)
       RETURNING endpoint_id AS endpointId, status, retries`);
     this.#counts = db.prepare('SELECT status, jobs, retries FROM job_counts WHERE endpoint_id = ?');
     this.#addCount = db.prepare(`INSERT INTO job_counts (endpoint_id, status, jobs, retries) VALUES (?, ?, ?, ?)
@@ -195,8 +197,8 @@ export class JobsRepo {
   }
 
   /** Deletes expired rows; returns them (for job_counts). */
-  deleteExpired(now: number): { endpointId: string; status: JobStatus; retries: number }[] {
-    return this.#expire.all(now) as { endpointId: string; status: JobStatus; retries: number }[];
+  deleteExpired(now: number, limit: number): { endpointId: string; status: JobStatus; retries: number }[] {
+    return this.#expire.all(now, limit) as { endpointId: string; status: JobStatus; retries: number }[];
   }
 
   /** Finished-job counts of an endpoint (job_counts), and the retries of those jobs. */

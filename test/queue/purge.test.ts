@@ -1,11 +1,13 @@
 /**
- * purge-queue on a long backlog: every queued job leaves the queue at once, but they are ended
- * a slice per commit, with the event loop running between slices; the recovery floor stays
- * below the rows not yet ended, so a crash mid-purge loses no job.
+ * Work on a long backlog never holds the event loop in one commit. purge-queue: every queued
+ * job leaves the queue at once, but they are ended a slice per commit, with the event loop
+ * running between slices; the recovery floor stays below the rows not yet ended, so a crash
+ * mid-purge loses no job. The expiry sweep deletes results that expire together a slice per
+ * commit too.
  */
 import t from 'tap';
 import { ManualClock } from '../../src/core/clock.js';
-import { PURGE_SLICE_JOBS } from '../../src/queue/job-queue.js';
+import { EXPIRE_SLICE_ROWS, PURGE_SLICE_JOBS } from '../../src/queue/job-queue.js';
 import { startAgent, cpuBody, type TestAgent } from '../helpers/agent.js';
 import { TestWorker } from '../helpers/worker.js';
 
@@ -82,4 +84,26 @@ t.test('a purge started twice ends each job once', async (t) => {
   t.equal(second, 0, 'the second finds the queue empty');
   const counted = a.agent.db.prepare("SELECT jobs FROM job_counts WHERE endpoint_id = ? AND status = 'CANCELLED'").pluck().get(ep);
   t.equal(counted, PURGE_SLICE_JOBS + 5, 'job_counts counts each job once');
+});
+
+t.test('results that expire together are deleted a slice per commit, and job_counts follows', async (t) => {
+  const clock = new ManualClock();
+  const a = await startAgent(t, { sqliteSynchronous: 'normal' }, { clock });
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  const n = 2 * EXPIRE_SLICE_ROWS + 5;
+  await backlog(a, ep, n);
+  t.equal(await a.agent.queue.purge(ep), n);
+  const counted = () => a.agent.db.prepare("SELECT jobs FROM job_counts WHERE endpoint_id = ? AND status = 'CANCELLED'").pluck().get(ep);
+  t.equal(counted(), n);
+  const rows = () => a.agent.db.prepare('SELECT count(*) FROM jobs WHERE endpoint_id = ?').pluck().get(ep) as number;
+
+  clock.advance(600_001); // past the backlog's retention
+  a.agent.queue.expire();
+  await new Promise((resolve) => setImmediate(resolve));
+  t.equal(rows(), n - EXPIRE_SLICE_ROWS, 'one loop turn: one slice deleted');
+  a.agent.queue.expire(); // one sweep at a time: this one is a no-op
+  for (let i = 0; i < 10 && rows() > 0; i++) await new Promise((resolve) => setImmediate(resolve));
+  t.equal(rows(), 0, 'then the rest');
+  t.equal(counted(), 0, 'job_counts lost exactly the deleted rows');
+  t.equal((await a.req('GET', `/v2/${ep}/health`)).json.jobs.completed, 0);
 });
