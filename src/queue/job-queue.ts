@@ -99,8 +99,23 @@ class EndpointQueue {
   readonly low = new Deque<Job>();
   queued = 0;
   lowQueued = 0;
+  /** Sum of `retries` over the queued jobs (`/health` reads it; walking a backlog per call would not scale). */
+  queuedRetries = 0;
+  /**
+   * At or below the earliest TTL deadline of any queued job (lowered on enqueue, recomputed by
+   * the reaper's walk): until the clock reaches it no queued job can have expired, so the
+   * reaper does not walk a backlog every second.
+   */
+  ttlFloor = Infinity;
   inProgress = 0;
   takers: Taker[] = [];
+
+  /** Counts a job that leaves the queue (taken, cancelled, expired, dropped). */
+  left(job: Job): void {
+    if (job.lowPriority) this.lowQueued--;
+    else this.queued--;
+    this.queuedRetries -= job.retries;
+  }
 }
 
 /**
@@ -367,9 +382,7 @@ export class JobQueue {
   /** Drops a job whose insert did not commit: off its queue or worker, out of the map. */
   #forget(job: Job): void {
     if (job.status === 'IN_QUEUE') {
-      const q = this.#queue(job.endpointId);
-      if (job.lowPriority) q.lowQueued--;
-      else q.queued--;
+      this.#queue(job.endpointId).left(job);
     } else if (job.status === 'IN_PROGRESS') {
       const worker = this.#release(job);
       if (worker) this.#requestStop(worker, job.id);
@@ -387,6 +400,8 @@ export class JobQueue {
     else q.normal.push(job);
     if (job.lowPriority) q.lowQueued++;
     else q.queued++;
+    q.queuedRetries += job.retries;
+    if (job.ttlDeadline < q.ttlFloor) q.ttlFloor = job.ttlDeadline;
     this.#dispatch(q);
     for (const l of this.#listeners) l.jobQueued?.(job.endpointId);
   }
@@ -397,8 +412,7 @@ export class JobQueue {
     for (const d of [q.retry, q.normal, q.low]) {
       for (let job = d.shift(); job; job = d.shift()) {
         if (job.status !== 'IN_QUEUE') continue; // cancelled or purged while queued
-        if (job.lowPriority) q.lowQueued--;
-        else q.queued--;
+        q.left(job);
         if (mono >= job.ttlDeadline) {
           this.#finish(job, 'TIMED_OUT', null, 'Job expired in the queue before a worker took it (policy.ttl).');
           continue;
@@ -923,11 +937,7 @@ export class JobQueue {
     }
     if (job.status === 'IN_QUEUE') {
       // Off its queue already when a purge holds it (the purge skips it now).
-      if (!this.#purging.delete(job)) {
-        const q = this.#queue(endpointId);
-        if (job.lowPriority) q.lowQueued--;
-        else q.queued--;
-      }
+      if (!this.#purging.delete(job)) this.#queue(endpointId).left(job);
       await this.#finishCommitted(job, 'CANCELLED', null, null);
     } else if (job.status === 'IN_PROGRESS') {
       const worker = job.workerId ? this.workers.get(endpointId, job.workerId) : undefined;
@@ -996,6 +1006,7 @@ export class JobQueue {
     }
     q.queued = 0;
     q.lowQueued = 0;
+    q.queuedRetries = 0;
     let removed = 0;
     let i = 0;
     this.#floorHeld++;
@@ -1027,13 +1038,7 @@ export class JobQueue {
     const q = this.#queue(endpointId);
     // Finished jobs are counted in job_counts; the retries of queued and running jobs are here.
     const { byStatus, retried } = this.#repo.counts(endpointId);
-    let activeRetries = 0;
-    const add = (job: Job): void => {
-      if (job.status === 'IN_QUEUE') activeRetries += job.retries;
-    };
-    q.retry.forEach(add);
-    q.normal.forEach(add);
-    q.low.forEach(add);
+    let activeRetries = q.queuedRetries;
     for (const job of this.#running) if (job.endpointId === endpointId && job.status === 'IN_PROGRESS') activeRetries += job.retries;
     return {
       jobs: {
@@ -1189,15 +1194,21 @@ export class JobQueue {
       }
     }
     for (const q of this.#queues.values()) {
+      if (mono < q.ttlFloor) continue;
+      let floor = Infinity;
       const expire = (job: Job): void => {
-        if (job.status !== 'IN_QUEUE' || mono < job.ttlDeadline) return;
-        if (job.lowPriority) q.lowQueued--;
-        else q.queued--;
+        if (job.status !== 'IN_QUEUE') return;
+        if (mono < job.ttlDeadline) {
+          if (job.ttlDeadline < floor) floor = job.ttlDeadline;
+          return;
+        }
+        q.left(job);
         this.#finish(job, 'TIMED_OUT', null, 'Job expired in the queue before a worker took it (policy.ttl).');
       };
       q.retry.forEach(expire);
       q.normal.forEach(expire);
       q.low.forEach(expire);
+      q.ttlFloor = floor;
     }
     this.workers.sweep();
     this.#evict();

@@ -98,6 +98,27 @@ t.test('policy.ttl bounds the time in the queue', async (t) => {
   t.equal(await w.take(), null, 'an expired job is never handed out');
 });
 
+t.test('queued jobs with different TTLs expire each at its own deadline, whichever was queued first', async (t) => {
+  // The reaper skips the walk of a backlog until the earliest TTL deadline can have passed:
+  // that bound must fall with every shorter-lived job queued, and be found again after a walk.
+  const { a, ep, step } = await setup(t);
+  const run = async (ttl: number) => (await a.req('POST', `/v2/${ep}/run`, { body: { input: {}, policy: { ttl } } })).json.id as string;
+  const long = await run(60_000);
+  const short = await run(20_000);
+  step(19_000);
+  t.equal((await status(a, ep, short)).status, 'IN_QUEUE');
+  step(1_001);
+  t.equal((await status(a, ep, short)).status, 'TIMED_OUT', 'the short one, queued after the long one, expired on time');
+  t.equal((await status(a, ep, long)).status, 'IN_QUEUE');
+  const shorter = await run(10_000);
+  step(10_001);
+  t.equal((await status(a, ep, shorter)).status, 'TIMED_OUT', 'a job queued after the walk lowers the bound again');
+  t.equal((await status(a, ep, long)).status, 'IN_QUEUE');
+  step(30_000);
+  t.equal((await status(a, ep, long)).status, 'TIMED_OUT', 'and the long one expires at its own deadline');
+  t.equal((await a.req('GET', `/v2/${ep}/health`)).json.jobs.inQueue, 0);
+});
+
 t.test('results are kept 30 min after /run, 1 min after /runsync (up to 5 with ?wait), or ?ttl', async (t) => {
   const { a, ep, step, worker } = await setup(t, { takeHoldMs: 2000 });
   const w = await worker();
