@@ -160,7 +160,14 @@ export function createHttpServer(options: HttpServerOptions): HttpServer {
     corked = null;
     const list = deferred;
     deferred = [];
-    for (const d of list) d.ex.reply(d.reply, d.close);
+    for (const d of list) {
+      // One failed write must not strand the replies after it.
+      try {
+        d.ex.reply(d.reply, d.close);
+      } catch (err) {
+        log.error('deferred reply failed', { err, requestId: d.ex.id });
+      }
+    }
   };
   const enter = (ex: Exchange): void => {
     if (corked === null) setImmediate(turnEnd);
