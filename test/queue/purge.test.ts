@@ -107,3 +107,21 @@ t.test('results that expire together are deleted a slice per commit, and job_cou
   t.equal(counted(), 0, 'job_counts lost exactly the deleted rows');
   t.equal((await a.req('GET', `/v2/${ep}/health`)).json.jobs.completed, 0);
 });
+
+t.test('deleting the endpoint during a purge ends the purge early; nothing goes back on a queue and every row goes', async (t) => {
+  const a = await startAgent(t, { sqliteSynchronous: 'normal' });
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  await backlog(a, ep, N);
+  const purge = a.agent.queue.purge(ep);
+  await new Promise((resolve) => setImmediate(resolve));
+  a.agent.queue.dropEndpoint(ep);
+  const removed = await purge;
+  t.ok(removed >= PURGE_SLICE_JOBS && removed < N, `the purge stopped after the slices already under way (${removed} of ${N})`);
+  t.equal(a.agent.queue.health(ep).jobs.inQueue, 0, 'nothing was put back');
+  for (let i = 0; i < 50 && count(a, ep, 'IN_QUEUE') + count(a, ep, 'CANCELLED') > 0; i++) {
+    await new Promise((resolve) => setImmediate(resolve)); // the deletion goes a slice per turn
+    await a.agent.queue.durable();
+  }
+  t.equal(count(a, ep, 'IN_QUEUE') + count(a, ep, 'CANCELLED'), 0, "the endpoint's rows are deleted");
+  t.equal(a.agent.db.prepare('SELECT count(*) FROM job_counts WHERE endpoint_id = ?').pluck().get(ep), 0, 'and no count of it is left');
+});
