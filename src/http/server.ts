@@ -161,11 +161,13 @@ export function createHttpServer(options: HttpServerOptions): HttpServer {
     const list = deferred;
     deferred = [];
     for (const d of list) {
-      // One failed write must not strand the replies after it.
+      // One failed write must not strand the replies after it; its own client gets a closed
+      // connection rather than a wait.
       try {
         d.ex.reply(d.reply, d.close);
       } catch (err) {
         log.error('deferred reply failed', { err, requestId: d.ex.id });
+        d.ex.closeConnection();
       }
     }
   };
@@ -308,6 +310,17 @@ export function createHttpServer(options: HttpServerOptions): HttpServer {
           sendWhole(res, this, Buffer.isBuffer(raw) ? raw : Buffer.from(raw), closeConnection);
         }
       });
+    }
+
+    /** Drops the connection (after a write that failed half way). */
+    closeConnection(): void {
+      if (this.aborted || this.done) return;
+      this.done = true;
+      try {
+        this.#res.close();
+      } catch {
+        // Already gone.
+      }
     }
 
     run(): void {

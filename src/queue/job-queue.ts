@@ -382,7 +382,8 @@ export class JobQueue {
   /** Drops a job whose insert did not commit: off its queue or worker, out of the map. */
   #forget(job: Job): void {
     if (job.status === 'IN_QUEUE') {
-      this.#queue(job.endpointId).left(job);
+      // A purge holding it has taken it off the queue's counts already.
+      if (!this.#purging.delete(job)) this.#queue(job.endpointId).left(job);
     } else if (job.status === 'IN_PROGRESS') {
       const worker = this.#release(job);
       if (worker) this.#requestStop(worker, job.id);
@@ -1007,6 +1008,8 @@ export class JobQueue {
     q.queued = 0;
     q.lowQueued = 0;
     q.queuedRetries = 0;
+    // Nothing to end (or a purge under way holds it all): still answer after what is pending.
+    if (taken.length === 0) await this.#batch.committed();
     let removed = 0;
     let i = 0;
     this.#floorHeld++;
@@ -1024,11 +1027,14 @@ export class JobQueue {
       }
     } finally {
       this.#floorHeld--;
-      // Only after a failed commit (or a deleted endpoint): what was not ended goes back on its queue.
+      // Only after a failed commit (or a deleted endpoint): what was not ended goes back on its
+      // queue, behind jobs submitted meanwhile, so out of rowid order (the floor walk reads them).
       const current = this.#queues.get(endpointId);
       for (; i < taken.length; i++) {
         const job = taken[i] as Job;
-        if (this.#purging.delete(job) && job.status === 'IN_QUEUE' && current === q) this.#enqueue(q, job, false);
+        if (!this.#purging.delete(job) || job.status !== 'IN_QUEUE' || current !== q) continue;
+        this.#outOfOrder.add(job);
+        this.#enqueue(q, job, false);
       }
     }
     return removed;
@@ -1132,11 +1138,13 @@ export class JobQueue {
   /** Queues a write that raises the floor to the lowest active rowid, computed at commit time. */
   #raiseFloor(): void {
     // Checked now as well, so an idle server writes (and syncs) nothing.
-    if (this.#floorQueued || this.#floorHeld > 0 || this.#lowestActiveRowid() <= this.#floor) return;
+    // After a failed commit memory may hold a row as ended that SQLite still has as active: the
+    // floor stays where it is until a restart reads the rows again.
+    if (this.#floorQueued || this.#floorHeld > 0 || this.#batch.failures > 0 || this.#lowestActiveRowid() <= this.#floor) return;
     this.#floorQueued = true;
     this.#batch.write(() => {
       this.#floorQueued = false;
-      if (this.#floorHeld > 0) return;
+      if (this.#floorHeld > 0 || this.#batch.failures > 0) return;
       const floor = this.#lowestActiveRowid();
       if (floor > this.#floor) {
         this.#floor = floor;
@@ -1230,16 +1238,11 @@ export class JobQueue {
         return;
       }
       this.#batch.write(() => {
-        let rows: ReturnType<JobsRepo['deleteExpired']>;
-        try {
-          rows = this.#repo.deleteExpired(now, EXPIRE_SLICE_ROWS);
-        } catch (err) {
-          this.#expiring = false; // the next sweep tries again
-          throw err;
-        }
+        const rows = this.#repo.deleteExpired(now, EXPIRE_SLICE_ROWS);
         const gone = new Map<string, { endpointId: string; status: JobStatus; jobs: number; retries: number }>();
         for (const r of rows) {
-          if (!TERMINAL.has(r.status)) continue;
+          // A deleted endpoint's rows go too, but its counts are gone already.
+          if (!TERMINAL.has(r.status) || !this.#endpointExists(r.endpointId)) continue;
           const key = `${r.endpointId}\u0000${r.status}`;
           const g = gone.get(key) ?? { endpointId: r.endpointId, status: r.status, jobs: 0, retries: 0 };
           g.jobs--;
@@ -1249,6 +1252,10 @@ export class JobQueue {
         for (const g of gone.values()) this.#repo.addCount(g.endpointId, g.status, g.jobs, g.retries);
         if (rows.length < EXPIRE_SLICE_ROWS) this.#expiring = false;
         else setImmediate(step);
+      });
+      // A failed commit (this write's, or another's in the same transaction) ends the sweep: the next one starts over.
+      this.#batch.committed().catch(() => {
+        this.#expiring = false;
       });
     };
     step();

@@ -68,6 +68,11 @@ export class WriteBatch {
   #holdTarget = 0;
   /** Syncs completed (diagnostics and tests). */
   syncs = 0;
+  /**
+   * Commits or syncs that failed. After one, what callers were told and what the database
+   * holds may differ (the queue stops raising its recovery floor, for one).
+   */
+  failures = 0;
   /** Sequence number of the batch collecting writes now (what `write` returns). */
   #openSeq = 1;
   #committedSeq = 0;
@@ -163,6 +168,7 @@ export class WriteBatch {
         else this.#durableSeq = seq;
       } catch (err) {
         error = err as Error;
+        this.failures++;
         this.#onError(error);
       }
       this.#committedSeq = seq;
@@ -216,8 +222,10 @@ export class WriteBatch {
       this.#syncing = null;
       this.syncs++;
       const error = err ? new Error(`fdatasync of the WAL failed: ${err.message}`, { cause: err }) : undefined;
-      if (error) this.#onError(error);
-      else this.#durableSeq = Math.max(this.#durableSeq, covers);
+      if (error) {
+        this.failures++;
+        this.#onError(error);
+      } else this.#durableSeq = Math.max(this.#durableSeq, covers);
       for (const w of group) w(error);
       if (!this.#holdAfter(group.length)) this.#continue();
     });

@@ -13,12 +13,12 @@ import { TestWorker } from '../helpers/worker.js';
 
 const N = 10 * PURGE_SLICE_JOBS + 17;
 
-async function backlog(a: TestAgent, ep: string, n: number): Promise<string[]> {
+async function backlog(a: TestAgent, ep: string, n: number, withLow = true): Promise<string[]> {
   const jobs = [];
   for (let i = 0; i < n; i++) {
     jobs.push(a.agent.queue.submit({
       endpointId: ep, input: `{"i":${i}}`, extra: null, webhook: null, executionTimeoutMs: 600_000,
-      ttlMs: 86_400_000, lowPriority: i % 5 === 0, retentionMs: 600_000,
+      ttlMs: 86_400_000, lowPriority: withLow && i % 5 === 0, retentionMs: 600_000,
     }));
   }
   return (await Promise.all(jobs)).map((j) => j.id);
@@ -124,4 +124,77 @@ t.test('deleting the endpoint during a purge ends the purge early; nothing goes 
   }
   t.equal(count(a, ep, 'IN_QUEUE') + count(a, ep, 'CANCELLED'), 0, "the endpoint's rows are deleted");
   t.equal(a.agent.db.prepare('SELECT count(*) FROM job_counts WHERE endpoint_id = ?').pluck().get(ep), 0, 'and no count of it is left');
+});
+
+t.test('a purge whose commit fails loses nothing: the rest goes back on the queue, the floor stays down, a restart recovers every queued row', async (t) => {
+  const dir = t.testdir();
+  const clock = new ManualClock();
+  const a = await startAgent(t, { sqliteSynchronous: 'normal' }, { clock, dir });
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  const n = 4 * PURGE_SLICE_JOBS;
+  await backlog(a, ep, n, false);
+  // A real failed commit: the third slice's updates abort inside SQLite (as a full disk would).
+  const third = a.agent.db.prepare('SELECT rowid FROM jobs WHERE endpoint_id = ? ORDER BY rowid LIMIT 1 OFFSET ?').pluck().get(ep, 2 * PURGE_SLICE_JOBS) as number;
+  a.agent.db.exec(`CREATE TEMP TRIGGER purge_fails BEFORE UPDATE OF status ON jobs WHEN NEW.status = 'CANCELLED' AND OLD.rowid >= ${third}
+    BEGIN SELECT RAISE(ABORT, 'simulated write failure'); END`);
+  const purge = a.agent.queue.purge(ep).then(() => 'resolved', (err: Error) => err.message);
+  await new Promise((resolve) => setImmediate(resolve)); // slice 1 committed, slice 2 queued
+  const late = (await a.agent.queue.submit({
+    endpointId: ep, input: '{"late":true}', extra: null, webhook: null, executionTimeoutMs: 600_000, ttlMs: 86_400_000, lowPriority: false, retentionMs: 600_000,
+  })).id; // committed with slice 2, queued behind nothing
+  t.match(await purge, /simulated write failure/, 'the purge fails with the commit');
+  a.agent.db.exec('DROP TRIGGER purge_fails');
+
+  const queuedRows = count(a, ep, 'IN_QUEUE');
+  t.ok(queuedRows > PURGE_SLICE_JOBS, `rows are still queued in SQLite (${queuedRows})`);
+  clock.advance(10);
+  a.agent.queue.reap();
+  await a.agent.queue.durable();
+  const low = lowestQueued(a, ep);
+  t.ok(low !== null && low >= floorOf(a), `the floor (${floorOf(a)}) did not pass a queued row (${low})`);
+  t.ok((a.agent.queue.health(ep).jobs.inQueue ?? 0) > 0, 'the jobs not reached are back on the queue');
+
+  await a.agent.close();
+  const b = await startAgent(t, { sqliteSynchronous: 'normal' }, { clock, dir });
+  t.equal(b.agent.queue.health(ep).jobs.inQueue, queuedRows, 'after a restart every row SQLite holds as queued is queued again');
+  t.equal((await b.req('GET', `/v2/${ep}/status/${late}`)).json.status, 'IN_QUEUE', 'the job submitted during the purge too');
+});
+
+t.test('an expiry sweep whose commit fails because of another write starts over at the next sweep', async (t) => {
+  const clock = new ManualClock();
+  const a = await startAgent(t, { sqliteSynchronous: 'normal' }, { clock });
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  await backlog(a, ep, 10);
+  await a.agent.queue.purge(ep);
+  clock.advance(600_001);
+  // The insert queued before the sweep's delete fails, and the whole group commit with it.
+  a.agent.db.exec(`CREATE TEMP TRIGGER insert_fails BEFORE INSERT ON jobs BEGIN SELECT RAISE(ABORT, 'simulated write failure'); END`);
+  const submit = a.agent.queue.submit({
+    endpointId: ep, input: '{}', extra: null, webhook: null, executionTimeoutMs: 600_000, ttlMs: 86_400_000, lowPriority: false, retentionMs: 600_000,
+  }).then(() => 'resolved', (err: Error) => err.message);
+  a.agent.queue.expire();
+  t.match(await submit, /simulated write failure/);
+  await new Promise((resolve) => setImmediate(resolve));
+  a.agent.db.exec('DROP TRIGGER insert_fails');
+  t.equal(count(a, ep, 'CANCELLED'), 10, 'nothing was deleted by the failed commit');
+  a.agent.queue.expire();
+  await a.agent.queue.durable();
+  t.equal(count(a, ep, 'CANCELLED'), 0, 'the next sweep runs and deletes them');
+});
+
+t.test('a job whose insert fails while a purge holds it leaves the queue counts right', async (t) => {
+  const a = await startAgent(t, { sqliteSynchronous: 'normal' });
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  await backlog(a, ep, PURGE_SLICE_JOBS, false);
+  a.agent.db.exec(`CREATE TEMP TRIGGER insert_fails BEFORE INSERT ON jobs BEGIN SELECT RAISE(ABORT, 'simulated write failure'); END`);
+  // Same turn: the job is queued behind the backlog, the purge takes it for its second slice,
+  // and the first slice's commit, which carries the job's insert, fails.
+  const submit = a.agent.queue.submit({
+    endpointId: ep, input: '{}', extra: null, webhook: null, executionTimeoutMs: 600_000, ttlMs: 86_400_000, lowPriority: false, retentionMs: 600_000,
+  }).then(() => 'resolved', (err: Error) => err.message);
+  const purge = a.agent.queue.purge(ep).then(() => 'resolved', (err: Error) => err.message);
+  t.match(await submit, /simulated write failure/, 'the submit fails');
+  t.match(await purge, /simulated write failure/, 'and the purge with it');
+  a.agent.db.exec('DROP TRIGGER insert_fails');
+  t.equal(a.agent.queue.health(ep).jobs.inQueue, 0, 'the forgotten job is not taken off the counts a second time');
 });
