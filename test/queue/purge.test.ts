@@ -13,14 +13,15 @@ import { TestWorker } from '../helpers/worker.js';
 
 const N = 10 * PURGE_SLICE_JOBS + 17;
 
+/** Queues one job straight through the queue (no HTTP), as a /run would. */
+const submitOne = (a: TestAgent, ep: string, input: string, lowPriority = false) =>
+  a.agent.queue.submit({
+    endpointId: ep, input, extra: null, webhook: null, executionTimeoutMs: 600_000, ttlMs: 86_400_000, lowPriority, retentionMs: 600_000,
+  });
+
 async function backlog(a: TestAgent, ep: string, n: number, withLow = true): Promise<string[]> {
   const jobs = [];
-  for (let i = 0; i < n; i++) {
-    jobs.push(a.agent.queue.submit({
-      endpointId: ep, input: `{"i":${i}}`, extra: null, webhook: null, executionTimeoutMs: 600_000,
-      ttlMs: 86_400_000, lowPriority: withLow && i % 5 === 0, retentionMs: 600_000,
-    }));
-  }
+  for (let i = 0; i < n; i++) jobs.push(submitOne(a, ep, `{"i":${i}}`, withLow && i % 5 === 0));
   return (await Promise.all(jobs)).map((j) => j.id);
 }
 
@@ -139,9 +140,7 @@ t.test('a purge whose commit fails loses nothing: the rest goes back on the queu
     BEGIN SELECT RAISE(ABORT, 'simulated write failure'); END`);
   const purge = a.agent.queue.purge(ep).then(() => 'resolved', (err: Error) => err.message);
   await new Promise((resolve) => setImmediate(resolve)); // slice 1 committed, slice 2 queued
-  const late = (await a.agent.queue.submit({
-    endpointId: ep, input: '{"late":true}', extra: null, webhook: null, executionTimeoutMs: 600_000, ttlMs: 86_400_000, lowPriority: false, retentionMs: 600_000,
-  })).id; // committed with slice 2, queued behind nothing
+  const late = (await submitOne(a, ep, '{"late":true}')).id; // committed with slice 2, queued behind nothing
   t.match(await purge, /simulated write failure/, 'the purge fails with the commit');
   a.agent.db.exec('DROP TRIGGER purge_fails');
 
@@ -169,9 +168,7 @@ t.test('an expiry sweep whose commit fails because of another write starts over 
   clock.advance(600_001);
   // The insert queued before the sweep's delete fails, and the whole group commit with it.
   a.agent.db.exec(`CREATE TEMP TRIGGER insert_fails BEFORE INSERT ON jobs BEGIN SELECT RAISE(ABORT, 'simulated write failure'); END`);
-  const submit = a.agent.queue.submit({
-    endpointId: ep, input: '{}', extra: null, webhook: null, executionTimeoutMs: 600_000, ttlMs: 86_400_000, lowPriority: false, retentionMs: 600_000,
-  }).then(() => 'resolved', (err: Error) => err.message);
+  const submit = submitOne(a, ep, '{}').then(() => 'resolved', (err: Error) => err.message);
   a.agent.queue.expire();
   t.match(await submit, /simulated write failure/);
   await new Promise((resolve) => setImmediate(resolve));
@@ -189,9 +186,7 @@ t.test('a job whose insert fails while a purge holds it leaves the queue counts 
   a.agent.db.exec(`CREATE TEMP TRIGGER insert_fails BEFORE INSERT ON jobs BEGIN SELECT RAISE(ABORT, 'simulated write failure'); END`);
   // Same turn: the job is queued behind the backlog, the purge takes it for its second slice,
   // and the first slice's commit, which carries the job's insert, fails.
-  const submit = a.agent.queue.submit({
-    endpointId: ep, input: '{}', extra: null, webhook: null, executionTimeoutMs: 600_000, ttlMs: 86_400_000, lowPriority: false, retentionMs: 600_000,
-  }).then(() => 'resolved', (err: Error) => err.message);
+  const submit = submitOne(a, ep, '{}').then(() => 'resolved', (err: Error) => err.message);
   const purge = a.agent.queue.purge(ep).then(() => 'resolved', (err: Error) => err.message);
   t.match(await submit, /simulated write failure/, 'the submit fails');
   t.match(await purge, /simulated write failure/, 'and the purge with it');
