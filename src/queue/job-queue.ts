@@ -783,6 +783,12 @@ export class JobQueue {
       for (const [endpointId, m] of this.#counts) for (const [st, d] of m) this.#repo.addCount(endpointId, st, d.jobs, d.retries);
       this.#counts.clear();
     });
+    // A failed commit must not stop all later counts. Its finishes were rolled back, so their
+    // counts go too (when another write threw first, this one never ran and they are still here).
+    this.#batch.committed().catch(() => {
+      this.#countsQueued = false;
+      this.#counts.clear();
+    });
   }
 
   /**

@@ -193,3 +193,20 @@ t.test('a job whose insert fails while a purge holds it leaves the queue counts 
   a.agent.db.exec('DROP TRIGGER insert_fails');
   t.equal(a.agent.queue.health(ep).jobs.inQueue, 0, 'the forgotten job is not taken off the counts a second time');
 });
+
+t.test('finished-job counts go on being written after a commit that failed because of another write', async (t) => {
+  const a = await startAgent(t, { sqliteSynchronous: 'normal' });
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  const [first, second] = await backlog(a, ep, 2, false);
+  const cancelled = () => a.agent.db.prepare("SELECT jobs FROM job_counts WHERE endpoint_id = ? AND status = 'CANCELLED'").pluck().get(ep) ?? 0;
+  a.agent.db.exec(`CREATE TEMP TRIGGER insert_fails BEFORE INSERT ON jobs BEGIN SELECT RAISE(ABORT, 'simulated write failure'); END`);
+  // Same turn: an insert that fails, then a cancel whose count write comes after it in the commit.
+  const submit = submitOne(a, ep, '{}').then(() => 'resolved', (err: Error) => err.message);
+  const cancel = a.agent.queue.cancel(ep, first as string).then(() => 'resolved', (err: Error) => err.message);
+  t.match(await submit, /simulated write failure/);
+  t.match(await cancel, /simulated write failure/);
+  a.agent.db.exec('DROP TRIGGER insert_fails');
+  t.equal(cancelled(), 0, 'the failed commit wrote no count');
+  await a.agent.queue.cancel(ep, second as string);
+  t.equal(cancelled(), 1, 'the next cancel is counted');
+});
