@@ -382,8 +382,7 @@ export class JobQueue {
   /** Drops a job whose insert did not commit: off its queue or worker, out of the map. */
   #forget(job: Job): void {
     if (job.status === 'IN_QUEUE') {
-      // A purge holding it has taken it off the queue's counts already.
-      if (!this.#purging.delete(job)) this.#queue(job.endpointId).left(job);
+      this.#leave(job);
     } else if (job.status === 'IN_PROGRESS') {
       const worker = this.#release(job);
       if (worker) this.#requestStop(worker, job.id);
@@ -393,6 +392,14 @@ export class JobQueue {
     const waiters = job.waiters;
     job.waiters = NO_WAITERS;
     for (const w of waiters) w();
+  }
+
+  /**
+   * A queued job ends outside the queue's own take (cancel, a failed insert): it leaves its
+   * queue's counts, unless a purge holding it took it off them already (the purge skips it now).
+   */
+  #leave(job: Job): void {
+    if (!this.#purging.delete(job)) this.#queue(job.endpointId).left(job);
   }
 
   #enqueue(q: EndpointQueue, job: Job, front: boolean): void {
@@ -943,8 +950,7 @@ export class JobQueue {
       return snap;
     }
     if (job.status === 'IN_QUEUE') {
-      // Off its queue already when a purge holds it (the purge skips it now).
-      if (!this.#purging.delete(job)) this.#queue(endpointId).left(job);
+      this.#leave(job);
       await this.#finishCommitted(job, 'CANCELLED', null, null);
     } else if (job.status === 'IN_PROGRESS') {
       const worker = job.workerId ? this.workers.get(endpointId, job.workerId) : undefined;
@@ -1014,8 +1020,11 @@ export class JobQueue {
     q.queued = 0;
     q.lowQueued = 0;
     q.queuedRetries = 0;
-    // Nothing to end (or a purge under way holds it all): still answer after what is pending.
-    if (taken.length === 0) await this.#batch.committed();
+    if (taken.length === 0) {
+      // Nothing to end (or a purge under way holds it all): still answer after what is pending.
+      await this.#batch.committed();
+      return 0;
+    }
     let removed = 0;
     let i = 0;
     this.#floorHeld++;
