@@ -139,6 +139,9 @@ function sendWhole(res: HttpResponse, state: { aborted: boolean; done: boolean }
   });
 }
 
+/** uWS ListenOptions.LIBUS_LISTEN_EXCLUSIVE_PORT: no SO_REUSEPORT on the listening socket. */
+const LISTEN_EXCLUSIVE_PORT = 1;
+
 export function createHttpServer(options: HttpServerOptions): HttpServer {
   const app = uws.App();
   let listenSocket: us_listen_socket | null = null;
@@ -407,7 +410,10 @@ export function createHttpServer(options: HttpServerOptions): HttpServer {
   return {
     listen: () =>
       new Promise((resolve, reject) => {
-        app.listen(options.host, options.port, (token) => {
+        // uWS sets SO_REUSEPORT by default: a second flashd on the same port would start and the
+        // kernel would split connections between the two. LIBUS_LISTEN_EXCLUSIVE_PORT (1) makes
+        // the second one fail. The (host, port, options, cb) form is in the binary, not the typings.
+        (app as unknown as { listen(host: string, port: number, options: number, cb: (token: us_listen_socket | false) => void): void }).listen(options.host, options.port, LISTEN_EXCLUSIVE_PORT, (token) => {
           if (!token) {
             reject(new Error(`cannot listen on ${options.host}:${options.port} (address in use or not permitted)`));
             return;

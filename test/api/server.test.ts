@@ -1,5 +1,6 @@
 import t from 'tap';
-import { request } from 'node:http';
+import { createServer, request } from 'node:http';
+import type { AddressInfo } from 'node:net';
 import { statSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { assertProblem, startAgent, ADMIN_KEY, queueBody } from '../helpers/agent.js';
@@ -102,4 +103,18 @@ t.test('a restart keeps everything', async (t) => {
   t.same({ ...got.json, requestUrls: undefined }, { ...created.json, requestUrls: undefined });
   t.equal(b.agent.db.pragma('journal_mode', { simple: true }), 'wal');
   t.equal(b.agent.db.pragma('synchronous', { simple: true }), 2, 'synchronous=FULL by default');
+});
+
+t.test('a second flashd on a port already in use fails to start instead of sharing it', async (t) => {
+  // A fixed port: uWS sets SO_REUSEPORT only when the port is not 0.
+  const port = await new Promise<number>((resolve) => {
+    const s = createServer().listen(0, '127.0.0.1', () => {
+      const p = (s.address() as AddressInfo).port;
+      s.close(() => resolve(p));
+    });
+  });
+  const a = await startAgent(t, { port });
+  await t.rejects(startAgent(t, { port }), /cannot listen on 127\.0\.0\.1:\d+ \(address in use/);
+  // The first one still answers every request (with SO_REUSEPORT the kernel would split them).
+  for (let i = 0; i < 8; i++) t.equal((await a.req('GET', '/v2/serverless')).status, 200);
 });
