@@ -292,8 +292,8 @@ export class JobQueue {
       lowPriority: row.lowPriority, executionTimeoutMs: row.executionTimeoutMs, ttlMs: row.ttlMs, retentionMs: row.retentionMs,
       attempt: row.attempt, claimSaved: row.attempt, writeSeq: 0, retries: row.retries, workerId: row.workerId,
       resultBy: row.status === 'COMPLETED' || row.status === 'FAILED' ? row.workerId : null, output: row.output, error: row.error, progress: null,
-      chunks: NO_CHUNKS, createdAt: row.createdAt, startedAt: row.startedAt, completedAt: row.completedAt, expiresAt: row.expiresAt,
-      ttlDeadline: mono + Math.max(0, row.ttlMs - (now - row.createdAt)), leaseDeadline: 0, execDeadline: 0, waiters: NO_WAITERS,
+      chunks: NO_CHUNKS, createdAt: row.createdAt, queuedAt: row.queuedAt, startedAt: row.startedAt, completedAt: row.completedAt, expiresAt: row.expiresAt,
+      ttlDeadline: mono + Math.max(0, row.ttlMs - (now - row.queuedAt)), leaseDeadline: 0, execDeadline: 0, waiters: NO_WAITERS,
     };
   }
 
@@ -309,7 +309,7 @@ export class JobQueue {
     const job: Job = {
       rowid: 0, inserted: false, id: newJobId(), endpointId: input.endpointId, status: 'IN_QUEUE', input: input.input, extra: input.extra, webhook: input.webhook,
       lowPriority: input.lowPriority, executionTimeoutMs: input.executionTimeoutMs, ttlMs: input.ttlMs, retentionMs: input.retentionMs,
-      attempt: 0, claimSaved: 0, writeSeq: 0, retries: 0, workerId: null, resultBy: null, output: null, error: null, progress: null, chunks: NO_CHUNKS, createdAt: now, startedAt: null,
+      attempt: 0, claimSaved: 0, writeSeq: 0, retries: 0, workerId: null, resultBy: null, output: null, error: null, progress: null, chunks: NO_CHUNKS, createdAt: now, queuedAt: now, startedAt: null,
       completedAt: null, expiresAt: null, ttlDeadline: this.#clock.monotonic() + input.ttlMs, leaseDeadline: 0, execDeadline: 0, waiters: NO_WAITERS,
     };
     this.#jobs.set(job.id, job);
@@ -835,8 +835,8 @@ export class JobQueue {
     job.workerId = null;
     job.startedAt = null;
     job.progress = null;
-    const { id, retries, attempt } = job;
-    job.writeSeq = this.#batch.write(() => this.#repo.requeue(id, retries, attempt));
+    const { id, retries, attempt, queuedAt } = job;
+    job.writeSeq = this.#batch.write(() => this.#repo.requeue(id, retries, attempt, queuedAt));
     this.#log.info('job requeued', { jobId: id, endpointId: job.endpointId, attempt, reason });
     this.#enqueue(q, job, true);
   }
@@ -984,12 +984,16 @@ export class JobQueue {
     job.completedAt = null;
     job.expiresAt = null;
     job.retries++;
+    // A new run: attempts (maxAttempts), TTL and delayTime start again, and they are written
+    // down, so a restart neither times it out against the first submit nor skips its claim.
     job.attempt = 0;
+    job.claimSaved = 0;
+    job.queuedAt = this.#clock.now();
     (job as { ttlDeadline: number }).ttlDeadline = this.#clock.monotonic() + job.ttlMs;
-    const { retries } = job;
+    const { retries, queuedAt } = job;
     const retried = job;
     job.writeSeq = this.#batch.write(() => {
-      this.#repo.requeue(jobId, retries, 0);
+      this.#repo.requeue(jobId, retries, 0, queuedAt);
       if (retried.rowid < this.#floor) this.#lowerFloor(retried.rowid);
     });
     // Queued behind newer jobs with its old rowid: out of the deque's rowid order.
@@ -1082,7 +1086,7 @@ export class JobQueue {
     for (const d of [q.retry, q.normal]) {
       for (const job of d) {
         if (job.status === 'IN_QUEUE') {
-          oldest = Math.max(oldest, now - job.createdAt);
+          oldest = Math.max(oldest, now - job.queuedAt);
           break;
         }
       }

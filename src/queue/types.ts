@@ -49,6 +49,8 @@ export interface Job {
   /** Chunks posted since the last /stream poll. */
   chunks: StreamChunk[];
   createdAt: number;
+  /** When the current run was queued (wall clock): `createdAt`, or the last /retry. TTL and delayTime count from it. */
+  queuedAt: number;
   startedAt: number | null;
   completedAt: number | null;
   expiresAt: number | null;

@@ -13,13 +13,17 @@ export interface JobSnapshot {
   progress: string | null;
   retries: number;
   createdAt: number;
+  queuedAt: number;
   startedAt: number | null;
   completedAt: number | null;
 }
 
-/** `{id, status, delayTime, executionTime, workerId?, output?|error?, retries?}` as in RunPod's /status. */
+/**
+ * `{id, status, delayTime, executionTime, workerId?, output?|error?, retries?}` as in RunPod's
+ * /status. delayTime counts from when the current run was queued (a /retry starts a new one).
+ */
 export function statusBody(j: JobSnapshot, now: number): string {
-  const delay = Math.max(0, (j.startedAt ?? (j.status === 'IN_QUEUE' ? now : j.completedAt ?? now)) - j.createdAt);
+  const delay = Math.max(0, (j.startedAt ?? (j.status === 'IN_QUEUE' ? now : j.completedAt ?? now)) - j.queuedAt);
   const exec = j.startedAt === null ? 0 : Math.max(0, (j.completedAt ?? now) - j.startedAt);
   let s = `{"id":${JSON.stringify(j.id)},"status":"${j.status}","delayTime":${delay},"executionTime":${exec}`;
   if (j.workerId !== null) s += `,"workerId":${JSON.stringify(j.workerId)}`;

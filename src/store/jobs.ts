@@ -24,6 +24,8 @@ export interface JobRow {
   output: string | null;
   error: string | null;
   createdAt: number;
+  /** When the current run was queued: `createdAt`, or the time of the last /retry. */
+  queuedAt: number;
   startedAt: number | null;
   completedAt: number | null;
   expiresAt: number | null;
@@ -38,7 +40,7 @@ const FLOOR_KEY = 'jobs.recovery_floor';
 interface Raw {
   rowid: number; id: string; endpoint_id: string; status: JobStatus; input: string; extra: string | null; webhook: string | null;
   low_priority: number; execution_timeout_ms: number; ttl_ms: number; retention_ms: number; attempt: number; retries: number;
-  worker_id: string | null; output: string | null; error: string | null; created_at: number; started_at: number | null;
+  worker_id: string | null; output: string | null; error: string | null; created_at: number; queued_at: number | null; started_at: number | null;
   completed_at: number | null; expires_at: number | null;
 }
 
@@ -46,7 +48,7 @@ const map = (r: Raw): JobRow => ({
   rowid: r.rowid, id: r.id, endpointId: r.endpoint_id, status: r.status, input: r.input, extra: r.extra, webhook: r.webhook,
   lowPriority: r.low_priority === 1, executionTimeoutMs: r.execution_timeout_ms, ttlMs: r.ttl_ms, retentionMs: r.retention_ms,
   attempt: r.attempt, retries: r.retries, workerId: r.worker_id, output: r.output, error: r.error, createdAt: r.created_at,
-  startedAt: r.started_at, completedAt: r.completed_at, expiresAt: r.expires_at,
+  queuedAt: r.queued_at ?? r.created_at, startedAt: r.started_at, completedAt: r.completed_at, expiresAt: r.expires_at,
 });
 
 /**
@@ -86,7 +88,7 @@ export class JobsRepo {
     this.#finish = db.prepare(`UPDATE jobs SET status = ?, output = ?, error = ?, completed_at = ?, expires_at = ?, worker_id = ?,
       attempt = ?, started_at = ? WHERE id = ? AND status IN ('IN_QUEUE', 'IN_PROGRESS')`);
     this.#requeue = db.prepare(`UPDATE jobs SET status = 'IN_QUEUE', worker_id = NULL, output = NULL, error = NULL, started_at = NULL,
-      completed_at = NULL, expires_at = NULL, retries = ?, attempt = ? WHERE id = ?`);
+      completed_at = NULL, expires_at = NULL, retries = ?, attempt = ?, queued_at = ? WHERE id = ?`);
     this.#lease = db.prepare('UPDATE jobs SET attempt = ? WHERE id = ?');
     this.#setExpiry = db.prepare('UPDATE jobs SET expires_at = ? WHERE id = ?');
     this.#get = db.prepare('SELECT rowid, * FROM jobs WHERE id = ?');
@@ -94,7 +96,7 @@ export class JobsRepo {
     // order from the recovery floor (no index of active jobs: the range scan finds them), as
     // arrays (a restart with a long backlog makes one object per row, not two).
     this.#active = db.prepare(`SELECT rowid, id, endpoint_id, status, extra, webhook, low_priority, execution_timeout_ms, ttl_ms,
-      retention_ms, attempt, retries, worker_id, created_at, started_at FROM jobs
+      retention_ms, attempt, retries, worker_id, created_at, started_at, coalesce(queued_at, created_at) FROM jobs
       WHERE rowid >= ? AND status IN ('IN_QUEUE', 'IN_PROGRESS')`).raw();
     // Its own statements rather than IdentityRepo's get/putSetting: a write there moves the
     // identity generation and so empties the key cache, and the floor moves every second.
@@ -102,7 +104,7 @@ export class JobsRepo {
     this.#setFloor = db.prepare('INSERT OR REPLACE INTO settings (key, value) VALUES (?, ?)');
     this.#input = db.prepare('SELECT input FROM jobs WHERE id = ?').pluck();
     this.#getLight = db.prepare(`SELECT rowid, id, endpoint_id, status, NULL AS input, extra, webhook, low_priority, execution_timeout_ms, ttl_ms,
-      retention_ms, attempt, retries, worker_id, output, error, created_at, started_at, completed_at, expires_at FROM jobs WHERE id = ?`);
+      retention_ms, attempt, retries, worker_id, output, error, created_at, queued_at, started_at, completed_at, expires_at FROM jobs WHERE id = ?`);
     // At most `limit` rows a statement: results that expire together (a burst, a purge) are
     // deleted over several commits instead of one that holds the event loop.
     this.#expire = db.prepare(`DELETE FROM jobs WHERE rowid IN (SELECT rowid FROM jobs WHERE expires_at IS NOT NULL AND expires_at <= ? LIMIT ?)
@@ -136,8 +138,8 @@ export class JobsRepo {
   }
 
   /** Back to the queue (lease lost, reclaimed, or a manual retry): same id and input. */
-  requeue(id: string, retries: number, attempt: number): void {
-    this.#requeue.run(retries, attempt, id);
+  requeue(id: string, retries: number, attempt: number, queuedAt: number): void {
+    this.#requeue.run(retries, attempt, queuedAt, id);
   }
 
   /** Records a new attempt number for a job that keeps running (restart reclaim). */
@@ -173,7 +175,7 @@ export class JobsRepo {
         rowid: r[0] as number, id: r[1] as string, endpointId: r[2] as string, status: r[3] as JobStatus, input: null, extra: r[4] as string | null,
         webhook: r[5] as string | null, lowPriority: r[6] === 1, executionTimeoutMs: r[7] as number, ttlMs: r[8] as number,
         retentionMs: r[9] as number, attempt: r[10] as number, retries: r[11] as number, workerId: r[12] as string | null,
-        output: null, error: null, createdAt: r[13] as number, startedAt: r[14] as number | null, completedAt: null, expiresAt: null,
+        output: null, error: null, createdAt: r[13] as number, queuedAt: r[15] as number, startedAt: r[14] as number | null, completedAt: null, expiresAt: null,
       };
       (row.status === 'IN_PROGRESS' ? running : queued).push(row);
     }

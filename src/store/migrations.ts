@@ -180,4 +180,9 @@ export const MIGRATIONS: readonly string[] = [
     (SELECT coalesce(max(rowid), 0) + 1 FROM jobs)) AS TEXT));
   DROP INDEX jobs_active;
   `,
+  // 5: when a job's current run was queued, if not at its creation: a /retry queues it again
+  // with a fresh TTL, and a restart must not time it out against the first submit.
+  `
+  ALTER TABLE jobs ADD COLUMN queued_at INTEGER;
+  `,
 ];

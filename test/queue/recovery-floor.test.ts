@@ -171,3 +171,42 @@ for (const seedStart of [7, 11, 23]) t.test(`random operations keep every active
   t.equal((await b.req('GET', `/v2/${ep}/health`)).json.jobs.inQueue + (await b.req('GET', `/v2/${ep}/health`)).json.jobs.inProgress, active.length,
     'and the queue holds exactly those');
 });
+
+t.test('a retried job keeps its new run across a restart: its claim is written and its TTL counts from the retry', async (t) => {
+  const { a, dir, clock } = await setup(t);
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  const w = await TestWorker.create(a, ep);
+  const id = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { r: 1 }, policy: { ttl: 10_000 } } })).json.id as string;
+  await w.take();
+  t.equal((await w.done(id, { error: 'boom' })).status, 200);
+  clock.advance(11_000); // past the first run's TTL
+  t.equal((await a.req('POST', `/v2/${ep}/retry/${id}`)).json.status, 'IN_QUEUE');
+  clock.advance(400);
+  t.equal((await a.req('GET', `/v2/${ep}/status/${id}`)).json.delayTime, 400, 'delayTime counts from the retry');
+  t.same(await w.take(), { id, input: { r: 1 } });
+  clock.advance(200); // past the claim-save delay
+  a.agent.queue.reap();
+  await a.agent.close(); // a clean stop writes every claim
+
+  const b = await startAgent(t, { takeHoldMs: 200, leaseMs: 3000 }, { clock, dir });
+  const w2 = w.rebase(a.url, b.url);
+  const s = (await b.req('GET', `/v2/${ep}/status/${id}`)).json;
+  t.equal(s.status, 'IN_PROGRESS', 'the retried run is still with its worker after the restart');
+  t.equal(s.workerId, w.workerId);
+  t.equal(await w2.take(), null, 'nobody else gets it');
+  t.equal((await w2.done(id, { output: 'second run' })).status, 200, "its worker's result is accepted");
+  t.equal((await b.req('GET', `/v2/${ep}/status/${id}`)).json.status, 'COMPLETED');
+
+  // A retried job still queued at a restart gets the TTL of its new run, not of its first submit.
+  const id2 = (await b.req('POST', `/v2/${ep}/run`, { body: { input: { r: 2 }, policy: { ttl: 10_000 } } })).json.id as string;
+  await w2.take();
+  t.equal((await w2.done(id2, { error: 'boom' })).status, 200);
+  clock.advance(11_000);
+  t.equal((await b.req('POST', `/v2/${ep}/retry/${id2}`)).json.status, 'IN_QUEUE');
+  await b.agent.close();
+  const c = await startAgent(t, { takeHoldMs: 200, leaseMs: 3000 }, { clock, dir });
+  const w3 = w.rebase(a.url, c.url);
+  c.agent.queue.reap();
+  t.equal((await c.req('GET', `/v2/${ep}/status/${id2}`)).json.status, 'IN_QUEUE', 'not timed out by the restart');
+  t.same(await w3.take(), { id: id2, input: { r: 2 } }, 'and a worker gets it');
+});
