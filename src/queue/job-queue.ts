@@ -611,11 +611,16 @@ export class JobQueue {
     }
     // Too large for one chunk: split strings into pieces, anything else as pieces of its JSON text.
     const text = typeof body.output === 'string' ? body.output : output;
-    const step = Math.max(1, Math.floor(limit / 8));
-    for (let i = 0; i < text.length; i += step) {
-      const piece: StreamChunk = { output: JSON.stringify(text.slice(i, i + step)) };
+    const step = Math.max(2, Math.floor(limit / 8));
+    for (let i = 0; i < text.length; ) {
+      let end = Math.min(i + step, text.length);
+      // Never between the two halves of a surrogate pair (an emoji): each half alone is not text.
+      const last = text.charCodeAt(end - 1);
+      if (end < text.length && last >= 0xd800 && last <= 0xdbff) end--;
+      const piece: StreamChunk = { output: JSON.stringify(text.slice(i, end)) };
       if (i === 0 && metrics !== undefined) piece.metrics = metrics;
       chunksOf(job).push(piece);
+      i = end;
     }
     return 'accepted';
   }

@@ -231,6 +231,13 @@ t.test('stream returns the chunks since the last poll; large chunks are split', 
   t.ok(chunks.length >= 2, 'split across chunks');
   t.ok(chunks.every((c) => JSON.stringify(c).length <= 1024 * 1024), 'each at most 1 MB');
   t.equal(chunks.map((c) => c.output).join(''), big, 'joined back they are the output');
+  // A split never falls between the two halves of a surrogate pair: each piece is text on its own.
+  const emoji = 'a'.repeat(128 * 1024 - 1) + '\u{1F600}'.repeat(300_000);
+  await w.stream(id, emoji);
+  const pieces = (await a.req('GET', `/v2/${ep}/stream/${id}`)).json.stream as { output: string }[];
+  t.ok(pieces.length >= 2, 'split');
+  t.ok(pieces.every((c) => (c.output as unknown as { isWellFormed(): boolean }).isWellFormed()), 'no piece starts or ends with half an emoji');
+  t.equal(pieces.map((c) => c.output).join(''), emoji, 'joined back they are the output');
   await w.done(id, { output: [] }, true);
   t.equal((await a.req('GET', `/v2/${ep}/stream/${id}`)).json.status, 'COMPLETED');
 });
