@@ -23,6 +23,19 @@ export class Deque<T> {
     return item;
   }
 
+  /** Removes and returns the first item `pick` accepts, front to back (for short deques). */
+  take(pick: (item: T) => boolean): T | undefined {
+    const items = this.#items;
+    for (let i = this.#head; i < items.length; i++) {
+      const item = items[i] as T;
+      if (!pick(item)) continue;
+      if (i === this.#head) return this.shift();
+      items.splice(i, 1);
+      return item;
+    }
+    return undefined;
+  }
+
   peek(): T | undefined {
     return this.#head < this.#items.length ? this.#items[this.#head] : undefined;
   }

@@ -293,7 +293,7 @@ export class JobQueue {
       attempt: row.attempt, claimSaved: row.attempt, writeSeq: 0, retries: row.retries, workerId: row.workerId,
       resultBy: row.status === 'COMPLETED' || row.status === 'FAILED' ? row.workerId : null, output: row.output, error: row.error, progress: null,
       chunks: NO_CHUNKS, createdAt: row.createdAt, queuedAt: row.queuedAt, startedAt: row.startedAt, completedAt: row.completedAt, expiresAt: row.expiresAt,
-      ttlDeadline: mono + Math.max(0, row.ttlMs - (now - row.queuedAt)), leaseDeadline: 0, execDeadline: 0, waiters: NO_WAITERS,
+      ttlDeadline: mono + Math.max(0, row.ttlMs - (now - row.queuedAt)), fencedFrom: null, fencedUntil: 0, leaseDeadline: 0, execDeadline: 0, waiters: NO_WAITERS,
     };
   }
 
@@ -310,7 +310,7 @@ export class JobQueue {
       rowid: 0, inserted: false, id: newJobId(), endpointId: input.endpointId, status: 'IN_QUEUE', input: input.input, extra: input.extra, webhook: input.webhook,
       lowPriority: input.lowPriority, executionTimeoutMs: input.executionTimeoutMs, ttlMs: input.ttlMs, retentionMs: input.retentionMs,
       attempt: 0, claimSaved: 0, writeSeq: 0, retries: 0, workerId: null, resultBy: null, output: null, error: null, progress: null, chunks: NO_CHUNKS, createdAt: now, queuedAt: now, startedAt: null,
-      completedAt: null, expiresAt: null, ttlDeadline: this.#clock.monotonic() + input.ttlMs, leaseDeadline: 0, execDeadline: 0, waiters: NO_WAITERS,
+      completedAt: null, expiresAt: null, ttlDeadline: this.#clock.monotonic() + input.ttlMs, fencedFrom: null, fencedUntil: 0, leaseDeadline: 0, execDeadline: 0, waiters: NO_WAITERS,
     };
     this.#jobs.set(job.id, job);
     const q = this.#queue(job.endpointId);
@@ -414,11 +414,16 @@ export class JobQueue {
     for (const l of this.#listeners) l.jobQueued?.(job.endpointId);
   }
 
-  /** The next live queued job: requeued first, then normal, then low priority. */
-  #next(q: EndpointQueue): Job | undefined {
+  /**
+   * The next live queued job for `worker`: requeued first, then normal, then low priority. A
+   * requeued job is not handed back to a worker it was fenced from (see Job.fencedFrom); the
+   * retry deque is short, so it is searched, not just shifted.
+   */
+  #next(q: EndpointQueue, worker: WorkerInfo): Job | undefined {
     const mono = this.#clock.monotonic();
+    const pick = (job: Job) => job.fencedFrom !== worker.id || mono >= job.fencedUntil || job.status !== 'IN_QUEUE';
     for (const d of [q.retry, q.normal, q.low]) {
-      for (let job = d.shift(); job; job = d.shift()) {
+      for (let job = d === q.retry ? d.take(pick) : d.shift(); job; job = d === q.retry ? d.take(pick) : d.shift()) {
         if (job.status !== 'IN_QUEUE') continue; // cancelled or purged while queued
         q.left(job);
         if (mono >= job.ttlDeadline) {
@@ -453,7 +458,9 @@ export class JobQueue {
     job.leaseDeadline = mono + this.settings.leaseMs;
     job.execDeadline = mono + job.executionTimeoutMs;
     job.progress = null;
+    job.fencedFrom = null;
     worker.stops.delete(job.id);
+    worker.fenced.delete(job.id);
     worker.jobs.add(job.id);
     this.#running.add(job);
     this.#queue(job.endpointId).inProgress++;
@@ -483,7 +490,7 @@ export class JobQueue {
   #claimUpTo(q: EndpointQueue, worker: WorkerInfo, max: number): ClaimedJob[] {
     const jobs: ClaimedJob[] = [];
     while (jobs.length < max) {
-      const job = this.#next(q);
+      const job = this.#next(q, worker);
       if (!job) break;
       if (this.#loadInput(job)) jobs.push(this.#claim(job, worker));
     }
@@ -492,13 +499,15 @@ export class JobQueue {
 
   /** Hands queued jobs to parked takers, longest-waiting first. */
   #dispatch(q: EndpointQueue): void {
-    while (q.takers.length > 0 && q.queued + q.lowQueued > 0) {
-      const taker = q.takers.shift() as Taker;
+    // A taker that gets nothing stays parked: what is left may be fenced from its worker only.
+    for (let i = 0; i < q.takers.length && q.queued + q.lowQueued > 0; ) {
+      const taker = q.takers[i] as Taker;
       const jobs = this.#claimUpTo(q, taker.worker, taker.max);
       if (jobs.length === 0) {
-        q.takers.unshift(taker);
-        return;
+        i++;
+        continue;
       }
+      q.takers.splice(i, 1);
       taker.resolve(jobs);
     }
   }
@@ -635,6 +644,15 @@ export class JobQueue {
     const listed = new Set(jobIds);
     const now = this.#clock.monotonic();
     const lease = now + this.settings.leaseMs;
+    // A job taken away from this worker that it no longer lists may go back to it.
+    for (const id of worker.fenced) {
+      if (listed.has(id)) continue;
+      worker.fenced.delete(id);
+      const job = this.#jobs.get(id);
+      if (job?.fencedFrom !== workerId) continue;
+      job.fencedFrom = null;
+      if (job.status === 'IN_QUEUE') this.#dispatch(this.#queue(job.endpointId));
+    }
     for (const id of listed) {
       const job = this.#jobs.get(id);
       if (job && job.status === 'IN_PROGRESS' && job.workerId === workerId) {
@@ -826,14 +844,22 @@ export class JobQueue {
   }
 
   /** Back to the queue after a lost lease or a dead worker, or FAILED past maxAttempts. */
-  #requeueOrFail(job: Job, reason: string): void {
+  #requeueOrFail(job: Job, reason: string, mayStillRun = false): void {
     if (job.attempt >= this.settings.maxAttempts) {
+      const holder = job.workerId ? this.workers.get(job.endpointId, job.workerId) : undefined;
       this.#finish(job, 'FAILED', null, `${reason}; gave up after ${job.attempt} attempts`);
+      if (holder) this.#requestStop(holder, job.id);
       return;
     }
     const q = this.#queue(job.endpointId);
     const worker = this.#release(job);
     if (worker) this.#requestStop(worker, job.id);
+    if (worker && mayStillRun) {
+      // A lapsed lease: it may still be running the job, so not back to it until it lets go.
+      job.fencedFrom = worker.id;
+      job.fencedUntil = this.#clock.monotonic() + this.settings.leaseMs;
+      worker.fenced.add(job.id);
+    }
     this.#insertDeferred(job);
     job.status = 'IN_QUEUE';
     job.retries++;
@@ -1222,10 +1248,12 @@ export class JobQueue {
         this.#finish(job, 'TIMED_OUT', null, 'Job exceeded its time to live (policy.ttl).');
         if (worker) this.#requestStop(worker, job.id);
       } else if (mono >= job.leaseDeadline) {
-        this.#requeueOrFail(job, `worker ${job.workerId ?? '?'} lost its lease (no heartbeat for ${this.settings.leaseMs} ms)`);
+        this.#requeueOrFail(job, `worker ${job.workerId ?? '?'} lost its lease (no heartbeat for ${this.settings.leaseMs} ms)`, true);
       }
     }
     for (const q of this.#queues.values()) {
+      // A fence that ran out lets a parked worker take the job it was fenced from.
+      if (q.retry.size > 0 && q.takers.length > 0) this.#dispatch(q);
       if (mono < q.ttlFloor) continue;
       let floor = Infinity;
       const expire = (job: Job): void => {

@@ -54,6 +54,13 @@ export interface Job {
   startedAt: number | null;
   completedAt: number | null;
   expiresAt: number | null;
+  /**
+   * The worker this job was taken away from while it may still run it (a lapsed lease), and
+   * until when (monotonic) it is not handed back to that worker. RunPod's protocol carries no
+   * attempt number, so a result from that worker could not be told apart from a new attempt's.
+   */
+  fencedFrom: string | null;
+  fencedUntil: number;
   /** Monotonic deadlines. */
   readonly ttlDeadline: number;
   leaseDeadline: number;

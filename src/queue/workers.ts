@@ -27,6 +27,11 @@ export interface WorkerInfo {
    * is dropped.
    */
   readonly stops: Map<string, { readonly requested: number; offered: number }>;
+  /**
+   * Jobs taken away from this worker while it may still run them (a lapsed lease): it is not
+   * handed them again until a ping no longer lists them, or a lease period has passed.
+   */
+  readonly fenced: Set<string>;
   /** Parked job-stop requests, woken when a stop is added. */
   stopWaiters: (() => void)[];
   /** The worker asked to be recycled (stopPod / refresh_worker). */
@@ -61,7 +66,7 @@ export class WorkerRegistry {
     const now = this.#clock.monotonic();
     const w: WorkerInfo = {
       id: workerId, endpointId, managed: true, phase: 'initializing', jobs: new Set(), lastSeen: now, idleSince: now,
-      parked: 0, stops: new Map(), stopWaiters: [], recycle: false, draining: false,
+      parked: 0, stops: new Map(), fenced: new Set(), stopWaiters: [], recycle: false, draining: false,
     };
     this.#map(endpointId).set(workerId, w);
     return w;
@@ -75,7 +80,7 @@ export class WorkerRegistry {
     if (!w) {
       w = {
         id: workerId, endpointId, managed: false, phase: 'up', jobs: new Set(), lastSeen: now, idleSince: now,
-        parked: 0, stops: new Map(), stopWaiters: [], recycle: false, draining: false,
+        parked: 0, stops: new Map(), fenced: new Set(), stopWaiters: [], recycle: false, draining: false,
       };
       map.set(workerId, w);
     }

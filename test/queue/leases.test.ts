@@ -50,16 +50,53 @@ t.test('a lost lease puts the job back; the old worker is fenced off and told to
 
 t.test('a job whose workers keep losing it fails after maxAttempts', async (t) => {
   const { a, ep, step, worker } = await setup(t, { maxAttempts: 2 });
-  const w = await worker();
+  const w1 = await worker();
+  const w2 = await worker();
   const id = (await a.req('POST', `/v2/${ep}/run`, { body: { input: {} } })).json.id;
-  await w.take();
+  await w1.take();
   step(3001);
-  await w.take();
+  t.equal((await w2.take())?.id, id, 'the second attempt');
   step(3001);
   const s = await status(a, ep, id);
   t.equal(s.status, 'FAILED');
   t.match(s.error, /gave up after 2 attempts/);
-  t.equal(await w.take(), null, 'not queued again');
+  t.equal(await w1.take(), null, 'not queued again');
+  t.same(await w2.stops(), [id], 'the worker that held it last is told to stop it');
+});
+
+t.test('a job whose lease lapsed is not handed back to the same worker until it lets go of it', async (t) => {
+  // RunPod's protocol carries no attempt number: were the job given back to the worker that may
+  // still run it, that run's late result could not be told from the new attempt's.
+  const { a, ep, step, worker } = await setup(t);
+  const w = await worker();
+  const id = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { f: 1 } } })).json.id;
+  await w.take();
+  step(3001);
+  t.equal((await status(a, ep, id)).status, 'IN_QUEUE', 'requeued');
+  t.equal(await w.take(), null, 'not back to the worker that lost it');
+  t.equal(await w.ping([id]), 200);
+  t.same(await w.stops(), [id], 'which is told to stop it');
+  t.equal(await w.take(), null, 'still not, while its pings list the job');
+  const other = await worker();
+  t.same(await other.take(), { id, input: { f: 1 } }, 'another worker gets it at once');
+  t.equal((await w.done(id, { output: 'old run' })).status, 409, "the old run's result is refused");
+  t.equal((await other.done(id, { output: 'new run' })).status, 200);
+  t.equal((await status(a, ep, id)).output, 'new run');
+
+  const id2 = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { f: 2 } } })).json.id;
+  await w.take();
+  step(3001);
+  t.equal(await w.ping([]), 200, 'a ping that no longer lists the job: the worker let go');
+  t.same(await w.take(), { id: id2, input: { f: 2 } }, 'so it may take it again');
+  t.equal((await w.done(id2, { output: 2 })).status, 200);
+
+  const id3 = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { f: 3 } } })).json.id;
+  await w.take();
+  step(3001);
+  const parked = w.take();
+  await until('the take to park', async () => a.agent.queue.workers.get(ep, w.workerId)?.parked === 1);
+  step(3001); // a lease period later the fence runs out: the reaper hands it to the parked take
+  t.same(await parked, { id: id3, input: { f: 3 } }, 'or a lease period later, without a ping');
 });
 
 t.test('a job running past the endpoint timeout or policy.executionTimeout is TIMED_OUT', async (t) => {
