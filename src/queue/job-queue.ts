@@ -517,7 +517,7 @@ export class JobQueue {
    * by submit, never by a timer) and gives [] after `holdMs`.
    */
   take(endpointId: string, workerId: string, max: number, cancel: Cancellation, holdMs = this.settings.takeHoldMs): Promise<ClaimedJob[]> {
-    const worker = this.workers.seen(endpointId, workerId);
+    const worker = this.workers.seen(endpointId, workerId, true);
     // Being stopped: no job, and no hold, so its SDK sees the SIGTERM and exits now.
     if (worker.draining) return Promise.resolve([]);
     const q = this.#queue(endpointId);
@@ -600,7 +600,7 @@ export class JobQueue {
     // refresh_worker): once it holds nothing it leaves /health at once, not 60 s later.
     if (body.stopPod === true && !worker.managed && worker.jobs.size === 0 && this.workers.get(endpointId, workerId) === worker) {
       this.stopping(endpointId, workerId);
-      this.workers.remove(endpointId, workerId);
+      this.workers.retire(endpointId, workerId);
     }
     return 'accepted';
   }

@@ -45,6 +45,8 @@ export class WorkerRegistry {
   readonly #byEndpoint = new Map<string, Map<string, WorkerInfo>>();
   readonly #throttled = new Map<string, number>();
   readonly #forgetAfterMs: number;
+  /** Workers that asked to be recycled and left (`${endpointId} ${workerId}` → until when, monotonic). */
+  readonly #retired = new Map<string, number>();
 
   constructor(clock: Clock, forgetAfterMs: number) {
     this.#clock = clock;
@@ -72,11 +74,27 @@ export class WorkerRegistry {
     return w;
   }
 
-  /** Any contact from a worker: marks it up, creating the record for external workers. */
-  seen(endpointId: string, workerId: string): WorkerInfo {
+  /**
+   * Any contact from a worker: marks it up, creating the record for external workers. A worker
+   * that retired (stopPod) is not brought back by the last ping or job-stop poll of the process
+   * on its way out (runpod-python's heartbeat runs in its own process): those get a detached,
+   * draining record. Only a job-take (`wantsJobs`), a new incarnation asking for work, brings it back.
+   */
+  seen(endpointId: string, workerId: string, wantsJobs = false): WorkerInfo {
     const now = this.#clock.monotonic();
     const map = this.#map(endpointId);
     let w = map.get(workerId);
+    if (!w && this.#retired.size > 0) {
+      const key = `${endpointId} ${workerId}`;
+      const until = this.#retired.get(key);
+      if (until !== undefined && (wantsJobs || now >= until)) this.#retired.delete(key);
+      else if (until !== undefined) {
+        return {
+          id: workerId, endpointId, managed: false, phase: 'up', jobs: new Set(), lastSeen: now, idleSince: now,
+          parked: 0, stops: new Map(), fenced: new Set(), stopWaiters: [], recycle: true, draining: true,
+        };
+      }
+    }
     if (!w) {
       w = {
         id: workerId, endpointId, managed: false, phase: 'up', jobs: new Set(), lastSeen: now, idleSince: now,
@@ -87,6 +105,12 @@ export class WorkerRegistry {
     if (w.phase !== 'unhealthy') w.phase = 'up';
     w.lastSeen = now;
     return w;
+  }
+
+  /** Removes a worker that asked to be recycled and holds nothing (see `seen`). */
+  retire(endpointId: string, workerId: string): void {
+    this.remove(endpointId, workerId);
+    this.#retired.set(`${endpointId} ${workerId}`, this.#clock.monotonic() + this.#forgetAfterMs);
   }
 
   markUnhealthy(endpointId: string, workerId: string): void {
@@ -130,6 +154,7 @@ export class WorkerRegistry {
   /** Forgets external workers not heard from for a while (they hold no jobs by then). */
   sweep(): void {
     const now = this.#clock.monotonic();
+    for (const [key, until] of this.#retired) if (now >= until) this.#retired.delete(key);
     for (const map of this.#byEndpoint.values()) {
       for (const w of map.values()) {
         if (!w.managed && w.parked === 0 && w.jobs.size === 0 && now - w.lastSeen > this.#forgetAfterMs) map.delete(w.id);

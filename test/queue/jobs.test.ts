@@ -391,6 +391,16 @@ t.test('an external worker that posts stopPod leaves /health at once', async (t)
   t.same((await a.req('GET', `/v2/${ep}/health`)).json.workers, { idle: 0, initializing: 0, ready: 0, running: 0, throttled: 0, unhealthy: 0 },
     'gone from the counts');
   t.equal((await a.req('GET', `/v2/${ep}/status/${id}`)).json.status, 'COMPLETED');
+  // runpod-python's heartbeat process pings once more on the way out, and a job-stop poll may follow.
+  t.equal(await w.ping([]), 200);
+  t.same(await w.stops(), [], 'its last job-stop poll is answered at once');
+  t.same((await a.req('GET', `/v2/${ep}/health`)).json.workers, { idle: 0, initializing: 0, ready: 0, running: 0, throttled: 0, unhealthy: 0 },
+    'a last ping or poll does not bring it back as an idle worker');
+  // The same worker id asking for work again is a new incarnation (a supervisor restarted it).
+  const id2 = (await run(a, ep)).json.id;
+  t.equal((await w.take())?.id, id2, 'a job-take brings it back');
+  t.match((await a.req('GET', `/v2/${ep}/health`)).json.workers, { running: 1 });
+  t.equal((await w.done(id2, { output: 2 })).status, 200);
 });
 
 t.test('a ping made before the worker registered its job does not cancel a fresh stop', async (t) => {
