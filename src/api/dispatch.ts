@@ -111,7 +111,19 @@ export function createDispatcher(options: DispatcherOptions): (method: string, p
           headers['content-type'] ??= 'application/json';
           return { status: result.status, headers, body: typeof result.body === 'string' ? result.body : JSON.stringify(result.body) };
         } catch (err) {
-          return fail(err, req, rateHeaders);
+          const reply = fail(err, req, rateHeaders);
+          if (route.holdErrorsMs && !req.cancel.aborted) {
+            await new Promise<void>((resolve) => {
+              const timer = setTimeout(done, route.holdErrorsMs);
+              const unhook = req.cancel.onAbort(done);
+              function done() {
+                clearTimeout(timer);
+                unhook();
+                resolve();
+              }
+            });
+          }
+          return reply;
         }
       },
     };

@@ -50,5 +50,11 @@ export interface RouteDef {
   maxBodyBytes?: number;
   /** Requests that do not count against or report rate limits (worker protocol). */
   skipRateLimit?: boolean;
+  /**
+   * A long-poll a worker repeats at once on any error (runpod-python re-polls job-take at once
+   * on every status ≥ 400): its error replies wait this long, so a worker with a revoked key or
+   * a deleted endpoint polls about once per hold instead of in a tight loop.
+   */
+  holdErrorsMs?: number;
   handle(ctx: ApiContext): ApiResult | Promise<ApiResult>;
 }

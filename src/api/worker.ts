@@ -26,6 +26,8 @@ export interface WorkerRouteServices {
 
 const MB = 1024 * 1024;
 const W = '/v2/{endpointId}';
+/** How long a job-take's error reply waits (RouteDef.holdErrorsMs). */
+export const POLL_ERROR_HOLD_MS = 1000;
 
 /** A worker key may act only for its own endpoint; admins may act for endpoints they own. */
 function checkWorker(s: WorkerRouteServices, principal: Principal, endpointId: string): void {
@@ -88,7 +90,7 @@ export function workerRoutes(s: WorkerRouteServices): RouteDef[] {
   const take = (batch: boolean): RouteDef => ({
     method: 'GET', path: `${W}/${batch ? 'job-take-batch' : 'job-take'}/{workerId}`, operationId: batch ? 'workerTakeBatch' : 'workerTake',
     summary: batch ? 'Worker: take up to ?batch_size jobs (long-poll; JSON array)' : 'Worker: take one job (long-poll; 204 when none arrived)',
-    tag: 'Worker protocol', auth: 'worker', skipRateLimit: true, successStatus: 200, responseSchema: 'WorkerJob', responseIsArray: batch,
+    tag: 'Worker protocol', auth: 'worker', skipRateLimit: true, holdErrorsMs: POLL_ERROR_HOLD_MS, successStatus: 200, responseSchema: 'WorkerJob', responseIsArray: batch,
     problems: [401, 403, 404],
     handle: async ({ req, principal, params }) => {
       const endpointId = params['endpointId'] as string;

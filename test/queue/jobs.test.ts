@@ -4,6 +4,7 @@ import { execFile } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import { startAgent, assertProblem, cpuBody, ADMIN_KEY, type TestAgent } from '../helpers/agent.js';
 import { TestWorker } from '../helpers/worker.js';
+import { POLL_ERROR_HOLD_MS } from '../../src/api/worker.js';
 
 async function endpoint(a: TestAgent, extra: Record<string, unknown> = {}): Promise<string> {
   const r = await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 }, ...extra }) });
@@ -259,8 +260,14 @@ t.test('request validation and auth on the job API', async (t) => {
   const asClient = await a.req('POST', `/v2/${ep}/run`, { body: { input: {} }, key: w.key });
   assertProblem(t, asClient, 403, 'a worker key cannot submit jobs');
   const other = await endpoint(a);
+  const started = performance.now();
   const res = await fetch(`${a.url}/v2/${other}/job-take/${w.workerId}?gpu=cpu`, { headers: { authorization: w.key } });
   t.equal(res.status, 403, "a worker key cannot take another endpoint's jobs");
+  // runpod-python re-polls job-take at once after any error: the error waits, so it cannot spin.
+  t.ok(performance.now() - started >= POLL_ERROR_HOLD_MS - 50, `a job-take error is answered after ${POLL_ERROR_HOLD_MS} ms`);
+  const bad = performance.now();
+  t.equal((await fetch(`${a.url}/v2/${ep}/job-take/${w.workerId}?gpu=cpu`, { headers: { authorization: 'revoked-or-wrong' } })).status, 401);
+  t.ok(performance.now() - bad >= POLL_ERROR_HOLD_MS - 50, 'so is a 401');
   const user = await a.req('POST', '/v2/api-keys', { body: { name: 'runner', scopes: ['jobs:run', 'jobs:read'] } });
   const take = await fetch(`${a.url}/v2/${ep}/job-take/wkr_x?gpu=cpu`, { headers: { authorization: user.json.key } });
   t.equal(take.status, 403, 'a user key cannot act as a worker');
