@@ -5,7 +5,7 @@
 import type { AuthService, Principal } from '../auth/index.js';
 import { AgentError } from '../core/errors.js';
 import { newId } from '../core/ids.js';
-import { rawMember } from '../core/json-raw.js';
+import { nonFiniteToNull, rawMember } from '../core/json-raw.js';
 import type { EndpointService } from '../endpoints/index.js';
 import type { OutgoingReply } from '../http/index.js';
 import { workerEnv, workerJobBody, type DoneBody, type DoneOutcome, type JobQueue } from '../queue/index.js';
@@ -43,12 +43,19 @@ function checkWorker(s: WorkerRouteServices, principal: Principal, endpointId: s
 function parseRaw(body: Buffer): DoneBody {
   // runpod-python posts JSON as application/x-www-form-urlencoded: read the raw bytes as JSON.
   if (body.length === 0) return {};
-  const text = body.toString('utf8');
+  let text = body.toString('utf8');
   let parsed: unknown;
   try {
     parsed = JSON.parse(text) as unknown;
   } catch {
-    parsed = undefined;
+    // A Python worker's NaN or Infinity (json.dumps allows them): stored as null, as JavaScript would.
+    const finite = nonFiniteToNull(text);
+    try {
+      parsed = finite === undefined ? undefined : (JSON.parse(finite) as unknown);
+      if (finite !== undefined) text = finite;
+    } catch {
+      parsed = undefined;
+    }
   }
   if (parsed === null || typeof parsed !== 'object' || Array.isArray(parsed)) {
     throw new AgentError('INVALID_JSON', 'The result body must be a JSON object.');

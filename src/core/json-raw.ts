@@ -81,3 +81,36 @@ export function rawMember(text: string, key: string): string | undefined {
     i = skipWs(text, i + 1);
   }
 }
+
+const NON_FINITE = /^(?:-?Infinity|NaN)/;
+
+/**
+ * Python's `json.dumps` writes `NaN`, `Infinity` and `-Infinity` by default (allow_nan=True),
+ * so a runpod-python worker whose handler returns a float('nan') posts text JSON.parse refuses.
+ * Returns the text with those tokens (outside strings) replaced by `null`, as JavaScript's
+ * JSON.stringify writes non-finite numbers; undefined when there is none to replace.
+ */
+export function nonFiniteToNull(text: string): string | undefined {
+  let out = '';
+  let from = 0;
+  let inString = false;
+  for (let i = 0; i < text.length; i++) {
+    const c = text.charCodeAt(i);
+    if (inString) {
+      if (c === BACKSLASH) i++;
+      else if (c === QUOTE) inString = false;
+      continue;
+    }
+    if (c === QUOTE) {
+      inString = true;
+      continue;
+    }
+    if (c !== 0x4e /* N */ && c !== 0x49 /* I */ && c !== 0x2d /* - */) continue;
+    const m = NON_FINITE.exec(text.slice(i, i + 9));
+    if (!m) continue;
+    out += `${text.slice(from, i)}null`;
+    i += m[0].length - 1;
+    from = i + 1;
+  }
+  return from === 0 ? undefined : out + text.slice(from);
+}

@@ -4,7 +4,7 @@
  */
 import t from 'tap';
 import fc from 'fast-check';
-import { rawMember } from '../../src/core/json-raw.js';
+import { nonFiniteToNull, rawMember } from '../../src/core/json-raw.js';
 
 const SEED = process.env['FUZZ_SEED'] === undefined ? undefined : Number(process.env['FUZZ_SEED']);
 const params = (numRuns: number) => ({ numRuns, ...(SEED === undefined ? {} : { seed: SEED }) });
@@ -59,5 +59,13 @@ t.test('edge cases', (t) => {
   t.equal(rawMember('[1,2]', 'input'), undefined, 'not an object');
   t.equal(rawMember(' { "output" : -1.5e3 } ', 'output'), '-1.5e3');
   t.equal(rawMember('{"output":null}', 'output'), 'null');
+  t.end();
+});
+
+t.test('nonFiniteToNull: the NaN and Infinity Python writes become null, strings untouched', (t) => {
+  t.equal(nonFiniteToNull('{"a":1}'), undefined, 'nothing to replace');
+  const fixed = nonFiniteToNull('{"a": NaN, "b": [Infinity, -Infinity, -1.5], "s": "NaN, Infinity \\" -Infinity", "n":NaN}');
+  t.same(JSON.parse(fixed as string), { a: null, b: [null, null, -1.5], s: 'NaN, Infinity " -Infinity', n: null });
+  t.equal(nonFiniteToNull('NaN'), 'null');
   t.end();
 });

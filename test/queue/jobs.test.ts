@@ -243,6 +243,25 @@ t.test('stream returns the chunks since the last poll; large chunks are split', 
   t.equal((await a.req('GET', `/v2/${ep}/stream/${id}`)).json.status, 'COMPLETED');
 });
 
+t.test("a Python worker's NaN and Infinity (json.dumps allows them) are stored as null, not refused", async (t) => {
+  const a = await startAgent(t, { takeHoldMs: 1000 });
+  const ep = await endpoint(a);
+  const w = await TestWorker.create(a, ep);
+  const id = (await run(a, ep)).json.id;
+  await w.take();
+  const url = `${a.url}/v2/${ep}/job-done/${w.workerId}/${id}?gpu=cpu&isStream=false`;
+  const res = await fetch(url, {
+    method: 'POST', headers: { authorization: w.key, 'content-type': 'application/x-www-form-urlencoded' },
+    body: '{"output": {"loss": NaN, "range": [-Infinity, Infinity], "note": "NaN stays in a string"}}',
+  });
+  t.equal(res.status, 200);
+  const s = (await a.req('GET', `/v2/${ep}/status/${id}`)).json;
+  t.equal(s.status, 'COMPLETED');
+  t.same(s.output, { loss: null, range: [null, null], note: 'NaN stays in a string' });
+  const bad = await fetch(url, { method: 'POST', headers: { authorization: w.key }, body: '{"output": nan}' });
+  t.equal(bad.status, 400, 'other invalid JSON is still refused');
+});
+
 t.test('request validation and auth on the job API', async (t) => {
   const a = await startAgent(t, { takeHoldMs: 500, maxBodyBytes: 4096 });
   const ep = await endpoint(a);
