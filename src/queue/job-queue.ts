@@ -953,6 +953,9 @@ export class JobQueue {
         job.expiresAt = now + ms;
         const exp = job.expiresAt;
         job.writeSeq = this.#batch.write(() => this.#repo.setExpiry(jobId, exp));
+      } else if (job.inserted) {
+        // Not finished yet: its final write reads retentionMs, but a restart reads the row.
+        job.writeSeq = this.#batch.write(() => this.#repo.setRetention(jobId, ms));
       }
       return;
     }

@@ -62,6 +62,7 @@ export class JobsRepo {
   readonly #finish: Statement;
   readonly #requeue: Statement;
   readonly #setExpiry: Statement;
+  readonly #setRetention: Statement;
   readonly #get: Statement;
   readonly #active: Statement;
   readonly #getFloor: Statement;
@@ -91,6 +92,7 @@ export class JobsRepo {
       completed_at = NULL, expires_at = NULL, retries = ?, attempt = ?, queued_at = ? WHERE id = ?`);
     this.#lease = db.prepare('UPDATE jobs SET attempt = ? WHERE id = ?');
     this.#setExpiry = db.prepare('UPDATE jobs SET expires_at = ? WHERE id = ?');
+    this.#setRetention = db.prepare('UPDATE jobs SET retention_ms = ? WHERE id = ?');
     this.#get = db.prepare('SELECT rowid, * FROM jobs WHERE id = ?');
     // Recovery reads only the small columns (inputs are loaded when taken, inputOf), in rowid
     // order from the recovery floor (no index of active jobs: the range scan finds them), as
@@ -140,6 +142,11 @@ export class JobsRepo {
   /** Back to the queue (lease lost, reclaimed, or a manual retry): same id and input. */
   requeue(id: string, retries: number, attempt: number, queuedAt: number): void {
     this.#requeue.run(retries, attempt, queuedAt, id);
+  }
+
+  /** How long the result of an unfinished job will be kept (`/status?ttl=`). */
+  setRetention(id: string, retentionMs: number): void {
+    this.#setRetention.run(retentionMs, id);
   }
 
   /** Records a new attempt number for a job that keeps running (restart reclaim). */

@@ -210,3 +210,19 @@ t.test('a retried job keeps its new run across a restart: its claim is written a
   t.equal((await c.req('GET', `/v2/${ep}/status/${id2}`)).json.status, 'IN_QUEUE', 'not timed out by the restart');
   t.same(await w3.take(), { id: id2, input: { r: 2 } }, 'and a worker gets it');
 });
+
+t.test('a /status?ttl= given while the job is queued survives a restart', async (t) => {
+  const { a, dir, clock } = await setup(t);
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  const id = (await a.req('POST', `/v2/${ep}/run`, { body: { input: {} } })).json.id as string;
+  t.equal((await a.req('GET', `/v2/${ep}/status/${id}?ttl=10000`)).json.status, 'IN_QUEUE');
+  await a.agent.close();
+  const b = await startAgent(t, { takeHoldMs: 200, leaseMs: 3000 }, { clock, dir });
+  const w = await TestWorker.create(b, ep);
+  await w.take();
+  t.equal((await w.done(id, { output: 1 })).status, 200);
+  clock.advance(9000);
+  t.equal((await b.req('GET', `/v2/${ep}/status/${id}`)).json.status, 'COMPLETED', 'kept within its ttl');
+  clock.advance(1001);
+  t.equal((await b.req('GET', `/v2/${ep}/status/${id}`)).status, 404, 'gone after 10 s, not the default 30 minutes');
+});
