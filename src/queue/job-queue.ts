@@ -614,7 +614,7 @@ export class JobQueue {
     const metrics = body.metrics === undefined ? undefined : JSON.stringify(body.metrics);
     const output = body.output === undefined || body.output === null ? 'null' : body.outputJson ?? JSON.stringify(body.output);
     const limit = this.settings.streamChunkBytes;
-    if (Buffer.byteLength(output) <= limit) {
+    if (Buffer.byteLength(output) + (metrics === undefined ? 0 : Buffer.byteLength(metrics)) <= limit) {
       chunksOf(job).push(metrics === undefined ? { output } : { output, metrics });
       return 'accepted';
     }

@@ -243,6 +243,25 @@ t.test('stream returns the chunks since the last poll; large chunks are split', 
   t.equal((await a.req('GET', `/v2/${ep}/stream/${id}`)).json.status, 'COMPLETED');
 });
 
+t.test('a stream chunk with metrics counts them against the 1 MB limit too', async (t) => {
+  const a = await startAgent(t, { takeHoldMs: 1000 });
+  const ep = await endpoint(a);
+  const w = await TestWorker.create(a, ep);
+  const id = (await run(a, ep)).json.id;
+  await w.take();
+  const output = 'o'.repeat(700 * 1024);
+  const metrics = { trace: 'm'.repeat(500 * 1024) };
+  const res = await fetch(`${a.url}/v2/${ep}/job-stream/${w.workerId}/${id}?gpu=cpu`, {
+    method: 'POST', headers: { authorization: w.key, 'content-type': 'application/json' }, body: JSON.stringify({ output, metrics }),
+  });
+  t.equal(res.status, 200);
+  const chunks = (await a.req('GET', `/v2/${ep}/stream/${id}`)).json.stream as { output: string; metrics?: unknown }[];
+  t.ok(chunks.length >= 2, 'split');
+  t.ok(chunks.every((c) => Buffer.byteLength(JSON.stringify(c)) <= 1024 * 1024), 'each chunk, metrics included, at most 1 MB');
+  t.same(chunks[0]?.metrics, metrics, 'the first piece carries the metrics');
+  t.equal(chunks.map((c) => c.output).join(''), output);
+});
+
 t.test("a Python worker's NaN and Infinity (json.dumps allows them) are stored as null, not refused", async (t) => {
   const a = await startAgent(t, { takeHoldMs: 1000 });
   const ep = await endpoint(a);
