@@ -82,8 +82,6 @@ export function rawMember(text: string, key: string): string | undefined {
   }
 }
 
-const NON_FINITE = /^(?:-?Infinity|NaN)/;
-
 /**
  * Python's `json.dumps` writes `NaN`, `Infinity` and `-Infinity` by default (allow_nan=True),
  * so a runpod-python worker whose handler returns a float('nan') posts text JSON.parse refuses.
@@ -105,11 +103,12 @@ export function nonFiniteToNull(text: string): string | undefined {
       inString = true;
       continue;
     }
-    if (c !== 0x4e /* N */ && c !== 0x49 /* I */ && c !== 0x2d /* - */) continue;
-    const m = NON_FINITE.exec(text.slice(i, i + 9));
-    if (!m) continue;
+    const len = c === 0x4e /* N */ && text.startsWith('NaN', i) ? 3
+      : c === 0x49 /* I */ && text.startsWith('Infinity', i) ? 8
+        : c === 0x2d /* - */ && text.startsWith('-Infinity', i) ? 9 : 0;
+    if (len === 0) continue;
     out += `${text.slice(from, i)}null`;
-    i += m[0].length - 1;
+    i += len - 1;
     from = i + 1;
   }
   return from === 0 ? undefined : out + text.slice(from);

@@ -614,11 +614,22 @@ export class JobQueue {
     const metrics = body.metrics === undefined ? undefined : JSON.stringify(body.metrics);
     const output = body.output === undefined || body.output === null ? 'null' : body.outputJson ?? JSON.stringify(body.output);
     const limit = this.settings.streamChunkBytes;
-    if (Buffer.byteLength(output) + (metrics === undefined ? 0 : Buffer.byteLength(metrics)) <= limit) {
-      chunksOf(job).push(metrics === undefined ? { output } : { output, metrics });
+    const metricsBytes = metrics === undefined ? 0 : Buffer.byteLength(metrics);
+    /** Metrics go with a chunk only if both fit; metrics too large for that are dropped (logged), the output never. */
+    const withMetrics = (piece: StreamChunk, pieceBytes: number): StreamChunk => {
+      if (metrics === undefined) return piece;
+      if (pieceBytes + metricsBytes <= limit) return { ...piece, metrics };
+      this.#log.warn('stream chunk metrics dropped: over the chunk limit with the output', { endpointId, jobId, metricsBytes, limit });
+      return piece;
+    };
+    const outputBytes = Buffer.byteLength(output);
+    // A chunk that fits, or an output other than a string that fits alone: sent as posted (a split
+    // would turn it into pieces of its JSON text just to make room for metrics).
+    if (outputBytes + metricsBytes <= limit || (typeof body.output !== 'string' && outputBytes <= limit)) {
+      chunksOf(job).push(withMetrics({ output }, outputBytes));
       return 'accepted';
     }
-    // Too large for one chunk: split strings into pieces, anything else as pieces of its JSON text.
+    // Too large for one chunk: split strings into pieces (lossless), anything else as pieces of its JSON text.
     const text = typeof body.output === 'string' ? body.output : output;
     const step = Math.max(2, Math.floor(limit / 8));
     for (let i = 0; i < text.length; ) {
@@ -626,9 +637,8 @@ export class JobQueue {
       // Never between the two halves of a surrogate pair (an emoji): each half alone is not text.
       const last = text.charCodeAt(end - 1);
       if (end < text.length && last >= 0xd800 && last <= 0xdbff) end--;
-      const piece: StreamChunk = { output: JSON.stringify(text.slice(i, end)) };
-      if (i === 0 && metrics !== undefined) piece.metrics = metrics;
-      chunksOf(job).push(piece);
+      const piece = JSON.stringify(text.slice(i, end));
+      chunksOf(job).push(i === 0 ? withMetrics({ output: piece }, Buffer.byteLength(piece)) : { output: piece });
       i = end;
     }
     return 'accepted';
@@ -658,7 +668,11 @@ export class JobQueue {
       if (job && job.status === 'IN_PROGRESS' && job.workerId === workerId) {
         job.leaseDeadline = lease;
         worker.stops.delete(id);
-      } else if (!worker.stops.has(id)) this.#requestStop(worker, id);
+      } else {
+        if (!worker.stops.has(id)) this.#requestStop(worker, id);
+        // Still running a job it was fenced from: the fence lasts while its pings list the job.
+        if (job?.fencedFrom === workerId) job.fencedUntil = lease;
+      }
     }
     // A ping that no longer lists a job ends its stop, unless the stop is newer than a re-offer
     // period: that ping may have been made before the worker registered the job (and the SDK

@@ -260,6 +260,17 @@ t.test('a stream chunk with metrics counts them against the 1 MB limit too', asy
   t.ok(chunks.every((c) => Buffer.byteLength(JSON.stringify(c)) <= 1024 * 1024), 'each chunk, metrics included, at most 1 MB');
   t.same(chunks[0]?.metrics, metrics, 'the first piece carries the metrics');
   t.equal(chunks.map((c) => c.output).join(''), output);
+  // Metrics too large to go with the output are dropped; the output is kept as it was posted.
+  const post = (body: unknown) => fetch(`${a.url}/v2/${ep}/job-stream/${w.workerId}/${id}?gpu=cpu`, {
+    method: 'POST', headers: { authorization: w.key, 'content-type': 'application/json' }, body: JSON.stringify(body),
+  });
+  const huge = { trace: 'm'.repeat(1100 * 1024) };
+  t.equal((await post({ output: { token: 'hi' }, metrics: huge })).status, 200);
+  t.equal((await post({ output: '\u0001'.repeat(300_000), metrics: { trace: 'm'.repeat(400 * 1024) } })).status, 200);
+  const next = (await a.req('GET', `/v2/${ep}/stream/${id}`)).json.stream as { output: unknown; metrics?: unknown }[];
+  t.same(next[0], { output: { token: 'hi' } }, 'a small object output stays an object, without the metrics');
+  t.ok(next.every((c) => Buffer.byteLength(JSON.stringify(c)) <= 1024 * 1024), 'every chunk at most 1 MB');
+  t.equal(next.slice(1).map((c) => c.output).join(''), '\u0001'.repeat(300_000));
 });
 
 t.test("a Python worker's NaN and Infinity (json.dumps allows them) are stored as null, not refused", async (t) => {

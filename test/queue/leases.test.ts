@@ -97,6 +97,18 @@ t.test('a job whose lease lapsed is not handed back to the same worker until it 
   await until('the take to park', async () => a.agent.queue.workers.get(ep, w.workerId)?.parked === 1);
   step(3001); // a lease period later the fence runs out: the reaper hands it to the parked take
   t.same(await parked, { id: id3, input: { f: 3 } }, 'or a lease period later, without a ping');
+  t.equal((await w.done(id3, { output: 3 })).status, 200);
+
+  const id4 = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { f: 4 } } })).json.id;
+  await w.take();
+  step(3001);
+  for (let i = 0; i < 3; i++) {
+    t.equal(await w.ping([id4]), 200);
+    step(2000);
+  }
+  t.equal(await w.take(), null, 'no: while its pings still list the job, the fence lasts past a lease period');
+  t.equal(await w.ping([]), 200);
+  t.same(await w.take(), { id: id4, input: { f: 4 } });
 });
 
 t.test('a job running past the endpoint timeout or policy.executionTimeout is TIMED_OUT', async (t) => {
