@@ -168,7 +168,7 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
       },
     });
     endpoints.on({
-      changed: (id) => autoscaler.endpointChanged(id),
+      changed: (id, _spec, restartReasons) => autoscaler.endpointChanged(id, restartReasons.length > 0),
       deleting: (id) => {
         // Writes already queued for this endpoint commit before its rows go.
         batch.flush(true);

@@ -11,8 +11,11 @@ import type { EndpointSpec, GlobalVolumeSpec, NetworkVolumeSpec, RegistryCredent
 import { buildEndpoint, updateEndpoint, type UpdateOutcome, type ValidationContext } from './validate.js';
 
 export interface EndpointEvents {
-  /** After a create or update commits. */
-  changed?(endpointId: string, spec: EndpointSpec): void;
+  /**
+   * After a create or update commits. `restartReasons`: what of the change running workers
+   * cannot pick up (the PATCH reply's `restartReasons`; empty on create).
+   */
+  changed?(endpointId: string, spec: EndpointSpec, restartReasons: readonly string[]): void;
   /** Before the row is removed (runtime state can still be looked up). */
   deleting?(endpointId: string): void;
 }
@@ -76,7 +79,7 @@ export class EndpointService {
     const spec = { ...buildEndpoint(body, this.#context(ownerId)), ...extra };
     const row = this.endpoints.insert(newEndpointId(), ownerId, spec, this.#clock.now());
     this.#log.info('endpoint created', { endpointId: row.id, type: spec.type, hardware: spec.gpu ? 'gpu' : 'cpu' });
-    for (const l of this.#listeners) l.changed?.(row.id, spec);
+    for (const l of this.#listeners) l.changed?.(row.id, spec, []);
     return row;
   }
 
@@ -96,7 +99,7 @@ export class EndpointService {
     const row = this.endpoints.update(current, spec, this.#clock.now());
     this.#byId.delete(id);
     this.#log.info('endpoint updated', { endpointId: id, restartReasons: restartReasons.join(',') || undefined });
-    for (const l of this.#listeners) l.changed?.(id, spec);
+    for (const l of this.#listeners) l.changed?.(id, spec, restartReasons);
     return { row, restartReasons };
   }
 

@@ -108,6 +108,8 @@ class EndpointQueue {
    */
   ttlFloor = Infinity;
   inProgress = 0;
+  /** Of inProgress, the low-priority ones (they never count toward a scale-up). */
+  lowInProgress = 0;
   takers: Taker[] = [];
 
   /** Counts a job that leaves the queue (taken, cancelled, expired, dropped). */
@@ -275,6 +277,7 @@ export class JobQueue {
         if (job.workerId) this.workers.seen(job.endpointId, job.workerId).jobs.add(job.id);
         this.#running.add(job);
         q.inProgress++;
+        if (job.lowPriority) q.lowInProgress++;
         running++;
       }
     }
@@ -463,7 +466,9 @@ export class JobQueue {
     worker.fenced.delete(job.id);
     worker.jobs.add(job.id);
     this.#running.add(job);
-    this.#queue(job.endpointId).inProgress++;
+    const q = this.#queue(job.endpointId);
+    q.inProgress++;
+    if (job.lowPriority) q.lowInProgress++;
     // The claim is written only if the job is still running CLAIM_SAVE_DELAY_MS from now; a job
     // that finishes sooner is written once, by its final state (which carries the claim too).
     this.#unsavedClaims.push(job);
@@ -761,7 +766,9 @@ export class JobQueue {
   /** Takes a running job off its worker; returns that worker (if still known). */
   #release(job: Job): WorkerInfo | undefined {
     this.#running.delete(job);
-    this.#queue(job.endpointId).inProgress--;
+    const q = this.#queue(job.endpointId);
+    q.inProgress--;
+    if (job.lowPriority) q.lowInProgress--;
     const worker = job.workerId ? this.workers.get(job.endpointId, job.workerId) : undefined;
     if (worker) {
       worker.jobs.delete(job.id);
@@ -1125,7 +1132,7 @@ export class JobQueue {
     };
   }
 
-  /** What the autoscaler needs about one endpoint's queue. */
+  /** What the autoscaler needs about one endpoint's queue (`inProgress`: normal-priority jobs only). */
   load(endpointId: string): { queued: number; lowQueued: number; inProgress: number; oldestWaitMs: number } {
     const q = this.#queues.get(endpointId);
     if (!q) return { queued: 0, lowQueued: 0, inProgress: 0, oldestWaitMs: 0 };
@@ -1133,13 +1140,14 @@ export class JobQueue {
     const now = this.#clock.now();
     for (const d of [q.retry, q.normal]) {
       for (const job of d) {
-        if (job.status === 'IN_QUEUE') {
+        // Requeued low-priority jobs share the retry deque; they never cause a scale-up.
+        if (job.status === 'IN_QUEUE' && !job.lowPriority) {
           oldest = Math.max(oldest, now - job.queuedAt);
           break;
         }
       }
     }
-    return { queued: q.queued, lowQueued: q.lowQueued, inProgress: q.inProgress, oldestWaitMs: oldest };
+    return { queued: q.queued, lowQueued: q.lowQueued, inProgress: q.inProgress - q.lowInProgress, oldestWaitMs: oldest };
   }
 
   /** The endpoint is being deleted: wake everything parked on it and forget its jobs. */

@@ -40,6 +40,9 @@ export interface WorkerInfo {
   draining: boolean;
 }
 
+/** See WorkerRegistry.silent. */
+export const SILENT_MS = 10_000;
+
 export class WorkerRegistry {
   readonly #clock: Clock;
   readonly #byEndpoint = new Map<string, Map<string, WorkerInfo>>();
@@ -168,9 +171,19 @@ export class WorkerRegistry {
     return w.jobs.size > 0 ? 'running' : 'idle';
   }
 
+  /**
+   * An external worker that holds no job and has no job-take open, and has not called for
+   * SILENT_MS: it has most likely gone (an SDK re-polls job-take at once after every answer).
+   * It is left out of `/health` and of the autoscaler's idle workers, which would otherwise hold
+   * off a QUEUE_DELAY scale-up until the sweep forgets it (2 × lease).
+   */
+  silent(w: WorkerInfo): boolean {
+    return !w.managed && w.jobs.size === 0 && w.parked === 0 && this.#clock.monotonic() - w.lastSeen > SILENT_MS;
+  }
+
   counts(endpointId: string): WorkerCounts {
     const c: WorkerCounts = { idle: 0, initializing: 0, ready: 0, running: 0, throttled: this.#throttled.get(endpointId) ?? 0, unhealthy: 0 };
-    for (const w of this.list(endpointId)) c[this.state(w)]++;
+    for (const w of this.list(endpointId)) if (!this.silent(w)) c[this.state(w)]++;
     c.ready = c.idle + c.running;
     return c;
   }

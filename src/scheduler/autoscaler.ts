@@ -129,7 +129,7 @@ export class Autoscaler {
       lowQueued: load.lowQueued,
       inProgress: load.inProgress,
       oldestWaitMs: load.oldestWaitMs,
-      workers: registry.list(endpointId).map((w) => ({
+      workers: registry.list(endpointId).filter((w) => !registry.silent(w)).map((w) => ({
         id: w.id, state: registry.state(w), idleMs: mono - w.idleSince, managed: w.managed, recycle: w.recycle,
       })).filter((w) => !this.#managed.get(w.id)?.stopping),
       capacity: this.#o.runtime ? Math.min(this.#o.runtime.capacity(endpointId), this.#placement.capacity(endpointId, spec)) : 0,
@@ -265,9 +265,13 @@ export class Autoscaler {
     this.trigger(endpointId);
   }
 
-  /** Configuration changed: managed workers are replaced as they become idle. */
-  endpointChanged(endpointId: string): void {
-    for (const w of this.#o.queue.workers.list(endpointId)) if (w.managed) w.recycle = true;
+  /**
+   * Configuration changed. When running workers cannot pick the change up (`restart`: the PATCH
+   * reply's restartReasons, e.g. a new image or env), managed workers are replaced as they become
+   * idle; otherwise (a name, the scaler, min/max) they stay, and the next decision applies it.
+   */
+  endpointChanged(endpointId: string, restart: boolean): void {
+    if (restart) for (const w of this.#o.queue.workers.list(endpointId)) if (w.managed) w.recycle = true;
     this.trigger(endpointId);
   }
 

@@ -36,6 +36,7 @@ export interface ScaleInput {
   /** Normal-priority jobs waiting. */
   queued: number;
   lowQueued: number;
+  /** Normal-priority jobs running (running low-priority jobs are left out, as queued ones are). */
   inProgress: number;
   /** How long the oldest normal-priority job has waited. */
   oldestWaitMs: number;

@@ -321,3 +321,36 @@ t.test('after a restart, a late result for a job flashd ended is still discarded
   t.equal((await other.rebase(a.url, b.url).done(id, { output: 'x' })).status, 409, 'another worker: stale');
   t.equal((await b.req('GET', `/v2/${ep}/status/${id}`)).json.status, 'CANCELLED');
 });
+
+t.test('low-priority jobs, queued, running or requeued, never count toward a scale-up', async (t) => {
+  const { a, ep, step, worker } = await setup(t);
+  const w = await worker();
+  const low = (await a.req('POST', `/v2/${ep}/run`, { body: { input: {}, policy: { lowPriority: true } } })).json.id;
+  await w.take();
+  t.match(a.agent.queue.load(ep), { inProgress: 0, queued: 0 }, 'a running low-priority job is not in the scaler load');
+  t.equal((await a.req('GET', `/v2/${ep}/health`)).json.jobs.inProgress, 1, 'though /health counts it');
+  step(3001); // its lease lapses: back to the (shared) retry deque
+  t.equal((await status(a, ep, low)).status, 'IN_QUEUE');
+  step(60_000);
+  t.match(a.agent.queue.load(ep), { lowQueued: 1, queued: 0, oldestWaitMs: 0 }, 'a requeued low-priority job has no queue delay');
+  const normal = (await a.req('POST', `/v2/${ep}/run`, { body: { input: {} } })).json.id;
+  const other = await worker();
+  t.equal((await other.take())?.id, low, 'requeued jobs go first');
+  t.equal((await w.take())?.id, normal);
+  t.match(a.agent.queue.load(ep), { inProgress: 1, lowQueued: 0, queued: 0 }, 'of the two running, the normal job counts');
+});
+
+t.test('an external worker that went silent (no job, no take open) leaves /health and the idle count', async (t) => {
+  const { a, ep, step, worker } = await setup(t, { leaseMs: 30_000 }); // the sweep forgets it only after 2 leases
+  const w = await worker();
+  t.equal(await w.take(), null, 'one take, then it stops polling (killed, or exited)');
+  t.match((await a.req('GET', `/v2/${ep}/health`)).json.workers, { idle: 1 });
+  step(9000);
+  t.match((await a.req('GET', `/v2/${ep}/health`)).json.workers, { idle: 1 }, 'a moment between polls is not silence');
+  step(1001);
+  t.match((await a.req('GET', `/v2/${ep}/health`)).json.workers, { idle: 0, ready: 0 }, 'after 10 s of silence it is no longer counted');
+  const parked = w.take();
+  await until('the take to park', async () => a.agent.queue.workers.get(ep, w.workerId)?.parked === 1);
+  t.match((await a.req('GET', `/v2/${ep}/health`)).json.workers, { idle: 1 }, 'a take brings it back');
+  await parked;
+});

@@ -81,3 +81,22 @@ t.test('a worker whose SIGTERM waits for its poll (as runpod-python) exits by it
   t.ok(lines.some((x) => /stopped \(code 0\)/.test(x)), `it exited with code 0: ${lines.filter((x) => /stopped/.test(x)).join(' | ')}`);
   t.notOk(lines.some((x) => /SIGKILL/.test(x)), 'it was not killed');
 });
+
+t.test('a PATCH that running workers can pick up keeps them; one that needs a restart replaces them', async (t) => {
+  const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT, takeHoldMs: 1000, leaseMs: 3000 });
+  const ep = (await a.req('POST', '/v2/serverless', {
+    body: cpuBody({ args: 'python3 -u test/fixtures/workers/echo.py', workers: { min: 1, max: 1, idleTimeout: 30 } }),
+  })).json.id as string;
+  const workerOf = async () => (await a.req('POST', `/v2/${ep}/runsync`, { body: { input: {} } })).json.workerId as string;
+  const warm = await workerOf();
+  const renamed = await a.req('PATCH', `/v2/serverless/${ep}`, { body: { name: 'renamed' } });
+  t.equal(renamed.json.restartRequired, false);
+  t.equal(await workerOf(), warm, 'a new name: the warm worker stays');
+  const env = await a.req('PATCH', `/v2/serverless/${ep}`, { body: { env: { GREETING: 'new' } } });
+  t.equal(env.json.restartRequired, true, env.text);
+  await until('the worker to be replaced', async () => {
+    const r = await a.req('POST', `/v2/${ep}/runsync`, { body: { input: {} } });
+    return r.json.workerId !== warm && r.json.output?.env === 'new';
+  }, 30_000);
+  t.pass('a new env: the worker is replaced and the new one sees it');
+});
