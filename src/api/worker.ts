@@ -196,7 +196,8 @@ export function workerRoutes(s: WorkerRouteServices): RouteDef[] {
             headers: { 'content-type': 'application/x-ndjson', 'cache-control': 'no-store' },
             stream: (w) => {
               for (const l of lines) w.write(JSON.stringify(logView(l)) + '\n');
-              const off = s.logs.follow(ep.id, (l) => w.write(JSON.stringify(logView(l)) + '\n'), () => w.end());
+              const after = lines.length ? (lines[lines.length - 1] as LogLine).seq : sinceRaw === null ? 0 : Number(sinceRaw);
+              const off = s.logs.follow(ep.id, after, (l) => w.write(JSON.stringify(logView(l)) + '\n'), () => w.end());
               w.signal.addEventListener('abort', off, { once: true });
             },
           },

@@ -5,6 +5,9 @@
 import type { Clock } from '../core/clock.js';
 import type { LogLine, LogsRepo, WriteBatch } from '../store/index.js';
 
+/** The most lines a new follower is sent from between its snapshot and its first live line. */
+const CATCH_UP_LINES = 10_000;
+
 interface Follower {
   line(line: LogLine): void;
   end(): void;
@@ -55,13 +58,36 @@ export class LogHub {
     return this.#repo.read(endpointId, afterSeq, limit);
   }
 
-  /** New lines of an endpoint as they are committed; `end` when the endpoint goes away. */
-  follow(endpointId: string, line: (line: LogLine) => void, end: () => void): () => void {
+  /**
+   * New lines of an endpoint after `afterSeq` (the last line the caller already has), as they are
+   * committed; `end` when the endpoint goes away. A line appended before this call but not yet
+   * committed notified no follower, and a read made before it did not see it: once the pending
+   * commit is done, whatever came after `afterSeq` is read back, and lines at or below the last
+   * one delivered are skipped, so the hand-over from a snapshot to the stream loses nothing and
+   * repeats nothing.
+   */
+  follow(endpointId: string, afterSeq: number, line: (line: LogLine) => void, end: () => void): () => void {
     let set = this.#followers.get(endpointId);
     if (!set) this.#followers.set(endpointId, (set = new Set()));
-    const follower: Follower = { line, end };
+    let last = afterSeq;
+    const follower: Follower = {
+      line: (l) => {
+        if (l.seq <= last) return;
+        last = l.seq;
+        line(l);
+      },
+      end,
+    };
     set.add(follower);
-    return () => set.delete(follower);
+    const live = set;
+    this.#batch.committed().then(
+      () => {
+        if (!live.has(follower)) return;
+        for (const l of this.#repo.read(endpointId, last, CATCH_UP_LINES)) follower.line(l);
+      },
+      () => undefined,
+    );
+    return () => live.delete(follower);
   }
 
   /** The endpoint was deleted: its followers' streams end. */

@@ -37,3 +37,38 @@ t.test('endpoint logs: tail, since, follow, and gone with the endpoint', async (
   t.equal(await readUntil(() => false), true, 'the stream ends when the endpoint is deleted');
   assertProblem(t, await a.req('GET', `/v2/serverless/${ep}/logs`), 404);
 });
+
+t.test('following hands over from the snapshot to the stream without losing or repeating a line', async (t) => {
+  const a = await startAgent(t);
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody() })).json.id as string;
+  const hub = a.agent.logs;
+  hub.append(ep, 'wkr_a', 'stdout', 'committed');
+  await a.agent.queue.durable();
+  hub.append(ep, 'wkr_a', 'stdout', 'pending'); // appended, not committed yet
+  const snapshot = hub.read(ep, undefined, 10);
+  t.same(snapshot.map((l) => l.line), ['committed'], 'a read does not see the pending line');
+  const got: string[] = [];
+  const off = hub.follow(ep, snapshot[snapshot.length - 1]!.seq, (l) => got.push(l.line), () => undefined);
+  hub.append(ep, 'wkr_a', 'stdout', 'after');
+  await a.agent.queue.durable();
+  await new Promise((r) => setImmediate(r));
+  t.same(got, ['pending', 'after'], 'the pending line comes through the stream, once, in order');
+  off();
+
+  // The same over HTTP, with a worker printing all the time: every follow sees a contiguous run.
+  let n = 0;
+  const timer = setInterval(() => hub.append(ep, 'wkr_b', 'stdout', `n=${n++}`), 1);
+  t.teardown(() => clearInterval(timer));
+  for (let round = 0; round < 15; round++) {
+    const res = await fetch(`${a.url}/v2/serverless/${ep}/logs?follow=true&limit=3`, { headers: { authorization: `Bearer ${ADMIN_KEY}` } });
+    const reader = res.body!.getReader();
+    const decoder = new TextDecoder();
+    let text = '';
+    while (text.split('\n').length < 40) text += decoder.decode((await reader.read()).value, { stream: true });
+    await reader.cancel();
+    const nums = text.split('\n').slice(0, 39).map((l) => JSON.parse(l).line as string).filter((l) => l.startsWith('n=')).map((l) => Number(l.slice(2)));
+    const gaps = nums.slice(1).filter((v, i) => v !== (nums[i] as number) + 1);
+    if (gaps.length) t.fail(`round ${round}: not contiguous: ${nums.join(',')}`);
+  }
+  t.pass('15 follows, each contiguous');
+});
