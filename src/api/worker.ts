@@ -51,10 +51,9 @@ function parseRaw(body: Buffer): DoneBody {
     // A Python worker's NaN or Infinity (json.dumps allows them): stored as null, as JavaScript would.
     const finite = nonFiniteToNull(text);
     try {
-      parsed = finite === undefined ? undefined : (JSON.parse(finite) as unknown);
-      if (finite !== undefined) text = finite;
+      if (finite !== undefined) [parsed, text] = [JSON.parse(finite) as unknown, finite];
     } catch {
-      parsed = undefined;
+      // Invalid for another reason: refused below.
     }
   }
   if (parsed === null || typeof parsed !== 'object' || Array.isArray(parsed)) {
@@ -187,7 +186,8 @@ export function workerRoutes(s: WorkerRouteServices): RouteDef[] {
           throw new AgentError('VALIDATION_FAILED', '?since must be a non-negative integer and ?limit an integer from 1 to 10000.');
         }
         const limit = limitRaw === null ? 500 : Number(limitRaw);
-        const lines = s.logs.read(ep.id, sinceRaw === null ? undefined : Number(sinceRaw), limit);
+        const since = sinceRaw === null ? undefined : Number(sinceRaw);
+        const lines = s.logs.read(ep.id, since, limit);
         if (req.query.get('follow') !== 'true' && req.query.get('follow') !== '1') return { status: 200, body: lines.map(logView) };
         return {
           status: 200,
@@ -196,7 +196,7 @@ export function workerRoutes(s: WorkerRouteServices): RouteDef[] {
             headers: { 'content-type': 'application/x-ndjson', 'cache-control': 'no-store' },
             stream: (w) => {
               for (const l of lines) w.write(JSON.stringify(logView(l)) + '\n');
-              const after = lines.length ? (lines[lines.length - 1] as LogLine).seq : sinceRaw === null ? 0 : Number(sinceRaw);
+              const after = lines.length ? (lines[lines.length - 1] as LogLine).seq : since ?? 0;
               const off = s.logs.follow(ep.id, after, (l) => w.write(JSON.stringify(logView(l)) + '\n'), () => w.end());
               w.signal.addEventListener('abort', off, { once: true });
             },

@@ -424,19 +424,23 @@ export class JobQueue {
    */
   #next(q: EndpointQueue, worker: WorkerInfo): Job | undefined {
     const mono = this.#clock.monotonic();
-    const pick = (job: Job) => job.fencedFrom !== worker.id || mono >= job.fencedUntil || job.status !== 'IN_QUEUE';
-    for (const d of [q.retry, q.normal, q.low]) {
-      for (let job = d === q.retry ? d.take(pick) : d.shift(); job; job = d === q.retry ? d.take(pick) : d.shift()) {
-        if (job.status !== 'IN_QUEUE') continue; // cancelled or purged while queued
-        q.left(job);
-        if (mono >= job.ttlDeadline) {
-          this.#finish(job, 'TIMED_OUT', null, 'Job expired in the queue before a worker took it (policy.ttl).');
-          continue;
-        }
-        return job;
-      }
+    if (q.retry.size > 0) {
+      const pick = (job: Job) => job.fencedFrom !== worker.id || mono >= job.fencedUntil || job.status !== 'IN_QUEUE';
+      for (let job = q.retry.take(pick); job; job = q.retry.take(pick)) if (this.#admit(q, job, mono)) return job;
+    }
+    for (const d of [q.normal, q.low]) {
+      for (let job = d.shift(); job; job = d.shift()) if (this.#admit(q, job, mono)) return job;
     }
     return undefined;
+  }
+
+  /** A job just off its deque: false when it was ended while queued, or has expired (TIMED_OUT now). */
+  #admit(q: EndpointQueue, job: Job, mono: number): boolean {
+    if (job.status !== 'IN_QUEUE') return false; // cancelled or purged while queued
+    q.left(job);
+    if (mono < job.ttlDeadline) return true;
+    this.#finish(job, 'TIMED_OUT', null, 'Job expired in the queue before a worker took it (policy.ttl).');
+    return false;
   }
 
   /** Reads the input of a job that waited in SQLite only; a job without a row fails. */

@@ -40,6 +40,14 @@ export interface WorkerInfo {
   draining: boolean;
 }
 
+/** A new worker record: an external worker that is up, unless `init` says otherwise. */
+function record(endpointId: string, workerId: string, now: number, init: Partial<Pick<WorkerInfo, 'managed' | 'phase' | 'recycle' | 'draining'>> = {}): WorkerInfo {
+  return {
+    id: workerId, endpointId, managed: false, phase: 'up', jobs: new Set(), lastSeen: now, idleSince: now,
+    parked: 0, stops: new Map(), fenced: new Set(), stopWaiters: [], recycle: false, draining: false, ...init,
+  };
+}
+
 /** See WorkerRegistry.silent. */
 export const SILENT_MS = 10_000;
 
@@ -69,10 +77,7 @@ export class WorkerRegistry {
   /** Registers a worker flashd is launching. */
   launched(endpointId: string, workerId: string): WorkerInfo {
     const now = this.#clock.monotonic();
-    const w: WorkerInfo = {
-      id: workerId, endpointId, managed: true, phase: 'initializing', jobs: new Set(), lastSeen: now, idleSince: now,
-      parked: 0, stops: new Map(), fenced: new Set(), stopWaiters: [], recycle: false, draining: false,
-    };
+    const w = record(endpointId, workerId, now, { managed: true, phase: 'initializing' });
     this.#map(endpointId).set(workerId, w);
     return w;
   }
@@ -92,17 +97,11 @@ export class WorkerRegistry {
       const until = this.#retired.get(key);
       if (until !== undefined && (wantsJobs || now >= until)) this.#retired.delete(key);
       else if (until !== undefined) {
-        return {
-          id: workerId, endpointId, managed: false, phase: 'up', jobs: new Set(), lastSeen: now, idleSince: now,
-          parked: 0, stops: new Map(), fenced: new Set(), stopWaiters: [], recycle: true, draining: true,
-        };
+        return record(endpointId, workerId, now, { recycle: true, draining: true });
       }
     }
     if (!w) {
-      w = {
-        id: workerId, endpointId, managed: false, phase: 'up', jobs: new Set(), lastSeen: now, idleSince: now,
-        parked: 0, stops: new Map(), fenced: new Set(), stopWaiters: [], recycle: false, draining: false,
-      };
+      w = record(endpointId, workerId, now);
       map.set(workerId, w);
     }
     if (w.phase !== 'unhealthy') w.phase = 'up';
