@@ -205,6 +205,7 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
     port = (await http.listen()).port;
     closers.push(() => {
       queue.close();
+      logs.close();
       return http.close();
     });
     // Containers need the bound port for the URL they reach flashd at (see --worker-url).

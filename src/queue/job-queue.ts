@@ -137,6 +137,26 @@ const ENDED_BY_FLASHD: ReadonlySet<JobStatus> = new Set(['CANCELLED', 'TIMED_OUT
 const NO_CHUNKS: StreamChunk[] = Object.freeze([]) as unknown as StreamChunk[];
 const NO_WAITERS: (() => void)[] = Object.freeze([]) as unknown as (() => void)[];
 const NOOP = (): void => undefined;
+
+/** An empty answer after `ms`, or at once when the client goes away first. */
+function drained<T>(cancel: Cancellation | AbortSignal, ms: number): Promise<T[]> {
+  return new Promise((resolve) => {
+    const timer = setTimeout(() => {
+      unhook();
+      resolve([]);
+    }, ms);
+    const onAbort = () => {
+      clearTimeout(timer);
+      resolve([]);
+    };
+    let unhook: () => void;
+    if ('onAbort' in cancel) unhook = cancel.onAbort(onAbort);
+    else {
+      cancel.addEventListener('abort', onAbort, { once: true });
+      unhook = () => cancel.removeEventListener('abort', onAbort);
+    }
+  });
+}
 const chunksOf = (job: Job): StreamChunk[] => (job.chunks === NO_CHUNKS ? (job.chunks = []) : job.chunks);
 
 /**
@@ -169,6 +189,12 @@ const HOT_QUEUE_DEPTH = 64;
 
 /** A pending stop is offered again on job-stop at most this often. */
 const STOP_REOFFER_MS = 1000;
+/**
+ * A worker being stopped that polls again (its SIGTERM not handled yet, or ignored) is answered
+ * after this long rather than at once: runpod-python re-polls immediately on a 204, so an
+ * instant answer is a tight loop until the stop grace period ends.
+ */
+export const DRAIN_POLL_HOLD_MS = 250;
 
 
 export interface DoneBody {
@@ -527,8 +553,9 @@ export class JobQueue {
    */
   take(endpointId: string, workerId: string, max: number, cancel: Cancellation, holdMs = this.settings.takeHoldMs): Promise<ClaimedJob[]> {
     const worker = this.workers.seen(endpointId, workerId, true);
-    // Being stopped: no job, and no hold, so its SDK sees the SIGTERM and exits now.
-    if (worker.draining) return Promise.resolve([]);
+    // Being stopped: no job. Its parked polls were answered at once (stopping()) so its SDK
+    // sees the SIGTERM and exits; a poll after that waits a little, never a tight loop.
+    if (worker.draining) return drained<ClaimedJob>(cancel, Math.min(DRAIN_POLL_HOLD_MS, holdMs));
     const q = this.#queue(endpointId);
     // A take renews no lease: only pings (which list the jobs held) and results do. A worker
     // restarted with the same id would otherwise keep its dead incarnation's jobs alive.
@@ -717,7 +744,8 @@ export class JobQueue {
   stopSignals(endpointId: string, workerId: string, signal: AbortSignal, holdMs = this.settings.takeHoldMs): Promise<string[]> {
     const worker = this.workers.seen(endpointId, workerId);
     const first = this.#dueStops(worker);
-    if (first.ids.length || signal.aborted || worker.draining) return Promise.resolve(first.ids);
+    if (first.ids.length || signal.aborted) return Promise.resolve(first.ids);
+    if (worker.draining) return drained<string>(signal, Math.min(DRAIN_POLL_HOLD_MS, holdMs));
     return new Promise((resolve) => {
       let settled = false;
       let timer: NodeJS.Timeout | undefined;

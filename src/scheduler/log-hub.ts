@@ -8,6 +8,8 @@ import type { LogLine, LogsRepo, WriteBatch } from '../store/index.js';
 /** The most lines a new follower is sent from between its snapshot and its first live line. */
 const CATCH_UP_LINES = 10_000;
 
+const NOOP = (): void => undefined;
+
 interface Follower {
   line(line: LogLine): void;
   end(): void;
@@ -22,6 +24,7 @@ export class LogHub {
   /** Deleted endpoints: their late lines are dropped (ids are never reused). */
   readonly #dropped = new Set<string>();
   readonly #keep: number;
+  #closed = false;
 
   constructor(repo: LogsRepo, batch: WriteBatch, clock: Clock, keepPerEndpoint = 10_000) {
     this.#repo = repo;
@@ -67,6 +70,10 @@ export class LogHub {
    * repeats nothing.
    */
   follow(endpointId: string, afterSeq: number, line: (line: LogLine) => void, end: () => void): () => void {
+    if (this.#closed) {
+      end();
+      return NOOP;
+    }
     let set = this.#followers.get(endpointId);
     if (!set) this.#followers.set(endpointId, (set = new Set()));
     let last = afterSeq;
@@ -88,6 +95,17 @@ export class LogHub {
       () => undefined,
     );
     return () => live.delete(follower);
+  }
+
+  /**
+   * flashd is stopping: every follower's stream ends properly (a complete chunked response, so
+   * `curl` exits 0 rather than reporting a cut transfer), and later follows end at once.
+   */
+  close(): void {
+    this.#closed = true;
+    const all = [...this.#followers.values()];
+    this.#followers.clear();
+    for (const set of all) for (const f of set) f.end();
   }
 
   /** The endpoint was deleted: its followers' streams end. */

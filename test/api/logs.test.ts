@@ -72,3 +72,26 @@ t.test('following hands over from the snapshot to the stream without losing or r
   }
   t.pass('15 follows, each contiguous');
 });
+
+t.test('a follow stream ends cleanly when flashd stops (a complete response, not a cut one)', async (t) => {
+  const a = await startAgent(t);
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody() })).json.id as string;
+  a.agent.logs.append(ep, 'wkr_a', 'stdout', 'before stop');
+  const res = await fetch(`${a.url}/v2/serverless/${ep}/logs?follow=true`, { headers: { authorization: `Bearer ${ADMIN_KEY}` } });
+  const reader = res.body!.getReader();
+  const decoder = new TextDecoder();
+  let text = '';
+  while (!text.includes('before stop')) text += decoder.decode((await reader.read()).value, { stream: true });
+  const closing = a.agent.close();
+  // A cut chunked response makes the reader throw ("terminated"); an ended one reports done.
+  let ended = false;
+  for (;;) {
+    const { done } = await reader.read();
+    if (done) {
+      ended = true;
+      break;
+    }
+  }
+  await closing;
+  t.ok(ended, 'the stream reached its end');
+});

@@ -5,6 +5,7 @@ import { fileURLToPath } from 'node:url';
 import { startAgent, assertProblem, cpuBody, ADMIN_KEY, type TestAgent } from '../helpers/agent.js';
 import { TestWorker } from '../helpers/worker.js';
 import { POLL_ERROR_HOLD_MS } from '../../src/api/worker.js';
+import { DRAIN_POLL_HOLD_MS } from '../../src/queue/job-queue.js';
 
 async function endpoint(a: TestAgent, extra: Record<string, unknown> = {}): Promise<string> {
   const r = await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 }, ...extra }) });
@@ -432,7 +433,13 @@ t.test('a worker flashd is stopping gets its parked polls answered at once and n
   t.same(await parkedStop, [], 'the parked job-stop ends too');
   t.ok(Date.now() - started < 5000, 'at once, not after the 30 s hold');
   const id = (await run(a, ep, { input: { after: 'stop' } })).json.id;
-  t.equal(await w.take(), null, 'a stopping worker is given no job, and not held either');
+  const again = Date.now();
+  t.equal(await w.take(), null, 'a stopping worker is given no job');
+  const waited = Date.now() - again;
+  t.ok(waited >= DRAIN_POLL_HOLD_MS - 20 && waited < 5000, `a poll after the stop waits briefly, not a tight loop and not the 30 s hold (${waited} ms)`);
+  const stopAgain = Date.now();
+  t.same(await w.stops(), [], 'its job-stop poll is empty');
+  t.ok(Date.now() - stopAgain >= DRAIN_POLL_HOLD_MS - 20, 'and waits briefly too');
   t.equal((await other.take())?.id, id, 'the job goes to another worker');
 });
 
