@@ -1001,13 +1001,15 @@ export class JobQueue {
     const job = this.#jobs.get(jobId);
     const now = this.#clock.now();
     if (job && job.endpointId === endpointId) {
+      const changed = job.retentionMs !== ms;
       job.retentionMs = ms;
       if (job.completedAt !== null) {
         job.expiresAt = now + ms;
         const exp = job.expiresAt;
         job.writeSeq = this.#batch.write(() => this.#repo.setExpiry(jobId, exp));
-      } else if (job.inserted) {
-        // Not finished yet: its final write reads retentionMs, but a restart reads the row.
+      } else if (job.inserted && changed) {
+        // Not finished yet: its final write reads retentionMs, but a restart reads the row (a
+        // client polling with the same ?ttl= writes it once, not once a poll).
         job.writeSeq = this.#batch.write(() => this.#repo.setRetention(jobId, ms));
       }
       return;

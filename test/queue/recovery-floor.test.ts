@@ -226,3 +226,19 @@ t.test('a /status?ttl= given while the job is queued survives a restart', async 
   clock.advance(1001);
   t.equal((await b.req('GET', `/v2/${ep}/status/${id}`)).status, 404, 'gone after 10 s, not the default 30 minutes');
 });
+
+t.test('polling /status with the same ?ttl= on a queued job writes it once', async (t) => {
+  const { a } = await setup(t);
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  const id = (await a.req('POST', `/v2/${ep}/run`, { body: { input: {} } })).json.id as string;
+  const changes = () => (a.agent.db.prepare('SELECT total_changes() AS n').get() as { n: number }).n;
+  const settle = () => new Promise((r) => setTimeout(r, 20));
+  await settle();
+  const before = changes();
+  for (let i = 0; i < 5; i++) t.equal((await a.req('GET', `/v2/${ep}/status/${id}?ttl=10000`)).json.status, 'IN_QUEUE');
+  await settle();
+  t.equal(changes() - before, 1, 'five polls, one UPDATE');
+  t.equal((await a.req('GET', `/v2/${ep}/status/${id}?ttl=20000`)).status, 200);
+  await settle();
+  t.equal(changes() - before, 2, 'a different ttl is written');
+});
