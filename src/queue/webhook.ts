@@ -18,16 +18,58 @@ export interface WebhookOptions {
   log: Logger;
 }
 
-/** True for loopback, private, link-local, CGNAT, unspecified and similar ranges. */
-export function isPrivateAddress(address: string): boolean {
-  let ip = address.toLowerCase();
-  if (ip.startsWith('::ffff:')) ip = ip.slice(7);
-  if (isIP(ip) === 4) {
-    const [a = 0, b = 0] = ip.split('.').map(Number);
-    return a === 10 || a === 127 || a === 0 || (a === 169 && b === 254) || (a === 172 && b >= 16 && b <= 31) ||
-      (a === 192 && b === 168) || (a === 100 && b >= 64 && b <= 127) || a >= 224;
+function isPrivateV4(a: number, b: number): boolean {
+  return a === 0 || a === 10 || a === 127 || (a === 100 && b >= 64 && b <= 127) || (a === 169 && b === 254) ||
+    (a === 172 && b >= 16 && b <= 31) || (a === 192 && b === 168) || (a === 192 && b === 0) || (a === 198 && (b === 18 || b === 19)) ||
+    a >= 224;
+}
+
+/** The eight 16-bit groups of an IPv6 address (`::` expanded, a trailing dotted IPv4 as two groups). */
+function ipv6Groups(ip: string): number[] | undefined {
+  let text = ip;
+  const lastColon = text.lastIndexOf(':');
+  if (text.includes('.', lastColon)) {
+    const v4 = text.slice(lastColon + 1);
+    if (isIP(v4) !== 4) return undefined;
+    const [a = 0, b = 0, c = 0, d = 0] = v4.split('.').map(Number);
+    text = `${text.slice(0, lastColon + 1)}${((a << 8) | b).toString(16)}:${((c << 8) | d).toString(16)}`;
   }
-  return ip === '::1' || ip === '::' || ip.startsWith('fc') || ip.startsWith('fd') || ip.startsWith('fe80');
+  const halves = text.split('::');
+  if (halves.length > 2) return undefined;
+  const parse = (part: string | undefined) => (part ? part.split(':').map((h) => parseInt(h, 16)) : []);
+  const head = parse(halves[0]);
+  if (halves.length === 1) return head.length === 8 ? head : undefined;
+  const tail = parse(halves[1]);
+  const fill = 8 - head.length - tail.length;
+  return fill < 0 ? undefined : [...head, ...new Array<number>(fill).fill(0), ...tail];
+}
+
+/**
+ * True for loopback, private, link-local, CGNAT, unspecified, multicast and similar ranges, in
+ * any spelling: an IPv4 address inside an IPv6 one (`::ffff:7f00:1`, `::ffff:127.0.0.1`,
+ * NAT64 `64:ff9b::a00:1`, 6to4 `2002:7f00:1::`) is judged by its IPv4 part.
+ */
+export function isPrivateAddress(address: string): boolean {
+  const ip = address.toLowerCase().replace(/^\[|\]$/g, '').replace(/%.*$/, '');
+  const family = isIP(ip);
+  if (family === 4) {
+    const [a = 0, b = 0] = ip.split('.').map(Number);
+    return isPrivateV4(a, b);
+  }
+  if (family !== 6) return true;
+  const g = ipv6Groups(ip);
+  if (!g || g.some((x) => !Number.isInteger(x) || x < 0 || x > 0xffff)) return true;
+  const [g0 = 0, g1 = 0, g2 = 0, g3 = 0, g4 = 0, g5 = 0, g6 = 0] = g;
+  // The first two octets of an IPv4 address held in one group decide its range.
+  const v4 = (group: number) => isPrivateV4(group >> 8, group & 0xff);
+  // ::/96 (unspecified, loopback, IPv4-compatible: 0.x.x.x is private) and ::ffff:0:0/96 (mapped).
+  if (g0 === 0 && g1 === 0 && g2 === 0 && g3 === 0 && g4 === 0 && (g5 === 0 || g5 === 0xffff)) return v4(g6);
+  // NAT64 64:ff9b::/96 carries an IPv4 address; 64:ff9b:1::/48 is for local use.
+  if (g0 === 0x64 && g1 === 0xff9b) return g2 === 1 || v4(g6);
+  // 6to4 2002::/16 carries one in its second and third groups.
+  if (g0 === 0x2002) return v4(g1);
+  // fc00::/7 unique local, fe80::/10 link-local, fec0::/10 site-local, ff00::/8 multicast.
+  return (g0 & 0xfe00) === 0xfc00 || (g0 & 0xffc0) === 0xfe80 || (g0 & 0xffc0) === 0xfec0 || (g0 & 0xff00) === 0xff00;
 }
 
 export function checkWebhookUrl(raw: string): string | undefined {

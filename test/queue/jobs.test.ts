@@ -6,6 +6,7 @@ import { startAgent, assertProblem, cpuBody, ADMIN_KEY, type TestAgent } from '.
 import { TestWorker } from '../helpers/worker.js';
 import { POLL_ERROR_HOLD_MS } from '../../src/api/worker.js';
 import { DRAIN_POLL_HOLD_MS } from '../../src/queue/job-queue.js';
+import { isPrivateAddress } from '../../src/queue/webhook.js';
 
 async function endpoint(a: TestAgent, extra: Record<string, unknown> = {}): Promise<string> {
   const r = await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 }, ...extra }) });
@@ -351,12 +352,33 @@ t.test('webhook receives the final status body', async (t) => {
   const strict = await startAgent(t, { takeHoldMs: 1000, webhookRetryDelayMs: 0 });
   const ep2 = await endpoint(strict);
   const w2 = await TestWorker.create(strict, ep2);
-  const id2 = (await run(strict, ep2, { input: {}, webhook: `http://127.0.0.1:${port}/hook` })).json.id;
-  await w2.take();
-  await w2.done(id2, { output: 1 });
-  for (let i = 0; i < 100 && !strict.logs.some((l) => l.includes('webhook gave up')); i++) await new Promise((r) => setTimeout(r, 20));
-  t.equal(received.length, 1, 'private addresses are refused by default');
-  t.ok(strict.logs.some((l) => l.includes('webhook gave up') && l.includes('private')));
+  // The same loopback listener, spelled as IPv4 and as IPv4 inside IPv6 (the URL parser writes
+  // [::ffff:127.0.0.1] as [::ffff:7f00:1]); a dual-stack connect to either reaches it.
+  const hosts = ['127.0.0.1', '[::ffff:127.0.0.1]', '[::ffff:7f00:1]', '[0:0:0:0:0:ffff:7f00:1]', '[::1]'];
+  for (const host of hosts) {
+    const id2 = (await run(strict, ep2, { input: {}, webhook: `http://${host}:${port}/hook` })).json.id;
+    await w2.take();
+    await w2.done(id2, { output: 1 });
+  }
+  const refusals = () => strict.logs.filter((l) => l.includes('webhook gave up') && l.includes('private')).length;
+  for (let i = 0; i < 200 && refusals() < hosts.length; i++) await new Promise((r) => setTimeout(r, 20));
+  t.equal(received.length, 1, 'private addresses are refused by default, in every spelling');
+  t.equal(refusals(), hosts.length, 'each refusal is logged as such');
+});
+
+t.test('isPrivateAddress judges every spelling of an address', async (t) => {
+  const cases: [string, boolean][] = [
+    ['127.0.0.1', true], ['10.1.2.3', true], ['172.16.0.1', true], ['172.32.0.1', false], ['192.168.1.1', true],
+    ['100.64.0.1', true], ['169.254.169.254', true], ['0.0.0.0', true], ['224.0.0.1', true], ['198.18.0.1', true],
+    ['8.8.8.8', false], ['93.184.216.34', false],
+    ['::1', true], ['::', true], ['[::1]', true], ['::ffff:127.0.0.1', true], ['::ffff:7f00:1', true], ['::FFFF:7F00:1', true],
+    ['0:0:0:0:0:ffff:7f00:1', true], ['::ffff:a00:1', true], ['::ffff:c0a8:101', true], ['::ffff:808:808', false],
+    ['::7f00:1', true], ['64:ff9b::7f00:1', true], ['64:ff9b::808:808', false], ['64:ff9b:1::1', true],
+    ['2002:7f00:1::', true], ['2002:808:808::1', false], ['fc00::1', true], ['fd12:3456::1', true], ['fe80::1', true],
+    ['febf::1', true], ['fec0::1', true], ['ff02::1', true], ['fe80::1%eth0', true],
+    ['2606:4700:4700::1111', false], ['2001:4860:4860::8888', false], ['not-an-ip', true],
+  ];
+  for (const [ip, want] of cases) t.equal(isPrivateAddress(ip), want, `${ip}: ${want ? 'private' : 'public'}`);
 });
 
 t.test('low-priority jobs are taken after normal ones', async (t) => {
