@@ -189,6 +189,8 @@ const HOT_QUEUE_DEPTH = 64;
 
 /** A pending stop is offered again on job-stop at most this often. */
 const STOP_REOFFER_MS = 1000;
+/** How often #evict looks through the finished jobs kept only for their unread stream chunks. */
+const UNREAD_STREAM_SWEEP_MS = 10_000;
 /**
  * A worker being stopped that polls again (its SIGTERM not handled yet, or ignored) is answered
  * after this long rather than at once: runpod-python re-polls immediately on a 204, so an
@@ -215,6 +217,9 @@ export class JobQueue {
   readonly #log: Logger;
   readonly #jobs = new Map<string, Job>();
   readonly #finishedOrder = new Deque<Job>();
+  /** Finished jobs past the in-memory cap kept for their unread stream chunks (#evict). */
+  readonly #unreadStreams = new Set<Job>();
+  #unreadStreamsSweptAt = 0;
   readonly #queues = new Map<string, EndpointQueue>();
   readonly #running = new Set<Job>();
   readonly #listeners: QueueListener[] = [];
@@ -884,15 +889,29 @@ export class JobQueue {
     await this.#batch.committed();
   }
 
-  /** Drops finished jobs from memory past the cap or their expiry (SQLite still has them). */
+  /**
+   * Drops finished jobs from memory past the cap or their expiry (SQLite still has them). A job
+   * whose stream chunks nobody has read yet (they live only in memory) stays until they are read
+   * or its result expires, whichever comes first: `#unreadStreams` holds it until then.
+   */
   #evict(): void {
     const now = this.#clock.now();
     for (let j = this.#finishedOrder.peek(); j; j = this.#finishedOrder.peek()) {
       const over = this.#finishedOrder.size > this.settings.finishedInMemory;
       if (!over && (j.expiresAt ?? 0) > now) break;
       this.#finishedOrder.shift();
-      if (TERMINAL.has(j.status) && this.#jobs.get(j.id) === j && j.chunks.length === 0) this.#jobs.delete(j.id);
-      else if (TERMINAL.has(j.status) && (j.expiresAt ?? 0) <= now) this.#jobs.delete(j.id);
+      if (!TERMINAL.has(j.status) || this.#jobs.get(j.id) !== j) continue;
+      if (j.chunks.length > 0 && (j.expiresAt ?? 0) > now) this.#unreadStreams.add(j);
+      else this.#jobs.delete(j.id);
+    }
+    if (this.#unreadStreams.size && now >= this.#unreadStreamsSweptAt + UNREAD_STREAM_SWEEP_MS) {
+      this.#unreadStreamsSweptAt = now;
+      for (const j of this.#unreadStreams) {
+        const current = this.#jobs.get(j.id) === j && TERMINAL.has(j.status);
+        if (current && j.chunks.length > 0 && (j.expiresAt ?? 0) > now) continue;
+        this.#unreadStreams.delete(j);
+        if (current) this.#jobs.delete(j.id);
+      }
     }
   }
 
@@ -1032,12 +1051,11 @@ export class JobQueue {
   }
 
   async cancel(endpointId: string, jobId: string): Promise<JobSnapshot> {
+    // An expired result may still be in memory (eviction goes in completion order): find() says 404 for it.
+    const snap = this.find(endpointId, jobId);
+    if (!snap) throw new AgentError('NOT_FOUND', `Job ${jobId} not found (unknown, or its result expired).`);
     const job = this.#jobs.get(jobId);
-    if (!job || job.endpointId !== endpointId) {
-      const snap = this.find(endpointId, jobId);
-      if (!snap) throw new AgentError('NOT_FOUND', `Job ${jobId} not found (unknown, or its result expired).`);
-      return snap;
-    }
+    if (!job || job.endpointId !== endpointId) return snap;
     if (job.status === 'IN_QUEUE') {
       this.#leave(job);
       await this.#finishCommitted(job, 'CANCELLED', null, null);
@@ -1055,11 +1073,12 @@ export class JobQueue {
     if (snap.status !== 'FAILED' && snap.status !== 'TIMED_OUT') {
       throw new AgentError('JOB_NOT_IN_STATE', `Only FAILED or TIMED_OUT jobs can be retried; job ${jobId} is ${snap.status}.`);
     }
-    let job = this.#jobs.get(jobId);
-    if (!job) {
-      job = this.#fromRow(this.#repo.get(jobId) as JobRow, this.#clock.monotonic(), this.#clock.now());
-      this.#jobs.set(jobId, job);
-    }
+    // A fresh record, never the finished one: a job that timed out in the queue is still in its
+    // deque (deques drop ended jobs lazily), and reviving that object would put it back at its
+    // old place in line, ahead of newer jobs and around any fence.
+    const finished = this.#jobs.get(jobId);
+    const job: Job = finished ? { ...finished } : this.#fromRow(this.#repo.get(jobId) as JobRow, this.#clock.monotonic(), this.#clock.now());
+    this.#jobs.set(jobId, job);
     // It leaves the finished counts (job_counts) it was in.
     this.#count(endpointId, job.status, -1, -job.retries);
     job.status = 'IN_QUEUE';
@@ -1077,6 +1096,8 @@ export class JobQueue {
     // down, so a restart neither times it out against the first submit nor skips its claim.
     job.attempt = 0;
     job.claimSaved = 0;
+    job.fencedFrom = null;
+    job.fencedUntil = 0;
     job.queuedAt = this.#clock.now();
     (job as { ttlDeadline: number }).ttlDeadline = this.#clock.monotonic() + job.ttlMs;
     const { retries, queuedAt } = job;

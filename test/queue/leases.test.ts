@@ -354,3 +354,73 @@ t.test('an external worker that went silent (no job, no take open) leaves /healt
   t.match((await a.req('GET', `/v2/${ep}/health`)).json.workers, { idle: 1 }, 'a take brings it back');
   await parked;
 });
+
+t.test('a finished job with unread stream chunks leaves memory when its result expires, even past the in-memory cap', async (t) => {
+  const { a, ep, step, worker } = await setup(t);
+  // A small cap (2,000 by default) so a few jobs push a finished one off the in-memory list.
+  a.agent.queue.settings.finishedInMemory = 5;
+  const w = await worker();
+  const finishMany = async (n: number) => {
+    for (let i = 0; i < n; i++) {
+      const id = (await a.req('POST', `/v2/${ep}/run`, { body: { input: {} } })).json.id as string;
+      await w.take();
+      await w.done(id, { output: 1 });
+    }
+  };
+  const streamed = async () => {
+    const id = (await a.req('POST', `/v2/${ep}/run`, { body: { input: {} } })).json.id as string;
+    await w.take();
+    t.equal(await w.stream(id, 'x'.repeat(100_000)), 200);
+    t.equal((await w.done(id, { output: 'all' })).status, 200);
+    return id;
+  };
+  const read = await streamed();
+  await finishMany(10);
+  t.ok(a.agent.queue.live(read), 'held past the cap for its unread chunks');
+  t.ok((await a.req('GET', `/v2/${ep}/stream/${read}`)).json.stream.length > 0, 'which can still be read');
+  const unread = await streamed();
+  await finishMany(10);
+  t.ok(a.agent.queue.live(unread), 'an unread one is held while its result lives');
+  step(31 * 60_000);
+  await finishMany(1);
+  assertProblem(t, await a.req('GET', `/v2/${ep}/status/${unread}`), 404);
+  t.notOk(a.agent.queue.live(unread), 'gone from memory once its result expired');
+  t.notOk(a.agent.queue.live(read), 'the one read earlier too');
+});
+
+t.test('/cancel of a job whose result expired is a 404, like /status', async (t) => {
+  const { a, ep, step, worker } = await setup(t);
+  const w = await worker();
+  // A /run result (kept 30 min) finishes first, so eviction in completion order stops at it.
+  const runId = (await a.req('POST', `/v2/${ep}/run`, { body: { input: {} } })).json.id as string;
+  await w.take();
+  await w.done(runId, { output: 1 });
+  const sync = a.req('POST', `/v2/${ep}/runsync`, { body: { input: {} } });
+  const job = await w.take();
+  await w.done(job!.id, { output: 2 });
+  const syncId = (await sync).json.id as string;
+  step(5 * 60_000);
+  assertProblem(t, await a.req('GET', `/v2/${ep}/status/${syncId}`), 404);
+  assertProblem(t, await a.req('POST', `/v2/${ep}/cancel/${syncId}`), 404);
+  t.equal((await a.req('POST', `/v2/${ep}/cancel/${runId}`)).json.status, 'COMPLETED', 'a live result still answers');
+});
+
+t.test('a job retried after its TTL ran out in the queue goes behind the jobs queued before the retry', async (t) => {
+  const { a, ep, step, worker } = await setup(t);
+  const j = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { n: 'J' }, policy: { ttl: 10_000 } } })).json.id as string;
+  await a.req('POST', `/v2/${ep}/run`, { body: { input: { n: 'K1' } } });
+  step(11_000);
+  t.equal((await status(a, ep, j)).status, 'TIMED_OUT');
+  await a.req('POST', `/v2/${ep}/run`, { body: { input: { n: 'K2' } } });
+  t.equal((await a.req('POST', `/v2/${ep}/retry/${j}`)).json.status, 'IN_QUEUE');
+  const w = await worker();
+  const order: unknown[] = [];
+  for (let i = 0; i < 3; i++) {
+    const job = await w.take();
+    order.push((job?.input as { n: string }).n);
+    await w.done(job!.id, { output: 1 });
+  }
+  t.same(order, ['K1', 'K2', 'J'], 'the retry is queued at the back');
+  t.equal(await w.take(), null, 'and taken once');
+  t.match((await a.req('GET', `/v2/${ep}/health`)).json.jobs, { inQueue: 0, completed: 3 });
+});
