@@ -90,7 +90,8 @@ export function nativeDir(): string | null {
 
 /** uWebSockets.js, always the native binary: the package's JS fallback is refused. */
 export function loadUws(): typeof import('uWebSockets.js') {
-  // Must be set before the addon initialises; header blocks above it get a 431.
+  // Read by uWS builds that support it, before the addon initialises. The bundled v20.30 binary
+  // does not: a header block over 4 KB split across reads closes the connection (README "Errors").
   process.env['UWS_HTTP_MAX_HEADERS_SIZE'] ??= '16384';
   const dir = nativeDir();
   if (dir) return loadAddon(join(dir, UWS_ADDON)) as typeof import('uWebSockets.js');
