@@ -156,6 +156,7 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
     const autoscaler = new Autoscaler({
       queue, endpoints, runtime, auth, logs, clock, log: log.child({ component: 'autoscaler' }),
       baseUrl: () => config.workerUrl ?? containers?.workerBaseUrl() ?? urls.queueBaseUrl(), pingIntervalMs,
+      stopGraceMs: config.workerStopGraceMs, initTimeoutMs: config.workerInitTimeoutMs,
       registryAuth: (ownerId, id) => endpoints.registryAuth(ownerId, id),
       placement,
     });
@@ -203,7 +204,9 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
       resolve: api.resolve, onEarlyError: api.earlyError,
     });
     port = (await http.listen()).port;
-    closers.push(() => {
+    closers.push(async () => {
+      // Workers first, while the API still takes their results; then the queue and the listener.
+      await autoscaler.drain();
       queue.close();
       logs.close();
       return http.close();

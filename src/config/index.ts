@@ -28,6 +28,8 @@ export interface FlashdConfig {
   readonly leaseMs: number;
   readonly takeHoldMs: number;
   readonly maxAttempts: number;
+  readonly workerStopGraceMs: number;
+  readonly workerInitTimeoutMs: number;
   readonly webhookAllowPrivate: boolean;
   readonly webhookRetryDelayMs: number;
   readonly processWorkdir: string | null;

@@ -915,9 +915,12 @@ export class JobQueue {
     }
   }
 
-  /** Back to the queue after a lost lease or a dead worker, or FAILED past maxAttempts. */
-  #requeueOrFail(job: Job, reason: string, mayStillRun = false): void {
-    if (job.attempt >= this.settings.maxAttempts) {
+  /**
+   * Back to the queue after a lost lease or a dead worker, or FAILED past maxAttempts. An
+   * attempt not `charged` (flashd's own shutdown stopped the worker) is given back.
+   */
+  #requeueOrFail(job: Job, reason: string, mayStillRun = false, charged = true): void {
+    if (charged && job.attempt >= this.settings.maxAttempts) {
       const holder = job.workerId ? this.workers.get(job.endpointId, job.workerId) : undefined;
       this.#finish(job, 'FAILED', null, `${reason}; gave up after ${job.attempt} attempts`);
       if (holder) this.#requestStop(holder, job.id);
@@ -938,6 +941,11 @@ export class JobQueue {
     job.workerId = null;
     job.startedAt = null;
     job.progress = null;
+    if (!charged && job.attempt > 0) {
+      job.attempt--;
+      // The next claim reaches this attempt number again; it must still be written.
+      job.claimSaved = -1;
+    }
     const { id, retries, attempt, queuedAt } = job;
     job.writeSeq = this.#batch.write(() => this.#repo.requeue(id, retries, attempt, queuedAt));
     this.#log.info('job requeued', { jobId: id, endpointId: job.endpointId, attempt, reason });
@@ -945,12 +953,12 @@ export class JobQueue {
   }
 
   /** The runtime saw a worker die: its jobs go back to the queue at once. */
-  workerGone(endpointId: string, workerId: string, reason: string): void {
+  workerGone(endpointId: string, workerId: string, reason: string, charged = true): void {
     const worker = this.workers.get(endpointId, workerId);
     if (!worker) return;
     for (const id of [...worker.jobs]) {
       const job = this.#jobs.get(id);
-      if (job && job.status === 'IN_PROGRESS' && job.workerId === workerId) this.#requeueOrFail(job, reason);
+      if (job && job.status === 'IN_PROGRESS' && job.workerId === workerId) this.#requeueOrFail(job, reason, false, charged);
     }
   }
 

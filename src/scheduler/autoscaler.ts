@@ -31,6 +31,11 @@ export interface AutoscalerOptions {
   pingIntervalMs: number;
   /** SIGTERM → SIGKILL grace when stopping a worker. */
   stopGraceMs?: number;
+  /**
+   * A managed worker that has not asked for a job this long after its launch is stopped and
+   * counted as a crash (RunPod's RUNPOD_INIT_TIMEOUT; the endpoint's env may set that, in s).
+   */
+  initTimeoutMs?: number;
   /** Idle grace for QUEUE endpoints scaling on REQUEST_COUNT, where idleTimeout does not apply. */
   requestCountIdleMs?: number;
   /** Device placement (GPUs); default: CPU endpoints only. */
@@ -43,6 +48,8 @@ interface Managed {
   endpointId: string;
   keyId: string;
   stopping: boolean;
+  /** Stopped for not polling within the init timeout: its exit counts as a crash. */
+  initTimedOut?: boolean;
 }
 
 interface CrashState {
@@ -51,6 +58,14 @@ interface CrashState {
 }
 
 const CRASH_WINDOW_MS = 60_000;
+const DEFAULT_INIT_TIMEOUT_MS = 7 * 60_000;
+
+/** The init timeout of an endpoint: its env's RUNPOD_INIT_TIMEOUT (seconds) when valid, else the default. */
+function initTimeoutOf(spec: EndpointSpec, fallbackMs: number): number {
+  const raw = spec.env['RUNPOD_INIT_TIMEOUT'];
+  const seconds = raw === undefined ? NaN : Number(raw);
+  return Number.isFinite(seconds) && seconds > 0 ? seconds * 1000 : fallbackMs;
+}
 const UNHEALTHY_SHOWN_MS = 60_000;
 
 export class Autoscaler {
@@ -64,6 +79,8 @@ export class Autoscaler {
   #scheduled = false;
   #timer: NodeJS.Timeout | undefined;
   #closed = false;
+  /** flashd is shutting down: workers it stops lose their jobs through no fault of the jobs. */
+  #shuttingDown = false;
 
   readonly #placement: Placement;
 
@@ -120,6 +137,15 @@ export class Autoscaler {
     const registry = this.#o.queue.workers;
     const load = this.#o.queue.load(endpointId);
     const crash = this.#crashes.get(endpointId);
+    const initTimeoutMs = initTimeoutOf(spec, this.#o.initTimeoutMs ?? DEFAULT_INIT_TIMEOUT_MS);
+    for (const w of registry.list(endpointId)) {
+      const m = this.#managed.get(w.id);
+      if (!m || m.stopping || registry.state(w) !== 'initializing' || mono - w.lastSeen < initTimeoutMs) continue;
+      m.initTimedOut = true;
+      const why = `did not ask for a job within ${Math.round(initTimeoutMs / 1000)} s of starting (RUNPOD_INIT_TIMEOUT)`;
+      this.#o.logs.append(endpointId, w.id, 'system', `worker ${w.id} ${why}; stopping it`);
+      void this.#stop(w.id, why);
+    }
     const decision = decideScale({
       min: spec.workers.min,
       max: spec.workers.max,
@@ -226,11 +252,15 @@ export class Autoscaler {
     if (managed && info.kept) this.#kept.set(workerId, { endpointId, keyId: managed.keyId });
     else if (managed) this.#o.auth.revokeKeyById(managed.keyId);
     const worker = this.#o.queue.workers.get(endpointId, workerId);
-    const crashed = !info.requested && !(worker?.recycle && info.code === 0);
+    const initTimedOut = managed?.initTimedOut === true;
+    const crashed = initTimedOut || (!info.requested && !(worker?.recycle && info.code === 0));
     const how = info.signal ? `signal ${info.signal}` : `code ${info.code ?? '?'}`;
-    this.#o.queue.workerGone(endpointId, workerId, `worker ${workerId} exited (${how})`);
+    // A job cut short by flashd's own shutdown goes back without using one of its attempts.
+    this.#o.queue.workerGone(endpointId, workerId, `worker ${workerId} exited (${how})`, !this.#shuttingDown);
     if (crashed) {
-      this.#o.logs.append(endpointId, workerId, 'system', `worker ${workerId} exited unexpectedly (${how})`);
+      this.#o.logs.append(endpointId, workerId, 'system', initTimedOut
+        ? `worker ${workerId} stopped (${how}): it never asked for a job`
+        : `worker ${workerId} exited unexpectedly (${how})`);
       this.#o.log.warn('worker exited unexpectedly', { endpointId, workerId, code: info.code, signal: info.signal });
       this.#o.queue.workers.markUnhealthy(endpointId, workerId);
       const mono = this.#o.clock.monotonic();
@@ -283,8 +313,27 @@ export class Autoscaler {
     for (const [id, k] of this.#kept) if (k.endpointId === endpointId) this.#discard(id);
   }
 
+  /**
+   * flashd is stopping: nothing new starts, and every managed worker is told to stop (SIGTERM,
+   * SIGKILL after the grace) while the API is still up, so a job that finishes within the
+   * grace posts its result instead of running again after the restart. Resolves when they are
+   * all gone. A job whose worker is killed goes back to the queue without using an attempt.
+   */
+  async drain(): Promise<void> {
+    this.#closed = true;
+    this.#shuttingDown = true;
+    if (this.#timer) clearInterval(this.#timer);
+    if (!this.#o.runtime || this.#managed.size === 0) return;
+    this.#o.log.info('stopping workers', { count: this.#managed.size, graceMs: this.#o.stopGraceMs ?? 10_000 });
+    // Workers already stopping (scale-down) are waited for by the runtime's own stop.
+    await Promise.all([...this.#managed].map(([id, m]) => (m.stopping
+      ? this.#o.runtime?.stop(id, this.#o.stopGraceMs ?? 10_000)
+      : this.#stop(id, 'flashd is stopping'))));
+  }
+
   async close(): Promise<void> {
     this.#closed = true;
+    this.#shuttingDown = true;
     if (this.#timer) clearInterval(this.#timer);
     await this.#o.runtime?.close();
   }

@@ -11,7 +11,8 @@
  * - REQUEST_COUNT: target `ceil((inQueue + inProgress) / requestCount)`.
  * - Low-priority jobs never cause a scale-up.
  * - Idle workers stop after `idleTimeout` (down to `min`, or to the REQUEST_COUNT target),
- *   longest idle first; above `max`, idle workers stop at once.
+ *   longest idle first; above `max`, starting and idle workers stop at once, and a worker
+ *   marked for replacement stops as soon as it holds no job, even while it is starting.
  * - When the runtime has no room, the shortfall is reported as `throttled`.
  */
 import type { Scaling } from '../endpoints/index.js';
@@ -77,14 +78,18 @@ export function decideScale(s: ScaleInput): ScaleDecision {
     start = Math.max(0, s.capacity);
   }
 
-  // Scale down: idle managed workers, longest idle first.
+  // Scale down: managed workers that hold no job. Above max, starting ones go first (they serve
+  // nobody yet), then idle ones, longest idle first; a recycled one goes whether idle or starting.
   const floor = s.scaling.type === 'REQUEST_COUNT' ? Math.max(s.min, desired) : s.min;
-  const candidates = idle.filter((w) => w.managed).sort((a, b) => b.idleMs - a.idleMs);
+  const candidates = [
+    ...live.filter((w) => w.managed && w.state === 'initializing'),
+    ...idle.filter((w) => w.managed).sort((a, b) => b.idleMs - a.idleMs),
+  ];
   const stop: string[] = [];
   let remaining = active;
   for (const w of candidates) {
     const overMax = remaining > s.max;
-    const expired = w.idleMs >= s.idleTimeoutMs && remaining > floor;
+    const expired = w.state === 'idle' && w.idleMs >= s.idleTimeoutMs && remaining > floor;
     if (overMax || expired || w.recycle) {
       stop.push(w.id);
       remaining--;

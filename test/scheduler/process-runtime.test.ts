@@ -100,3 +100,79 @@ t.test('a PATCH that running workers can pick up keeps them; one that needs a re
   }, 30_000);
   t.pass('a new env: the worker is replaced and the new one sees it');
 });
+
+t.test("flashd's own shutdown lets a running job finish and post its result before the API closes", async (t) => {
+  const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT, takeHoldMs: 1000, leaseMs: 3000, workerStopGraceMs: 15_000 });
+  const ep = (await a.req('POST', '/v2/serverless', {
+    body: cpuBody({ args: 'python3 -u test/fixtures/workers/echo.py', workers: { min: 0, max: 1, idleTimeout: 30 } }),
+  })).json.id as string;
+  const id = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { sleep: 1.5 } } })).json.id as string;
+  await until('the job to start', async () => (await a.req('GET', `/v2/${ep}/status/${id}`)).json.status === 'IN_PROGRESS', 20_000);
+  await a.agent.close();
+  const b = await startAgent(t, {}, { dir: a.dir });
+  const s = (await b.req('GET', `/v2/${ep}/status/${id}`)).json;
+  t.equal(s.status, 'COMPLETED', `finished during the shutdown, not run again after it: ${JSON.stringify(s)}`);
+  t.same(s.output.echo, { sleep: 1.5 });
+  t.notOk(s.retries, 'never requeued');
+});
+
+t.test('a job cut short by the shutdown grace goes back to the queue without using an attempt', async (t) => {
+  const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT, takeHoldMs: 1000, leaseMs: 3000, maxAttempts: 1, workerStopGraceMs: 300 });
+  const ep = (await a.req('POST', '/v2/serverless', {
+    body: cpuBody({ args: 'python3 -u test/fixtures/workers/echo.py', workers: { min: 0, max: 1, idleTimeout: 30 } }),
+  })).json.id as string;
+  const id = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { sleep: 30 } } })).json.id as string;
+  await until('the job to start', async () => (await a.req('GET', `/v2/${ep}/status/${id}`)).json.status === 'IN_PROGRESS', 20_000);
+  const started = Date.now();
+  await a.agent.close();
+  t.ok(Date.now() - started < 10_000, 'the grace bounds the shutdown');
+  const b = await startAgent(t, { maxAttempts: 1 }, { dir: a.dir });
+  const s = (await b.req('GET', `/v2/${ep}/status/${id}`)).json;
+  t.equal(s.status, 'IN_QUEUE', `queued again, not FAILED after its one attempt: ${JSON.stringify(s)}`);
+});
+
+t.test('a worker that never asks for a job is stopped after the init timeout and shown unhealthy', async (t) => {
+  const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT, takeHoldMs: 1000, leaseMs: 3000 });
+  const ep = (await a.req('POST', '/v2/serverless', {
+    body: cpuBody({ args: 'sleep 60', env: { RUNPOD_INIT_TIMEOUT: '1' }, workers: { min: 0, max: 1, idleTimeout: 30 } }),
+  })).json.id as string;
+  const id = (await a.req('POST', `/v2/${ep}/run`, { body: { input: {} } })).json.id as string;
+  await until('a worker to start', async () => (await health(a, ep)).workers.initializing === 1, 10_000);
+  const h = await until('the silent worker to be stopped', async () => {
+    const h = await health(a, ep);
+    return h.workers.unhealthy >= 1 && h;
+  }, 15_000);
+  t.equal(h.workers.initializing, 0, 'no longer counted as starting');
+  const lines = await until('the stop in the log', async () => {
+    const l = (await a.req('GET', `/v2/serverless/${ep}/logs`)).json as { line: string }[];
+    return l.some((x) => /never asked for a job/.test(x.line)) && l;
+  }, 10_000);
+  t.ok(lines.some((l) => /did not ask for a job within 1 s/.test(l.line)), 'the log says why');
+  t.equal((await a.req('GET', `/v2/${ep}/status/${id}`)).json.status, 'IN_QUEUE', 'the job waits for a worker that works');
+});
+
+t.test('lowering max or replacing the configuration stops a worker that is still starting', async (t) => {
+  const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT, takeHoldMs: 1000, leaseMs: 3000 });
+  const ep = (await a.req('POST', '/v2/serverless', {
+    body: cpuBody({ args: 'sleep 60', workers: { min: 0, max: 1, idleTimeout: 30 } }),
+  })).json.id as string;
+  await a.req('POST', `/v2/${ep}/run`, { body: { input: {} } });
+  await until('a worker to start', async () => (await health(a, ep)).workers.initializing === 1, 10_000);
+  const patched = await a.req('PATCH', `/v2/serverless/${ep}`, { body: { args: 'python3 -u test/fixtures/workers/echo.py' } });
+  t.equal(patched.status, 200, patched.text);
+  const done = await until('the job to run on the new configuration', async () => {
+    const r = await a.req('GET', `/v2/serverless/${ep}/logs`);
+    return (r.json as { line: string }[]).some((l) => /handling/.test(l.line));
+  }, 20_000);
+  t.ok(done, 'the starting worker was replaced');
+  const patched2 = await a.req('PATCH', `/v2/serverless/${ep}`, { body: { args: 'sleep 60' } });
+  t.equal(patched2.status, 200);
+  await a.req('POST', `/v2/${ep}/run`, { body: { input: {} } });
+  await until('a new starting worker', async () => (await health(a, ep)).workers.initializing === 1, 20_000);
+  t.equal((await a.req('PATCH', `/v2/serverless/${ep}`, { body: { workers: { min: 0, max: 0 } } })).status, 200);
+  await until('max 0 stops it', async () => {
+    const w = (await health(a, ep)).workers;
+    return w.initializing === 0 && w.idle === 0 && w.running === 0;
+  }, 15_000);
+  t.pass('stopped');
+});
