@@ -15,7 +15,7 @@ import { createSecretBox } from './core/secret-box.js';
 import { EndpointService, type PublicUrls } from './endpoints/index.js';
 import { createHttpServer, type HttpServer } from './http/index.js';
 import { JobQueue, WebhookSender, WorkerRegistry } from './queue/index.js';
-import { ContainerRuntime, ProcessRuntime, findEngineSocket, type WorkerRuntime } from './runtime/index.js';
+import { ContainerRuntime, ProcessRuntime, findEngineSocket, reapOrphanProcessWorkers, type WorkerRuntime } from './runtime/index.js';
 import { Autoscaler, LogHub } from './scheduler/index.js';
 import { ResourceLedger, createLedgerPlacement, probeHost, workerRequirement } from './gpu/index.js';
 import type { EndpointSpec } from './endpoints/index.js';
@@ -132,6 +132,16 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
     hardwareProbe.catch(() => undefined);
     const recovered = queue.recover();
     if (recovered.queued || recovered.running) log.info('jobs recovered', recovered);
+    // Workers this flashd launched before a crash are gone or going (process workers are stopped
+    // here whatever the runtime is now; containers when the engine connects): their keys are
+    // revoked, and their jobs go back to the queue now instead of after a lease.
+    reapOrphanProcessWorkers(dataDir, log.child({ component: 'runtime' }));
+    const leftovers = auth.revokeLeftoverManagedKeys();
+    for (const w of leftovers) {
+      queue.workerGone(w.endpointId, w.workerId, `worker ${w.workerId} belonged to a run of flashd that did not stop cleanly`);
+      queue.workers.remove(w.endpointId, w.workerId);
+    }
+    if (leftovers.length) log.info('workers of the previous run released', { count: leftovers.length });
     const webhooks = new WebhookSender({
       allowPrivate: config.webhookAllowPrivate, retryDelayMs: config.webhookRetryDelayMs, attempts: 3, timeoutMs: 10_000,
       log: log.child({ component: 'webhook' }),

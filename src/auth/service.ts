@@ -48,6 +48,8 @@ interface CachedKey {
 }
 
 const KEY_CACHE_MAX = 10_000;
+/** Names the keys of workers flashd launches: `managed worker <worker id>`. */
+const MANAGED_KEY_PREFIX = 'managed worker ';
 
 /**
  * The token in an Authorization value, without the regexes of the full parse: what follows a
@@ -242,6 +244,26 @@ export class AuthService {
   }
 
   /** A worker key: scope `worker`, bound to one endpoint, acting for the endpoint's owner. */
+  /**
+   * The keys of workers flashd launched, named `managed worker <id>` (`createManagedWorkerKey`),
+   * that are still valid at start: their workers belonged to a previous run that did not stop
+   * cleanly. They are revoked; the workers they named are returned.
+   */
+  revokeLeftoverManagedKeys(): { endpointId: string; workerId: string }[] {
+    const now = this.#clock.now();
+    const out: { endpointId: string; workerId: string }[] = [];
+    for (const k of this.#repo.liveWorkerKeysNamed(MANAGED_KEY_PREFIX)) {
+      this.#repo.revokeKey(k.id, now);
+      if (k.endpointId) out.push({ endpointId: k.endpointId, workerId: k.name.slice(MANAGED_KEY_PREFIX.length) });
+    }
+    return out;
+  }
+
+  /** The key of a worker flashd launches (see revokeLeftoverManagedKeys). */
+  createManagedWorkerKey(endpointId: string, workerId: string): IssuedKey {
+    return this.createWorkerKey('usr_admin', null, endpointId, `${MANAGED_KEY_PREFIX}${workerId}`);
+  }
+
   createWorkerKey(userId: string, teamId: string | null, endpointId: string, name: string): IssuedKey {
     const key = generateApiKey('wkr');
     const row = this.#insertKey(key, { name, scopes: ['worker'], teamId }, userId, 'worker', endpointId);

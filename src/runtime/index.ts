@@ -1,4 +1,4 @@
 export type { ExitInfo, Flashboot, LaunchResult, LaunchSpec, WorkerEvents, WorkerRuntime } from './types.js';
-export { ProcessRuntime } from './process.js';
+export { ProcessRuntime, reapOrphanProcessWorkers } from './process.js';
 export { lineSplitter } from './line-splitter.js';
 export * from './docker/index.js';

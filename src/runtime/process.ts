@@ -6,7 +6,8 @@
  *
  * Workers get their own process group, so a stop reaches their children too. Their pids are
  * recorded in `<data-dir>/process-workers.pids`; after a crash of flashd the next start stops
- * the ones still running (after checking /proc that they are ours), so none leak.
+ * the ones still running (after checking /proc that they are ours), so none leak, whichever
+ * runtime that start uses (`reapOrphanProcessWorkers`, called by createAgent).
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import { existsSync, readFileSync, writeFileSync } from 'node:fs';
@@ -17,6 +18,38 @@ import type { LaunchResult, LaunchSpec, WorkerEvents, WorkerRuntime } from './ty
 
 /** Host variables a worker inherits; nothing else of flashd's environment (it may hold secrets). */
 const INHERITED_ENV = ['PATH', 'HOME', 'LANG', 'LC_ALL', 'TZ', 'TMPDIR', 'USER'];
+const PID_FILE = 'process-workers.pids';
+
+/**
+ * Stops process workers left behind by a previous run of flashd that did not shut down cleanly
+ * (their process groups, after checking /proc that they are flashd workers), and empties the
+ * pid file. Called at every start, whatever `--runtime` is now: an orphan would otherwise keep
+ * serving jobs with a stdout nobody reads.
+ */
+export function reapOrphanProcessWorkers(dataDir: string, log: Logger): number {
+  const file = join(dataDir, PID_FILE);
+  if (!existsSync(file)) return 0;
+  let stopped = 0;
+  for (const line of readFileSync(file, 'utf8').split('\n')) {
+    const pid = Number(line.trim());
+    if (!Number.isInteger(pid) || pid <= 1) continue;
+    try {
+      const environ = readFileSync(`/proc/${pid}/environ`, 'utf8');
+      if (!environ.includes('VENDOR_POD_ID=wkr_')) continue;
+      process.kill(-pid, 'SIGKILL');
+      stopped++;
+      log.warn('stopped orphaned worker process', { pid });
+    } catch {
+      // gone already, or not ours
+    }
+  }
+  try {
+    writeFileSync(file, '', { mode: 0o600 });
+  } catch {
+    // read-only data dir: the next start tries again
+  }
+  return stopped;
+}
 
 interface Running {
   child: ChildProcess;
@@ -32,28 +65,9 @@ export class ProcessRuntime implements WorkerRuntime {
   readonly #workers = new Map<string, Running>();
 
   constructor(options: { dataDir: string; workdir: string | null; log: Logger }) {
-    this.#pidFile = join(options.dataDir, 'process-workers.pids');
+    this.#pidFile = join(options.dataDir, PID_FILE);
     this.#workdir = options.workdir ?? process.cwd();
     this.#log = options.log;
-    this.#reapOrphans();
-  }
-
-  /** Stops workers left behind by a previous run that did not shut down cleanly. */
-  #reapOrphans(): void {
-    if (!existsSync(this.#pidFile)) return;
-    for (const line of readFileSync(this.#pidFile, 'utf8').split('\n')) {
-      const pid = Number(line.trim());
-      if (!Number.isInteger(pid) || pid <= 1) continue;
-      try {
-        const environ = readFileSync(`/proc/${pid}/environ`, 'utf8');
-        if (!environ.includes('VENDOR_POD_ID=wkr_')) continue;
-        process.kill(-pid, 'SIGKILL');
-        this.#log.warn('stopped orphaned worker process', { pid });
-      } catch {
-        // gone already, or not ours
-      }
-    }
-    this.#savePids();
   }
 
   #savePids(): void {

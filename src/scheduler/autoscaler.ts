@@ -193,7 +193,7 @@ export class Autoscaler {
     const freshId = newId('wkr');
     const placed = this.#placement.reserve(endpointId, freshId, spec);
     if (!placed) return;
-    const { row: keyRow, key } = this.#o.auth.createWorkerKey('usr_admin', null, endpointId, `managed worker ${freshId}`);
+    const { row: keyRow, key } = this.#o.auth.createManagedWorkerKey(endpointId, freshId);
     const env = {
       // runpod-python >=1.9 kills a worker whose host fails its fitness checks (internet, 4 GB free);
       // isolated self-hosted boxes often would. The endpoint env may set it back to false.

@@ -76,6 +76,7 @@ export class IdentityRepo {
       revokeKey: db.prepare('UPDATE api_keys SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL'),
       setExempt: db.prepare('UPDATE api_keys SET exempt = ? WHERE id = ?'),
       revokeEndpointKeys: db.prepare('UPDATE api_keys SET revoked_at = ? WHERE endpoint_id = ? AND revoked_at IS NULL'),
+      liveWorkerKeysNamed: db.prepare("SELECT id, endpoint_id, name FROM api_keys WHERE kind = 'worker' AND revoked_at IS NULL AND substr(name, 1, length(?)) = ?"),
       renameKey: db.prepare('UPDATE api_keys SET name = ? WHERE id = ?'),
       getSetting: db.prepare('SELECT value FROM settings WHERE key = ?'),
       putSetting: db.prepare('INSERT OR REPLACE INTO settings (key, value) VALUES (?, ?)'),
@@ -158,6 +159,11 @@ export class IdentityRepo {
   }
   revokeKey(id: string, now: number): boolean {
     return this.#write('revokeKey', now, id).changes > 0;
+  }
+  /** Unrevoked worker keys whose name starts with `prefix`. */
+  liveWorkerKeysNamed(prefix: string): { id: string; endpointId: string | null; name: string }[] {
+    const rows = this.#s['liveWorkerKeysNamed']!.all(prefix, prefix) as { id: string; endpoint_id: string | null; name: string }[];
+    return rows.map((r) => ({ id: r.id, endpointId: r.endpoint_id, name: r.name }));
   }
   revokeEndpointKeys(endpointId: string, now: number): number {
     return this.#write('revokeEndpointKeys', now, endpointId).changes;

@@ -3,8 +3,10 @@
  * the vendor_flash SDK, real HTTP. Cold start, warm reuse, scale to zero, logs and crashes.
  */
 import t from 'tap';
-import { startAgent, cpuBody, type TestAgent } from '../helpers/agent.js';
-import { REPO_ROOT } from '../helpers/spawn-flashd.js';
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { startAgent, cpuBody, ADMIN_KEY, type TestAgent } from '../helpers/agent.js';
+import { REPO_ROOT, cleanEnv, startFlashd } from '../helpers/spawn-flashd.js';
 import { until } from '../helpers/wait.js';
 
 const health = async (a: TestAgent, ep: string) => (await a.req('GET', `/v2/${ep}/health`)).json;
@@ -138,11 +140,7 @@ t.test('a worker that never asks for a job is stopped after the init timeout and
   })).json.id as string;
   const id = (await a.req('POST', `/v2/${ep}/run`, { body: { input: {} } })).json.id as string;
   await until('a worker to start', async () => (await health(a, ep)).workers.initializing === 1, 10_000);
-  const h = await until('the silent worker to be stopped', async () => {
-    const h = await health(a, ep);
-    return h.workers.unhealthy >= 1 && h;
-  }, 15_000);
-  t.equal(h.workers.initializing, 0, 'no longer counted as starting');
+  await until('the silent worker to be stopped and shown unhealthy', async () => (await health(a, ep)).workers.unhealthy >= 1, 15_000);
   const lines = await until('the stop in the log', async () => {
     const l = (await a.req('GET', `/v2/serverless/${ep}/logs`)).json as { line: string }[];
     return l.some((x) => /never asked for a job/.test(x.line)) && l;
@@ -175,4 +173,52 @@ t.test('lowering max or replacing the configuration stops a worker that is still
     return w.initializing === 0 && w.idle === 0 && w.running === 0;
   }, 15_000);
   t.pass('stopped');
+});
+
+t.test('after a kill -9 of flashd, the next start stops its orphaned workers, revokes their keys and requeues their jobs at once', async (t) => {
+  const dir = t.testdir();
+  const flashd = await startFlashd(t, process.execPath, [
+    'dist/flashd.mjs', '--port', '0', '--data-dir', dir, '--runtime', 'process', '--process-workdir', REPO_ROOT, '--lease-ms', '30000',
+  ], cleanEnv({ FLASHD_ADMIN_API_KEY: ADMIN_KEY }));
+  const call = async (method: string, path: string, body?: unknown) => {
+    const r = await fetch(flashd.url + path, {
+      method, headers: { authorization: `Bearer ${ADMIN_KEY}`, 'content-type': 'application/json' }, ...(body ? { body: JSON.stringify(body) } : {}),
+    });
+    return r.json() as Promise<any>;
+  };
+  const ep = (await call('POST', '/v2/serverless', cpuBody({ args: 'python3 -u test/fixtures/workers/echo.py', workers: { min: 0, max: 1, idleTimeout: 30 } }))).id as string;
+  const id = (await call('POST', `/v2/${ep}/run`, { input: { sleep: 60 } })).id as string;
+  await until('the job to start', async () => (await call('GET', `/v2/${ep}/status/${id}`)).status === 'IN_PROGRESS', 20_000);
+  // Its claim is written once the job has run 100 ms.
+  await new Promise((r) => setTimeout(r, 300));
+  const pids = readFileSync(join(dir, 'process-workers.pids'), 'utf8').split('\n').filter(Boolean).map(Number);
+  t.equal(pids.length, 1, 'the worker process is recorded');
+  t.teardown(() => {
+    for (const pid of pids) {
+      try {
+        process.kill(-pid, 'SIGKILL');
+      } catch {
+        // reaped, as it should be
+      }
+    }
+  });
+  await flashd.stop('SIGKILL');
+  const alive = (pid: number) => {
+    try {
+      process.kill(pid, 0);
+      return true;
+    } catch {
+      return false;
+    }
+  };
+  t.ok(alive(pids[0] as number), 'the worker outlived flashd');
+
+  // The next start uses another runtime: the orphan is stopped all the same.
+  const b = await startAgent(t, { runtime: 'none', leaseMs: 30_000 }, { dir });
+  await until('the orphan to be gone', async () => !alive(pids[0] as number), 10_000);
+  const s = (await b.req('GET', `/v2/${ep}/status/${id}`)).json;
+  t.equal(s.status, 'IN_QUEUE', `queued again at once, not held for a 30 s lease: ${JSON.stringify(s)}`);
+  t.equal(s.retries, 1);
+  t.match((await b.req('GET', `/v2/${ep}/health`)).json.workers, { running: 0, idle: 0 }, 'the dead worker is not counted');
+  t.ok(b.logs.some((l) => l.includes('workers of the previous run released')), 'the start says so');
 });
