@@ -26,6 +26,7 @@ class Request:
         self.headers = headers
         self.body = body
         self.at = time.monotonic()
+        self.refused = False  # answered 413 before its body was read (see FakeFlashd.body_limit)
 
     def json(self) -> Any:
         return json.loads(self.body.decode("utf-8"))
@@ -46,6 +47,9 @@ class FakeFlashd:
         self.requests: List[Request] = []
         # hooks: route -> callable(Request) -> Optional[(status, body_obj)]; None = default
         self.hooks: Dict[str, Callable[[Request], Optional[tuple]]] = {}
+        # like flashd's 64 MiB job-done limit: a longer declared body gets a 413 at once, unread,
+        # and the connection is closed
+        self.body_limit: Optional[int] = None
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
@@ -159,7 +163,9 @@ class FakeFlashd:
 
             def _serve(self):
                 length = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(length) if length else b""
+                limit = fake.body_limit
+                refuse = limit is not None and length > limit
+                body = self.rfile.read(length) if length and not refuse else b""
                 url = urlsplit(self.path)
                 segments = [s for s in url.path.split("/") if s]
                 # /v2/ep1/<route>/<rest...>
@@ -167,8 +173,21 @@ class FakeFlashd:
                 query = {k: v[0] for k, v in parse_qs(url.query, keep_blank_values=True).items()}
                 req = Request(self.command, route, segments[3:], query,
                               {k.lower(): v for k, v in self.headers.items()}, body)
+                req.refused = refuse
                 with fake.lock:
                     fake.requests.append(req)
+                if refuse:
+                    data = json.dumps({"title": "Payload too large", "status": 413,
+                                       "detail": f"The request body is larger than the {limit} bytes "
+                                                 "this route accepts."}).encode()
+                    self.send_response(413)
+                    self.send_header("Content-Type", "application/problem+json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.send_header("Connection", "close")
+                    self.end_headers()
+                    self.wfile.write(data)
+                    self.close_connection = True
+                    return
                 try:
                     status, payload = fake._handle(req)
                 except Exception as exc:  # pragma: no cover

@@ -3,6 +3,8 @@
 import asyncio
 import functools
 import json
+import logging
+import sys
 import threading
 import time
 import unittest
@@ -211,6 +213,99 @@ class RunTest(unittest.TestCase):
             t.join()
         self.assertLess(time.monotonic() - t0, 2.5)
         self.assertEqual(sorted(r["output"] for r in results), list(range(10)))
+
+
+
+class ProcessExitTest(unittest.TestCase):
+    """SystemExit and KeyboardInterrupt from a handler: an error result, the exception kept, the loop alive."""
+
+    def setUp(self):
+        self.loop = LoopThread()
+        self.addCleanup(self.loop.stop)
+
+    def run_job(self, handler):
+        run = JobRun(handler, dict(JOB), self.loop, on_chunk=lambda value: None)
+        return run, run.run()
+
+    def assert_loop_works(self):
+        self.assertTrue(self.loop.alive)
+        self.assertEqual(JobRun(async_handler, dict(JOB), self.loop).run(), {"output": 4})
+
+    def test_sync_sys_exit(self):
+        def handler(job):
+            sys.exit(3)
+        run, result = self.run_job(handler)
+        self.assertIsInstance(run.exit_exception, SystemExit)
+        info = json.loads(result["error"])
+        self.assertEqual(info["error_type"], "<class 'SystemExit'>")
+        self.assertIn("sys.exit(3)", info["error_message"])
+        self.assertIs(result["stopPod"], True)
+
+    def test_async_sys_exit_keeps_the_loop(self):
+        async def handler(job):
+            await asyncio.sleep(0)
+            sys.exit(3)
+        run, result = self.run_job(handler)
+        self.assertEqual(run.exit_exception.code, 3)
+        self.assertEqual(json.loads(result["error"])["error_type"], "<class 'SystemExit'>")
+        self.assert_loop_works()
+
+    def test_async_keyboard_interrupt_keeps_the_loop(self):
+        async def handler(job):
+            raise KeyboardInterrupt
+        run, result = self.run_job(handler)
+        self.assertIsInstance(run.exit_exception, KeyboardInterrupt)
+        self.assertIn("status 130", json.loads(result["error"])["error_message"])
+        self.assert_loop_works()
+
+    def test_async_generator_sys_exit_keeps_the_loop(self):
+        async def agen(job):
+            yield 1
+            sys.exit(5)
+        run, result = self.run_job(agen)
+        self.assertTrue(result["error"].startswith("handler: SystemExit(5): the handler called sys.exit(5)"), result)
+        self.assertEqual(run.exit_exception.code, 5)
+        self.assert_loop_works()
+
+    def test_stray_task_sys_exit_does_not_end_the_loop(self):
+        async def handler(job):
+            asyncio.get_running_loop().call_soon(sys.exit, 9)  # not part of the job
+            await asyncio.sleep(0.05)
+            return "still here"
+        logging.getLogger("vendor_flash").disabled = True
+        self.addCleanup(setattr, logging.getLogger("vendor_flash"), "disabled", False)
+        run, result = self.run_job(handler)
+        self.assertEqual(result, {"output": "still here"})
+        self.assertIsNone(run.exit_exception)
+        self.assert_loop_works()
+
+    def test_handler_cancelling_itself_is_an_error_not_a_stop(self):
+        async def handler(job):
+            raise asyncio.CancelledError()
+        run, result = self.run_job(handler)
+        self.assertIn("CancelledError", json.loads(result["error"])["error_type"])
+
+
+class ChunkNotDeliveredTest(unittest.TestCase):
+    def test_ends_the_stream_with_the_error(self):
+        from vendor_flash.serverless.handler import ChunkNotDelivered
+
+        loop = LoopThread()
+        self.addCleanup(loop.stop)
+        produced = []
+
+        def gen(job):
+            for i in range(10):
+                produced.append(i)
+                yield i
+
+        def on_chunk(value):
+            if value == 2:
+                raise ChunkNotDelivered("stream chunk 3 could not be delivered")
+
+        result = JobRun(gen, dict(JOB), loop, aggregate_stream=True, on_chunk=on_chunk).run()
+        self.assertEqual(result, {"error": "stream chunk 3 could not be delivered"})
+        self.assertEqual(produced, [0, 1, 2])
 
 
 if __name__ == "__main__":

@@ -231,6 +231,42 @@ class LifecycleTest(IntegrationCase):
         self.assertEqual(worker.proc.returncode, 0, worker.log())
 
 
+class FailureModesTest(IntegrationCase):
+    """Handlers and results that used to leave a job IN_PROGRESS (and run again after its lease)."""
+
+    OVER_LIMIT = 64 * 1024 * 1024 + 1000  # flashd's job-done and job-stream limit is 64 MiB
+
+    def test_sys_exit_fails_the_job_and_the_worker_exits_with_its_code(self):
+        endpoint = SERVER.create_endpoint("exit")
+        worker = WorkerProcess(SERVER.worker_env(endpoint), "handlers.py", "sync", log_dir=TMP).start()
+        self.addCleanup(worker.stop)
+        body = runsync(endpoint, {"exit": 3})
+        self.assertEqual(body["status"], "FAILED", body)
+        info = json.loads(body["error"])
+        self.assertEqual(info["error_type"], "<class 'SystemExit'>")
+        self.assertIn("sys.exit(3)", info["error_message"])
+        wait_until(lambda: worker.proc.poll() is not None, 15, what="the worker to exit")
+        self.assertEqual(worker.proc.returncode, 3, worker.log())
+        self.assertEqual(worker.log().count(f"{body['id']} | started"), 1, worker.log())
+
+    def test_result_over_the_body_limit_fails_the_job(self):
+        endpoint = SERVER.create_endpoint("big")
+        worker = WorkerProcess(SERVER.worker_env(endpoint), "handlers.py", "sync", log_dir=TMP).start()
+        self.addCleanup(worker.stop)
+        body = runsync(endpoint, {"big": self.OVER_LIMIT})
+        self.assertEqual(body["status"], "FAILED", body)
+        self.assertRegex(body["error"], r"^output too large: \d+ bytes, the limit is 67108864 bytes \(HTTP 413\)$")
+        self.assertEqual(worker.log().count("result (") + worker.log().count("result post failed"), 1, worker.log())
+        self.assertEqual(runsync(endpoint, {"return": "next"})["output"], "next")  # the worker goes on
+
+    def test_stream_chunk_over_the_body_limit_fails_the_job(self):
+        ref = run(ENDPOINTS["gen"], {"n": 3, "big": self.OVER_LIMIT})
+        body = wait_status(ENDPOINTS["gen"], ref["id"], lambda b: b["status"] in FINAL)
+        self.assertEqual(body["status"], "FAILED", body)
+        self.assertTrue(body["error"].startswith("stream chunk 2 could not be delivered: too large: "), body)
+        self.assertIn("the limit is 67108864 bytes (HTTP 413)", body["error"])
+
+
 class LeaseTest(unittest.TestCase):
     """Heartbeats renew leases; a stale attempt's result gets 409 and is dropped (own flashd, short lease)."""
 
@@ -349,6 +385,19 @@ class RestartTest(unittest.TestCase):
         self.server.start()
         body = self.final(ref["id"])
         self.assertEqual((body["status"], body.get("output")), ("COMPLETED", "survived"), self.worker.log())
+        self.assertEqual(self.worker.log().count(f"{ref['id']} | started"), 1, self.worker.log())
+
+    def test_result_survives_an_outage_longer_than_the_first_retries(self):
+        # the first 5 attempts span about 7.5 s; a final result keeps being retried for minutes
+        _, ref = self.server.call("POST", f"/v2/{self.endpoint}/run", {"input": {"sleep": 1.0, "return": "patient"}})
+        wait_until(lambda: f"{ref['id']} | started" in self.worker.log(), 15, what="the job to start")
+        time.sleep(0.3)
+        self.server.kill()
+        wait_until(lambda: f"{ref['id']} | result post failed" in self.worker.log(), 15, what="a failed post")
+        time.sleep(9.0)
+        self.server.start()
+        body = self.final(ref["id"], timeout=45)
+        self.assertEqual((body["status"], body.get("output")), ("COMPLETED", "patient"), self.worker.log())
         self.assertEqual(self.worker.log().count(f"{ref['id']} | started"), 1, self.worker.log())
 
     def test_idle_worker_reconnects_after_a_restart(self):

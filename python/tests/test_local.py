@@ -81,6 +81,13 @@ class LocalModeTest(unittest.TestCase):
         rc, last, _ = run_local("error_key", "--test_input", '{"input": {}}')
         self.assertEqual((rc, json.loads(last)), (1, {"error": "declared error"}))
 
+    def test_sys_exit_prints_the_error_and_exits_with_its_code(self):
+        rc, last, out = run_local("exit", "--test_input", '{"input": {}}')
+        self.assertEqual(rc, 3, out)
+        info = json.loads(json.loads(last)["error"])
+        self.assertEqual(info["error_type"], "<class 'SystemExit'>")
+        self.assertNotIn("start() returned", out)
+
     def test_generator_output_is_collected(self):
         rc, last, out = run_local("gen", "--test_input", '{"input": {}}')
         self.assertEqual(rc, 0, out)

@@ -80,10 +80,48 @@ class TransportTest(unittest.TestCase):
         self.assertEqual(self.sleeps, [0.5, 1.0, 2.0])
         self.assertEqual(len(self.fake.recorded("job-done", "j")), 4)
 
-    def test_gives_up(self):
+    def test_progress_gives_up_after_the_short_window(self):
         self.script("job-done", [500] * 10)
-        self.assertIs(self.transport.post_done("j", {"output": 1}), PostOutcome.FAILED)
+        self.assertIs(self.transport.post_progress("j", {"pct": 1}), PostOutcome.FAILED)
         self.assertEqual(len(self.fake.recorded("job-done", "j")), 5)
+        self.assertEqual(self.sleeps, [0.5, 1.0, 2.0, 4.0])
+
+    def test_final_result_is_retried_for_minutes(self):
+        # a 5xx for 10 attempts: the old 5-attempt window (about 7.5 s) would have dropped it
+        self.script("job-done", [500] * 10)
+        self.assertIs(self.transport.post_done("j", {"output": 1}), PostOutcome.DELIVERED)
+        self.assertEqual(len(self.fake.recorded("job-done", "j")), 11)
+        self.assertEqual(self.sleeps, [0.5, 1.0, 2.0, 4.0, 8.0, 10.0, 10.0, 10.0, 10.0, 10.0])
+
+    def test_final_result_gives_up_after_the_long_window_then_posts_an_error(self):
+        answers = [500] * 1000
+
+        def hook(req):
+            if req.json().get("output") == 1:
+                return answers.pop(0), {"title": "down"}
+            return None  # the small error result gets through
+        self.fake.hooks["job-done"] = hook
+        delivery = self.transport.deliver_result("j", {"output": 1})
+        self.assertIs(delivery.outcome, PostOutcome.FAILED)
+        self.assertIs(delivery.fallback, PostOutcome.DELIVERED)
+        self.assertGreaterEqual(sum(self.sleeps), 300.0)
+        self.assertLess(sum(self.sleeps), 320.0)
+        self.assertEqual(max(self.sleeps), 10.0)
+        last = self.fake.recorded("job-done", "j")[-1].json()
+        self.assertTrue(last["error"].startswith("result could not be delivered: not delivered after"), last)
+        self.assertIn("HTTP 500", last["error"])
+
+    def test_final_retries_stop_when_the_job_is_no_longer_held(self):
+        self.script("job-done", [503] * 100)
+        calls = []
+
+        def still_held():
+            calls.append(1)
+            return len(calls) < 3  # held for two retries, then stopped (or taken over)
+        delivery = self.transport.deliver_result("j", {"output": 1}, still_held=still_held)
+        self.assertIs(delivery.outcome, PostOutcome.FAILED)
+        self.assertIsNone(delivery.fallback)  # nothing more is posted for a job not held
+        self.assertEqual(len(self.fake.recorded("job-done", "j")), 3)
 
     def test_429_is_retried(self):
         self.script("job-done", [429])
@@ -103,14 +141,58 @@ class TransportTest(unittest.TestCase):
     def test_connection_refused_is_retried(self):
         env = WorkerEnv.from_environ({"VENDOR_WEBHOOK_POST_OUTPUT": "http://127.0.0.1:9/v2/e/job-done/w/$ID?gpu=cpu"})
         with HttpClient() as client:
-            outcome = Transport(env, client=client, sleep=self.sleeps.append).post_done("j", {"output": 1})
+            outcome = Transport(env, client=client, sleep=self.sleeps.append).post_progress("j", 1)
         self.assertIs(outcome, PostOutcome.FAILED)
         self.assertEqual(self.sleeps, [0.5, 1.0, 2.0, 4.0])
+
+    def test_connection_refused_final_result_is_retried_for_minutes(self):
+        env = WorkerEnv.from_environ({"VENDOR_WEBHOOK_POST_OUTPUT": "http://127.0.0.1:9/v2/e/job-done/w/$ID?gpu=cpu"})
+        with HttpClient() as client:
+            delivery = Transport(env, client=client, sleep=self.sleeps.append).deliver_result("j", {"output": 1})
+        self.assertIs(delivery.outcome, PostOutcome.FAILED)
+        self.assertIs(delivery.fallback, PostOutcome.FAILED)  # the error result cannot get through either
+        self.assertIn("ConnectionRefusedError", delivery.reason())
+        first = self.sleeps[:delivery.attempts - 1]
+        self.assertEqual(first[:6], [0.5, 1.0, 2.0, 4.0, 8.0, 10.0])
+        self.assertGreaterEqual(sum(first), 300.0)
+        self.assertEqual(self.sleeps[delivery.attempts - 1:], [0.5, 1.0, 2.0, 4.0])  # the error result
 
     def test_unencodable_result_becomes_an_error(self):
         self.assertIs(self.transport.post_done("j", {"output": {1, 2}}), PostOutcome.DELIVERED)
         body = self.fake.recorded("job-done", "j")[0].json()
         self.assertIn("not JSON serialisable", body["error"])
+
+    def test_refused_body_answer_is_read_after_the_send_fails(self):
+        # the server answers 413 and closes without reading a 32 MB body: sending fails
+        # (broken pipe or reset), but the 413 it already sent is what the caller gets
+        self.fake.body_limit = 1 << 20
+        url = self.env.job_done_url("j", False)
+        answer = self.client.request("POST", url, body=b"x" * (32 << 20))
+        self.assertEqual(answer.status, 413)
+        self.assertIsNotNone(answer.send_error)
+        self.assertIn("1048576 bytes", answer.json()["detail"])
+        self.assertEqual(self.client.request("POST", url, body=b"{}").status, 200)  # client still usable
+
+    def test_result_over_the_body_limit_is_not_retried_and_fails_the_job(self):
+        self.fake.body_limit = 1 << 20
+        size = len(b'{"output": ""}') + (24 << 20)
+        delivery = self.transport.deliver_result("j", {"output": "x" * (24 << 20)})
+        self.assertIs(delivery.outcome, PostOutcome.REJECTED)
+        self.assertEqual(delivery.status, 413)
+        self.assertIs(delivery.fallback, PostOutcome.DELIVERED)
+        posts = self.fake.recorded("job-done", "j")
+        self.assertEqual([p.refused for p in posts], [True, False])  # one upload, then the error result
+        self.assertEqual(self.sleeps, [])
+        self.assertEqual(posts[1].json(), {
+            "error": f"output too large: {size} bytes, the limit is 1048576 bytes (HTTP 413)"})
+
+    def test_refused_result_keeps_stop_pod_in_the_error_result(self):
+        self.script("job-done", [400])
+        delivery = self.transport.deliver_result("j", {"output": 1, "stopPod": True})
+        self.assertIs(delivery.outcome, PostOutcome.REJECTED)
+        body = self.fake.recorded("job-done", "j")[-1].json()
+        self.assertEqual(body, {"error": "result could not be delivered: refused with HTTP 400: scripted",
+                                "stopPod": True})
 
     def test_progress_body(self):
         self.transport.post_progress("j", {"pct": 1})

@@ -1,8 +1,10 @@
 """The worker loop against an in-process fake of flashd's worker routes."""
 
 import asyncio
+import json
 import logging
 import os
+import sys
 import threading
 import time
 import unittest
@@ -46,7 +48,7 @@ class WorkerTestCase(unittest.TestCase):
 
     def final_post(self, job_id, timeout=10):
         def find():
-            return [r for r in self.done_posts(job_id) if r.json().get("status") != "IN_PROGRESS"]
+            return [r for r in self.done_posts(job_id) if not r.refused and r.json().get("status") != "IN_PROGRESS"]
         return self.fake.wait_for(find, timeout)[-1]
 
 
@@ -327,6 +329,204 @@ class ShutdownTest(WorkerTestCase):
         self.assertEqual(self.final_post(second).json(), {"output": {"v": 1}, "stopPod": True})
         thread.join(10)
         self.assertEqual(result.get("rc"), 0)
+
+
+
+class HandlerExitTest(WorkerTestCase):
+    """A handler that raises SystemExit or KeyboardInterrupt fails its job, then the worker exits."""
+
+    def check_exit_result(self, post, code, stream=False):
+        body = post.json()
+        self.assertIs(body.get("stopPod"), True, body)
+        if stream:
+            self.assertTrue(body["error"].startswith("handler: SystemExit("), body)
+            return body
+        info = json.loads(body["error"])
+        self.assertEqual(info["error_type"], "<class 'SystemExit'>")
+        self.assertIn(f"sys.exit({code})", info["error_message"])
+        self.assertIn(f"exits with status {code}", info["error_message"])
+        self.assertIn("Traceback", info["error_traceback"])
+        return body
+
+    def test_sync_sys_exit_fails_the_job_lets_others_finish_and_exits_with_its_code(self):
+        release = threading.Event()
+        self.addCleanup(release.set)
+        slow_started = threading.Event()
+
+        def handler(job):
+            if job["input"].get("exit"):
+                slow_started.wait(10)
+                sys.exit(3)
+            slow_started.set()
+            release.wait(10)
+            return "slow done"
+
+        worker, thread, result = self.start_worker({"handler": handler, "concurrency_modifier": lambda c: 2})
+        slow = self.fake.submit({}, "slow")
+        bad = self.fake.submit({"exit": True}, "bad")
+        self.check_exit_result(self.final_post(bad), 3)
+        self.assertTrue(worker.stopping.is_set())  # no more takes
+        time.sleep(0.3)
+        self.assertTrue(thread.is_alive())  # still finishing the other job
+        release.set()
+        self.assertEqual(self.final_post(slow).json(), {"output": "slow done"})
+        thread.join(10)
+        self.assertFalse(thread.is_alive())
+        self.assertEqual(result.get("rc"), 3)
+        self.assertEqual(len(self.done_posts(bad)), 1)
+
+    def test_async_sys_exit_does_not_kill_the_event_loop(self):
+        release = threading.Event()
+        self.addCleanup(release.set)
+        slow_started = threading.Event()
+
+        async def handler(job):
+            await asyncio.sleep(0)
+            if job["input"].get("exit"):
+                sys.exit(3)
+            slow_started.set()
+            while not release.is_set():  # an async job in flight on the shared loop
+                await asyncio.sleep(0.01)
+            return "fine"
+
+        worker, thread, result = self.start_worker({"handler": handler, "concurrency_modifier": lambda c: 2})
+        slow = self.fake.submit({}, "slow")
+        self.assertTrue(slow_started.wait(10))
+        bad = self.fake.submit({"exit": True}, "bad")
+        self.check_exit_result(self.final_post(bad), 3)
+        self.assertTrue(worker.loop.alive)
+        release.set()
+        self.assertEqual(self.final_post(slow).json(), {"output": "fine"})
+        thread.join(10)
+        self.assertEqual(result.get("rc"), 3)
+
+    def test_generator_sys_exit(self):
+        def gen(job):
+            yield 1
+            sys.exit(4)
+
+        worker, thread, result = self.start_worker({"handler": gen})
+        job_id = self.fake.submit({})
+        body = self.check_exit_result(self.final_post(job_id), 4, stream=True)
+        self.assertIn("exits with status 4", body["error"])
+        thread.join(10)
+        self.assertEqual(result.get("rc"), 4)
+
+    def test_keyboard_interrupt_in_async_handler(self):
+        async def handler(job):
+            raise KeyboardInterrupt
+
+        worker, thread, result = self.start_worker({"handler": handler})
+        job_id = self.fake.submit({})
+        body = self.final_post(job_id).json()
+        info = json.loads(body["error"])
+        self.assertEqual(info["error_type"], "<class 'KeyboardInterrupt'>")
+        self.assertTrue(body["stopPod"])
+        thread.join(10)
+        self.assertEqual(result.get("rc"), 130)
+
+
+class UndeliverableTest(WorkerTestCase):
+    def test_result_over_the_body_limit_fails_the_job_without_reuploads(self):
+        self.fake.body_limit = 1 << 20
+        self.start_worker({"handler": lambda job: {"data": "x" * (2 << 20)}})
+        job_id = self.fake.submit({})
+        post = self.final_post(job_id)
+        self.assertRegex(post.json()["error"], r"^output too large: \d+ bytes, the limit is 1048576 bytes \(HTTP 413\)$")
+        self.assertEqual([p.refused for p in self.done_posts(job_id)], [True, False])
+
+    def test_undeliverable_stream_chunk_fails_the_job(self):
+        produced = []
+
+        def gen(job):
+            for i in range(5):
+                produced.append(i)
+                yield "x" * (2 << 20) if i == 1 else i
+
+        self.fake.body_limit = 1 << 20
+        self.start_worker({"handler": gen, "return_aggregate_stream": True})
+        job_id = self.fake.submit({})
+        post = self.final_post(job_id)
+        self.assertEqual(post.query["isStream"], "true")
+        error = post.json()["error"]
+        self.assertRegex(error, r"^stream chunk 2 could not be delivered: too large: \d+ bytes, "
+                                r"the limit is 1048576 bytes \(HTTP 413\); the generator was stopped$")
+        self.assertEqual(produced, [0, 1])  # the generator was stopped
+        self.assertEqual([c.json() for c in self.fake.recorded("job-stream", job_id) if not c.refused], [{"output": 0}])
+
+    def test_stream_chunk_lost_to_an_outage_fails_the_job(self):
+        self.fake.hooks["job-stream"] = lambda req: (503, {"title": "down"})
+
+        def gen(job):
+            yield "a"
+            yield "b"
+
+        worker, _, _ = self.start_worker({"handler": gen})
+        worker.transport.final_retry_seconds = 0.3
+        job_id = self.fake.submit({})
+        error = self.final_post(job_id).json()["error"]
+        self.assertTrue(error.startswith("stream chunk 1 ("), error)
+        self.assertIn("HTTP 503", error)
+        self.assertEqual(len(self.fake.recorded("job-stream", job_id)) > 5, True)
+
+    def test_result_survives_a_long_outage_and_stays_listed_in_pings(self):
+        down_until = []
+        accepted = []
+
+        def hook(req):
+            if not down_until:
+                down_until.append(time.monotonic() + 1.5)
+            if time.monotonic() < down_until[0]:
+                return 503, {"title": "restarting"}
+            accepted.append(req)
+            return None
+
+        self.fake.hooks["job-done"] = hook
+        worker, _, _ = self.start_worker({"handler": lambda job: "kept"}, interval_ms=100)
+        job_id = self.fake.submit({})
+        self.assertEqual(self.fake.wait_for(lambda: accepted)[0].json(), {"output": "kept"})
+        posts = self.done_posts(job_id)
+        self.assertGreater(len(posts), 5)  # more than the old 5 attempts
+        first_failure = posts[0].at
+        listed = [p for p in self.fake.recorded("ping") if first_failure + 1.0 < p.at < posts[-1].at]
+        self.assertTrue(listed)
+        self.assertTrue(all(p.query.get("job_id") == job_id for p in listed))
+
+    def test_unencodable_result_is_logged_as_an_error(self):
+        self.start_worker({"handler": lambda job: {"bad": {1, 2}}})
+        with self.assertLogs("vendor_flash", level="INFO") as logs:
+            job_id = self.fake.submit({})
+            self.assertIn("not JSON serialisable", self.final_post(job_id).json()["error"])
+            self.fake.wait_for(lambda: any("finished in" in line for line in logs.output))
+        finished = [line for line in logs.output if "finished in" in line]
+        self.assertIn("(error", finished[0])
+        self.assertNotIn("(ok", finished[0])
+
+
+class ProgressOrderTest(WorkerTestCase):
+    def test_rapid_updates_are_posted_in_order_and_coalesced(self):
+        peak = []
+
+        def hook(req):
+            if req.json().get("status") == "IN_PROGRESS":
+                time.sleep(0.01)  # a server slower than the handler
+            return None
+
+        def handler(job):
+            for i in range(200):
+                progress_update(job, {"step": i})
+                peak.append(sum(1 for t in threading.enumerate() if t.name.startswith("progress-")))
+            return "done"
+
+        self.fake.hooks["job-done"] = hook
+        self.start_worker({"handler": handler})
+        job_id = self.fake.submit({})
+        self.assertEqual(self.final_post(job_id).json(), {"output": "done"})
+        steps = [p.json()["output"]["step"] for p in self.done_posts(job_id) if p.json().get("status") == "IN_PROGRESS"]
+        self.assertEqual(steps[-1], 199)
+        self.assertEqual(steps, sorted(set(steps)))  # strictly increasing: never an older one after a newer
+        self.assertLess(len(steps), 200)  # coalesced
+        self.assertLessEqual(max(peak), 1)  # one sender thread per job
 
 
 if __name__ == "__main__":

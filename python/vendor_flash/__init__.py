@@ -10,19 +10,34 @@ from __future__ import annotations
 import sys
 
 from . import serverless
+from .serverless.modules.rp_logger import RunPodLogger
 from .version import __version__
 
-__all__ = ["serverless", "__version__", "install_runpod_alias"]
+__all__ = ["serverless", "RunPodLogger", "__version__", "install_runpod_alias", "RUNPOD_MODULES"]
+
+#: The ``runpod`` module names :func:`install_runpod_alias` provides, and what they load.
+RUNPOD_MODULES = {
+    "runpod": "vendor_flash",
+    "runpod.serverless": "vendor_flash.serverless",
+    "runpod.serverless.utils": "vendor_flash.serverless.utils",
+    "runpod.serverless.utils.rp_validator": "vendor_flash.serverless.utils.rp_validator",
+    "runpod.serverless.modules": "vendor_flash.serverless.modules",
+    "runpod.serverless.modules.rp_logger": "vendor_flash.serverless.modules.rp_logger",
+}
 
 
 def install_runpod_alias(force: bool = False) -> bool:
-    """Register this package as ``runpod`` (and ``runpod.serverless``) in ``sys.modules``.
+    """Register this package as ``runpod`` in ``sys.modules``, with the submodules listed in
+    :data:`RUNPOD_MODULES` (``runpod.serverless``, ``runpod.serverless.utils.rp_validator``,
+    ``runpod.serverless.modules.rp_logger``…).
 
     Does nothing when a real ``runpod`` is already imported, unless ``force``. Returns True when
     the alias was installed.
     """
     if "runpod" in sys.modules and not force:
         return False
-    sys.modules["runpod"] = sys.modules[__name__]
-    sys.modules["runpod.serverless"] = serverless
+    import importlib
+
+    for alias, real in RUNPOD_MODULES.items():
+        sys.modules[alias] = importlib.import_module(real)
     return True

@@ -25,6 +25,10 @@ def sync_handler(job):
     inp = job["input"]
     if inp.get("raise"):
         raise ValueError(inp["raise"])
+    if "exit" in inp:
+        sys.exit(inp["exit"])
+    if "big" in inp:
+        return {"data": "x" * inp["big"]}
     if "progress" in inp:
         runpod.serverless.progress_update(job, inp["progress"])
         wait_for_file(inp["gate"])
@@ -63,6 +67,8 @@ async def async_handler(job):
 
 def gen_handler(job):
     for i in range(job["input"].get("n", 3)):
+        if i == 1 and "big" in job["input"]:
+            yield "x" * job["input"]["big"]
         yield {"chunk": i}
 
 

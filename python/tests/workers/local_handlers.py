@@ -22,6 +22,10 @@ def error_key(job):
     return {"error": "declared error"}
 
 
+def exit3(job):
+    sys.exit(3)
+
+
 mode = sys.argv.pop(1)
-serverless.start({"handler": {"echo": echo, "fail": fail, "gen": gen, "error_key": error_key}[mode]})
+serverless.start({"handler": {"echo": echo, "fail": fail, "gen": gen, "error_key": error_key, "exit": exit3}[mode]})
 print("start() returned", flush=True)  # never reached: local mode exits

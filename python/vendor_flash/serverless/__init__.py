@@ -12,12 +12,15 @@ import argparse
 import sys
 from typing import Any, Dict, List, Optional
 
+from . import modules, utils
 from .env import WorkerEnv
 from .log import setup as _setup_logging
+from .modules.rp_logger import RunPodLogger
 from .progress import progress_update
+from .result import process_exit_code
 from .worker import Worker
 
-__all__ = ["start", "progress_update", "WorkerEnv", "Worker"]
+__all__ = ["start", "progress_update", "WorkerEnv", "Worker", "RunPodLogger", "utils", "modules"]
 
 
 def _parse_args(argv: List[str]) -> argparse.Namespace:
@@ -35,7 +38,11 @@ def start(config: Dict[str, Any], argv: Optional[List[str]] = None) -> Optional[
 
     Production mode when ``VENDOR_WEBHOOK_GET_JOB`` (or ``RUNPOD_WEBHOOK_GET_JOB``) is set and no
     ``--test_input`` is given: serves jobs until SIGTERM/SIGINT or ``refresh_worker``, then
-    returns 0. Otherwise local mode: runs the handler once and exits the process (0 or 1).
+    returns 0. If a handler raised SystemExit (``sys.exit(n)``) or KeyboardInterrupt, its job
+    fails, the other jobs finish, and SystemExit is raised again with the handler's code (130
+    for KeyboardInterrupt), so the process ends as it would have without the SDK. Otherwise
+    local mode: runs the handler once and exits the process (0 or 1, or the handler's
+    ``sys.exit`` code).
     """
     if not callable(config.get("handler")):
         raise ValueError("start() needs config['handler'], a callable")
@@ -45,7 +52,11 @@ def start(config: Dict[str, Any], argv: Optional[List[str]] = None) -> Optional[
     if args.rp_serve_api:
         log.warning("--rp_serve_api is not supported by vendor-flash; use --test_input or a flashd endpoint")
     if args.test_input is None and env.is_production:
-        return Worker(config, env).run()
+        worker = Worker(config, env)
+        status = worker.run()
+        if worker.exit_exception is not None:
+            raise SystemExit(process_exit_code(worker.exit_exception))
+        return status
     from .local import run_local
 
     sys.exit(run_local(config, args.test_input, env))

@@ -17,6 +17,7 @@ import threading
 from typing import Any, Callable, Dict, List, Optional
 
 from . import result as results
+from .log import get_logger
 
 
 class HandlerKind(enum.Enum):
@@ -49,37 +50,84 @@ def handler_kind(handler: Callable) -> HandlerKind:
     return HandlerKind.SYNC
 
 
+class _Escaped(Exception):
+    """Carries a SystemExit/KeyboardInterrupt out of the event loop as an ordinary exception.
+
+    asyncio re-raises those two out of ``run_forever`` (which would end the shared loop thread
+    and break every later async job), so submitted work converts them to this and
+    :meth:`JobRun._await` raises the original again in the job's thread.
+    """
+
+    def __init__(self, original: BaseException):
+        super().__init__(repr(original))
+        self.original = original
+
+
+async def _guarded(awaitable):
+    try:
+        return await awaitable
+    except results.PROCESS_EXITS as exc:
+        raise _Escaped(exc) from None
+
+
 class LoopThread:
-    """An asyncio event loop running in a daemon thread."""
+    """An asyncio event loop running in a daemon thread.
+
+    The loop survives a SystemExit or KeyboardInterrupt raised on it (by a handler's own
+    background task, say): it logs it and keeps running until :meth:`stop`.
+    """
 
     def __init__(self, name: str = "vendor-flash-loop"):
         self.loop = asyncio.new_event_loop()
+        self._stop_requested = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
         try:
-            self.loop.run_forever()
+            while not self._stop_requested.is_set():
+                try:
+                    self.loop.run_forever()
+                except BaseException as exc:  # noqa: BLE001 - the shared loop must not die
+                    if self._stop_requested.is_set():
+                        break
+                    get_logger().error("event loop: %s escaped from a task (%r); the loop keeps running",
+                                       type(exc).__name__, exc)
+                    continue
+                break  # stop() was called
         finally:
             pending = [t for t in asyncio.all_tasks(self.loop) if not t.done()]
             for task in pending:
                 task.cancel()
-            if pending:
-                self.loop.run_until_complete(asyncio.wait(pending, timeout=2))
-            self.loop.run_until_complete(self.loop.shutdown_asyncgens())
+            try:
+                if pending:
+                    self.loop.run_until_complete(asyncio.wait(pending, timeout=2))
+                self.loop.run_until_complete(self.loop.shutdown_asyncgens())
+            except BaseException:  # noqa: BLE001 - closing anyway
+                pass
             self.loop.close()
 
+    @property
+    def alive(self) -> bool:
+        """True while the loop thread runs."""
+        return self._thread.is_alive()
+
     def submit(self, awaitable) -> concurrent.futures.Future:
-        """Schedule an awaitable on the loop; returns a thread-safe future."""
-        if not asyncio.iscoroutine(awaitable):
-            awaitable = _as_coroutine(awaitable)
-        return asyncio.run_coroutine_threadsafe(awaitable, self.loop)
+        """Schedule an awaitable on the loop; returns a thread-safe future.
+
+        A SystemExit or KeyboardInterrupt it raises reaches the future as :class:`_Escaped`.
+        """
+        return asyncio.run_coroutine_threadsafe(_guarded(awaitable), self.loop)
 
     def stop(self) -> None:
         """Stop the loop (pending tasks are abandoned)."""
-        if self.loop.is_running():
-            self.loop.call_soon_threadsafe(self.loop.stop)
+        self._stop_requested.set()
+        if not self.loop.is_closed():
+            try:
+                self.loop.call_soon_threadsafe(self.loop.stop)
+            except RuntimeError:  # closed meanwhile
+                pass
         self._thread.join(timeout=5)
 
 
@@ -87,13 +135,25 @@ class JobCancelled(Exception):
     """Raised by :class:`JobRun` when the job was cancelled while running."""
 
 
+class ChunkNotDelivered(Exception):
+    """Raised by an ``on_chunk`` callback when a stream chunk could not be delivered.
+
+    The generator is stopped and the job ends with ``{"error": str(exc)}``.
+    """
+
+
 class JobRun:
     """One execution of a handler for one job.
 
     ``on_chunk(value)`` is called in the running thread for each value a generator yields
-    (before the job ends). :meth:`cancel` may be called from any thread: async handlers get
+    (before the job ends); it may raise :class:`ChunkNotDelivered` to end the job with an
+    error. :meth:`cancel` may be called from any thread: async handlers get
     ``asyncio.CancelledError`` at their next ``await``; generators stop at their next yield;
     a sync handler runs to its end and its result is dropped.
+
+    A handler that raises SystemExit or KeyboardInterrupt gets an error result (see
+    :func:`result.exit_result`) and the exception is kept in :attr:`exit_exception`, so the
+    caller can end the process once it is safe to.
     """
 
     def __init__(
@@ -118,6 +178,8 @@ class JobRun:
         self._cancelled = threading.Event()
         self._lock = threading.Lock()
         self._future: Optional[concurrent.futures.Future] = None
+        #: The SystemExit or KeyboardInterrupt the handler raised, if it did.
+        self.exit_exception: Optional[BaseException] = None
 
     @property
     def cancelled(self) -> bool:
@@ -157,7 +219,11 @@ class JobRun:
         try:
             return future.result()
         except concurrent.futures.CancelledError as exc:
-            raise JobCancelled(self.job.get("id")) from exc
+            if self.cancelled:
+                raise JobCancelled(self.job.get("id")) from exc
+            raise  # the handler's task was cancelled by the handler itself: an error
+        except _Escaped as escaped:
+            raise escaped.original from None
         finally:
             with self._lock:
                 self._future = None
@@ -170,7 +236,12 @@ class JobRun:
             return results.normalize_output(output)
         except JobCancelled:
             raise
-        except Exception as exc:  # noqa: BLE001 - every handler error is reported
+        except results.PROCESS_EXITS as exc:
+            self.exit_exception = exc
+            if self.cancelled:
+                raise JobCancelled(self.job.get("id")) from exc
+            return results.exit_result(exc, self.worker_id, self.hostname)
+        except BaseException as exc:  # noqa: BLE001 - every handler error is reported
             if self.cancelled:
                 raise JobCancelled(self.job.get("id")) from exc
             return results.exception_result(exc, self.worker_id, self.hostname)
@@ -184,7 +255,16 @@ class JobRun:
                 terminal = self._drain_sync(self.handler(self.job), chunks)
         except JobCancelled:
             raise
-        except Exception as exc:  # noqa: BLE001
+        except ChunkNotDelivered as exc:
+            if self.cancelled:
+                raise JobCancelled(self.job.get("id")) from exc
+            return {"error": str(exc)}
+        except results.PROCESS_EXITS as exc:
+            self.exit_exception = exc
+            if self.cancelled:
+                raise JobCancelled(self.job.get("id")) from exc
+            return results.exit_result(exc, self.worker_id, self.hostname, stream=True)
+        except BaseException as exc:  # noqa: BLE001
             if self.cancelled:
                 raise JobCancelled(self.job.get("id")) from exc
             return results.generator_exception_result(exc)
@@ -239,6 +319,3 @@ class JobRun:
             except BaseException:  # noqa: BLE001 - closing must not mask the outcome
                 pass
 
-
-async def _as_coroutine(awaitable):
-    return await awaitable

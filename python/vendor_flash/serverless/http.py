@@ -38,6 +38,9 @@ class HttpResponse:
     status: int
     headers: Dict[str, str]
     body: bytes
+    #: Set when the answer was read after sending the request body failed (the server answered
+    #: and closed before taking the whole body, as it does for a 413).
+    send_error: Optional[str] = None
 
     @property
     def content_type(self) -> str:
@@ -113,7 +116,17 @@ class HttpClient:
                 if self._aborted:
                     self._discard(conn)
                     raise RequestAborted("client aborted")
-                conn.request(method, target, body=body, headers=send_headers)
+                try:
+                    conn.request(method, target, body=body, headers=send_headers)
+                except TRANSPORT_ERRORS as send_error:
+                    # A server that refuses a body (413) answers at once and closes while the
+                    # body is still being sent: read that answer instead of failing blindly.
+                    early = self._early_answer(conn, body)
+                    if early is None:
+                        raise
+                    self._discard(conn)
+                    early.send_error = f"{type(send_error).__name__}: {send_error}"
+                    return early
                 raw = conn.getresponse()
                 data = raw.read()
             except TRANSPORT_ERRORS as exc:
@@ -136,6 +149,25 @@ class HttpClient:
                 self._checkin(key, conn)
             return response
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _early_answer(self, conn, body: Optional[bytes]) -> Optional[HttpResponse]:
+        """After a send error, the response the server already sent, if one can be read.
+
+        Only for requests with a body (a server refusing it answers before reading it all).
+        A 408 is ignored: some servers send it on an idle keep-alive connection before closing
+        it, and it does not answer this request.
+        """
+        if not body or self._aborted or conn.sock is None:
+            return None
+        try:
+            conn.sock.settimeout(min(5.0, conn.timeout or 5.0))
+            raw = conn.getresponse()
+            data = raw.read()
+        except Exception:  # noqa: BLE001 - nothing readable: the caller reports the send error
+            return None
+        if raw.status == 408:
+            return None
+        return HttpResponse(status=raw.status, headers={k.lower(): v for k, v in raw.getheaders()}, body=data)
 
     def abort(self) -> None:
         """Interrupt requests in flight and refuse new ones (used on shutdown)."""

@@ -11,6 +11,7 @@ import json
 import os
 from typing import Any, Dict, Optional, Tuple
 
+from . import result as results
 from .env import WorkerEnv
 from .handler import JobRun, LoopThread
 from .log import get_logger, job_extra
@@ -39,7 +40,11 @@ def load_test_job(test_input: Optional[str], cwd: str = ".") -> Tuple[Optional[D
 
 
 def run_local(config: Dict[str, Any], test_input: Optional[str], env: Optional[WorkerEnv] = None) -> int:
-    """Run the handler once and return the exit code (0 ok, 1 error)."""
+    """Run the handler once and return the exit code (0 ok, 1 error).
+
+    A handler that raises SystemExit (or KeyboardInterrupt) gets its error result printed, then
+    SystemExit is raised again with the handler's code (130 for KeyboardInterrupt).
+    """
     log = get_logger()
     env = env or WorkerEnv.from_environ()
     job, problem = load_test_job(test_input)
@@ -57,6 +62,9 @@ def run_local(config: Dict[str, Any], test_input: Optional[str], env: Optional[W
     if result.get("error"):
         log.error("Job %s failed with error: %s", job_id, result["error"], extra=job_extra(job_id))
         print(json.dumps(result, ensure_ascii=False, default=str))
+        if run.exit_exception is not None:
+            # the handler called sys.exit(): end the process with its code, as it would have
+            raise SystemExit(results.process_exit_code(run.exit_exception))
         return 1
     log.info("Job %s completed successfully.", job_id, extra=job_extra(job_id))
     print(json.dumps(result, ensure_ascii=False, default=str))

@@ -64,6 +64,19 @@ def setup(level: Optional[str] = None) -> logging.Logger:
     return logger
 
 
+def ensure_setup() -> logging.Logger:
+    """The package logger, configured from the environment if :func:`setup` has not run yet."""
+    logger = get_logger()
+    if not getattr(logger, "_vendor_flash_configured", False):
+        setup()
+    return logger
+
+
+def level_number(name: str, default: int = logging.INFO) -> int:
+    """``DEBUG``/``INFO``/``WARN``/``WARNING``/``ERROR`` (any case) as a :mod:`logging` level."""
+    return _LEVELS.get(str(name).strip().upper(), default)
+
+
 def job_extra(job_id: Optional[str]) -> dict:
     """``extra=`` argument that tags a log line with a job id."""
     return {"job_id": job_id}

@@ -1,24 +1,42 @@
 """``progress_update(job, data)``: report progress of a running job.
 
 Like runpod-python, the update is sent from a background thread so the handler never waits
-for the network. Unlike runpod-python, the worker waits for a job's pending updates before it
-posts the job's final result, so a late progress update can never arrive after the result.
+for the network. Unlike runpod-python:
+
+* each job has at most one sender thread, which posts its updates in order;
+* updates that come faster than they can be posted are coalesced: only the latest one not yet
+  sent is kept, so an older value never lands after a newer one and threads are never piled up;
+* the worker waits for a job's pending updates before it posts the job's final result, so a
+  late progress update can never arrive after the result.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, Optional
 
+from . import result as results
 from .env import WorkerEnv
 from .log import get_logger, job_extra
 from .transport import PostOutcome, Transport
 
-_lock = threading.Lock()
-_pending: Dict[str, List[threading.Thread]] = {}
+_lock = threading.Condition()
 _transport: Optional[Transport] = None
-_stale_callback = None
+_stale_callback: Optional[Callable[[str], None]] = None
+
+
+class _Channel:
+    """The progress updates of one job: the latest one not sent yet, and its sender thread."""
+
+    def __init__(self, transport: Transport):
+        self.transport = transport
+        self.pending: Optional[bytes] = None
+        self.coalesced = 0  # updates replaced by a newer one before they were sent
+        self.sender: Optional[threading.Thread] = None
+
+
+_channels: Dict[str, _Channel] = {}
 
 
 def set_transport(transport: Optional[Transport], on_stale=None) -> None:
@@ -42,54 +60,79 @@ def _get_transport() -> Optional[Transport]:
 def progress_update(job: Dict[str, Any], progress: Any) -> None:
     """Send ``{"status": "IN_PROGRESS", "output": progress}`` for ``job`` (a job dict or its id).
 
-    Returns at once; the update is visible in ``/status`` while the job is IN_PROGRESS. In local
-    mode (no job-done URL) it is only logged.
+    Returns at once; the update is visible in ``/status`` while the job is IN_PROGRESS. The
+    value is encoded at once (later changes to the object are not sent). In local mode (no
+    job-done URL) it is only logged.
     """
     job_id = str(job["id"] if isinstance(job, dict) else job)
     transport = _get_transport()
     if transport is None:
         get_logger().info("progress update: %s", progress, extra=job_extra(job_id))
         return
-
-    def send() -> None:
-        try:
-            outcome = transport.post_progress(job_id, progress)
-        except (TypeError, ValueError) as exc:
-            get_logger().error("progress update is not JSON serialisable: %s", exc, extra=job_extra(job_id))
-            return
-        if outcome is PostOutcome.STALE and _stale_callback is not None:
-            _stale_callback(job_id)
-
-    thread = threading.Thread(target=_run_and_forget, args=(job_id, send), name=f"progress-{job_id}", daemon=True)
-    with _lock:
-        _pending.setdefault(job_id, []).append(thread)
-    thread.start()
-
-
-def _run_and_forget(job_id: str, fn) -> None:
     try:
-        fn()
-    finally:
+        data = results.encode_body({"status": "IN_PROGRESS", "output": progress})
+    except (TypeError, ValueError) as exc:
+        get_logger().error("progress update is not JSON serialisable: %s", exc, extra=job_extra(job_id))
+        return
+    start = None
+    with _lock:
+        channel = _channels.get(job_id)
+        if channel is None:
+            channel = _channels[job_id] = _Channel(transport)
+        if channel.pending is not None:
+            channel.coalesced += 1
+        channel.pending = data
+        if channel.sender is None:
+            start = channel.sender = threading.Thread(target=_send_loop, args=(job_id, channel),
+                                                      name=f"progress-{job_id}", daemon=True)
+    if start is not None:
+        start.start()
+
+
+def _send_loop(job_id: str, channel: _Channel) -> None:
+    """Post the job's latest pending update until none is left, then end."""
+    log = get_logger()
+    try:
+        while True:
+            with _lock:
+                data, channel.pending = channel.pending, None
+                coalesced, channel.coalesced = channel.coalesced, 0
+                if data is None:
+                    _retire(job_id, channel)
+                    return
+            if coalesced:
+                log.debug("progress: %d older update(s) replaced by a newer one before sending", coalesced,
+                          extra=job_extra(job_id))
+            outcome = channel.transport.post_progress_data(job_id, data)
+            if outcome is PostOutcome.STALE:
+                with _lock:
+                    channel.pending = None  # the job is not ours any more: send nothing else
+                    _retire(job_id, channel)
+                    callback = _stale_callback
+                if callback is not None:
+                    callback(job_id)
+                return
+    except BaseException:  # noqa: BLE001 - a sender must not die silently, nor wedge its job
+        log.exception("progress update failed", extra=job_extra(job_id))
         with _lock:
-            threads = _pending.get(job_id)
-            if threads is not None:
-                me = threading.current_thread()
-                if me in threads:
-                    threads.remove(me)
-                if not threads:
-                    _pending.pop(job_id, None)
+            channel.pending = None
+            _retire(job_id, channel)
+
+
+def _retire(job_id: str, channel: _Channel) -> None:
+    """End ``channel``'s sender (call with ``_lock`` held and nothing pending)."""
+    channel.sender = None
+    if _channels.get(job_id) is channel:
+        del _channels[job_id]
+    _lock.notify_all()
 
 
 def wait_pending(job_id: str, timeout: float = 15.0) -> None:
-    """Wait (up to ``timeout`` seconds in all) for the progress updates of ``job_id`` in flight."""
+    """Wait (up to ``timeout`` seconds in all) until the progress updates of ``job_id`` are sent."""
     deadline = time.monotonic() + timeout
-    while True:
-        with _lock:
-            threads = list(_pending.get(job_id, ()))
-        if not threads:
-            return
-        for thread in threads:
+    with _lock:
+        while job_id in _channels:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return
-            thread.join(remaining)
+            _lock.wait(remaining)

@@ -74,10 +74,61 @@ def exception_result(exc: BaseException, worker_id: str = "unknown", hostname: s
     return {"error": json.dumps(error_info(exc, worker_id, hostname))}
 
 
-def generator_exception_result(exc: BaseException) -> Dict[str, str]:
+def generator_exception_result(exc: BaseException, message: Optional[str] = None) -> Dict[str, str]:
     """The job-done body for an exception raised inside a generator handler."""
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    return {"error": f"handler: {exc} \ntraceback: {tb}"}
+    return {"error": f"handler: {exc if message is None else message} \ntraceback: {tb}"}
+
+
+#: Exceptions that end the process when nothing catches them: a handler raising one fails its
+#: job, and the worker then exits (after its other jobs finish) instead of serving more jobs.
+PROCESS_EXITS = (SystemExit, KeyboardInterrupt)
+
+
+def process_exit_code(exc: BaseException) -> Any:
+    """What the interpreter would exit with: ``SystemExit.code`` as given, 130 for Ctrl-C."""
+    if isinstance(exc, SystemExit):
+        return exc.code
+    return 130
+
+
+def exit_status(exc: BaseException) -> int:
+    """The numeric exit status for ``exc`` (``None`` -> 0, an int as is, anything else -> 1)."""
+    code = process_exit_code(exc)
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    return 1
+
+
+def describe_exit(exc: BaseException) -> str:
+    """A clear message for a handler that raised :data:`PROCESS_EXITS`."""
+    status = exit_status(exc)
+    if isinstance(exc, SystemExit):
+        return (f"SystemExit({exc.code!r}): the handler called sys.exit({exc.code!r}); "
+                f"the job failed and the worker exits with status {status}")
+    return (f"{type(exc).__name__}: raised by the handler; "
+            f"the job failed and the worker exits with status {status}")
+
+
+def exit_result(exc: BaseException, worker_id: str = "unknown", hostname: str = "unknown",
+                stream: bool = False) -> Dict[str, Any]:
+    """The job-done body for a handler that raised SystemExit or KeyboardInterrupt.
+
+    Same format as any other handler error (a JSON string with runpod-python's keys, or the
+    generator form), with a message that names the exception and the exit code, and
+    ``"stopPod": true`` because the worker process ends after this job.
+    """
+    message = describe_exit(exc)
+    if stream:
+        body: Dict[str, Any] = generator_exception_result(exc, message)
+    else:
+        info = error_info(exc, worker_id, hostname)
+        info["error_message"] = message
+        body = {"error": json.dumps(info)}
+    body["stopPod"] = True
+    return body
 
 
 def chunk_error(chunk: Any) -> Optional[Dict[str, str]]:

@@ -8,12 +8,14 @@ Threads:
   posts the result, then frees the slot.
 * **stop** – long-polls job-stop and cancels the listed jobs.
 * **heartbeat** – pings every interval with the ids of the jobs in progress (renews leases).
-* **main** – waits for a shutdown request (SIGTERM/SIGINT or ``refresh_worker``), then stops
-  taking, lets in-flight jobs finish and post, and returns.
+* **main** – waits for a shutdown request (SIGTERM/SIGINT, ``refresh_worker``, or a handler
+  that raised SystemExit/KeyboardInterrupt), then stops taking, lets in-flight jobs finish and
+  post, and returns the exit status.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import threading
@@ -22,8 +24,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import progress
+from . import result as results
 from .env import WorkerEnv
-from .handler import HandlerKind, JobCancelled, JobRun, LoopThread, handler_kind
+from .handler import ChunkNotDelivered, HandlerKind, JobCancelled, JobRun, LoopThread, handler_kind
 from .http import TRANSPORT_ERRORS, HttpClient, HttpResponse, RequestAborted
 from .log import get_logger, job_extra
 from .transport import PostOutcome, Transport, retry_after_seconds
@@ -86,12 +89,17 @@ class ActiveJob:
     job: Dict[str, Any]
     run: JobRun
     lost: bool = False  # a 409 said another attempt owns it now
+    chunks: int = 0  # stream chunks posted so far
     thread: Optional[threading.Thread] = field(default=None, repr=False)
 
     @property
     def id(self) -> str:
         """The job id, as a string."""
         return str(self.job["id"])
+
+    def held(self) -> bool:
+        """False once the job was stopped here or taken over by another attempt."""
+        return not (self.lost or self.run.cancelled)
 
 
 class Worker:
@@ -121,11 +129,17 @@ class Worker:
         self._ping_now = threading.Event()  # wakes the heartbeat early
         self._signals = 0
         self._threads: List[threading.Thread] = []
+        #: The SystemExit/KeyboardInterrupt a handler raised: the worker exits after it.
+        self.exit_exception: Optional[BaseException] = None
 
     # -- public -----------------------------------------------------------------------------
 
     def run(self) -> int:
-        """Run until shut down; returns the exit code (0)."""
+        """Run until shut down; returns the exit status.
+
+        0, unless a handler raised SystemExit or KeyboardInterrupt: then the status that
+        exception asks for (see :attr:`exit_exception`), once the other jobs have finished.
+        """
         self.log.info("vendor-flash %s worker %s starting (handler: %s, endpoint: %s)",
                       __version__, self.env.worker_id, self.kind.value, self.env.endpoint_id or "-")
         previous = self._install_signal_handlers()
@@ -153,6 +167,11 @@ class Worker:
             self.transport.client.close()
             self.loop.stop()
             self._restore_signal_handlers(previous)
+        if self.exit_exception is not None:
+            status = results.exit_status(self.exit_exception)
+            self.log.info("worker %s stopped: exiting with status %d (%s from a handler)",
+                          self.env.worker_id, status, type(self.exit_exception).__name__)
+            return status
         self.log.info("worker %s stopped", self.env.worker_id)
         return 0
 
@@ -296,37 +315,64 @@ class Worker:
             except JobCancelled:
                 self.log.info("cancelled: no result posted", extra=extra)
                 return
+            finally:
+                if active.run.exit_exception is not None:
+                    self._exit_after_jobs(active.run.exit_exception, job_id)
             if self.refresh_always:
                 body["stopPod"] = True
             progress.wait_pending(job_id)
-            if active.lost or active.run.cancelled:
+            if not active.held():
                 self.log.info("job no longer held here: result dropped", extra=extra)
                 return
             if body.get("stopPod"):
                 self.request_shutdown("refresh_worker")
-            outcome = self.transport.post_done(job_id, body, is_stream=self.kind.is_stream)
-            if outcome is PostOutcome.STALE:
+            delivery = self.transport.deliver_result(job_id, body, is_stream=self.kind.is_stream,
+                                                     still_held=active.held)
+            if delivery.outcome is PostOutcome.STALE:
                 active.lost = True
-            self.log.info("finished in %.3f s (%s%s)", time.monotonic() - started,
-                          "error" if body.get("error") else "ok",
-                          "" if outcome is PostOutcome.DELIVERED else f", result {outcome.value}",
-                          extra=extra)
-        except Exception:  # noqa: BLE001 - never let a job thread die silently
+            failed = bool(body.get("error")) or delivery.substituted or delivery.fallback is not None
+            if delivery.delivered:
+                fate = ""
+            elif delivery.fallback is not None:
+                fate = f", result {delivery.outcome.value}: {delivery.reason()}; error result {delivery.fallback.value}"
+            else:
+                fate = f", result {delivery.outcome.value}"
+            self.log.log(logging.ERROR if failed and not body.get("error") else logging.INFO,
+                         "finished in %.3f s (%s%s)", time.monotonic() - started,
+                         "error" if failed else "ok", fate, extra=extra)
+        except BaseException:  # noqa: BLE001 - never let a job thread die silently
             self.log.exception("internal error while running the job", extra=extra)
         finally:
             with self.cond:
                 self.jobs.pop(job_id, None)
                 self.cond.notify_all()
 
+    def _exit_after_jobs(self, exc: BaseException, job_id: str) -> None:
+        """A handler raised SystemExit/KeyboardInterrupt: stop taking, finish, then exit with its status."""
+        with self.cond:
+            if self.exit_exception is None:  # the first one decides the exit status
+                self.exit_exception = exc
+        self.log.error("handler raised %s: the job fails, and the worker exits with status %d once its "
+                       "other jobs have finished", results.describe_exit(exc).split(":")[0],
+                       results.exit_status(exc), extra=job_extra(job_id))
+        self.request_shutdown(f"{type(exc).__name__} raised by a handler")
+
     def _stream_chunk(self, job_id: str, value: Any) -> None:
         with self.cond:
             active = self.jobs.get(job_id)
-        if active is None or active.lost:
+        if active is None or not active.held():
             raise JobCancelled(job_id)
-        outcome = self.transport.post_stream(job_id, value)
-        if outcome is PostOutcome.STALE:
+        active.chunks += 1
+        delivery = self.transport.deliver_chunk(job_id, value, still_held=active.held)
+        if delivery.outcome is PostOutcome.STALE:
             self._mark_lost(job_id)
             raise JobCancelled(job_id)
+        if not delivery.delivered:
+            if not active.held():
+                raise JobCancelled(job_id)
+            size = "" if delivery.status == 413 else f" ({delivery.size} bytes)"  # a 413 reason has it
+            raise ChunkNotDelivered(f"stream chunk {active.chunks}{size} could not be delivered: "
+                                    f"{delivery.reason()}; the generator was stopped")
 
     def _mark_lost(self, job_id: str) -> None:
         """A 409 said this attempt is stale: stop the job and post nothing more for it."""
