@@ -105,6 +105,10 @@ export function jobRoutes(s: JobRouteServices): RouteDef[] {
         const job = await submit(principal, params['endpointId'] as string, body, bodyText, retention, true);
         // A client that goes away stops waiting; it never cancels the job.
         await s.queue.waitFinal(job, wait ?? 90_000, req.cancel);
+        // The endpoint was deleted while the job waited: its jobs went with it.
+        if ((job.status === 'IN_QUEUE' || job.status === 'IN_PROGRESS') && s.queue.live(job.id) !== job) {
+          throw new AgentError('NOT_FOUND', `Endpoint ${job.endpointId} was deleted while job ${job.id} waited; the job is gone.`);
+        }
         // Still running, or its result not yet durable: written and synced before its id is told.
         // No await when there is nothing to wait for: one more hop here halved S2 (the reply
         // then went out uncorked, about three times the kernel time per job; bench:profile s2).

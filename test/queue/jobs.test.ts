@@ -520,3 +520,16 @@ t.test('a job handed to a parked job-take leaves in one TCP segment, not one per
   t.equal(r.run, 'HTTP/1.1 200 OK', 'the /run was accepted');
   t.equal(r.segments, 1, 'status line, headers and body in one segment');
 });
+
+t.test('a /runsync waiting when its endpoint is deleted gets a 404, not a job that no longer exists', async (t) => {
+  const a = await startAgent(t, { takeHoldMs: 1000 });
+  const ep = await endpoint(a);
+  const waiting = a.req('POST', `/v2/${ep}/runsync?wait=10000`, { body: { input: {} } });
+  await new Promise((r) => setTimeout(r, 300));
+  t.equal((await a.req('DELETE', `/v2/serverless/${ep}`)).status, 204);
+  const started = Date.now();
+  const r = await waiting;
+  assertProblem(t, r, 404);
+  t.match(r.json.detail, /deleted/);
+  t.ok(Date.now() - started < 5000, 'answered at once, not after the wait');
+});
