@@ -16,7 +16,7 @@ import { EndpointService, type PublicUrls } from './endpoints/index.js';
 import { createHttpServer, type HttpServer } from './http/index.js';
 import { JobQueue, WebhookSender, WorkerRegistry } from './queue/index.js';
 import { ContainerRuntime, ProcessRuntime, findEngineSocket, reapOrphanProcessWorkers, type WorkerRuntime } from './runtime/index.js';
-import { Autoscaler, LogHub } from './scheduler/index.js';
+import { Autoscaler, LogHub, unreservedCpu } from './scheduler/index.js';
 import { ResourceLedger, createLedgerPlacement, probeHost, workerRequirement } from './gpu/index.js';
 import type { EndpointSpec } from './endpoints/index.js';
 import { IdentityRepo, JobsRepo, LogsRepo, WriteBatch, openDb, walPathOf, type Db } from './store/index.js';
@@ -156,7 +156,7 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
       vcpus: hardware.cpu.vcpus, memoryGb: hardware.cpu.memoryGb,
     });
     const ledger = new ResourceLedger(hardware);
-    const placement = createLedgerPlacement<EndpointSpec>(ledger, (spec) => workerRequirement({
+    const ledgerPlacement = createLedgerPlacement<EndpointSpec>(ledger, (spec) => workerRequirement({
       gpu: spec.gpu, cpu: spec.cpu, dataCenterIds: spec.dataCenterIds, ...(spec.gpuTypePriority ? { gpuTypePriority: spec.gpuTypePriority } : {}),
     }));
     const containers = createContainerRuntime(config, dataDir, log);
@@ -168,7 +168,8 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
       baseUrl: () => config.workerUrl ?? containers?.workerBaseUrl() ?? urls.queueBaseUrl(), pingIntervalMs,
       stopGraceMs: config.workerStopGraceMs, initTimeoutMs: config.workerInitTimeoutMs,
       registryAuth: (ownerId, id) => endpoints.registryAuth(ownerId, id),
-      placement,
+      // Host processes get no CPU or memory limit: only GPUs are handed out (see unreservedCpu).
+      placement: config.runtime === 'process' ? unreservedCpu(ledgerPlacement) : ledgerPlacement,
     });
     closers.push(() => autoscaler.close());
     queue.on({

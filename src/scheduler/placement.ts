@@ -26,3 +26,16 @@ export const CPU_ONLY_PLACEMENT: Placement = {
   reserve: (_id, _w, spec) => (spec.gpu ? undefined : { gpuDeviceIds: [], gpuName: 'cpu' }),
   release: () => undefined,
 };
+
+/**
+ * For host processes (`--runtime process`), which get no CPU or memory limit: CPU workers take
+ * nothing from `placement` (reserving a flavor's vCPUs would only cap how many run, one `cpu3c`
+ * worker on a 2-vCPU host), while GPU workers still get their GPUs exclusively from it.
+ */
+export function unreservedCpu(placement: Placement): Placement {
+  return {
+    capacity: (id, spec) => (spec.gpu ? placement.capacity(id, spec) : CPU_ONLY_PLACEMENT.capacity(id, spec)),
+    reserve: (id, workerId, spec) => (spec.gpu ? placement.reserve(id, workerId, spec) : CPU_ONLY_PLACEMENT.reserve(id, workerId, spec)),
+    release: (workerId) => placement.release(workerId),
+  };
+}

@@ -222,3 +222,13 @@ t.test('after a kill -9 of flashd, the next start stops its orphaned workers, re
   t.match((await b.req('GET', `/v2/${ep}/health`)).json.workers, { running: 0, idle: 0 }, 'the dead worker is not counted');
   t.ok(b.logs.some((l) => l.includes('workers of the previous run released')), 'the start says so');
 });
+
+t.test('process workers reserve no vCPUs: a flavor larger than the host still runs, beside others', async (t) => {
+  const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT, takeHoldMs: 1000, leaseMs: 3000 });
+  const big = (n: number) => a.req('POST', '/v2/serverless', {
+    body: cpuBody({ name: `big${n}`, args: 'python3 -u test/fixtures/workers/echo.py', cpu: [{ id: 'cpu3g', vcpuCount: 32 }], workers: { min: 0, max: 1, idleTimeout: 30 } }),
+  });
+  const eps = [(await big(1)).json.id as string, (await big(2)).json.id as string];
+  const results = await Promise.all(eps.map((ep) => a.req('POST', `/v2/${ep}/runsync?wait=20000`, { body: { input: { n: ep } } })));
+  for (const r of results) t.equal(r.json.status, 'COMPLETED', `ran, not throttled: ${r.text}`);
+});
