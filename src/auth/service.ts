@@ -243,9 +243,8 @@ export class AuthService {
     return { row, key };
   }
 
-  /** A worker key: scope `worker`, bound to one endpoint, acting for the endpoint's owner. */
   /**
-   * The keys of workers flashd launched, named `managed worker <id>` (`createManagedWorkerKey`),
+   * The keys of workers flashd launched, named `managed worker <id>` (createManagedWorkerKey),
    * that are still valid at start: their workers belonged to a previous run that did not stop
    * cleanly. They are revoked; the workers they named are returned.
    */
@@ -264,6 +263,7 @@ export class AuthService {
     return this.createWorkerKey('usr_admin', null, endpointId, `${MANAGED_KEY_PREFIX}${workerId}`);
   }
 
+  /** A worker key: scope `worker`, bound to one endpoint, acting for the endpoint's owner. */
   createWorkerKey(userId: string, teamId: string | null, endpointId: string, name: string): IssuedKey {
     const key = generateApiKey('wkr');
     const row = this.#insertKey(key, { name, scopes: ['worker'], teamId }, userId, 'worker', endpointId);

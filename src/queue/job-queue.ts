@@ -1076,6 +1076,9 @@ export class JobQueue {
   }
 
   async retry(endpointId: string, jobId: string): Promise<JobSnapshot> {
+    // Its first row is written by a pending commit, which sets the rowid on the record in memory:
+    // the fresh record below copies it, so wait for that write first.
+    if (this.#jobs.get(jobId)?.rowid === 0) await this.#batch.committed().catch(() => undefined);
     const snap = this.find(endpointId, jobId);
     if (!snap) throw new AgentError('NOT_FOUND', `Job ${jobId} not found (unknown, or its result expired).`);
     if (snap.status !== 'FAILED' && snap.status !== 'TIMED_OUT') {

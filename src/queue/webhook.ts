@@ -18,10 +18,11 @@ export interface WebhookOptions {
   log: Logger;
 }
 
-function isPrivateV4(a: number, b: number): boolean {
+/** The first three octets decide: 192.0.0.0/24 and 192.0.2.0/24 are special, the rest of 192.0/16 is public. */
+function isPrivateV4(a: number, b: number, c: number): boolean {
   return a === 0 || a === 10 || a === 127 || (a === 100 && b >= 64 && b <= 127) || (a === 169 && b === 254) ||
-    (a === 172 && b >= 16 && b <= 31) || (a === 192 && b === 168) || (a === 192 && b === 0) || (a === 198 && (b === 18 || b === 19)) ||
-    a >= 224;
+    (a === 172 && b >= 16 && b <= 31) || (a === 192 && b === 168) || (a === 192 && b === 0 && (c === 0 || c === 2)) ||
+    (a === 198 && (b === 18 || b === 19)) || a >= 224;
 }
 
 /** The eight 16-bit groups of an IPv6 address (`::` expanded, a trailing dotted IPv4 as two groups). */
@@ -53,21 +54,21 @@ export function isPrivateAddress(address: string): boolean {
   const ip = address.toLowerCase().replace(/^\[|\]$/g, '').replace(/%.*$/, '');
   const family = isIP(ip);
   if (family === 4) {
-    const [a = 0, b = 0] = ip.split('.').map(Number);
-    return isPrivateV4(a, b);
+    const [a = 0, b = 0, c = 0] = ip.split('.').map(Number);
+    return isPrivateV4(a, b, c);
   }
   if (family !== 6) return true;
   const g = ipv6Groups(ip);
   if (!g || g.some((x) => !Number.isInteger(x) || x < 0 || x > 0xffff)) return true;
-  const [g0 = 0, g1 = 0, g2 = 0, g3 = 0, g4 = 0, g5 = 0, g6 = 0] = g;
-  // The first two octets of an IPv4 address held in one group decide its range.
-  const v4 = (group: number) => isPrivateV4(group >> 8, group & 0xff);
+  const [g0 = 0, g1 = 0, g2 = 0, g3 = 0, g4 = 0, g5 = 0, g6 = 0, g7 = 0] = g;
+  // An IPv4 address held in two groups.
+  const v4 = (hi: number, lo: number) => isPrivateV4(hi >> 8, hi & 0xff, lo >> 8);
   // ::/96 (unspecified, loopback, IPv4-compatible: 0.x.x.x is private) and ::ffff:0:0/96 (mapped).
-  if (g0 === 0 && g1 === 0 && g2 === 0 && g3 === 0 && g4 === 0 && (g5 === 0 || g5 === 0xffff)) return v4(g6);
+  if (g0 === 0 && g1 === 0 && g2 === 0 && g3 === 0 && g4 === 0 && (g5 === 0 || g5 === 0xffff)) return v4(g6, g7);
   // NAT64 64:ff9b::/96 carries an IPv4 address; 64:ff9b:1::/48 is for local use.
-  if (g0 === 0x64 && g1 === 0xff9b) return g2 === 1 || v4(g6);
+  if (g0 === 0x64 && g1 === 0xff9b) return g2 === 1 || v4(g6, g7);
   // 6to4 2002::/16 carries one in its second and third groups.
-  if (g0 === 0x2002) return v4(g1);
+  if (g0 === 0x2002) return v4(g1, g2);
   // fc00::/7 unique local, fe80::/10 link-local, fec0::/10 site-local, ff00::/8 multicast.
   return (g0 & 0xfe00) === 0xfc00 || (g0 & 0xffc0) === 0xfe80 || (g0 & 0xffc0) === 0xfec0 || (g0 & 0xff00) === 0xff00;
 }

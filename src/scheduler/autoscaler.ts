@@ -50,6 +50,8 @@ interface Managed {
   stopping: boolean;
   /** Stopped for not polling within the init timeout: its exit counts as a crash. */
   initTimedOut?: boolean;
+  /** When the runtime reported it running (monotonic): the init timeout counts from there, not from an image pull. */
+  runningSince?: number;
 }
 
 interface CrashState {
@@ -59,6 +61,8 @@ interface CrashState {
 
 const CRASH_WINDOW_MS = 60_000;
 const DEFAULT_INIT_TIMEOUT_MS = 7 * 60_000;
+/** How long past the stop grace a shutdown waits for the runtime to confirm its workers' exits. */
+const DRAIN_SLACK_MS = 5000;
 
 /** The init timeout of an endpoint: its env's RUNPOD_INIT_TIMEOUT (seconds) when valid, else the default. */
 function initTimeoutOf(spec: EndpointSpec, fallbackMs: number): number {
@@ -140,7 +144,7 @@ export class Autoscaler {
     const initTimeoutMs = initTimeoutOf(spec, this.#o.initTimeoutMs ?? DEFAULT_INIT_TIMEOUT_MS);
     for (const w of registry.list(endpointId)) {
       const m = this.#managed.get(w.id);
-      if (!m || m.stopping || registry.state(w) !== 'initializing' || mono - w.lastSeen < initTimeoutMs) continue;
+      if (!m || m.stopping || m.runningSince === undefined || registry.state(w) !== 'initializing' || mono - m.runningSince < initTimeoutMs) continue;
       m.initTimedOut = true;
       const why = `did not ask for a job within ${Math.round(initTimeoutMs / 1000)} s of starting (RUNPOD_INIT_TIMEOUT)`;
       this.#o.logs.append(endpointId, w.id, 'system', `worker ${w.id} ${why}; stopping it`);
@@ -215,6 +219,9 @@ export class Autoscaler {
       })
       .then(
         (result) => {
+          const runningSince = this.#o.clock.monotonic();
+          const m = this.#managed.get(freshId);
+          if (m) m.runningSince = runningSince;
           if (!result.reused || result.workerId === freshId) return;
           // FlashBoot: a kept worker restarted with its own identity; drop the fresh one.
           const kept = this.#kept.get(result.workerId);
@@ -225,7 +232,7 @@ export class Autoscaler {
           this.#placement.release(freshId);
           this.#placement.reserve(endpointId, result.workerId, spec);
           ref.id = result.workerId;
-          this.#managed.set(result.workerId, { endpointId, keyId: kept?.keyId ?? keyRow.id, stopping: false });
+          this.#managed.set(result.workerId, { endpointId, keyId: kept?.keyId ?? keyRow.id, stopping: false, runningSince });
           this.#o.queue.workers.launched(endpointId, result.workerId);
           this.#o.logs.append(endpointId, result.workerId, 'system', `restarted kept worker ${result.workerId} (FlashBoot)`);
         },
@@ -255,8 +262,9 @@ export class Autoscaler {
     const initTimedOut = managed?.initTimedOut === true;
     const crashed = initTimedOut || (!info.requested && !(worker?.recycle && info.code === 0));
     const how = info.signal ? `signal ${info.signal}` : `code ${info.code ?? '?'}`;
-    // A job cut short by flashd's own shutdown goes back without using one of its attempts.
-    this.#o.queue.workerGone(endpointId, workerId, `worker ${workerId} exited (${how})`, !this.#shuttingDown);
+    // A job cut short by flashd's own shutdown goes back without using one of its attempts (a
+    // worker that dies by itself meanwhile still uses one).
+    this.#o.queue.workerGone(endpointId, workerId, `worker ${workerId} exited (${how})`, !(this.#shuttingDown && info.requested));
     if (crashed) {
       this.#o.logs.append(endpointId, workerId, 'system', initTimedOut
         ? `worker ${workerId} stopped (${how}): it never asked for a job`
@@ -324,11 +332,19 @@ export class Autoscaler {
     this.#shuttingDown = true;
     if (this.#timer) clearInterval(this.#timer);
     if (!this.#o.runtime || this.#managed.size === 0) return;
-    this.#o.log.info('stopping workers', { count: this.#managed.size, graceMs: this.#o.stopGraceMs ?? 10_000 });
+    const graceMs = this.#o.stopGraceMs ?? 10_000;
+    this.#o.log.info('stopping workers', { count: this.#managed.size, graceMs });
     // Workers already stopping (scale-down) are waited for by the runtime's own stop.
-    await Promise.all([...this.#managed].map(([id, m]) => (m.stopping
-      ? this.#o.runtime?.stop(id, this.#o.stopGraceMs ?? 10_000)
+    const stopped = Promise.all([...this.#managed].map(([id, m]) => (m.stopping
+      ? this.#o.runtime?.stop(id, graceMs)
       : this.#stop(id, 'flashd is stopping'))));
+    // A runtime that cannot confirm the exits (an engine gone away) must not hold the shutdown:
+    // close() then ends what is left.
+    let timer: NodeJS.Timeout | undefined;
+    const deadline = new Promise<'late'>((resolve) => (timer = setTimeout(() => resolve('late'), graceMs + DRAIN_SLACK_MS)));
+    const outcome = await Promise.race([stopped.then(() => 'done' as const), deadline]);
+    clearTimeout(timer);
+    if (outcome === 'late') this.#o.log.warn('workers did not confirm their exit in time; closing the runtime', { graceMs });
   }
 
   async close(): Promise<void> {

@@ -370,7 +370,8 @@ t.test('isPrivateAddress judges every spelling of an address', async (t) => {
   const cases: [string, boolean][] = [
     ['127.0.0.1', true], ['10.1.2.3', true], ['172.16.0.1', true], ['172.32.0.1', false], ['192.168.1.1', true],
     ['100.64.0.1', true], ['169.254.169.254', true], ['0.0.0.0', true], ['224.0.0.1', true], ['198.18.0.1', true],
-    ['8.8.8.8', false], ['93.184.216.34', false],
+    ['8.8.8.8', false], ['93.184.216.34', false], ['192.0.78.9', false], ['192.0.32.10', false], ['192.0.2.1', true],
+    ['192.0.0.9', true], ['::ffff:192.0.78.9', false], ['::ffff:c000:250', true], ['2002:c000:4e09::', false],
     ['::1', true], ['::', true], ['[::1]', true], ['::ffff:127.0.0.1', true], ['::ffff:7f00:1', true], ['::FFFF:7F00:1', true],
     ['0:0:0:0:0:ffff:7f00:1', true], ['::ffff:a00:1', true], ['::ffff:c0a8:101', true], ['::ffff:808:808', false],
     ['::7f00:1', true], ['64:ff9b::7f00:1', true], ['64:ff9b::808:808', false], ['64:ff9b:1::1', true],

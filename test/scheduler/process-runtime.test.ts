@@ -131,6 +131,8 @@ t.test('a job cut short by the shutdown grace goes back to the queue without usi
   const b = await startAgent(t, { maxAttempts: 1 }, { dir: a.dir });
   const s = (await b.req('GET', `/v2/${ep}/status/${id}`)).json;
   t.equal(s.status, 'IN_QUEUE', `queued again, not FAILED after its one attempt: ${JSON.stringify(s)}`);
+  const row = b.agent.db.prepare('SELECT attempt FROM jobs WHERE id = ?').get(id) as { attempt: number };
+  t.equal(row.attempt, 0, 'the attempt it used was given back');
 });
 
 t.test('a worker that never asks for a job is stopped after the init timeout and shown unhealthy', async (t) => {
@@ -220,6 +222,8 @@ t.test('after a kill -9 of flashd, the next start stops its orphaned workers, re
   t.equal(s.status, 'IN_QUEUE', `queued again at once, not held for a 30 s lease: ${JSON.stringify(s)}`);
   t.equal(s.retries, 1);
   t.match((await b.req('GET', `/v2/${ep}/health`)).json.workers, { running: 0, idle: 0 }, 'the dead worker is not counted');
+  const live = b.agent.db.prepare("SELECT count(*) AS n FROM api_keys WHERE name LIKE 'managed worker %' AND revoked_at IS NULL").get() as { n: number };
+  t.equal(live.n, 0, "the previous run's worker keys are revoked");
   t.ok(b.logs.some((l) => l.includes('workers of the previous run released')), 'the start says so');
 });
 
