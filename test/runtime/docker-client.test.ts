@@ -120,3 +120,38 @@ t.test('against the engine', { skip }, async (t) => {
     t.same(await c.listContainers({ all: true, labels: [label] }), []);
   });
 });
+
+t.test('a pull whose progress stream does not end is cut by its abort signal (shutdown during a long pull)', async (t) => {
+  const { createServer } = await import('node:http');
+  const { mkdtempSync, rmSync } = await import('node:fs');
+  const { tmpdir } = await import('node:os');
+  // A short path: a unix socket's is limited to about 100 bytes.
+  const dir = mkdtempSync(`${tmpdir()}/flashd-engine-`);
+  t.teardown(() => rmSync(dir, { recursive: true, force: true }));
+  const socketPath = `${dir}/engine.sock`;
+  // An engine answering the pull at once and then streaming progress for as long as the registry takes.
+  const server = createServer((req, res) => {
+    if (req.url?.includes('/images/create')) {
+      res.writeHead(200, { 'content-type': 'application/json' });
+      res.write('{"status":"Pulling from example/big"}\n');
+      return;
+    }
+    res.writeHead(404).end('{"message":"no"}');
+  });
+  await new Promise<void>((r) => server.listen(socketPath, r));
+  t.teardown(() => {
+    server.closeAllConnections();
+    server.close();
+  });
+  const c = new DockerClient({ socketPath });
+  t.teardown(() => c.close());
+  const ac = new AbortController();
+  const progress: string[] = [];
+  const pull = c.pullImage('example/big:1', { signal: ac.signal, onProgress: (p) => progress.push(p.status ?? '') }).then(() => null, (e: unknown) => e);
+  while (progress.length === 0) await new Promise((r) => setTimeout(r, 10));
+  const started = Date.now();
+  ac.abort();
+  const err = await pull;
+  t.ok(err instanceof DockerError, `the pull fails: ${String(err)}`);
+  t.ok(Date.now() - started < 2000, 'at once, not when the stream ends');
+});

@@ -133,9 +133,25 @@ export class Transport {
     return (await readAll((await this.#send(o, false)).res)).toString('utf8');
   }
 
-  /** A request whose reply body is consumed as a stream by the caller. */
+  /**
+   * A request whose reply body is consumed as a stream by the caller. The signal keeps working
+   * after the headers: it ends the body with an error (a pull's progress stream can run for
+   * minutes, and a shutdown must not wait for it).
+   */
   async stream(o: RequestOptions): Promise<http.IncomingMessage> {
-    return (await this.#send(o, false)).res;
+    const { res } = await this.#send(o, false);
+    const signal = o.signal;
+    if (signal) {
+      const onAbort = (): void => {
+        res.destroy(new DockerError('DOCKER_PROTOCOL', `${o.method} ${o.path}: aborted`, { request: `${o.method} ${o.path}`, cause: signal.reason }));
+      };
+      if (signal.aborted) onAbort();
+      else {
+        signal.addEventListener('abort', onAbort, { once: true });
+        res.once('close', () => signal.removeEventListener('abort', onAbort));
+      }
+    }
+    return res;
   }
 
   /**
