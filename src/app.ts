@@ -174,7 +174,7 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
     closers.push(() => autoscaler.close());
     queue.on({
       jobQueued: (endpointId) => autoscaler.trigger(endpointId),
-      recycleWorker: (endpointId, workerId) => autoscaler.recycle(endpointId, workerId),
+      recycleWorker: (endpointId) => autoscaler.recycle(endpointId),
       finished: (job, body) => {
         if (job.webhook) webhooks.send(job.webhook, body(), job.id);
       },

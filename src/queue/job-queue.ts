@@ -558,9 +558,10 @@ export class JobQueue {
    */
   take(endpointId: string, workerId: string, max: number, cancel: Cancellation, holdMs = this.settings.takeHoldMs): Promise<ClaimedJob[]> {
     const worker = this.workers.seen(endpointId, workerId, true);
-    // Being stopped: no job. Its parked polls were answered at once (stopping()) so its SDK
-    // sees the SIGTERM and exits; a poll after that waits a little, never a tight loop.
-    if (worker.draining) return drained<ClaimedJob>(cancel, Math.min(DRAIN_POLL_HOLD_MS, holdMs));
+    // Being stopped, or a worker flashd launched that is to be replaced (recycling()): no job.
+    // Its parked polls were answered at once so its SDK sees the SIGTERM and exits; a poll
+    // after that waits a little, never a tight loop.
+    if (worker.draining || (worker.recycle && worker.managed)) return drained<ClaimedJob>(cancel, Math.min(DRAIN_POLL_HOLD_MS, holdMs));
     const q = this.#queue(endpointId);
     // A take renews no lease: only pings (which list the jobs held) and results do. A worker
     // restarted with the same id would otherwise keep its dead incarnation's jobs alive.
@@ -626,7 +627,7 @@ export class JobQueue {
       return 'accepted';
     }
     if (body.stopPod === true) {
-      worker.recycle = true;
+      this.recycling(endpointId, workerId);
       for (const l of this.#listeners) l.recycleWorker?.(endpointId, workerId);
     }
     const output = body.output === undefined ? null : body.outputJson ?? JSON.stringify(body.output);
@@ -777,6 +778,23 @@ export class JobQueue {
       signal.addEventListener('abort', onAbort, { once: true });
       check();
     });
+  }
+
+  /**
+   * This worker is to be replaced (stopPod, or a new configuration for a worker flashd
+   * launched): a managed one gets no more jobs from now, so jobs submitted after a PATCH run on
+   * the new configuration; it finishes what it holds and the autoscaler stops it once idle.
+   */
+  recycling(endpointId: string, workerId: string): void {
+    const worker = this.workers.get(endpointId, workerId);
+    if (!worker) return;
+    worker.recycle = true;
+    if (!worker.managed) return;
+    const q = this.#queues.get(endpointId);
+    if (!q) return;
+    const released = q.takers.filter((t) => t.worker === worker);
+    if (released.length) q.takers = q.takers.filter((t) => t.worker !== worker);
+    for (const t of released) t.resolve([]);
   }
 
   /**

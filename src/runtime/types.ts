@@ -61,8 +61,11 @@ export interface WorkerRuntime {
   readonly name: string;
   /** Starts a worker; rejects when it cannot be started (bad command, image pull failure). */
   launch(spec: LaunchSpec, events: WorkerEvents): Promise<LaunchResult>;
-  /** Asks a worker to stop (SIGTERM), killing it after `graceMs`. Resolves when it is gone. */
-  stop(workerId: string, graceMs: number): Promise<void>;
+  /**
+   * Asks a worker to stop (SIGTERM), killing it after `graceMs`. Resolves when it is gone.
+   * `keep: false`: never keep it for a FlashBoot restart (it is being stopped as unhealthy).
+   */
+  stop(workerId: string, graceMs: number, options?: { keep?: boolean }): Promise<void>;
   /** Workers this runtime could start now for an endpoint (Infinity when unbounded). */
   capacity(endpointId: string): number;
   /** Forgets everything kept for an endpoint (deleted endpoint). */

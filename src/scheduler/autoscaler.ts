@@ -119,7 +119,8 @@ export class Autoscaler {
     for (const [workerId, u] of this.#unhealthy) {
       if (mono >= u.until) {
         this.#unhealthy.delete(workerId);
-        this.#o.queue.workers.remove(u.endpointId, workerId);
+        // Only the crashed incarnation: a kept worker restarted under the same id stays.
+        if (this.#o.queue.workers.get(u.endpointId, workerId)?.phase === 'unhealthy') this.#o.queue.workers.remove(u.endpointId, workerId);
       }
     }
     for (const row of this.#o.endpoints.endpoints.listAll()) this.#evaluateSafely(row.id, row);
@@ -148,7 +149,7 @@ export class Autoscaler {
       m.initTimedOut = true;
       const why = `did not ask for a job within ${Math.round(initTimeoutMs / 1000)} s of starting (RUNPOD_INIT_TIMEOUT)`;
       this.#o.logs.append(endpointId, w.id, 'system', `worker ${w.id} ${why}; stopping it`);
-      void this.#stop(w.id, why);
+      void this.#stop(w.id, why, false);
     }
     const decision = decideScale({
       min: spec.workers.min,
@@ -233,8 +234,12 @@ export class Autoscaler {
           this.#placement.reserve(endpointId, result.workerId, spec);
           ref.id = result.workerId;
           this.#managed.set(result.workerId, { endpointId, keyId: kept?.keyId ?? keyRow.id, stopping: false, runningSince });
+          this.#unhealthy.delete(result.workerId);
           this.#o.queue.workers.launched(endpointId, result.workerId);
           this.#o.logs.append(endpointId, result.workerId, 'system', `restarted kept worker ${result.workerId} (FlashBoot)`);
+          // Stopped while it was restarting (the endpoint deleted, a scale-down, shutdown): the
+          // stop went to the fresh id, which never ran; it must reach the restarted one.
+          if (m?.stopping || this.#closed || !this.#o.endpoints.byId(endpointId)) void this.#stop(result.workerId, 'stopped while it was restarting', false);
         },
         (err: Error) => {
           this.#o.logs.append(endpointId, freshId, 'system', `worker ${freshId} failed to start: ${err.message}`);
@@ -287,19 +292,18 @@ export class Autoscaler {
     this.trigger(endpointId);
   }
 
-  async #stop(workerId: string, why: string): Promise<void> {
+  /** `keep: false`: never kept for a FlashBoot restart (unhealthy, its endpoint deleted, shutdown). */
+  async #stop(workerId: string, why: string, keep = true): Promise<void> {
     const m = this.#managed.get(workerId);
     if (!m || m.stopping || !this.#o.runtime) return;
     m.stopping = true;
     this.#o.log.info('worker stopping', { endpointId: m.endpointId, workerId, reason: why });
     this.#o.queue.stopping(m.endpointId, workerId);
-    await this.#o.runtime.stop(workerId, this.#o.stopGraceMs ?? 10_000);
+    await this.#o.runtime.stop(workerId, this.#o.stopGraceMs ?? 10_000, keep ? {} : { keep: false });
   }
 
-  /** A worker asked to be recycled (stopPod): stop it once it holds no job. */
-  recycle(endpointId: string, workerId: string): void {
-    const w = this.#o.queue.workers.get(endpointId, workerId);
-    if (w) w.recycle = true;
+  /** A worker asked to be recycled (stopPod; the queue marked it): stop it once it holds no job. */
+  recycle(endpointId: string): void {
     this.trigger(endpointId);
   }
 
@@ -309,14 +313,14 @@ export class Autoscaler {
    * idle; otherwise (a name, the scaler, min/max) they stay, and the next decision applies it.
    */
   endpointChanged(endpointId: string, restart: boolean): void {
-    if (restart) for (const w of this.#o.queue.workers.list(endpointId)) if (w.managed) w.recycle = true;
+    if (restart) for (const w of this.#o.queue.workers.list(endpointId)) if (w.managed) this.#o.queue.recycling(endpointId, w.id);
     this.trigger(endpointId);
   }
 
   /** The endpoint is being deleted: stop its workers now. */
   async dropEndpoint(endpointId: string): Promise<void> {
     const ids = [...this.#managed].filter(([, m]) => m.endpointId === endpointId).map(([id]) => id);
-    await Promise.all(ids.map((id) => this.#stop(id, 'endpoint deleted')));
+    await Promise.all(ids.map((id) => this.#stop(id, 'endpoint deleted', false)));
     await this.#o.runtime?.discardEndpoint?.(endpointId);
     for (const [id, k] of this.#kept) if (k.endpointId === endpointId) this.#discard(id);
   }
@@ -337,7 +341,7 @@ export class Autoscaler {
     // Workers already stopping (scale-down) are waited for by the runtime's own stop.
     const stopped = Promise.all([...this.#managed].map(([id, m]) => (m.stopping
       ? this.#o.runtime?.stop(id, graceMs)
-      : this.#stop(id, 'flashd is stopping'))));
+      : this.#stop(id, 'flashd is stopping', false))));
     // A runtime that cannot confirm the exits (an engine gone away) must not hold the shutdown:
     // close() then ends what is left.
     let timer: NodeJS.Timeout | undefined;

@@ -120,6 +120,32 @@ t.test('FLASHBOOT: scale to zero keeps the container stopped; the next job resta
   t.pass('no container left');
 });
 
+t.test('FLASHBOOT: deleting the endpoint while its kept container restarts stops and removes that container', async (t) => {
+  const a = await start(t);
+  const ep = await endpoint(a, { flashboot: 'FLASHBOOT', workers: { min: 0, max: 1, idleTimeout: 1 } });
+  t.equal((await runsync(a, ep, { n: 1 })).status, 'COMPLETED');
+  await until('scale to zero', async () => noWorkers(await health(a, ep)));
+  await until('kept stopped', async () => (await containersOf([`${LABELS.endpoint}=${ep}`]))[0]?.State === 'exited');
+  // The next job restarts the kept container; the deletion lands while that restart is under way.
+  await a.req('POST', `/v2/${ep}/run`, { body: { input: {} } });
+  await new Promise((r) => setTimeout(r, 30));
+  t.equal((await a.req('DELETE', `/v2/serverless/${ep}`)).status, 204);
+  await until('no container of the deleted endpoint left', async () => (await containersOf([`${LABELS.endpoint}=${ep}`])).length === 0, 60_000);
+  t.pass('removed');
+});
+
+t.test('FLASHBOOT: a worker stopped for never asking for a job is removed, not kept for a restart', async (t) => {
+  const a = await start(t, { workerStopGraceMs: 1000 });
+  const ep = await endpoint(a, {
+    flashboot: 'FLASHBOOT', args: 'sleep 600', env: { RUNPOD_INIT_TIMEOUT: '2' }, workers: { min: 0, max: 1, idleTimeout: 30 },
+  });
+  await a.req('POST', `/v2/${ep}/run`, { body: { input: {} } });
+  const first = await until('a container', async () => (await containersOf([`${LABELS.endpoint}=${ep}`]))[0]);
+  await until('the silent worker stopped as unhealthy', async () => (await health(a, ep)).workers.unhealthy >= 1);
+  await until('its container removed, not kept', async () => !(await containersOf([`${LABELS.endpoint}=${ep}`])).some((c) => c.Id === first.Id), 60_000);
+  t.ok((await logLines(a, ep)).some((l) => /never asked for a job/.test(l.line)), 'the log says why');
+});
+
 t.test('a handler that crashes the container: the job is retried, /health shows unhealthy', async (t) => {
   const a = await start(t, { maxAttempts: 2 });
   const ep = await endpoint(a, { workers: { min: 0, max: 1, idleTimeout: 30 } });

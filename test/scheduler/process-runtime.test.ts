@@ -236,3 +236,20 @@ t.test('process workers reserve no vCPUs: a flavor larger than the host still ru
   const results = await Promise.all(eps.map((ep) => a.req('POST', `/v2/${ep}/runsync?wait=20000`, { body: { input: { n: ep } } })));
   for (const r of results) t.equal(r.json.status, 'COMPLETED', `ran, not throttled: ${r.text}`);
 });
+
+t.test('after a PATCH that needs a restart, a busy worker finishes its job but takes no new one: new jobs run on the new configuration', async (t) => {
+  const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT, takeHoldMs: 1000, leaseMs: 3000 });
+  const ep = (await a.req('POST', '/v2/serverless', {
+    body: cpuBody({ args: 'python3 -u test/fixtures/workers/echo.py', env: { GREETING: 'old' }, workers: { min: 0, max: 1, idleTimeout: 30 } }),
+  })).json.id as string;
+  const first = a.req('POST', `/v2/${ep}/runsync`, { body: { input: { sleep: 1.5 } } });
+  await until('the first job to run', async () => (await health(a, ep)).workers.running === 1, 20_000);
+  const patched = await a.req('PATCH', `/v2/serverless/${ep}`, { body: { env: { GREETING: 'new' } } });
+  t.same(patched.json.restartReasons, ['env']);
+  const second = await a.req('POST', `/v2/${ep}/runsync?wait=30000`, { body: { input: { n: 2 } } });
+  const one = (await first).json;
+  t.equal(one.output.env, 'old', 'the running job finished where it was');
+  t.equal(second.json.status, 'COMPLETED', second.text);
+  t.equal(second.json.output.env, 'new', 'the job submitted after the PATCH ran on the new configuration');
+  t.not(second.json.workerId, one.workerId, 'on a new worker');
+});

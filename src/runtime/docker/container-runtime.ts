@@ -70,6 +70,8 @@ interface Running {
   flashboot: LaunchSpec['flashboot'];
   events: WorkerEvents;
   stopping: boolean;
+  /** Stopped as unhealthy: removed, never kept for FlashBoot. */
+  noKeep?: boolean;
   /** Resolves once the exit was handled (container removed or kept, `events.exit` called). */
   exited: Promise<void>;
 }
@@ -433,7 +435,7 @@ export class ContainerRuntime implements WorkerRuntime {
       if (state?.OOMKilled) w.events.log('stderr', 'flashd: the container ran out of memory (its memory limit) and was killed');
     }
     const info: ExitInfo = { code, signal, requested: w.stopping };
-    if (w.stopping && w.flashboot !== 'OFF' && !this.#closing && code !== null) {
+    if (w.stopping && !w.noKeep && w.flashboot !== 'OFF' && !this.#closing && code !== null) {
       const mode: KeepMode = w.flashboot;
       const entry = { workerId: w.workerId, endpointId: w.endpointId, configHash: w.configHash, mode, keptAt: Date.now() };
       const timer = setTimeout(() => {
@@ -471,11 +473,12 @@ export class ContainerRuntime implements WorkerRuntime {
     }
   }
 
-  async stop(workerId: string, graceMs: number): Promise<void> {
+  async stop(workerId: string, graceMs: number, options: { keep?: boolean } = {}): Promise<void> {
     // A worker still being launched is stopped once it runs (or not at all when it fails).
     await this.#launching.get(workerId)?.catch(() => undefined);
     const w = this.#running.get(workerId);
     if (!w) return;
+    if (options.keep === false) w.noKeep = true;
     if (!w.stopping) {
       w.stopping = true;
       try {
