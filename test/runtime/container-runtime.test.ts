@@ -6,7 +6,7 @@
  */
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { createServer } from 'node:net';
+import { connect, createServer, type Socket } from 'node:net';
 import { join } from 'node:path';
 import t, { type Test } from 'tap';
 import { cpuBody, startAgent, type TestAgent } from '../helpers/agent.js';
@@ -302,5 +302,35 @@ t.test('engine sockets', async (t) => {
     }, 30_000);
     t.equal(h.workers.unhealthy, 0, 'no capacity is not a crash');
     t.equal((await d.req('GET', `/v2/${ep}/status/${id}`)).json.status, 'IN_QUEUE', 'the job waits');
+  });
+
+  t.test('an engine that goes away while a worker runs does not hold the shutdown', async (t) => {
+    // flashd talks to the real engine through a relay that the test cuts (a daemon restart, or
+    // the engine stopped first at system shutdown).
+    const relaySocket = join(sockets, 'relay.sock');
+    const open = new Set<Socket>();
+    const relay = createServer((c) => {
+      const up = connect(SOCKET);
+      open.add(c).add(up);
+      c.on('close', () => open.delete(c));
+      up.on('close', () => open.delete(up));
+      c.on('error', () => up.destroy());
+      up.on('error', () => c.destroy());
+      c.pipe(up).pipe(c);
+    });
+    await new Promise<void>((r) => relay.listen(relaySocket, r));
+    const d = await startAgent(t, { runtime: 'docker', containerSocket: relaySocket, takeHoldMs: 1000, workerStopGraceMs: 1000 });
+    const instance = instanceOf(d.dir);
+    t.teardown(async () => {
+      for (const c of await containersOf([`${LABELS.instance}=${instance}`])) await docker.removeContainer(c.Id, { force: true }).catch(() => undefined);
+    });
+    const ep = await endpoint(d, { workers: { min: 1, max: 1, idleTimeout: 30 } });
+    await until('a worker up', async () => (await health(d, ep)).workers.idle === 1);
+    relay.close();
+    for (const c of open) c.destroy();
+    const started = Date.now();
+    await d.agent.close();
+    const took = Date.now() - started;
+    t.ok(took < 20_000, `closed in ${took} ms (grace 1 s + 5 s, not for ever)`);
   });
 });
