@@ -225,6 +225,7 @@ export class Autoscaler {
           if (m) m.runningSince = runningSince;
           if (!result.reused || result.workerId === freshId) return;
           // FlashBoot: a kept worker restarted with its own identity; drop the fresh one.
+          const replace = this.#o.queue.workers.get(endpointId, freshId)?.recycle === true;
           const kept = this.#kept.get(result.workerId);
           this.#kept.delete(result.workerId);
           this.#o.auth.revokeKeyById(keyRow.id);
@@ -237,6 +238,8 @@ export class Autoscaler {
           this.#unhealthy.delete(result.workerId);
           this.#o.queue.workers.launched(endpointId, result.workerId);
           this.#o.logs.append(endpointId, result.workerId, 'system', `restarted kept worker ${result.workerId} (FlashBoot)`);
+          // A PATCH that landed during the restart marked the fresh record; the restarted one inherits it.
+          if (replace) this.#o.queue.recycling(endpointId, result.workerId);
           // Stopped while it was restarting (the endpoint deleted, a scale-down, shutdown): the
           // stop went to the fresh id, which never ran; it must reach the restarted one.
           if (m?.stopping || this.#closed || !this.#o.endpoints.byId(endpointId)) void this.#stop(result.workerId, 'stopped while it was restarting', false);
@@ -319,8 +322,11 @@ export class Autoscaler {
 
   /** The endpoint is being deleted: stop its workers now. */
   async dropEndpoint(endpointId: string): Promise<void> {
-    const ids = [...this.#managed].filter(([, m]) => m.endpointId === endpointId).map(([id]) => id);
-    await Promise.all(ids.map((id) => this.#stop(id, 'endpoint deleted', false)));
+    const ours = [...this.#managed].filter(([, m]) => m.endpointId === endpointId);
+    // One already being stopped (scale-down) is told too: nothing of a deleted endpoint is kept.
+    await Promise.all(ours.map(([id, m]) => (m.stopping
+      ? this.#o.runtime?.stop(id, this.#o.stopGraceMs ?? 10_000, { keep: false })
+      : this.#stop(id, 'endpoint deleted', false))));
     await this.#o.runtime?.discardEndpoint?.(endpointId);
     for (const [id, k] of this.#kept) if (k.endpointId === endpointId) this.#discard(id);
   }
@@ -340,7 +346,7 @@ export class Autoscaler {
     this.#o.log.info('stopping workers', { count: this.#managed.size, graceMs });
     // Workers already stopping (scale-down) are waited for by the runtime's own stop.
     const stopped = Promise.all([...this.#managed].map(([id, m]) => (m.stopping
-      ? this.#o.runtime?.stop(id, graceMs)
+      ? this.#o.runtime?.stop(id, graceMs, { keep: false })
       : this.#stop(id, 'flashd is stopping', false))));
     // A runtime that cannot confirm the exits (an engine gone away) must not hold the shutdown:
     // close() then ends what is left.

@@ -11,8 +11,10 @@
  * - REQUEST_COUNT: target `ceil((inQueue + inProgress) / requestCount)`.
  * - Low-priority jobs never cause a scale-up.
  * - Idle workers stop after `idleTimeout` (down to `min`, or to the REQUEST_COUNT target),
- *   longest idle first; above `max`, starting and idle workers stop at once, and a worker
- *   marked for replacement stops as soon as it holds no job, even while it is starting.
+ *   longest idle first; above `max`, starting and idle workers stop at once.
+ * - A managed worker marked for replacement (a new configuration, stopPod) takes no more jobs:
+ *   it is not counted as serving (its replacement starts at once, `max` applying to the
+ *   others) and it stops as soon as it holds no job, even while it is starting.
  * - When the runtime has no room, the shortfall is reported as `throttled`.
  */
 import type { Scaling } from '../endpoints/index.js';
@@ -57,9 +59,12 @@ export interface ScaleDecision {
 
 export function decideScale(s: ScaleInput): ScaleDecision {
   const live = s.workers.filter((w) => w.state !== 'unhealthy');
-  const active = live.length;
-  const idle = live.filter((w) => w.state === 'idle');
-  const starting = live.filter((w) => w.state === 'initializing').length;
+  // A managed worker marked for replacement takes no more jobs (JobQueue.recycling): it neither
+  // serves the queue nor counts toward max, so its replacement starts while it finishes.
+  const serving = live.filter((w) => !(w.recycle && w.managed));
+  const active = serving.length;
+  const idle = serving.filter((w) => w.state === 'idle');
+  const starting = serving.filter((w) => w.state === 'initializing').length;
 
   let desired = active;
   if (s.scaling.type === 'REQUEST_COUNT') {
@@ -83,14 +88,18 @@ export function decideScale(s: ScaleInput): ScaleDecision {
   const floor = s.scaling.type === 'REQUEST_COUNT' ? Math.max(s.min, desired) : s.min;
   const candidates = [
     ...live.filter((w) => w.managed && w.state === 'initializing'),
-    ...idle.filter((w) => w.managed).sort((a, b) => b.idleMs - a.idleMs),
+    ...live.filter((w) => w.managed && w.state === 'idle').sort((a, b) => b.idleMs - a.idleMs),
   ];
   const stop: string[] = [];
   let remaining = active;
   for (const w of candidates) {
+    if (w.recycle) {
+      stop.push(w.id);
+      continue;
+    }
     const overMax = remaining > s.max;
     const expired = w.state === 'idle' && w.idleMs >= s.idleTimeoutMs && remaining > floor;
-    if (overMax || expired || w.recycle) {
+    if (overMax || expired) {
       stop.push(w.id);
       remaining--;
     }

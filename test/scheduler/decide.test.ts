@@ -45,6 +45,18 @@ const cases: { name: string; input: Partial<ScaleInput>; start: number; stop?: s
     input: { max: 1, workers: [w('a', 'idle', 5), w('b', 'initializing')] }, start: 0, stop: ['b'],
   },
   { name: 'a starting worker is not stopped for idleness', input: { workers: [w('a', 'initializing', 60_000)] }, start: 0, stop: [] },
+  {
+    name: 'a busy worker being replaced does not serve: a job queued after the change starts its replacement at once',
+    input: { max: 1, queued: 1, workers: [w('a', 'running', 0, { recycle: true })] }, start: 1, stop: [],
+  },
+  {
+    name: 'REQUEST_COUNT: workers being replaced do not count toward the target',
+    input: { scaling: { type: 'REQUEST_COUNT', requestCount: 4 }, queued: 1, inProgress: 1, workers: [w('a', 'running', 0, { recycle: true })] }, start: 1,
+  },
+  {
+    name: 'an external worker that asked to be recycled still serves until it leaves',
+    input: { queued: 1, workers: [w('x', 'running', 0, { recycle: true, managed: false })] }, start: 0,
+  },
   { name: 'no capacity: throttled, not started', input: { queued: 2, capacity: 0 }, start: 0, throttled: 1 },
   { name: 'some capacity: the rest is throttled', input: { scaling: { type: 'REQUEST_COUNT', requestCount: 1 }, queued: 3, capacity: 1 }, start: 1, throttled: 2 },
   { name: 'crash-loop backoff holds starts back without throttling', input: { queued: 2, backoff: true }, start: 0, throttled: 0 },

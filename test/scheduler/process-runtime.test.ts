@@ -242,14 +242,37 @@ t.test('after a PATCH that needs a restart, a busy worker finishes its job but t
   const ep = (await a.req('POST', '/v2/serverless', {
     body: cpuBody({ args: 'python3 -u test/fixtures/workers/echo.py', env: { GREETING: 'old' }, workers: { min: 0, max: 1, idleTimeout: 30 } }),
   })).json.id as string;
-  const first = a.req('POST', `/v2/${ep}/runsync`, { body: { input: { sleep: 1.5 } } });
+  let firstDone = false;
+  const first = a.req('POST', `/v2/${ep}/runsync`, { body: { input: { sleep: 6 } } }).then((r) => {
+    firstDone = true;
+    return r;
+  });
   await until('the first job to run', async () => (await health(a, ep)).workers.running === 1, 20_000);
   const patched = await a.req('PATCH', `/v2/serverless/${ep}`, { body: { env: { GREETING: 'new' } } });
   t.same(patched.json.restartReasons, ['env']);
   const second = await a.req('POST', `/v2/${ep}/runsync?wait=30000`, { body: { input: { n: 2 } } });
+  t.notOk(firstDone, 'the replacement started at once (the worker being replaced does not count toward max 1)');
   const one = (await first).json;
   t.equal(one.output.env, 'old', 'the running job finished where it was');
   t.equal(second.json.status, 'COMPLETED', second.text);
   t.equal(second.json.output.env, 'new', 'the job submitted after the PATCH ran on the new configuration');
   t.not(second.json.workerId, one.workerId, 'on a new worker');
+});
+
+t.test('lowering workers.max replaces nobody: busy workers go on taking jobs, the surplus stops when idle', async (t) => {
+  const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT, takeHoldMs: 1000, leaseMs: 3000 });
+  const ep = (await a.req('POST', '/v2/serverless', {
+    body: cpuBody({ args: 'python3 -u test/fixtures/workers/echo.py', scaling: { type: 'REQUEST_COUNT', requestCount: 1 }, workers: { min: 0, max: 2 } }),
+  })).json.id as string;
+  const short = a.req('POST', `/v2/${ep}/runsync`, { body: { input: { sleep: 1 } } });
+  const long = a.req('POST', `/v2/${ep}/runsync`, { body: { input: { sleep: 15 } } });
+  await until('both jobs running', async () => (await health(a, ep)).workers.running === 2, 20_000);
+  const patched = await a.req('PATCH', `/v2/serverless/${ep}`, { body: { workers: { min: 0, max: 1 } } });
+  t.equal(patched.status, 200, patched.text);
+  const started = Date.now();
+  const third = await a.req('POST', `/v2/${ep}/runsync?wait=30000`, { body: { input: { n: 3 } } });
+  t.equal(third.json.status, 'COMPLETED', third.text);
+  t.ok(Date.now() - started < 10_000, `done by a worker that was already up, not after the 15 s job (${Date.now() - started} ms)`);
+  t.equal((await short).json.status, 'COMPLETED');
+  t.equal((await long).json.status, 'COMPLETED');
 });
