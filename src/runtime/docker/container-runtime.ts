@@ -6,6 +6,8 @@
  *   HostConfig of container-spec.ts, attach, start. Or restart a kept FlashBoot container.
  * - Supervision: `POST /containers/{id}/wait` per container; the engine's restart policy is
  *   off. Each launch ends in exactly one `events.exit`.
+ * - Output: the attach, and after a broken engine connection the engine's log from where the
+ *   delivered output ends (container-output.ts).
  * - Stop: `POST /containers/{id}/stop?t=`; then the container is removed (`OFF`, a crash,
  *   shutdown) or kept stopped for a restart (`FLASHBOOT`, `PRIORITY_FLASHBOOT`; kept-pool.ts).
  * - Restarts of flashd: its containers are labelled with this data directory's instance id;
@@ -21,6 +23,7 @@ import type { Logger } from '../../core/logger.js';
 import { lineSplitter } from '../line-splitter.js';
 import type { ExitInfo, LaunchResult, LaunchSpec, WorkerEvents, WorkerRuntime } from '../types.js';
 import { DockerClient } from './client.js';
+import { ContainerOutput } from './container-output.js';
 import { LABELS, containerName, createBody, volumeName } from './container-spec.js';
 import { DockerError, isDockerError } from './errors.js';
 import { DEFAULT_KEPT_POOL, KeptPool, type KeepMode, type KeptEntry, type KeptPoolOptions } from './kept-pool.js';
@@ -80,6 +83,8 @@ interface Kept {
   containerId: string;
   events: WorkerEvents;
   timer: NodeJS.Timeout;
+  /** When its last run finished (`State.FinishedAt`; '' when unknown): its next run's log starts after. */
+  finishedAt: string;
 }
 
 /** An engine's refusal of `StorageOpt.size` (overlay without xfs project quota, vfs, btrfs...). */
@@ -269,7 +274,7 @@ export class ContainerRuntime implements WorkerRuntime {
     if (!hit) return null;
     clearTimeout(hit.value.timer);
     try {
-      const startMs = await this.#run(hit.value.containerId, { ...spec, workerId: hit.workerId }, events);
+      const startMs = await this.#run(hit.value.containerId, { ...spec, workerId: hit.workerId }, events, hit.value.finishedAt);
       this.#timed({ endpointId: spec.endpointId, workerId: hit.workerId, reused: true, imageMs: 0, createMs: 0, startMs, totalMs: performance.now() - t0 });
       return { workerId: hit.workerId, reused: true };
     } catch (err) {
@@ -360,22 +365,28 @@ export class ContainerRuntime implements WorkerRuntime {
    * Attaches to a created or stopped container, starts it and begins supervising it.
    * Resolves with the time attach + start took. Output before the launch resolves is held
    * back a turn, so the caller can file it under the right worker id (a reused one).
+   * `previousFinish`: a kept container's last finish ('' unknown); null for a new container.
    */
-  async #run(containerId: string, spec: LaunchSpec, events: WorkerEvents): Promise<number> {
+  async #run(containerId: string, spec: LaunchSpec, events: WorkerEvents, previousFinish: string | null = null): Promise<number> {
     const t = performance.now();
     let announced = false;
-    const held: [stream: 'stdout' | 'stderr', line: string][] = [];
-    const emit = (stream: 'stdout' | 'stderr', line: string): void => {
+    const held: [stream: 'stdout' | 'stderr' | 'system', line: string][] = [];
+    const emit = (stream: 'stdout' | 'stderr' | 'system', line: string): void => {
       if (announced) events.log(stream, line);
       else held.push([stream, line]);
     };
     const out = lineSplitter((l) => emit('stdout', l));
     const err = lineSplitter((l) => emit('stderr', l));
-    const attached = await this.client.attach(containerId, (stream, payload) => (stream === 'stderr' ? err : out).push(payload));
+    const output = await ContainerOutput.attach({
+      client: this.client, containerId, log: this.#log, previousFinish,
+      onData: (stream, chunk) => (stream === 'stderr' ? err : out).push(chunk),
+      onNotice: (line) => emit('system', line),
+      closing: () => this.#closing,
+    });
     try {
       await this.client.startContainer(containerId);
     } catch (e) {
-      attached.detach();
+      output.close();
       throw e;
     }
     void this.#relay?.ensure();
@@ -390,11 +401,14 @@ export class ContainerRuntime implements WorkerRuntime {
       workerId: spec.workerId, endpointId: spec.endpointId, containerId, configHash: spec.configHash, flashboot: spec.flashboot,
       events, stopping: false, exited: Promise.resolve(),
     };
+    const exit = this.#waitExit(containerId, output);
+    output.follow(exit);
     w.exited = (async () => {
-      const code = await this.#waitExit(containerId);
-      // Let the last output arrive before the exit is reported (bounded: the engine may hold it).
-      await Promise.race([attached.ended, sleep(2000)]);
-      attached.detach();
+      const code = await exit;
+      // Let the last output arrive before the exit is reported (bounded: the engine may hold it;
+      // longer while it is read back from the engine's log after a broken connection).
+      await Promise.race([output.ended, sleep(2000).then(() => (output.broken ? Promise.race([output.ended, sleep(8000)]) : undefined))]);
+      output.close();
       out.end();
       err.end();
       await gate;
@@ -404,8 +418,11 @@ export class ContainerRuntime implements WorkerRuntime {
     return performance.now() - t;
   }
 
-  /** The container's exit code once it stops; null when it vanished. Survives engine hiccups. */
-  async #waitExit(containerId: string): Promise<number | null> {
+  /**
+   * The container's exit code once it stops; null when it vanished. Survives engine hiccups,
+   * and tells the output of them (its stream broke too: it is read back from the engine's log).
+   */
+  async #waitExit(containerId: string, output: ContainerOutput): Promise<number | null> {
     // Gone, or unreachable while shutting down: nothing more will be learnt.
     const hopeless = (err: unknown): boolean => isDockerError(err, 'DOCKER_NOT_FOUND') || (this.#closing && isDockerError(err, 'DOCKER_UNREACHABLE'));
     for (;;) {
@@ -413,6 +430,7 @@ export class ContainerRuntime implements WorkerRuntime {
         return (await this.client.wait(containerId, 'not-running')).StatusCode;
       } catch (err) {
         if (hopeless(err)) return null;
+        output.markBroken();
       }
       // The wait connection broke (engine restart, socket trouble): poll until it answers.
       await sleep(1000);
@@ -429,13 +447,14 @@ export class ContainerRuntime implements WorkerRuntime {
   async #exited(w: Running, code: number | null): Promise<void> {
     this.#running.delete(w.workerId);
     const signal = code !== null && code > 128 ? SIGNALS.get(code - 128) ?? null : null;
-    if (signal === 'SIGKILL' && !w.stopping) {
-      // Say why when the kernel's OOM killer ended it: the exit code alone reads like a kill.
-      const state = await this.client.inspectContainer(w.containerId).then((i) => i.State, () => null);
-      if (state?.OOMKilled) w.events.log('stderr', 'flashd: the container ran out of memory (its memory limit) and was killed');
-    }
+    const killed = signal === 'SIGKILL' && !w.stopping;
+    const keep = (): boolean => w.stopping && !w.noKeep && !this.#closing && code !== null;
+    // Learnt from one inspect: whether the kernel's OOM killer ended it (the exit code alone
+    // reads like a kill), and when a container to keep finished (its next run's log starts after).
+    const state = killed || (keep() && w.flashboot !== 'OFF') ? await this.client.inspectContainer(w.containerId).then((i) => i.State, () => null) : null;
+    if (killed && state?.OOMKilled) w.events.log('stderr', 'flashd: the container ran out of memory (its memory limit) and was killed');
     const info: ExitInfo = { code, signal, requested: w.stopping };
-    if (w.stopping && !w.noKeep && w.flashboot !== 'OFF' && !this.#closing && code !== null) {
+    if (keep() && w.flashboot !== 'OFF') {
       const mode: KeepMode = w.flashboot;
       const entry = { workerId: w.workerId, endpointId: w.endpointId, configHash: w.configHash, mode, keptAt: Date.now() };
       const timer = setTimeout(() => {
@@ -443,7 +462,7 @@ export class ContainerRuntime implements WorkerRuntime {
         if (e) void this.#discard(e, 'kept long enough');
       }, this.#kept.ttlMs(mode));
       timer.unref();
-      const { kept, evicted } = this.#kept.add({ ...entry, value: { containerId: w.containerId, events: w.events, timer } });
+      const { kept, evicted } = this.#kept.add({ ...entry, value: { containerId: w.containerId, events: w.events, timer, finishedAt: state?.FinishedAt ?? '' } });
       for (const e of evicted) void this.#discard(e, 'FlashBoot limit');
       if (kept) {
         this.#log.info('container kept for FlashBoot', { endpointId: w.endpointId, workerId: w.workerId, mode });
