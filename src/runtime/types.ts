@@ -42,8 +42,8 @@ export interface ExitInfo {
 }
 
 export interface WorkerEvents {
-  /** One line of the worker's stdout or stderr, or a line flashd writes about its output (`system`). */
-  log(stream: 'stdout' | 'stderr' | 'system', line: string): void;
+  /** One line of the worker's stdout or stderr. */
+  log(stream: 'stdout' | 'stderr', line: string): void;
   /** The worker stopped running. */
   exit(info: ExitInfo): void;
   /** A kept worker was discarded for good (its identity may now be revoked). */

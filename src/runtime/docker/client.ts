@@ -200,12 +200,9 @@ export class DockerClient {
 
   /**
    * `GET /containers/{id}/logs`: demultiplexed frames to `onFrame` until the stream ends
-   * (at once without `follow`; when the container stops with it). `since`: UNIX seconds, a
-   * string keeps nanoseconds (`"1700000000.000000001"`). With `timestamps` each frame is one
-   * record of the engine's log, starting with its RFC 3339 time and a space (Podman: whole
-   * seconds).
+   * (at once without `follow`; when the container stops with it).
    */
-  async logs(id: string, onFrame: LogFrameHandler, options: { follow?: boolean; since?: number | string; tail?: number; timestamps?: boolean; signal?: AbortSignal } = {}): Promise<void> {
+  async logs(id: string, onFrame: LogFrameHandler, options: { follow?: boolean; since?: number; tail?: number; timestamps?: boolean; signal?: AbortSignal } = {}): Promise<void> {
     const res = await this.#t.stream({
       method: 'GET', path: `/containers/${idPath(id)}/logs`, timeoutMs: options.follow ? 0 : undefined,
       query: { stdout: true, stderr: true, follow: options.follow, since: options.since, tail: options.tail, timestamps: options.timestamps },

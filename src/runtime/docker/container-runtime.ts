@@ -6,8 +6,6 @@
  *   HostConfig of container-spec.ts, attach, start. Or restart a kept FlashBoot container.
  * - Supervision: `POST /containers/{id}/wait` per container; the engine's restart policy is
  *   off. Each launch ends in exactly one `events.exit`.
- * - Output: the attach, and after a broken engine connection the engine's log from where the
- *   delivered output ends (container-output.ts).
  * - Stop: `POST /containers/{id}/stop?t=`; then the container is removed (`OFF`, a crash,
  *   shutdown) or kept stopped for a restart (`FLASHBOOT`, `PRIORITY_FLASHBOOT`; kept-pool.ts).
  * - Restarts of flashd: its containers are labelled with this data directory's instance id;
@@ -23,7 +21,6 @@ import type { Logger } from '../../core/logger.js';
 import { lineSplitter } from '../line-splitter.js';
 import type { ExitInfo, LaunchResult, LaunchSpec, WorkerEvents, WorkerRuntime } from '../types.js';
 import { DockerClient } from './client.js';
-import { ContainerOutput } from './container-output.js';
 import { LABELS, containerName, createBody, volumeName } from './container-spec.js';
 import { DockerError, isDockerError } from './errors.js';
 import { DEFAULT_KEPT_POOL, KeptPool, type KeepMode, type KeptEntry, type KeptPoolOptions } from './kept-pool.js';
@@ -83,8 +80,6 @@ interface Kept {
   containerId: string;
   events: WorkerEvents;
   timer: NodeJS.Timeout;
-  /** When its last run finished (`State.FinishedAt`; '' when unknown): its next run's log starts after. */
-  finishedAt: string;
 }
 
 /** An engine's refusal of `StorageOpt.size` (overlay without xfs project quota, vfs, btrfs...). */
@@ -274,7 +269,7 @@ export class ContainerRuntime implements WorkerRuntime {
     if (!hit) return null;
     clearTimeout(hit.value.timer);
     try {
-      const startMs = await this.#run(hit.value.containerId, { ...spec, workerId: hit.workerId }, events, hit.value.finishedAt);
+      const startMs = await this.#run(hit.value.containerId, { ...spec, workerId: hit.workerId }, events);
       this.#timed({ endpointId: spec.endpointId, workerId: hit.workerId, reused: true, imageMs: 0, createMs: 0, startMs, totalMs: performance.now() - t0 });
       return { workerId: hit.workerId, reused: true };
     } catch (err) {
@@ -365,28 +360,22 @@ export class ContainerRuntime implements WorkerRuntime {
    * Attaches to a created or stopped container, starts it and begins supervising it.
    * Resolves with the time attach + start took. Output before the launch resolves is held
    * back a turn, so the caller can file it under the right worker id (a reused one).
-   * `previousFinish`: a kept container's last finish ('' unknown); null for a new container.
    */
-  async #run(containerId: string, spec: LaunchSpec, events: WorkerEvents, previousFinish: string | null = null): Promise<number> {
+  async #run(containerId: string, spec: LaunchSpec, events: WorkerEvents): Promise<number> {
     const t = performance.now();
     let announced = false;
-    const held: [stream: 'stdout' | 'stderr' | 'system', line: string][] = [];
-    const emit = (stream: 'stdout' | 'stderr' | 'system', line: string): void => {
+    const held: [stream: 'stdout' | 'stderr', line: string][] = [];
+    const emit = (stream: 'stdout' | 'stderr', line: string): void => {
       if (announced) events.log(stream, line);
       else held.push([stream, line]);
     };
     const out = lineSplitter((l) => emit('stdout', l));
     const err = lineSplitter((l) => emit('stderr', l));
-    const output = await ContainerOutput.attach({
-      client: this.client, containerId, log: this.#log, previousFinish,
-      onData: (stream, chunk) => (stream === 'stderr' ? err : out).push(chunk),
-      onNotice: (line) => emit('system', line),
-      closing: () => this.#closing,
-    });
+    const attached = await this.client.attach(containerId, (stream, payload) => (stream === 'stderr' ? err : out).push(payload));
     try {
       await this.client.startContainer(containerId);
     } catch (e) {
-      output.close();
+      attached.detach();
       throw e;
     }
     void this.#relay?.ensure();
@@ -401,14 +390,11 @@ export class ContainerRuntime implements WorkerRuntime {
       workerId: spec.workerId, endpointId: spec.endpointId, containerId, configHash: spec.configHash, flashboot: spec.flashboot,
       events, stopping: false, exited: Promise.resolve(),
     };
-    const exit = this.#waitExit(containerId, output);
-    output.follow(exit);
     w.exited = (async () => {
-      const code = await exit;
-      // Let the last output arrive before the exit is reported (bounded: the engine may hold it;
-      // longer while it is read back from the engine's log after a broken connection).
-      await Promise.race([output.ended, sleep(2000).then(() => (output.broken ? Promise.race([output.ended, sleep(8000)]) : undefined))]);
-      output.close();
+      const code = await this.#waitExit(containerId);
+      // Let the last output arrive before the exit is reported (bounded: the engine may hold it).
+      await Promise.race([attached.ended, sleep(2000)]);
+      attached.detach();
       out.end();
       err.end();
       await gate;
@@ -418,11 +404,8 @@ export class ContainerRuntime implements WorkerRuntime {
     return performance.now() - t;
   }
 
-  /**
-   * The container's exit code once it stops; null when it vanished. Survives engine hiccups,
-   * and tells the output of them (its stream broke too: it is read back from the engine's log).
-   */
-  async #waitExit(containerId: string, output: ContainerOutput): Promise<number | null> {
+  /** The container's exit code once it stops; null when it vanished. Survives engine hiccups. */
+  async #waitExit(containerId: string): Promise<number | null> {
     // Gone, or unreachable while shutting down: nothing more will be learnt.
     const hopeless = (err: unknown): boolean => isDockerError(err, 'DOCKER_NOT_FOUND') || (this.#closing && isDockerError(err, 'DOCKER_UNREACHABLE'));
     for (;;) {
@@ -430,7 +413,6 @@ export class ContainerRuntime implements WorkerRuntime {
         return (await this.client.wait(containerId, 'not-running')).StatusCode;
       } catch (err) {
         if (hopeless(err)) return null;
-        output.markBroken();
       }
       // The wait connection broke (engine restart, socket trouble): poll until it answers.
       await sleep(1000);
@@ -447,14 +429,13 @@ export class ContainerRuntime implements WorkerRuntime {
   async #exited(w: Running, code: number | null): Promise<void> {
     this.#running.delete(w.workerId);
     const signal = code !== null && code > 128 ? SIGNALS.get(code - 128) ?? null : null;
-    const killed = signal === 'SIGKILL' && !w.stopping;
-    const keep = (): boolean => w.stopping && !w.noKeep && !this.#closing && code !== null;
-    // Learnt from one inspect: whether the kernel's OOM killer ended it (the exit code alone
-    // reads like a kill), and when a container to keep finished (its next run's log starts after).
-    const state = killed || (keep() && w.flashboot !== 'OFF') ? await this.client.inspectContainer(w.containerId).then((i) => i.State, () => null) : null;
-    if (killed && state?.OOMKilled) w.events.log('stderr', 'flashd: the container ran out of memory (its memory limit) and was killed');
+    if (signal === 'SIGKILL' && !w.stopping) {
+      // Say why when the kernel's OOM killer ended it: the exit code alone reads like a kill.
+      const state = await this.client.inspectContainer(w.containerId).then((i) => i.State, () => null);
+      if (state?.OOMKilled) w.events.log('stderr', 'flashd: the container ran out of memory (its memory limit) and was killed');
+    }
     const info: ExitInfo = { code, signal, requested: w.stopping };
-    if (keep() && w.flashboot !== 'OFF') {
+    if (w.stopping && !w.noKeep && w.flashboot !== 'OFF' && !this.#closing && code !== null) {
       const mode: KeepMode = w.flashboot;
       const entry = { workerId: w.workerId, endpointId: w.endpointId, configHash: w.configHash, mode, keptAt: Date.now() };
       const timer = setTimeout(() => {
@@ -462,7 +443,7 @@ export class ContainerRuntime implements WorkerRuntime {
         if (e) void this.#discard(e, 'kept long enough');
       }, this.#kept.ttlMs(mode));
       timer.unref();
-      const { kept, evicted } = this.#kept.add({ ...entry, value: { containerId: w.containerId, events: w.events, timer, finishedAt: state?.FinishedAt ?? '' } });
+      const { kept, evicted } = this.#kept.add({ ...entry, value: { containerId: w.containerId, events: w.events, timer } });
       for (const e of evicted) void this.#discard(e, 'FlashBoot limit');
       if (kept) {
         this.#log.info('container kept for FlashBoot', { endpointId: w.endpointId, workerId: w.workerId, mode });
