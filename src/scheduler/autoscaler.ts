@@ -32,8 +32,9 @@ export interface AutoscalerOptions {
   /** SIGTERM → SIGKILL grace when stopping a worker. */
   stopGraceMs?: number;
   /**
-   * A managed worker that has not asked for a job this long after its launch is stopped and
-   * counted as a crash (RunPod's RUNPOD_INIT_TIMEOUT; the endpoint's env may set that, in s).
+   * A managed worker that has not contacted flashd this long after the runtime started it is
+   * stopped and counted as a crash (RunPod's RUNPOD_INIT_TIMEOUT; the endpoint's env may set
+   * that, in s).
    */
   initTimeoutMs?: number;
   /** Idle grace for QUEUE endpoints scaling on REQUEST_COUNT, where idleTimeout does not apply. */
@@ -60,6 +61,7 @@ interface CrashState {
 }
 
 const CRASH_WINDOW_MS = 60_000;
+const UNHEALTHY_SHOWN_MS = 60_000;
 const DEFAULT_INIT_TIMEOUT_MS = 7 * 60_000;
 /** How long past the stop grace a shutdown waits for the runtime to confirm its workers' exits. */
 const DRAIN_SLACK_MS = 5000;
@@ -70,7 +72,6 @@ function initTimeoutOf(spec: EndpointSpec, fallbackMs: number): number {
   const seconds = raw === undefined ? NaN : Number(raw);
   return Number.isFinite(seconds) && seconds > 0 ? seconds * 1000 : fallbackMs;
 }
-const UNHEALTHY_SHOWN_MS = 60_000;
 
 export class Autoscaler {
   readonly #o: AutoscalerOptions;
