@@ -789,8 +789,12 @@ export class JobQueue {
     const worker = this.workers.get(endpointId, workerId);
     if (!worker) return;
     worker.recycle = true;
-    if (!worker.managed) return;
-    const q = this.#queues.get(endpointId);
+    if (worker.managed) this.#answerTakes(worker);
+  }
+
+  /** Answers a worker's parked job-takes with no job. */
+  #answerTakes(worker: WorkerInfo): void {
+    const q = this.#queues.get(worker.endpointId);
     if (!q) return;
     const released = q.takers.filter((t) => t.worker === worker);
     if (released.length) q.takers = q.takers.filter((t) => t.worker !== worker);
@@ -807,12 +811,7 @@ export class JobQueue {
     const worker = this.workers.get(endpointId, workerId);
     if (!worker) return;
     worker.draining = true;
-    const q = this.#queues.get(endpointId);
-    if (q) {
-      const released = q.takers.filter((t) => t.worker === worker);
-      if (released.length) q.takers = q.takers.filter((t) => t.worker !== worker);
-      for (const t of released) t.resolve([]);
-    }
+    this.#answerTakes(worker);
     for (const wake of [...worker.stopWaiters]) wake();
   }
 
