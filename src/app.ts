@@ -174,7 +174,8 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
     closers.push(() => autoscaler.close());
     queue.on({
       jobQueued: (endpointId) => autoscaler.trigger(endpointId),
-      recycleWorker: (endpointId) => autoscaler.recycle(endpointId),
+      // stopPod: the queue marked the worker (recycling); the next decision stops it once idle.
+      recycleWorker: (endpointId) => autoscaler.trigger(endpointId),
       finished: (job, body) => {
         if (job.webhook) webhooks.send(job.webhook, body(), job.id);
       },

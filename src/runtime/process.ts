@@ -26,10 +26,9 @@ const PID_FILE = 'process-workers.pids';
  * pid file. Called at every start, whatever `--runtime` is now: an orphan would otherwise keep
  * serving jobs with a stdout nobody reads.
  */
-export function reapOrphanProcessWorkers(dataDir: string, log: Logger): number {
+export function reapOrphanProcessWorkers(dataDir: string, log: Logger): void {
   const file = join(dataDir, PID_FILE);
-  if (!existsSync(file)) return 0;
-  let stopped = 0;
+  if (!existsSync(file)) return;
   for (const line of readFileSync(file, 'utf8').split('\n')) {
     const pid = Number(line.trim());
     if (!Number.isInteger(pid) || pid <= 1) continue;
@@ -37,7 +36,6 @@ export function reapOrphanProcessWorkers(dataDir: string, log: Logger): number {
       const environ = readFileSync(`/proc/${pid}/environ`, 'utf8');
       if (!environ.includes('VENDOR_POD_ID=wkr_')) continue;
       process.kill(-pid, 'SIGKILL');
-      stopped++;
       log.warn('stopped orphaned worker process', { pid });
     } catch {
       // gone already, or not ours
@@ -48,7 +46,6 @@ export function reapOrphanProcessWorkers(dataDir: string, log: Logger): number {
   } catch {
     // read-only data dir: the next start tries again
   }
-  return stopped;
 }
 
 interface Running {

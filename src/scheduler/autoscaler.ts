@@ -306,11 +306,6 @@ export class Autoscaler {
     await this.#o.runtime.stop(workerId, this.#o.stopGraceMs ?? 10_000, keep ? {} : { keep: false });
   }
 
-  /** A worker asked to be recycled (stopPod; the queue marked it): stop it once it holds no job. */
-  recycle(endpointId: string): void {
-    this.trigger(endpointId);
-  }
-
   /**
    * Configuration changed. When running workers cannot pick the change up (`restart`: the PATCH
    * reply's restartReasons, e.g. a new image or env), managed workers are replaced as they become

@@ -70,7 +70,7 @@ interface Running {
   flashboot: LaunchSpec['flashboot'];
   events: WorkerEvents;
   stopping: boolean;
-  /** Stopped as unhealthy: removed, never kept for FlashBoot. */
+  /** Stopped with `keep: false` (unhealthy, its endpoint deleted, shutdown): removed, never kept for FlashBoot. */
   noKeep?: boolean;
   /** Resolves once the exit was handled (container removed or kept, `events.exit` called). */
   exited: Promise<void>;
