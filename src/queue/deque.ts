@@ -50,6 +50,17 @@ export class Deque<T> {
     for (let i = this.#head; i < this.#items.length; i++) yield this.#items[i] as T;
   }
 
+  /** Keeps only the items `keep` accepts, in order (one pass, O(size)). */
+  retain(keep: (item: T) => boolean): void {
+    const kept: T[] = [];
+    for (let i = this.#head; i < this.#items.length; i++) {
+      const item = this.#items[i] as T;
+      if (keep(item)) kept.push(item);
+    }
+    this.#items = kept;
+    this.#head = 0;
+  }
+
   clear(): void {
     this.#items = [];
     this.#head = 0;

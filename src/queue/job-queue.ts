@@ -181,6 +181,9 @@ const DELETE_SLICE_ROWS = 20_000;
 /** Expired rows deleted per commit (see expire). */
 export const EXPIRE_SLICE_ROWS = 2_000;
 
+/** Ended jobs a queue's deques may hold before the reaper compacts them (see reap). */
+const DEAD_QUEUED_COMPACT = 1024;
+
 /** Jobs ended per commit by a purge (see purge): the event loop runs between slices. */
 export const PURGE_SLICE_JOBS = 2_000;
 
@@ -409,7 +412,11 @@ export class JobQueue {
     this.#insertDeferred(job);
     if (this.#batch.isDurable(job.writeSeq)) return undefined;
     return (async () => {
-      while (!this.#batch.isDurable(job.writeSeq)) await this.#batch.committed();
+      while (!this.#batch.isDurable(job.writeSeq)) {
+        // Its last write was rolled back (a full disk): the id cannot be given out as stored.
+        if (this.#batch.hasFailed(job.writeSeq)) throw new AgentError('INTERNAL', `Job ${job.id} could not be stored; the server log says why.`);
+        await this.#batch.committed();
+      }
     })();
   }
 
@@ -842,6 +849,8 @@ export class JobQueue {
     job.input = null;
     job.completedAt = now;
     job.expiresAt = now + job.retentionMs;
+    // No longer active, so out of the floor walk's set (which is not pruned after a failed commit).
+    this.#outOfOrder.delete(job);
     const { id, expiresAt, workerId, attempt, startedAt } = job;
     job.claimSaved = attempt;
     if (job.inserted) {
@@ -1362,6 +1371,12 @@ export class JobQueue {
     for (const q of this.#queues.values()) {
       // A fence that ran out lets a parked worker take the job it was fenced from.
       if (q.retry.size > 0 && q.takers.length > 0) this.#dispatch(q);
+      // Jobs ended while queued (cancelled, expired) stay on their deque until a take passes
+      // them; with no worker taking, they would hold their memory past their retention.
+      const ended = q.retry.size + q.normal.size + q.low.size - (q.queued + q.lowQueued);
+      if (ended > DEAD_QUEUED_COMPACT && ended > q.queued + q.lowQueued) {
+        for (const d of [q.retry, q.normal, q.low]) d.retain((job) => job.status === 'IN_QUEUE');
+      }
       if (mono < q.ttlFloor) continue;
       let floor = Infinity;
       const expire = (job: Job): void => {

@@ -77,6 +77,12 @@ export class WriteBatch {
   #openSeq = 1;
   #committedSeq = 0;
   #durableSeq = 0;
+  /**
+   * Batches whose commit or sync failed, as [first, last] runs of sequence numbers (a disk
+   * that stays full fails batch after batch: one run, not one entry each). Their writes are not
+   * on disk whatever later syncs cover, so they are never durable.
+   */
+  readonly #failed: [number, number][] = [];
 
   constructor(db: Db, options: WriteBatchOptions) {
     this.#onError = options.onError;
@@ -103,7 +109,23 @@ export class WriteBatch {
 
   /** Whether the batch numbered `seq` (from `write`) is durable, so a read of it needs no wait. */
   isDurable(seq: number): boolean {
-    return seq <= this.#durableSeq;
+    return seq <= this.#durableSeq && !this.hasFailed(seq);
+  }
+
+  /** Whether the batch numbered `seq` failed to commit or sync: it will never be durable. */
+  hasFailed(seq: number): boolean {
+    for (let i = this.#failed.length - 1; i >= 0; i--) {
+      const [first, last] = this.#failed[i] as [number, number];
+      if (seq > last) return false;
+      if (seq >= first) return true;
+    }
+    return false;
+  }
+
+  #markFailed(first: number, last: number): void {
+    const run = this.#failed[this.#failed.length - 1];
+    if (run && run[1] >= first - 1) run[1] = Math.max(run[1], last);
+    else this.#failed.push([first, last]);
   }
 
   /** Resolves once everything queued or committed so far is durable. */
@@ -169,6 +191,7 @@ export class WriteBatch {
       } catch (err) {
         error = err as Error;
         this.failures++;
+        this.#markFailed(seq, seq);
         this.#onError(error);
       }
       this.#committedSeq = seq;
@@ -212,6 +235,7 @@ export class WriteBatch {
     this.#syncing = group;
     this.#dirty = false;
     const covers = this.#committedSeq;
+    const from = this.#durableSeq + 1;
     const fd = this.#fd;
     fdatasync(fd, (err) => {
       if (this.#closed) {
@@ -223,7 +247,10 @@ export class WriteBatch {
       this.syncs++;
       const error = err ? new Error(`fdatasync of the WAL failed: ${err.message}`, { cause: err }) : undefined;
       if (error) {
+        // After a failed fdatasync the kernel may have dropped those pages: a later sync that
+        // succeeds says nothing about them (PostgreSQL's "fsyncgate").
         this.failures++;
+        this.#markFailed(from, covers);
         this.#onError(error);
       } else this.#durableSeq = Math.max(this.#durableSeq, covers);
       for (const w of group) w(error);
