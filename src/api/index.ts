@@ -21,7 +21,7 @@ export { workerRoutes, type WorkerRouteServices } from './worker.js';
 export interface Api {
   routes: readonly RouteDef[];
   resolve(method: string, path: string, headers: Readonly<Record<string, string>>): RouteDecision;
-  earlyError(kind: 'payload-too-large' | 'internal', detail: string, requestId: string): OutgoingReply;
+  earlyError(kind: 'payload-too-large' | 'internal' | 'unavailable', detail: string, requestId: string): OutgoingReply;
 }
 
 export interface CreateApiOptions {
@@ -33,6 +33,8 @@ export interface CreateApiOptions {
   /** Routes contributed by other components (queue, workers, logs). */
   extraRoutes?: readonly RouteDef[];
 }
+
+const EARLY_CODES = { 'payload-too-large': 'PAYLOAD_TOO_LARGE', internal: 'INTERNAL', unavailable: 'UNAVAILABLE' } as const;
 
 export function createApi(options: CreateApiOptions): Api {
   const s = options.services;
@@ -62,6 +64,6 @@ export function createApi(options: CreateApiOptions): Api {
     routes,
     resolve,
     earlyError: (kind, detail, requestId) =>
-      problemReply(new AgentError(kind === 'payload-too-large' ? 'PAYLOAD_TOO_LARGE' : 'INTERNAL', detail), requestId),
+      problemReply(new AgentError(EARLY_CODES[kind], detail), requestId),
   };
 }

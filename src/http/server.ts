@@ -60,7 +60,7 @@ export interface HttpServerOptions {
   /** Synchronous route choice, so the body limit is known before any byte is read. */
   resolve(method: string, path: string, headers: Readonly<Record<string, string>>): RouteDecision;
   /** Turns a payload-too-large or internal failure into a reply (problem+json lives in api/). */
-  onEarlyError(kind: 'payload-too-large' | 'internal', detail: string, requestId: string): OutgoingReply;
+  onEarlyError(kind: 'payload-too-large' | 'internal' | 'unavailable', detail: string, requestId: string): OutgoingReply;
 }
 
 const STATUS_TEXT: Record<number, string> = {
@@ -139,6 +139,9 @@ function sendWhole(res: HttpResponse, state: { aborted: boolean; done: boolean }
   });
 }
 
+/** How long close() waits for requests already received to be answered (ms). */
+const CLOSE_GRACE_MS = 3000;
+
 /** uWS ListenOptions.LIBUS_LISTEN_EXCLUSIVE_PORT: no SO_REUSEPORT on the listening socket. */
 const LISTEN_EXCLUSIVE_PORT = 1;
 
@@ -146,6 +149,10 @@ export function createHttpServer(options: HttpServerOptions): HttpServer {
   const app = uws.App();
   let listenSocket: us_listen_socket | null = null;
   const log = options.log;
+  /** Requests received and not yet answered or aborted; close() waits for them. */
+  let open = 0;
+  let closing = false;
+  let whenIdle: (() => void) | null = null;
 
   /**
    * uWS corks the socket whose callback is running, and only one socket can be corked at a
@@ -205,8 +212,10 @@ export function createHttpServer(options: HttpServerOptions): HttpServer {
     #chunks: Buffer[] | null = null;
     #received = 0;
     #refused = false;
+    #settled = false;
 
     constructor(res: HttpResponse, uReq: HttpRequest) {
+      open++;
       this.#res = res;
       this.method = uReq.getCaseSensitiveMethod().toUpperCase();
       this.path = uReq.getUrl();
@@ -260,9 +269,17 @@ export function createHttpServer(options: HttpServerOptions): HttpServer {
       };
     }
 
+    /** Answered (its reply handed to uWS) or gone: close() no longer waits for it. */
+    #settle(): void {
+      if (this.#settled) return;
+      this.#settled = true;
+      if (--open === 0 && whenIdle) whenIdle();
+    }
+
     /** The client went away (uWS onAborted). */
     abort(): void {
       this.aborted = true;
+      this.#settle();
       this.#controller?.abort();
       const hooks = this.#hooks;
       this.#hooks = null;
@@ -276,6 +293,8 @@ export function createHttpServer(options: HttpServerOptions): HttpServer {
         return;
       }
       const res = this.#res;
+      // Shutting down: no further request on this connection.
+      if (closing) closeConnection = true;
       if (reply.stream) {
         res.cork(() => {
           writeHead(res, reply, this.id, this.echoId);
@@ -293,7 +312,8 @@ export function createHttpServer(options: HttpServerOptions): HttpServer {
           end: () => {
             if (this.aborted || this.done) return;
             this.done = true;
-            res.cork(() => res.end());
+            res.cork(() => res.end(undefined, closing));
+            this.#settle();
           },
         };
         reply.stream(writer);
@@ -313,12 +333,14 @@ export function createHttpServer(options: HttpServerOptions): HttpServer {
           sendWhole(res, this, Buffer.isBuffer(raw) ? raw : Buffer.from(raw), closeConnection);
         }
       });
+      this.#settle();
     }
 
     /** Drops the connection (after a write that failed half way). */
     closeConnection(): void {
       if (this.aborted || this.done) return;
       this.done = true;
+      this.#settle();
       try {
         this.#res.close();
       } catch {
@@ -382,6 +404,11 @@ export function createHttpServer(options: HttpServerOptions): HttpServer {
   });
 
   function start(ex: Exchange, res: HttpResponse): void {
+    if (closing) {
+      // A request on a kept-alive connection after close() began: the queue no longer takes work.
+      ex.reply(options.onEarlyError('unavailable', 'The server is shutting down; retry against its next start.', ex.id), true);
+      return;
+    }
     try {
       ex.decision = options.resolve(ex.method, ex.path, ex.headers);
     } catch (err) {
@@ -423,9 +450,21 @@ export function createHttpServer(options: HttpServerOptions): HttpServer {
         });
       }),
     close: async () => {
+      closing = true;
       if (listenSocket) {
         uws.us_listen_socket_close(listenSocket);
         listenSocket = null;
+      }
+      // Requests already received get their answers first (the queue has just answered its
+      // parked polls and waiting /runsync calls); a connection still busy after the grace is cut.
+      if (open > 0) {
+        await new Promise<void>((resolve) => {
+          const timer = setTimeout(resolve, CLOSE_GRACE_MS);
+          whenIdle = () => {
+            clearTimeout(timer);
+            resolve();
+          };
+        });
       }
       // close() exists on the v20.30 binary but not in its typings.
       (app as unknown as { close(): void }).close();

@@ -1446,5 +1446,13 @@ export class JobQueue {
     this.#saveDeferred();
     this.#saveClaims();
     this.#raiseFloor();
+    // Waiting /runsync calls get the id and current status now (their rows are written above)
+    // rather than a connection closed with no reply.
+    for (const job of this.#jobs.values()) {
+      if (job.waiters === NO_WAITERS) continue;
+      const waiters = job.waiters;
+      job.waiters = NO_WAITERS;
+      for (const w of waiters) w();
+    }
   }
 }

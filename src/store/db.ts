@@ -1,4 +1,4 @@
-import { mkdirSync } from 'node:fs';
+import { chmodSync, mkdirSync } from 'node:fs';
 import { join } from 'node:path';
 import Database from 'better-sqlite3';
 import type { Logger } from '../core/logger.js';
@@ -30,8 +30,26 @@ export function openDb(options: OpenDbOptions): Db {
   // In the single binary the addon comes from core/native.ts. better-sqlite3 takes the loaded
   // addon object (its #972); the typings only admit a path string.
   const nativeBinding = sqliteNativeBinding();
-  const db = new Database(join(options.dataDir, 'flashd.db'), nativeBinding ? ({ nativeBinding } as unknown as Database.Options) : {});
-  db.pragma('journal_mode = WAL');
+  // The database holds the session signing secret, key hashes and every job's input and output:
+  // owner-only, also in a data directory made beforehand with a looser mode (under umask 022
+  // SQLite creates its files 0644). SQLite gives the -wal and -shm files it creates later the
+  // database file's mode.
+  const file = join(options.dataDir, 'flashd.db');
+  const umask = process.umask(0o077);
+  let db: Db;
+  try {
+    db = new Database(file, nativeBinding ? ({ nativeBinding } as unknown as Database.Options) : {});
+    db.pragma('journal_mode = WAL');
+  } finally {
+    process.umask(umask);
+  }
+  for (const f of [file, `${file}-wal`, `${file}-shm`]) {
+    try {
+      chmodSync(f, 0o600);
+    } catch {
+      // Not there (no WAL yet), or not ours to change: SQLite already opened it.
+    }
+  }
   db.pragma(`synchronous = ${options.synchronous === 'full' ? 'FULL' : 'NORMAL'}`);
   db.pragma('foreign_keys = ON');
   db.pragma('busy_timeout = 5000');

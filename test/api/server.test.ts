@@ -1,7 +1,7 @@
 import t from 'tap';
 import { createServer, request } from 'node:http';
 import type { AddressInfo } from 'node:net';
-import { statSync, readFileSync } from 'node:fs';
+import { chmodSync, mkdirSync, statSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { assertProblem, startAgent, ADMIN_KEY, queueBody } from '../helpers/agent.js';
 
@@ -82,6 +82,19 @@ t.test('first start creates an admin key, prints it once and saves it 0600', asy
   t.equal((await second.req('GET', '/v2/serverless', { key })).status, 200, 'still valid after restart');
   const db = readFileSync(join(dir, 'flashd.db'));
   t.equal(db.indexOf(Buffer.from(key)), -1, 'the key is not stored in clear');
+});
+
+t.test('the database files are owner-only even in a data directory made beforehand with mode 0755', async (t) => {
+  const dir = join(t.testdir(), 'var-lib-flashd');
+  mkdirSync(dir);
+  chmodSync(dir, 0o755);
+  const files = ['flashd.db', 'flashd.db-wal', 'flashd.db-shm', 'secret.key'];
+  const first = await startAgent(t, {}, { dir });
+  t.same(files.map((f) => [f, statSync(join(dir, f)).mode & 0o777]), files.map((f) => [f, 0o600]), 'the session secret and key hashes are not readable by others');
+  await first.agent.close();
+  // A clean close removes the WAL; the next open makes it again.
+  await startAgent(t, {}, { dir });
+  t.same(files.map((f) => [f, statSync(join(dir, f)).mode & 0o777]), files.map((f) => [f, 0o600]), 'and after a restart');
 });
 
 t.test('FLASHD_ADMIN_API_KEY makes a key with exactly that value', async (t) => {
