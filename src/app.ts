@@ -145,8 +145,13 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
     const webhooks = new WebhookSender({
       allowPrivate: config.webhookAllowPrivate, retryDelayMs: config.webhookRetryDelayMs, attempts: 3, timeoutMs: 10_000,
       log: log.child({ component: 'webhook' }),
+      onSettled: (jobId) => queue.webhookSettled(jobId),
     });
     closers.push(() => webhooks.close());
+    // Webhooks the last run had not delivered (a stop or a crash between a job's end and its 2xx).
+    const owed = queue.webhooksOwed();
+    for (const w of owed) webhooks.send(w.url, w.body, w.jobId);
+    if (owed.length) log.info('webhooks owed by the previous run sent again', { count: owed.length });
     const logs = new LogHub(new LogsRepo(db), batch, clock);
     const pingIntervalMs = Math.max(1000, Math.floor(config.leaseMs / 3));
     // Hardware: GPUs (nvidia-smi) and CPU/memory (systeminformation) feed placement and the catalogs.

@@ -853,14 +853,21 @@ export class JobQueue {
     this.#outOfOrder.delete(job);
     const { id, expiresAt, workerId, attempt, startedAt } = job;
     job.claimSaved = attempt;
+    // A webhook is owed from the same commit on, so a stop or a crash before it is delivered
+    // does not lose it (see webhooksOwed).
+    const hook = job.webhook !== null;
     if (job.inserted) {
-      job.writeSeq = this.#batch.write(() => this.#repo.finish(id, status, output, error, now, expiresAt, workerId, attempt, startedAt));
+      job.writeSeq = this.#batch.write(() => {
+        this.#repo.finish(id, status, output, error, now, expiresAt, workerId, attempt, startedAt);
+        if (hook) this.#repo.webhookOwed(id);
+      });
     } else {
       // A /runsync job that finished before its insert was due: one row, written once.
       job.inserted = true;
       job.writeSeq = this.#batch.write(() => {
         job.rowid = this.#repo.insertFinished(job, input as string);
         if (job.rowid > this.#maxRowid) this.#maxRowid = job.rowid;
+        if (hook) this.#repo.webhookOwed(id);
       });
     }
     this.#count(job.endpointId, status, 1, job.retries);
@@ -1021,6 +1028,33 @@ export class JobQueue {
       if (!job || this.#batch.isDurable(job.writeSeq) || round === 3) return this.find(endpointId, jobId);
       await this.#batch.committed();
     }
+  }
+
+  /** The webhook of `jobId` was delivered or gave up: it is no longer owed. */
+  webhookSettled(jobId: string): void {
+    try {
+      this.#batch.write(() => this.#repo.webhookSettled(jobId));
+    } catch {
+      // The store is closed (a delivery that ended during shutdown): the next start sends it again.
+    }
+  }
+
+  /**
+   * Webhooks a stop or a crash left undelivered (read at start): each job's URL and final
+   * status body. Owed webhooks of jobs that are gone (result expired, endpoint deleted) are
+   * dropped.
+   */
+  webhooksOwed(): { jobId: string; url: string; body: string }[] {
+    const owed: { jobId: string; url: string; body: string }[] = [];
+    const gone: string[] = [];
+    for (const jobId of this.#repo.webhooksOwed()) {
+      const row = this.#repo.getWithoutInput(jobId);
+      const snap = row && row.webhook !== null && TERMINAL.has(row.status) ? this.find(row.endpointId, jobId) : undefined;
+      if (snap && row?.webhook) owed.push({ jobId, url: row.webhook, body: statusBody(snap, this.#clock.now()) });
+      else gone.push(jobId);
+    }
+    if (gone.length) this.#batch.write(() => { for (const id of gone) this.#repo.webhookSettled(id); });
+    return owed;
   }
 
   /** Live job object, when in memory. */

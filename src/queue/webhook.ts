@@ -16,6 +16,8 @@ export interface WebhookOptions {
   attempts: number;
   timeoutMs: number;
   log: Logger;
+  /** The delivery of `jobId` is over: a 2xx, or its tries ran out (not called after close). */
+  onSettled?(jobId: string): void;
 }
 
 /** The first three octets decide: 192.0.0.0/24 and 192.0.2.0/24 are special, the rest of 192.0/16 is public. */
@@ -98,16 +100,19 @@ export class WebhookSender {
     if (this.#closed) return;
     this.#post(url, body).then(
       (status) => {
-        if (status >= 200 && status < 300) return;
-        this.#again(url, body, jobId, attempt, `status ${status}`);
+        if (status < 200 || status >= 300) this.#again(url, body, jobId, attempt, `status ${status}`);
+        else if (!this.#closed) this.#o.onSettled?.(jobId);
       },
       (err: Error) => this.#again(url, body, jobId, attempt, err.message),
     );
   }
 
   #again(url: string, body: string, jobId: string, attempt: number, why: string): void {
-    if (attempt >= this.#o.attempts || this.#closed) {
+    // Closed: still owed, so the next start sends it again.
+    if (this.#closed) return;
+    if (attempt >= this.#o.attempts) {
       this.#o.log.warn('webhook gave up', { jobId, attempts: attempt, reason: why });
+      this.#o.onSettled?.(jobId);
       return;
     }
     const t = setTimeout(() => {

@@ -76,6 +76,9 @@ export class JobsRepo {
   readonly #lease: Statement;
   readonly #input: Statement;
   readonly #getLight: Statement;
+  readonly #outboxAdd: Statement;
+  readonly #outboxDelete: Statement;
+  readonly #outboxAll: Statement;
 
   constructor(db: Db) {
     this.#insert = db.prepare(`INSERT INTO jobs (id, endpoint_id, status, input, extra, webhook, low_priority, execution_timeout_ms, ttl_ms,
@@ -117,6 +120,9 @@ export class JobsRepo {
     this.#dropCounts = db.prepare('DELETE FROM job_counts WHERE endpoint_id = ?');
     this.#rowidRange = db.prepare('SELECT min(rowid) AS lo, max(rowid) AS hi FROM jobs');
     this.#deleteSlice = db.prepare('DELETE FROM jobs WHERE rowid >= ? AND rowid < ? AND endpoint_id = ?');
+    this.#outboxAdd = db.prepare('INSERT OR IGNORE INTO webhook_outbox (job_id) VALUES (?)');
+    this.#outboxDelete = db.prepare('DELETE FROM webhook_outbox WHERE job_id = ?');
+    this.#outboxAll = db.prepare('SELECT job_id FROM webhook_outbox').pluck();
   }
 
   /** Inserts a queued job; returns its rowid. */
@@ -137,6 +143,21 @@ export class JobsRepo {
   finish(id: string, status: JobStatus, output: string | null, error: string | null, completedAt: number, expiresAt: number,
     workerId: string | null, attempt: number, startedAt: number | null): void {
     this.#finish.run(status, output, error, completedAt, expiresAt, workerId, attempt, startedAt, id);
+  }
+
+  /** The job's webhook is owed (written with its final state). */
+  webhookOwed(id: string): void {
+    this.#outboxAdd.run(id);
+  }
+
+  /** The job's webhook was delivered, or its tries ran out. */
+  webhookSettled(id: string): void {
+    this.#outboxDelete.run(id);
+  }
+
+  /** Ids of the jobs whose webhook is still owed. */
+  webhooksOwed(): string[] {
+    return this.#outboxAll.all() as string[];
   }
 
   /** Back to the queue (lease lost, reclaimed, or a manual retry): same id and input. */

@@ -185,4 +185,10 @@ export const MIGRATIONS: readonly string[] = [
   `
   ALTER TABLE jobs ADD COLUMN queued_at INTEGER;
   `,
+  // 6: webhooks not yet delivered. A row is written in the commit that finishes a job with a
+  // webhook and deleted once the POST got a 2xx or its tries ran out; a start sends again the
+  // ones a stop or a crash left (queue/webhook.ts).
+  `
+  CREATE TABLE webhook_outbox (job_id TEXT PRIMARY KEY) WITHOUT ROWID;
+  `,
 ];

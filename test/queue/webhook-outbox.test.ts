@@ -1,0 +1,76 @@
+/**
+ * A webhook is owed from the commit that finishes its job until the POST gets a 2xx or its
+ * tries run out. One still owed at a stop (or a crash) is sent again by the next start; one
+ * delivered is not.
+ */
+import t from 'tap';
+import { createServer } from 'node:http';
+import Database from 'better-sqlite3';
+import { join } from 'node:path';
+import { startAgent, cpuBody, type TestAgent } from '../helpers/agent.js';
+import { TestWorker } from '../helpers/worker.js';
+import { until } from '../helpers/wait.js';
+
+async function receiver(t: Parameters<typeof startAgent>[0]) {
+  const state = { status: 503, received: [] as { status: number; body: any }[] };
+  const server = createServer((req, res) => {
+    let body = '';
+    req.on('data', (c) => (body += c));
+    req.on('end', () => {
+      state.received.push({ status: state.status, body: JSON.parse(body) });
+      res.statusCode = state.status;
+      res.end();
+    });
+  });
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  t.teardown(() => server.close());
+  return { state, url: `http://127.0.0.1:${(server.address() as { port: number }).port}/hook` };
+}
+
+const owed = (dir: string) => {
+  const db = new Database(join(dir, 'flashd.db'), { readonly: true });
+  try {
+    return db.prepare('SELECT job_id FROM webhook_outbox').pluck().all();
+  } finally {
+    db.close();
+  }
+};
+
+async function finishOne(a: TestAgent, hook: string, output: unknown) {
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  const w = await TestWorker.create(a, ep);
+  const id = (await a.req('POST', `/v2/${ep}/run`, { body: { input: {}, webhook: hook } })).json.id as string;
+  await w.take();
+  t.equal((await w.done(id, { output })).status, 200);
+  return id;
+}
+
+t.test('a webhook still owed at a stop is delivered by the next start, once', async (t) => {
+  const hook = await receiver(t);
+  const dir = t.testdir();
+  // The first try fails and the next one is a minute away when the server stops.
+  const first = await startAgent(t, { takeHoldMs: 500, webhookAllowPrivate: true, webhookRetryDelayMs: 60_000 }, { dir });
+  const id = await finishOne(first, hook.url, { n: 1 });
+  await until('the first try', async () => hook.state.received.length === 1);
+  await first.agent.close();
+  t.same(owed(dir), [id], 'owed across the stop');
+  hook.state.status = 200;
+  const second = await startAgent(t, { takeHoldMs: 500, webhookAllowPrivate: true, webhookRetryDelayMs: 60_000 }, { dir });
+  await until('the delivery after the restart', async () => hook.state.received.length === 2);
+  t.match(hook.state.received[1], { status: 200, body: { id, status: 'COMPLETED', output: { n: 1 } } });
+  t.ok(second.logs.some((l) => l.includes('webhooks owed by the previous run sent again')));
+  await until('settled', async () => (await second.agent.queue.durable(), owed(dir).length === 0));
+  await second.agent.close();
+  await startAgent(t, { takeHoldMs: 500, webhookAllowPrivate: true }, { dir });
+  await new Promise((resolve) => setTimeout(resolve, 300));
+  t.equal(hook.state.received.length, 2, 'a delivered webhook is not sent again');
+});
+
+t.test('a webhook whose tries ran out is no longer owed', async (t) => {
+  const hook = await receiver(t);
+  const a = await startAgent(t, { takeHoldMs: 500, webhookAllowPrivate: true, webhookRetryDelayMs: 10 });
+  await finishOne(a, hook.url, 1);
+  await until('three tries', async () => hook.state.received.length === 3);
+  await until('settled', async () => (await a.agent.queue.durable(), owed(a.dir).length === 0));
+  t.pass('three tries, then settled');
+});
