@@ -11,6 +11,9 @@ import unittest
 
 from vendor_flash.serverless.handler import HandlerKind, JobCancelled, JobRun, LoopThread, handler_kind
 
+# Handler exceptions are logged at ERROR; keep the test output to the results.
+logging.getLogger("vendor_flash").setLevel(logging.CRITICAL)
+
 JOB = {"id": "j1", "input": {"n": 3}}
 
 
@@ -93,6 +96,23 @@ class RunTest(unittest.TestCase):
         info = json.loads(result["error"])
         self.assertEqual(info["error_type"], "<class 'RuntimeError'>")
         self.assertEqual(info["error_message"], "nope")
+
+    def test_exception_is_logged_as_an_error_with_its_traceback(self):
+        def bad(job):
+            raise RuntimeError("logged")
+
+        def bad_stream(job):
+            yield 1
+            raise ValueError("logged mid-stream")
+
+        with self.assertLogs("vendor_flash", level="ERROR") as logs:
+            self.run_job(bad)
+            self.run_job(bad_stream)
+        self.assertEqual(len(logs.records), 2)
+        self.assertIn("Captured Handler Exception", logs.output[0])
+        self.assertIn("Traceback", logs.output[0])
+        self.assertIn("RuntimeError", logs.output[0])
+        self.assertIn("logged mid-stream", logs.output[1])
 
     def test_async_exception(self):
         async def bad(job):

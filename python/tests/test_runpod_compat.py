@@ -55,6 +55,11 @@ class ValidateTest(unittest.TestCase):
         self.assertIn("errors", validate({"text": "a", "max_length": True}, SCHEMA))
         self.assertIn("errors", validate({"text": "a", "temperature": False}, SCHEMA))
 
+    def test_null_passes_the_type_check(self):
+        # runpod-python: `if validated_input[key] is not None and not is_instance` is the type error.
+        out = validate({"text": "hi", "stop": None}, SCHEMA)
+        self.assertEqual(out["validated_input"]["stop"], None)
+
     def test_constraints(self):
         out = validate({"text": "hi", "max_length": 0}, SCHEMA)
         self.assertEqual(out, {"errors": ["max_length does not meet the constraints."]})
@@ -83,10 +88,12 @@ class RunPodLoggerTest(unittest.TestCase):
         logger.handlers = [self.handler]
         logger._vendor_flash_configured = True
         logger.setLevel(logging.INFO)
+        RunPodLogger._level = None
 
         def restore():
             logger.handlers, level, logger._vendor_flash_configured = saved
             logger.setLevel(level)
+            RunPodLogger._level = None
         self.addCleanup(restore)
 
     def lines(self):
@@ -109,6 +116,15 @@ class RunPodLoggerTest(unittest.TestCase):
         log.set_level("ERROR")
         log.warn("hidden")
         self.assertEqual(self.lines(), ["DEBUG|j|shown"])
+
+    def test_one_instance_so_a_level_set_anywhere_applies_everywhere(self):
+        first, second = RunPodLogger(), RunPodLogger()
+        self.assertIs(first, second)
+        first.set_level("ERROR")
+        second.info("hidden")
+        get_logger().info("an SDK line, hidden too")
+        second.error("shown")
+        self.assertEqual(self.lines(), ["ERROR|None|shown"])
 
     def test_secret_is_masked(self):
         RunPodLogger().secret("API_KEY", "abcdef")

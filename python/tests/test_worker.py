@@ -218,6 +218,22 @@ class ConcurrencyTest(WorkerTestCase):
         self.assertEqual(batches[0].query["batch_size"], "3")
         self.assertEqual(max(peak), 3)
 
+    def test_zero_pauses_intake_until_the_modifier_says_otherwise(self):
+        allowed = threading.Event()
+        calls = []
+
+        def modifier(current):
+            calls.append(current)
+            return 1 if allowed.is_set() else 0
+
+        job_id = self.fake.submit({})
+        self.start_worker({"handler": lambda job: "ran", "concurrency_modifier": modifier})
+        time.sleep(1.5)
+        self.assertEqual(self.fake.recorded("job-take") + self.fake.recorded("job-take-batch"), [], "no take at concurrency 0")
+        self.assertGreaterEqual(calls.count(0), 1, "the modifier is asked again with 0")
+        allowed.set()
+        self.assertEqual(self.final_post(job_id).json(), {"output": "ran"})
+
     def test_one_slot_waits_for_the_job(self):
         gate = threading.Event()
         self.addCleanup(gate.set)

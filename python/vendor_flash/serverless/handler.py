@@ -244,7 +244,9 @@ class JobRun:
         except BaseException as exc:  # noqa: BLE001 - every handler error is reported
             if self.cancelled:
                 raise JobCancelled(self.job.get("id")) from exc
-            return results.exception_result(exc, self.worker_id, self.hostname)
+            body = results.exception_result(exc, self.worker_id, self.hostname)
+            get_logger().error("Captured Handler Exception\n%s", body["error"], extra={"job_id": self.job.get("id")})
+            return body
 
     def _run_stream(self) -> Dict[str, Any]:
         chunks: List[Any] = []
@@ -267,7 +269,9 @@ class JobRun:
         except BaseException as exc:  # noqa: BLE001
             if self.cancelled:
                 raise JobCancelled(self.job.get("id")) from exc
-            return results.generator_exception_result(exc)
+            body = results.generator_exception_result(exc)
+            get_logger().error("%s", body["error"], extra={"job_id": self.job.get("id")})
+            return body
         if terminal is not None:
             return terminal
         return results.stream_final_result(chunks, self.aggregate_stream)

@@ -215,7 +215,7 @@ class Worker:
         except Exception as exc:  # noqa: BLE001 - a bad modifier must not kill the worker
             self.log.error("concurrency_modifier failed: %s", exc)
             return self.concurrency
-        self.concurrency = max(1, value)
+        self.concurrency = max(0, value)  # 0 pauses intake, as in runpod-python
         return self.concurrency
 
     def _take_loop(self) -> None:

@@ -16,12 +16,19 @@ from ..log import ensure_setup, job_extra, level_number
 class RunPodLogger:
     """``log.debug/info/warn/error(message, request_id=None)`` and ``log.log(message, level)``."""
 
-    def __init__(self) -> None:
-        self._level: Optional[int] = None
+    _instance: Optional["RunPodLogger"] = None
+    _level: Optional[int] = None
+
+    def __new__(cls) -> "RunPodLogger":
+        # one shared instance, as in runpod-python: a level set anywhere applies everywhere
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
 
     def set_level(self, new_level: str) -> None:
         """Only messages at ``new_level`` (``DEBUG``, ``INFO``, ``WARN``, ``ERROR``) or above are written."""
-        self._level = level_number(new_level)
+        type(self)._level = level_number(new_level)
+        ensure_setup().setLevel(type(self)._level)  # runpod: the SDK's own lines follow it too
 
     @property
     def level(self) -> int:

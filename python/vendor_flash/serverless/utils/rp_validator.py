@@ -71,10 +71,10 @@ def validate(raw_input: Dict[str, Any], schema: Dict[str, Dict[str, Any]]) -> Di
         except TypeError:  # the schema's type is not a type
             errors.append(f"Schema error: the type of {key} is not a type: {expected!r}.")
             continue
-        if not ok:
+        if not ok and value is not None:  # runpod-python lets None/null through the type check
             errors.append(f"{key} should be {_type_name(expected)}, not {type(value).__name__}.")
             continue
-        if expected is float and isinstance(value, int):
+        if expected is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
         constraint = rules.get("constraints")
         if constraint is not None:
