@@ -463,7 +463,9 @@ export class JobQueue {
   #next(q: EndpointQueue, worker: WorkerInfo): Job | undefined {
     const mono = this.#clock.monotonic();
     if (q.retry.size > 0) {
-      const pick = (job: Job) => job.fencedFrom !== worker.id || mono >= job.fencedUntil || job.status !== 'IN_QUEUE';
+      // A requeued low-priority job still waits for the normal ones (it is first among the low).
+      const pick = (job: Job) => job.status !== 'IN_QUEUE' ||
+        ((job.fencedFrom !== worker.id || mono >= job.fencedUntil) && (!job.lowPriority || q.queued === 0));
       for (let job = q.retry.take(pick); job; job = q.retry.take(pick)) if (this.#admit(q, job, mono)) return job;
     }
     for (const d of [q.normal, q.low]) {
@@ -1439,8 +1441,10 @@ export class JobQueue {
    */
   expire(): void {
     if (this.#expiring || this.#closing) return;
-    this.#expiring = true;
     const now = this.#clock.now();
+    // Nothing due: no write, so an idle server does not commit (and sync) every second.
+    if (!this.#repo.anyExpired(now)) return;
+    this.#expiring = true;
     const step = (): void => {
       if (this.#closing) {
         this.#expiring = false;

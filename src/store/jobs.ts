@@ -76,6 +76,7 @@ export class JobsRepo {
   readonly #lease: Statement;
   readonly #input: Statement;
   readonly #getLight: Statement;
+  readonly #anyExpired: Statement;
   readonly #outboxAdd: Statement;
   readonly #outboxDelete: Statement;
   readonly #outboxAll: Statement;
@@ -120,6 +121,7 @@ export class JobsRepo {
     this.#dropCounts = db.prepare('DELETE FROM job_counts WHERE endpoint_id = ?');
     this.#rowidRange = db.prepare('SELECT min(rowid) AS lo, max(rowid) AS hi FROM jobs');
     this.#deleteSlice = db.prepare('DELETE FROM jobs WHERE rowid >= ? AND rowid < ? AND endpoint_id = ?');
+    this.#anyExpired = db.prepare('SELECT 1 FROM jobs WHERE expires_at IS NOT NULL AND expires_at <= ? LIMIT 1').pluck();
     this.#outboxAdd = db.prepare('INSERT OR IGNORE INTO webhook_outbox (job_id) VALUES (?)');
     this.#outboxDelete = db.prepare('DELETE FROM webhook_outbox WHERE job_id = ?');
     this.#outboxAll = db.prepare('SELECT job_id FROM webhook_outbox').pluck();
@@ -224,6 +226,11 @@ export class JobsRepo {
   /** The raw input of a job, or undefined when there is no such row. */
   inputOf(id: string): string | undefined {
     return this.#input.get(id) as string | undefined;
+  }
+
+  /** Whether a row's result has expired (one index probe: the expiry sweep runs every second). */
+  anyExpired(now: number): boolean {
+    return this.#anyExpired.get(now) !== undefined;
   }
 
   /** Deletes expired rows; returns them (for job_counts). */

@@ -534,3 +534,17 @@ t.test('a /runsync waiting when its endpoint is deleted gets a 404, not a job th
   t.match(r.json.detail, /deleted/);
   t.ok(Date.now() - started < 5000, 'answered at once, not after the wait');
 });
+
+t.test('/health stops counting a result within about a second of its expiry', async (t) => {
+  const a = await startAgent(t, { takeHoldMs: 1000 });
+  const ep = await endpoint(a);
+  const w = await TestWorker.create(a, ep);
+  const id = (await run(a, ep)).json.id as string;
+  await w.take();
+  await w.done(id, { error: 'boom' });
+  t.equal((await a.req('GET', `/v2/${ep}/status/${id}?ttl=1000`)).json.status, 'FAILED', 'kept one more second');
+  t.equal((await a.req('GET', `/v2/${ep}/health`)).json.jobs.failed, 1);
+  await new Promise((resolve) => setTimeout(resolve, 2300));
+  t.equal((await a.req('GET', `/v2/${ep}/status/${id}`)).status, 404, 'expired');
+  t.equal((await a.req('GET', `/v2/${ep}/health`)).json.jobs.failed, 0, 'and no longer counted');
+});

@@ -335,8 +335,8 @@ t.test('low-priority jobs, queued, running or requeued, never count toward a sca
   t.match(a.agent.queue.load(ep), { lowQueued: 1, queued: 0, oldestWaitMs: 0 }, 'a requeued low-priority job has no queue delay');
   const normal = (await a.req('POST', `/v2/${ep}/run`, { body: { input: {} } })).json.id;
   const other = await worker();
-  t.equal((await other.take())?.id, low, 'requeued jobs go first');
-  t.equal((await w.take())?.id, normal);
+  t.equal((await other.take())?.id, normal, 'the normal job first, though the low-priority one was requeued');
+  t.equal((await w.take())?.id, low);
   t.match(a.agent.queue.load(ep), { inProgress: 1, lowQueued: 0, queued: 0 }, 'of the two running, the normal job counts');
 });
 
@@ -423,4 +423,19 @@ t.test('a job retried after its TTL ran out in the queue goes behind the jobs qu
   t.same(order, ['K1', 'K2', 'J'], 'the retry is queued at the back');
   t.equal(await w.take(), null, 'and taken once');
   t.match((await a.req('GET', `/v2/${ep}/health`)).json.jobs, { inQueue: 0, completed: 3 });
+});
+
+t.test('a low-priority job that lost its lease still waits for the normal jobs queued meanwhile', async (t) => {
+  const { a, ep, step, worker } = await setup(t);
+  const w1 = await worker();
+  const w2 = await worker();
+  const low = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { kind: 'low' }, policy: { lowPriority: true } } })).json.id;
+  t.equal((await w1.take())?.id, low);
+  const normal = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { kind: 'normal' } } })).json.id;
+  const laterLow = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { kind: 'later low' }, policy: { lowPriority: true } } })).json.id;
+  step(3001);
+  t.equal((await status(a, ep, low)).status, 'IN_QUEUE', 'back in the queue');
+  t.equal((await w2.take())?.id, normal, 'the normal job first');
+  t.equal((await w2.take())?.id, low, 'then the requeued low-priority job, ahead of the later low-priority one');
+  t.equal((await w2.take())?.id, laterLow);
 });
