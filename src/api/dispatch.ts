@@ -57,8 +57,24 @@ export function createDispatcher(options: DispatcherOptions): (method: string, p
       return staticError(new AgentError('ROUTE_NOT_FOUND', `No route for ${method} ${path}.`));
     }
     const route = match.route;
+    const maxBodyBytes = route.maxBodyBytes ?? options.maxBodyBytes;
+    const tooLarge = new AgentError('PAYLOAD_TOO_LARGE', `The request body is larger than the ${maxBodyBytes} bytes this route accepts.`);
     return {
-      maxBodyBytes: route.maxBodyBytes ?? options.maxBodyBytes,
+      maxBodyBytes,
+      ...(route.onTooLarge ? {
+        tooLarge: async (req: IncomingRequest) => {
+          try {
+            const principal = auth.authenticate(req.headers);
+            if (route.auth !== 'worker' || principal.scopes.has('worker') || principal.scopes.has('admin')) {
+              await route.onTooLarge?.({ req, params: match.params, principal }, maxBodyBytes);
+            }
+          } catch (err) {
+            // Not allowed to act on it (bad key, another endpoint's worker): the 413 alone.
+            if (toAgentError(err).status >= 500) log.error('too-large hook failed', { err, requestId: req.id });
+          }
+          return problemReply(tooLarge, req.id);
+        },
+      } : {}),
       handle: async (req) => {
         let rateHeaders: Record<string, string> = NO_HEADERS;
         try {

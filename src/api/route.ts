@@ -57,4 +57,9 @@ export interface RouteDef {
    */
   holdErrorsMs?: number;
   handle(ctx: ApiContext): ApiResult | Promise<ApiResult>;
+  /**
+   * Runs, authenticated, when the body is over `maxBodyBytes` (no body is read), before the 413:
+   * a worker's result too large to take fails its job at once instead of being lost.
+   */
+  onTooLarge?(ctx: Omit<ApiContext, 'body' | 'bodyText'>, limit: number): void | Promise<void>;
 }

@@ -7,7 +7,7 @@ import { AgentError } from '../core/errors.js';
 import { newId } from '../core/ids.js';
 import { nonFiniteToNull, rawMember } from '../core/json-raw.js';
 import type { EndpointService } from '../endpoints/index.js';
-import type { OutgoingReply } from '../http/index.js';
+import type { IncomingRequest, OutgoingReply } from '../http/index.js';
 import { workerEnv, workerJobBody, type DoneBody, type DoneOutcome, type JobQueue } from '../queue/index.js';
 import type { LogLine } from '../store/index.js';
 import type { LogHub } from '../scheduler/index.js';
@@ -38,6 +38,20 @@ function checkWorker(s: WorkerRouteServices, principal: Principal, endpointId: s
   } else if (!row || row.ownerId !== principal.ownerId) {
     throw new AgentError('NOT_FOUND', `Endpoint ${endpointId} not found.`);
   }
+}
+
+/**
+ * A result or stream chunk over the body limit: runpod-python drops it after the 413 and goes
+ * on, so the job would run again after its lease and fail with a wrong reason. It fails now,
+ * saying why, if this worker holds it (the same checks as any result post).
+ */
+async function failTooLarge(s: WorkerRouteServices, { req, principal, params }: { req: IncomingRequest; principal: Principal; params: Record<string, string> }, limit: number, what: string): Promise<void> {
+  const endpointId = params['endpointId'] as string;
+  checkWorker(s, principal, endpointId);
+  const declared = Number(req.headers['content-length']);
+  const size = Number.isFinite(declared) && declared > limit ? `${declared} bytes` : `more than ${limit} bytes`;
+  const error = `The worker's ${what} was ${size}, over the ${limit}-byte limit of a worker post (HTTP 413); the job cannot be recorded.`;
+  await s.queue.done(endpointId, params['workerId'] as string, params['jobId'] as string, { error });
 }
 
 function parseRaw(body: Buffer): DoneBody {
@@ -115,6 +129,7 @@ export function workerRoutes(s: WorkerRouteServices): RouteDef[] {
       summary: 'Worker: post a result or progress ({"status":"IN_PROGRESS"}); any content type, parsed as JSON',
       tag: 'Worker protocol', auth: 'worker', skipRateLimit: true, body: 'raw', successStatus: 200, responseSchema: null, problems: [400, 401, 403, 404, 409, 413],
       maxBodyBytes: 64 * MB,
+      onTooLarge: (ctx, limit) => failTooLarge(s, ctx, limit, 'result'),
       handle: async ({ req, principal, params }) => {
         const endpointId = params['endpointId'] as string;
         checkWorker(s, principal, endpointId);
@@ -126,6 +141,7 @@ export function workerRoutes(s: WorkerRouteServices): RouteDef[] {
       method: 'POST', path: `${W}/job-stream/{workerId}/{jobId}`, operationId: 'workerStream', summary: 'Worker: post a stream chunk ({"output": …})',
       tag: 'Worker protocol', auth: 'worker', skipRateLimit: true, body: 'raw', successStatus: 200, responseSchema: null, problems: [400, 401, 403, 404, 409, 413],
       maxBodyBytes: 64 * MB,
+      onTooLarge: (ctx, limit) => failTooLarge(s, ctx, limit, 'stream chunk'),
       handle: ({ req, principal, params }) => {
         const endpointId = params['endpointId'] as string;
         checkWorker(s, principal, endpointId);

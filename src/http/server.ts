@@ -51,6 +51,8 @@ export interface RouteDecision {
   maxBodyBytes: number;
   /** Called with the complete request once the body is in. */
   handle(req: IncomingRequest): Promise<OutgoingReply> | OutgoingReply;
+  /** The reply to a body over `maxBodyBytes` (the request has headers, no body); a plain 413 without it. */
+  tooLarge?(req: IncomingRequest): Promise<OutgoingReply> | OutgoingReply;
 }
 
 export interface HttpServerOptions {
@@ -365,9 +367,19 @@ export function createHttpServer(options: HttpServerOptions): HttpServer {
     }
 
     tooLarge(): void {
-      const limit = (this.decision as RouteDecision).maxBodyBytes;
+      const decision = this.decision as RouteDecision;
       // The client may still be sending: close the connection after the 413.
-      this.reply(options.onEarlyError('payload-too-large', `The request body is larger than the ${limit} bytes this route accepts.`, this.id), true);
+      const fallback = () => options.onEarlyError('payload-too-large', `The request body is larger than the ${decision.maxBodyBytes} bytes this route accepts.`, this.id);
+      if (!decision.tooLarge) {
+        this.reply(fallback(), true);
+        return;
+      }
+      Promise.resolve()
+        .then(() => (decision.tooLarge as (req: IncomingRequest) => Promise<OutgoingReply> | OutgoingReply)(this))
+        .then((r) => this.reply(r, true), (err: unknown) => {
+          log.error('too-large handler failed', { err, requestId: this.id });
+          this.reply(fallback(), true);
+        });
     }
 
     data(ab: ArrayBuffer, isLast: boolean): void {

@@ -33,6 +33,11 @@ export class TestWorker {
     return new TestWorker(r.json as WorkerEnv);
   }
 
+  /** The URL a result (`done`) or stream chunk (`stream`) of `jobId` is posted to. */
+  postUrl(kind: 'done' | 'stream', jobId: string): string {
+    return `${this.#url(kind === 'done' ? 'RUNPOD_WEBHOOK_POST_OUTPUT' : 'RUNPOD_WEBHOOK_POST_STREAM', jobId)}&isStream=false`;
+  }
+
   #url(name: string, jobId?: string): string {
     let u = this.#env[name] as string;
     u = u.replace('$RUNPOD_POD_ID', this.workerId);

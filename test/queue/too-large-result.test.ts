@@ -1,0 +1,62 @@
+/**
+ * A result or stream chunk over the 64 MiB limit of a worker post gets its 413 and fails the
+ * job at once, saying why: runpod-python drops the result after a 413 and goes on, so the job
+ * would otherwise run again after its lease and end with a wrong reason.
+ */
+import t from 'tap';
+import { connect } from 'node:net';
+import { startAgent, cpuBody, type TestAgent } from '../helpers/agent.js';
+import { TestWorker } from '../helpers/worker.js';
+
+const LIMIT = 64 * 1024 * 1024;
+
+/** POSTs headers declaring a body over the limit and a little of it; resolves with the status line. */
+function postOversized(url: string, key: string): Promise<string> {
+  const u = new URL(url);
+  return new Promise((resolve, reject) => {
+    const socket = connect(Number(u.port), u.hostname, () => {
+      socket.write(`POST ${u.pathname}${u.search} HTTP/1.1\r\nHost: x\r\nAuthorization: ${key}\r\nContent-Type: application/json\r\nContent-Length: ${LIMIT + 10}\r\n\r\n{"output":"`);
+    });
+    let got = '';
+    socket.on('data', (d) => {
+      got += d.toString();
+      if (got.includes('\r\n')) {
+        resolve(got.slice(0, got.indexOf('\r\n')));
+        socket.destroy();
+      }
+    });
+    socket.on('error', reject);
+  });
+}
+
+async function setup(t: Parameters<typeof startAgent>[0]) {
+  const a = await startAgent(t, { takeHoldMs: 500 });
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  return { a, ep, w: await TestWorker.create(a, ep) };
+}
+
+const status = async (a: TestAgent, ep: string, id: string) => (await a.req('GET', `/v2/${ep}/status/${id}`)).json;
+
+for (const kind of ['done', 'stream'] as const) {
+  t.test(`a ${kind === 'done' ? 'result' : 'stream chunk'} over the limit fails its job at once`, async (t) => {
+    const { a, ep, w } = await setup(t);
+    const id = (await a.req('POST', `/v2/${ep}/run`, { body: { input: {} } })).json.id as string;
+    await w.take();
+    t.match(await postOversized(w.postUrl(kind, id), w.key), /^HTTP\/1\.1 413/);
+    const s = await status(a, ep, id);
+    t.equal(s.status, 'FAILED');
+    t.match(s.error, new RegExp(`${kind === 'done' ? 'result' : 'stream chunk'} was ${LIMIT + 10} bytes, over the ${LIMIT}-byte limit`));
+    t.equal(s.workerId, w.workerId);
+  });
+}
+
+t.test('an oversized post from a worker that does not hold the job changes nothing', async (t) => {
+  const { a, ep, w } = await setup(t);
+  const other = await TestWorker.create(a, ep);
+  const id = (await a.req('POST', `/v2/${ep}/run`, { body: { input: {} } })).json.id as string;
+  await w.take();
+  t.match(await postOversized(other.postUrl('done', id), other.key), /^HTTP\/1\.1 413/);
+  t.match(await postOversized(w.postUrl('done', id), 'not-a-key'), /^HTTP\/1\.1 413/, 'nor does one with a bad key');
+  t.equal((await status(a, ep, id)).status, 'IN_PROGRESS');
+  t.equal((await w.done(id, { output: 'fits' })).status, 200, 'its worker can still post a result that fits');
+});
