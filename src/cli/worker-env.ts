@@ -23,6 +23,16 @@ Example:
   flashd worker-env abc123def456gh --format shell > worker.env && . ./worker.env && python3 handler.py
 `;
 
+/** Whether a URL's host is this machine only (127.0.0.0/8, ::1, localhost). */
+function isLoopback(raw: string): boolean {
+  try {
+    const host = new URL(raw).hostname.replace(/^\[|\]$/g, '');
+    return host === 'localhost' || host.endsWith('.localhost') || host === '::1' || /^127\./.test(host);
+  } catch {
+    return false;
+  }
+}
+
 const shellQuote = (v: string) => `'${v.replace(/'/g, `'\\''`)}'`;
 
 export async function workerEnvCommand(args: string[], env: NodeJS.ProcessEnv): Promise<number> {
@@ -82,6 +92,12 @@ export async function workerEnvCommand(args: string[], env: NodeJS.ProcessEnv): 
     return 1;
   }
   const body = JSON.parse(text) as { workerId: string; env: Record<string, string> };
+  // Asked over the network, answered with loopback URLs: a worker on that other machine would
+  // poll itself. Said on stderr, so the environment on stdout stays usable.
+  const jobUrl = body.env['RUNPOD_WEBHOOK_GET_JOB'];
+  if (jobUrl && isLoopback(jobUrl) && !isLoopback(url)) {
+    process.stderr.write(`flashd worker-env: warning: the job URLs point at ${new URL(jobUrl).host}, which a worker on another machine cannot reach; start flashd with --public-url http://<address other machines use>:<port>\n`);
+  }
   if (format === 'json') process.stdout.write(JSON.stringify(body, null, 2) + '\n');
   else {
     const lines = Object.entries(body.env).map(([k, v]) => (format === 'shell' ? `export ${k}=${shellQuote(v)}` : `${k}=${v}`));

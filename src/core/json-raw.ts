@@ -113,3 +113,16 @@ export function nonFiniteToNull(text: string): string | undefined {
   }
   return from === 0 ? undefined : out + text.slice(from);
 }
+
+/**
+ * JSON text with every object's keys sorted: two values that differ only in key order (an
+ * `env` sent again in another order) give the same text, for comparisons and hashes.
+ */
+export function sortedJson(value: unknown): string {
+  return JSON.stringify(value, (_key, v: unknown) => {
+    if (v === null || typeof v !== 'object' || Array.isArray(v)) return v;
+    const sorted: Record<string, unknown> = {};
+    for (const k of Object.keys(v).sort()) sorted[k] = (v as Record<string, unknown>)[k];
+    return sorted;
+  });
+}

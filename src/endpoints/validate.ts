@@ -5,6 +5,7 @@
  * resources a body refers to. Failures are gathered so one response lists them all.
  */
 import { AgentError, validationError } from '../core/errors.js';
+import { sortedJson } from '../core/json-raw.js';
 import { assertSchema } from '../core/schemas.js';
 import { GPU_POOLS, cpuFlavor, gpuType } from '../catalog/index.js';
 import { applyCommand, CommandError, type StoredCommand } from './command.js';
@@ -392,7 +393,8 @@ export function updateEndpoint(current: EndpointSpec, raw: unknown, ctx: Validat
   };
   checkEnv(spec, errors);
   checkReferences(spec, ctx, errors, networkPointer);
-  const restartReasons = RESTART_FIELDS.filter((f) => JSON.stringify(spec[f]) !== JSON.stringify(current[f]));
+  // Key order is not a change (an env sent again in another order restarts nothing).
+  const restartReasons = RESTART_FIELDS.filter((f) => sortedJson(spec[f]) !== sortedJson(current[f]));
   if (spec.workers.max < current.workers.max) restartReasons.push('workers' as never);
   return { spec, restartReasons: restartReasons as string[] };
 }

@@ -167,7 +167,9 @@ export class WorkerRegistry {
   state(w: WorkerInfo): WorkerState {
     if (w.phase === 'unhealthy') return 'unhealthy';
     if (w.phase === 'initializing') return 'initializing';
-    return w.jobs.size > 0 ? 'running' : 'idle';
+    // A job flashd ended (timeout, cancel) that the worker's pings still list is still running
+    // there (a sync handler cannot be interrupted): the worker is busy, not idle.
+    return w.jobs.size > 0 || w.stops.size > 0 ? 'running' : 'idle';
   }
 
   /**

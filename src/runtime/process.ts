@@ -99,14 +99,35 @@ export class ProcessRuntime implements WorkerRuntime {
       child.stdout?.on('data', (c: Buffer) => out.push(c));
       child.stderr?.on('data', (c: Buffer) => err.push(c));
       const exited = new Promise<void>((done) => {
-        child.once('close', (code, signal) => {
-          out.end();
-          err.end();
-          const running = this.#workers.get(spec.workerId);
-          this.#workers.delete(spec.workerId);
-          this.#savePids();
-          if (started) events.exit({ code, signal, requested: running?.stopping ?? false });
-          done();
+        // 'exit', not 'close': a descendant that inherited stdout/stderr (a helper the handler
+        // started, possibly in its own session) keeps the pipes open after the worker is gone.
+        child.once('exit', (code, signal) => {
+          const pid = child.pid;
+          try {
+            if (pid !== undefined) process.kill(-pid, 'SIGKILL'); // what is left of its group goes with it
+          } catch {
+            // no group left
+          }
+          let finished = false;
+          const finish = () => {
+            if (finished) return;
+            finished = true;
+            clearTimeout(cut);
+            out.end();
+            err.end();
+            const running = this.#workers.get(spec.workerId);
+            this.#workers.delete(spec.workerId);
+            this.#savePids();
+            if (started) events.exit({ code, signal, requested: running?.stopping ?? false });
+            done();
+          };
+          // Give the pipes a moment to drain the worker's last lines, then stop reading them.
+          const cut = setTimeout(() => {
+            child.stdout?.destroy();
+            child.stderr?.destroy();
+            finish();
+          }, 1000);
+          child.once('close', finish);
         });
       });
       child.once('error', (e) => {

@@ -9,6 +9,7 @@ import type { AuthService } from '../auth/index.js';
 import { cpuFlavor } from '../catalog/index.js';
 import type { Clock } from '../core/clock.js';
 import { newId } from '../core/ids.js';
+import { sortedJson } from '../core/json-raw.js';
 import type { Logger } from '../core/logger.js';
 import { idleTimeoutApplies, type EndpointService, type EndpointSpec } from '../endpoints/index.js';
 import { workerEnv, type JobQueue } from '../queue/index.js';
@@ -187,7 +188,7 @@ export class Autoscaler {
     return {
       endpointId: row.id, workerId, entrypoint: spec.entrypoint, cmd: spec.cmd, image: spec.image, env, ports: spec.ports,
       diskGb: spec.disk, volume, gpuDeviceIds, cpu, registryAuth, flashboot: spec.flashboot,
-      configHash: createHash('sha256').update(JSON.stringify(identity)).digest('hex'),
+      configHash: createHash('sha256').update(sortedJson(identity)).digest('hex'),
     };
   }
 
@@ -312,7 +313,11 @@ export class Autoscaler {
    * idle; otherwise (a name, the scaler, min/max) they stay, and the next decision applies it.
    */
   endpointChanged(endpointId: string, restart: boolean): void {
-    if (restart) for (const w of this.#o.queue.workers.list(endpointId)) if (w.managed) this.#o.queue.recycling(endpointId, w.id);
+    if (restart) {
+      // The crashes were of the old configuration: the new one starts without their backoff.
+      this.#crashes.delete(endpointId);
+      for (const w of this.#o.queue.workers.list(endpointId)) if (w.managed) this.#o.queue.recycling(endpointId, w.id);
+    }
     this.trigger(endpointId);
   }
 

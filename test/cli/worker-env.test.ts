@@ -7,6 +7,7 @@ import { join } from 'node:path';
 import { ADMIN_KEY, cpuBody, startAgent } from '../helpers/agent.js';
 import { TestWorker } from '../helpers/worker.js';
 import { execFile } from 'node:child_process';
+import { networkInterfaces } from 'node:os';
 import { cleanEnv, REPO_ROOT } from '../helpers/spawn-flashd.js';
 
 const BUNDLE = join(REPO_ROOT, 'dist/flashd.mjs');
@@ -57,4 +58,24 @@ t.test('worker-env fails clearly', async (t) => {
   const help = await run(process.execPath, [BUNDLE, 'worker-env', '--help'], cleanEnv());
   t.equal(help.status, 0);
   t.match(help.stdout, /--format/);
+});
+
+/** An address of this machine other than loopback, as another machine would use. */
+const lanAddress = Object.values(networkInterfaces()).flat().find((i) => i && i.family === 'IPv4' && !i.internal)?.address;
+
+t.test('worker-env warns when asked over the network but the job URLs are loopback', { skip: lanAddress ? false : 'no non-loopback IPv4 address here' }, async (t) => {
+  const a = await startAgent(t, { host: '0.0.0.0' });
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  const env = cleanEnv({ FLASHD_API_KEY: ADMIN_KEY });
+  const remote = `http://${lanAddress}:${a.agent.port}`;
+  const warned = await run(process.execPath, [BUNDLE, 'worker-env', ep, '--url', remote], env);
+  t.equal(warned.status, 0, 'the environment is still printed');
+  t.match(warned.stdout, /RUNPOD_WEBHOOK_GET_JOB=http:\/\/127\.0\.0\.1/);
+  t.match(warned.stderr, /warning: the job URLs point at 127\.0\.0\.1:\d+, which a worker on another machine cannot reach; start flashd with --public-url/);
+  const local = await run(process.execPath, [BUNDLE, 'worker-env', ep, '--url', `http://127.0.0.1:${a.agent.port}`], env);
+  t.equal(local.stderr, '', 'asked on this machine: no warning');
+  const published = await startAgent(t, { host: '0.0.0.0', publicUrl: `http://${lanAddress}:8123` });
+  const ep2 = (await published.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  const fine = await run(process.execPath, [BUNDLE, 'worker-env', ep2, '--url', `http://${lanAddress}:${published.agent.port}`], env);
+  t.equal(fine.stderr, '', 'with --public-url: no warning');
 });

@@ -49,6 +49,16 @@ t.test('fields merge; env replaces the whole map; timestamps', async (t) => {
   t.same(empty.restartReasons, []);
 });
 
+t.test('the same env in another key order is no change and restarts nothing', async (t) => {
+  const a = await startAgent(t);
+  const e = await mustCreate(t, a, queueBody({ env: { A: '1', B: '2', C: '3' } }));
+  const same = await mustPatch(t, a, e.id, { env: { C: '3', A: '1', B: '2' } });
+  t.equal(same.restartRequired, false);
+  t.same(same.restartReasons, []);
+  const changed = await mustPatch(t, a, e.id, { env: { C: '3', A: '1', B: '4' } });
+  t.same(changed.restartReasons, ['env'], 'a changed value still is');
+});
+
 t.test('workers merge and keep their rules', async (t) => {
   const a = await startAgent(t);
   const e = await mustCreate(t, a, queueBody({ workers: { min: 1, max: 4, idleTimeout: 30 } }));

@@ -439,3 +439,17 @@ t.test('a low-priority job that lost its lease still waits for the normal jobs q
   t.equal((await w2.take())?.id, low, 'then the requeued low-priority job, ahead of the later low-priority one');
   t.equal((await w2.take())?.id, laterLow);
 });
+
+t.test('a worker still running a job that timed out counts as running, not idle, until its pings drop it', async (t) => {
+  const { a, ep, step, worker } = await setup(t);
+  const w = await worker();
+  const id = (await a.req('POST', `/v2/${ep}/run`, { body: { input: {}, policy: { executionTimeout: 5000 } } })).json.id;
+  await w.take();
+  step(5001);
+  t.equal((await status(a, ep, id)).status, 'TIMED_OUT');
+  t.equal(await w.ping([id]), 200, 'its handler goes on (a sync handler cannot be interrupted)');
+  t.match((await a.req('GET', `/v2/${ep}/health`)).json.workers, { idle: 0, running: 1 }, 'busy, so a queued job gets another worker');
+  step(2000);
+  t.equal(await w.ping([]), 200, 'the handler ended');
+  t.match((await a.req('GET', `/v2/${ep}/health`)).json.workers, { idle: 1, running: 0 });
+});

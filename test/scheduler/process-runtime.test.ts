@@ -276,3 +276,49 @@ t.test('lowering workers.max replaces nobody: busy workers go on taking jobs, th
   t.equal((await short).json.status, 'COMPLETED');
   t.equal((await long).json.status, 'COMPLETED');
 });
+
+t.test('a worker that dies while a child it started still holds its output is seen dead at once', async (t) => {
+  // The lease (60 s) is far longer than the test: only the exit itself can end the job.
+  const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT, takeHoldMs: 1000, leaseMs: 60_000, maxAttempts: 1 });
+  const ep = (await a.req('POST', '/v2/serverless', {
+    body: cpuBody({ args: 'sh -c "sleep 100 & exec python3 -u test/fixtures/workers/echo.py"', workers: { min: 0, max: 1, idleTimeout: 30 } }),
+  })).json.id as string;
+  const id = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { crash: true } } })).json.id as string;
+  const final = await until('the job of the dead worker to fail', async () => {
+    const s = (await a.req('GET', `/v2/${ep}/status/${id}`)).json;
+    return s.status === 'FAILED' && s;
+  }, 15_000);
+  t.match(final.error, /exited \(code 3\)/);
+  t.ok((await health(a, ep)).workers.unhealthy >= 1, 'shown unhealthy, not running');
+});
+
+t.test('shutdown does not wait for a child that left the worker process group', async (t) => {
+  const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT, takeHoldMs: 1000, workerStopGraceMs: 2000 });
+  const ep = (await a.req('POST', '/v2/serverless', {
+    body: cpuBody({ args: 'sh -c "setsid sleep 40 & exec python3 -u test/fixtures/workers/echo.py"', workers: { min: 1, max: 1, idleTimeout: 30 } }),
+  })).json.id as string;
+  await until('the warm worker', async () => (await health(a, ep)).workers.idle === 1);
+  const started = performance.now();
+  await a.agent.close();
+  const took = performance.now() - started;
+  t.ok(took < 10_000, `closed in ${Math.round(took)} ms`);
+});
+
+t.test('a PATCH that replaces a crash-looping configuration starts its worker without the old backoff', async (t) => {
+  const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT, takeHoldMs: 1000 });
+  const ep = (await a.req('POST', '/v2/serverless', {
+    body: cpuBody({ args: 'python3 -c "import sys; sys.exit(1)"', workers: { min: 1, max: 1, idleTimeout: 30 } }),
+  })).json.id as string;
+  // Five crashes within a minute: the next start would wait 8 s.
+  await until('five crashes', async () => {
+    const lines = (await a.req('GET', `/v2/serverless/${ep}/logs`)).json as { line: string }[];
+    return lines.filter((l) => /exited unexpectedly/.test(l.line)).length >= 5;
+  }, 40_000);
+  const patched = await a.req('PATCH', `/v2/serverless/${ep}`, { body: { args: 'python3 -u test/fixtures/workers/echo.py' } });
+  t.same(patched.json.restartReasons, ['args']);
+  const started = performance.now();
+  const r = await a.req('POST', `/v2/${ep}/runsync`, { body: { input: { ok: 1 } } });
+  t.equal(r.json.status, 'COMPLETED');
+  const took = performance.now() - started;
+  t.ok(took < 5000, `the fixed configuration ran a job ${Math.round(took)} ms after the PATCH`);
+});
