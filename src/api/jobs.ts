@@ -140,8 +140,8 @@ export function jobRoutes(s: JobRouteServices): RouteDef[] {
         await s.queue.durable();
         const drained = s.queue.drainStream(ep.id, jobId);
         if (!drained) throw new AgentError('NOT_FOUND', `Job ${jobId} not found (unknown, or its result expired).`);
-        const chunks = drained.stream.map((c) => (c.metrics === undefined ? `{"output":${c.output}}` : `{"output":${c.output},"metrics":${c.metrics}}`));
-        return json(200, `{"status":"${drained.status}","stream":[${chunks.join(',')}]}`);
+        // Each chunk is stored as the JSON text of its element.
+        return json(200, `{"status":"${drained.status}","stream":[${drained.stream.join(',')}]}`);
       },
     },
     {

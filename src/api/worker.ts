@@ -142,11 +142,12 @@ export function workerRoutes(s: WorkerRouteServices): RouteDef[] {
       tag: 'Worker protocol', auth: 'worker', skipRateLimit: true, body: 'raw', successStatus: 200, responseSchema: null, problems: [400, 401, 403, 404, 409, 413],
       maxBodyBytes: 64 * MB,
       onTooLarge: (ctx, limit) => failTooLarge(s, ctx, limit, 'stream chunk'),
-      handle: ({ req, principal, params }) => {
+      handle: async ({ req, principal, params }) => {
         const endpointId = params['endpointId'] as string;
         checkWorker(s, principal, endpointId);
         const jobId = params['jobId'] as string;
-        return outcomeReply(s.queue.stream(endpointId, params['workerId'] as string, jobId, parseRaw(req.body)), jobId);
+        // Answered once the chunk is durable in SQLite (job_chunks).
+        return outcomeReply(await s.queue.stream(endpointId, params['workerId'] as string, jobId, parseRaw(req.body)), jobId);
       },
     },
     {

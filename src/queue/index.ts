@@ -1,6 +1,6 @@
 export { JobQueue, DEFAULT_QUEUE_SETTINGS, type QueueSettings, type SubmitInput, type QueueListener, type DoneOutcome, type DoneBody } from './job-queue.js';
 export { WorkerRegistry, type WorkerInfo, type WorkerState } from './workers.js';
 export { statusBody, workerJobBody, type JobSnapshot } from './views.js';
-export { TERMINAL, type Job, type JobStatus, type StreamChunk, type WorkerCounts } from './types.js';
+export { TERMINAL, type Job, type JobStatus, type WorkerCounts } from './types.js';
 export { WebhookSender, checkWebhookUrl, isPrivateAddress } from './webhook.js';
 export { workerEnv, type WorkerEnvInput } from './worker-env.js';

@@ -24,7 +24,7 @@ import { newJobId } from '../core/ids.js';
 import type { Logger } from '../core/logger.js';
 import type { JobRow, JobsRepo, WriteBatch } from '../store/index.js';
 import { Deque } from './deque.js';
-import { TERMINAL, type Job, type JobStatus, type StreamChunk, type WorkerCounts } from './types.js';
+import { TERMINAL, type Job, type JobStatus, type WorkerCounts } from './types.js';
 import { statusBody, type JobSnapshot } from './views.js';
 import type { WorkerInfo, WorkerRegistry } from './workers.js';
 
@@ -131,10 +131,9 @@ export type DoneOutcome = 'accepted' | 'duplicate' | 'ended' | 'stale' | 'unknow
 const ENDED_BY_FLASHD: ReadonlySet<JobStatus> = new Set(['CANCELLED', 'TIMED_OUT', 'FAILED']);
 
 /**
- * Shared empty lists: most jobs never get a stream chunk or a /runsync waiter, so a job gets
- * its own array on first use (frozen, so a push onto the shared one fails loudly).
+ * Shared empty list: most jobs never get a /runsync waiter, so a job gets its own array on
+ * first use (frozen, so a push onto the shared one fails loudly).
  */
-const NO_CHUNKS: StreamChunk[] = Object.freeze([]) as unknown as StreamChunk[];
 const NO_WAITERS: (() => void)[] = Object.freeze([]) as unknown as (() => void)[];
 const NOOP = (): void => undefined;
 
@@ -157,7 +156,19 @@ function drained<T>(cancel: Cancellation | AbortSignal, ms: number): Promise<T[]
     }
   });
 }
-const chunksOf = (job: Job): StreamChunk[] => (job.chunks === NO_CHUNKS ? (job.chunks = []) : job.chunks);
+
+/**
+ * A job whose /stream chunks (in SQLite, job_chunks) are not all read yet. Kept apart from the
+ * Job, which may leave memory (#evict) while its chunks wait: a poll reads SQLite only when
+ * this says there is something new, and only chunks whose post was acknowledged.
+ */
+interface UnreadStream {
+  readonly endpointId: string;
+  /** Chunks up to this seq are durable and their post was answered: a poll may hand them out. */
+  upTo: number;
+  /** Chunks up to this seq were handed out (their delete is queued or done). */
+  read: number;
+}
 
 /**
  * A claim is written to SQLite only once its job has run this long (ms). Most jobs finish
@@ -192,8 +203,6 @@ const HOT_QUEUE_DEPTH = 64;
 
 /** A pending stop is offered again on job-stop at most this often. */
 const STOP_REOFFER_MS = 1000;
-/** How often #evict looks through the finished jobs kept only for their unread stream chunks. */
-const UNREAD_STREAM_SWEEP_MS = 10_000;
 /**
  * A worker being stopped that polls again (its SIGTERM not handled yet, or ignored) is answered
  * after this long rather than at once: runpod-python re-polls immediately on a 204, so an
@@ -220,9 +229,8 @@ export class JobQueue {
   readonly #log: Logger;
   readonly #jobs = new Map<string, Job>();
   readonly #finishedOrder = new Deque<Job>();
-  /** Finished jobs past the in-memory cap kept for their unread stream chunks (#evict). */
-  readonly #unreadStreams = new Set<Job>();
-  #unreadStreamsSweptAt = 0;
+  /** Jobs with acknowledged /stream chunks not yet read, by job id (see UnreadStream). */
+  readonly #unread = new Map<string, UnreadStream>();
   readonly #queues = new Map<string, EndpointQueue>();
   readonly #running = new Set<Job>();
   readonly #listeners: QueueListener[] = [];
@@ -299,6 +307,7 @@ export class JobQueue {
         continue;
       }
       const job = this.#fromRow(row, mono, now);
+      job.progress = row.progress;
       this.#jobs.set(job.id, job);
       const q = this.#queue(job.endpointId);
       if (job.status === 'IN_QUEUE') {
@@ -320,6 +329,12 @@ export class JobQueue {
       this.#repo.dropCounts(id);
       this.#deleteRows(id);
     }
+    // Stream chunks left unread by the last run (acknowledged before it stopped or crashed).
+    for (const { jobId, endpointId, maxSeq } of this.#repo.chunkedJobs()) {
+      // Chunks of a job whose row is gone: nobody can read them.
+      if (endpointId === null) this.#batch.write(() => this.#repo.dropAllChunks(jobId));
+      else if (!orphaned.has(endpointId) && this.#endpointExists(endpointId)) this.#unread.set(jobId, { endpointId, upTo: maxSeq, read: -1 });
+    }
     return { queued, running };
   }
 
@@ -329,7 +344,7 @@ export class JobQueue {
       lowPriority: row.lowPriority, executionTimeoutMs: row.executionTimeoutMs, ttlMs: row.ttlMs, retentionMs: row.retentionMs,
       attempt: row.attempt, claimSaved: row.attempt, writeSeq: 0, retries: row.retries, workerId: row.workerId,
       resultBy: row.status === 'COMPLETED' || row.status === 'FAILED' ? row.workerId : null, output: row.output, error: row.error, progress: null,
-      chunks: NO_CHUNKS, createdAt: row.createdAt, queuedAt: row.queuedAt, startedAt: row.startedAt, completedAt: row.completedAt, expiresAt: row.expiresAt,
+      streamSeq: -1, createdAt: row.createdAt, queuedAt: row.queuedAt, startedAt: row.startedAt, completedAt: row.completedAt, expiresAt: row.expiresAt,
       ttlDeadline: mono + Math.max(0, row.ttlMs - (now - row.queuedAt)), fencedFrom: null, fencedUntil: 0, leaseDeadline: 0, execDeadline: 0, waiters: NO_WAITERS,
     };
   }
@@ -346,7 +361,7 @@ export class JobQueue {
     const job: Job = {
       rowid: 0, inserted: false, id: newJobId(), endpointId: input.endpointId, status: 'IN_QUEUE', input: input.input, extra: input.extra, webhook: input.webhook,
       lowPriority: input.lowPriority, executionTimeoutMs: input.executionTimeoutMs, ttlMs: input.ttlMs, retentionMs: input.retentionMs,
-      attempt: 0, claimSaved: 0, writeSeq: 0, retries: 0, workerId: null, resultBy: null, output: null, error: null, progress: null, chunks: NO_CHUNKS, createdAt: now, queuedAt: now, startedAt: null,
+      attempt: 0, claimSaved: 0, writeSeq: 0, retries: 0, workerId: null, resultBy: null, output: null, error: null, progress: null, streamSeq: 0, createdAt: now, queuedAt: now, startedAt: null,
       completedAt: null, expiresAt: null, ttlDeadline: this.#clock.monotonic() + input.ttlMs, fencedFrom: null, fencedUntil: 0, leaseDeadline: 0, execDeadline: 0, waiters: NO_WAITERS,
     };
     this.#jobs.set(job.id, job);
@@ -527,13 +542,18 @@ export class JobQueue {
     for (let job = this.#unsavedClaims.peek(); job; job = this.#unsavedClaims.peek()) {
       if (job.status === 'IN_PROGRESS' && job.startedAt !== null && job.startedAt > due && !this.#closing) break;
       this.#unsavedClaims.shift();
-      if (job.status !== 'IN_PROGRESS' || job.claimSaved === job.attempt || job.workerId === null || job.startedAt === null) continue;
-      this.#insertDeferred(job);
-      const { id, attempt, workerId, startedAt } = job;
-      job.claimSaved = attempt;
-      job.writeSeq = this.#batch.write(() => this.#repo.claim(id, attempt, workerId, startedAt));
+      this.#writeClaim(job);
     }
     if (this.#unsavedClaims.size && !this.#closing) this.#claimTimer = setTimeout(() => this.#saveClaims(), CLAIM_SAVE_DELAY_MS).unref();
+  }
+
+  /** Writes a running job's claim now, if it is not written yet (its deferred insert first). */
+  #writeClaim(job: Job): void {
+    if (job.status !== 'IN_PROGRESS' || job.claimSaved === job.attempt || job.workerId === null || job.startedAt === null) return;
+    this.#insertDeferred(job);
+    const { id, attempt, workerId, startedAt } = job;
+    job.claimSaved = attempt;
+    job.writeSeq = this.#batch.write(() => this.#repo.claim(id, attempt, workerId, startedAt));
   }
 
   #claimUpTo(q: EndpointQueue, worker: WorkerInfo, max: number): ClaimedJob[] {
@@ -632,7 +652,13 @@ export class JobQueue {
     if (!job) return outcome as DoneOutcome;
     job.leaseDeadline = this.#clock.monotonic() + this.settings.leaseMs;
     if (body.status === 'IN_PROGRESS') {
-      job.progress = body.output === undefined ? 'null' : body.outputJson ?? JSON.stringify(body.output);
+      const progress = body.output === undefined ? 'null' : body.outputJson ?? JSON.stringify(body.output);
+      job.progress = progress;
+      // Stored in the row's output (a restart shows it again), so the row must be running: its
+      // claim goes first if it was not written yet (CLAIM_SAVE_DELAY_MS).
+      this.#writeClaim(job);
+      job.writeSeq = this.#batch.write(() => this.#repo.setProgress(jobId, progress));
+      await this.#batch.committed();
       return 'accepted';
     }
     if (body.stopPod === true) {
@@ -656,8 +682,11 @@ export class JobQueue {
     return 'accepted';
   }
 
-  /** job-stream: chunks for /stream, each at most `streamChunkBytes` (larger ones are split). */
-  stream(endpointId: string, workerId: string, jobId: string, body: { output?: unknown; outputJson?: string | undefined; metrics?: unknown }): DoneOutcome {
+  /**
+   * job-stream: chunks for /stream, each at most `streamChunkBytes` (larger ones are split),
+   * stored in SQLite (job_chunks); resolves once they are durable, so a 200 means stored.
+   */
+  async stream(endpointId: string, workerId: string, jobId: string, body: { output?: unknown; outputJson?: string | undefined; metrics?: unknown }): Promise<DoneOutcome> {
     this.workers.seen(endpointId, workerId);
     const { job, outcome } = this.#owned(endpointId, workerId, jobId);
     if (!job) return outcome as DoneOutcome;
@@ -666,32 +695,52 @@ export class JobQueue {
     const output = body.output === undefined || body.output === null ? 'null' : body.outputJson ?? JSON.stringify(body.output);
     const limit = this.settings.streamChunkBytes;
     const metricsBytes = metrics === undefined ? 0 : Buffer.byteLength(metrics);
-    /** Metrics go with a chunk only if both fit; metrics too large for that are dropped (logged), the output never. */
-    const withMetrics = (piece: StreamChunk, pieceBytes: number): StreamChunk => {
-      if (metrics === undefined) return piece;
-      if (pieceBytes + metricsBytes <= limit) return { ...piece, metrics };
+    /**
+     * The JSON text of one /stream element. Metrics go with a chunk only if both fit; metrics too
+     * large for that are dropped (logged), the output never.
+     */
+    const element = (piece: string, pieceBytes: number, withMetrics: boolean): string => {
+      if (metrics === undefined || !withMetrics) return `{"output":${piece}}`;
+      if (pieceBytes + metricsBytes <= limit) return `{"output":${piece},"metrics":${metrics}}`;
       this.#log.warn('stream chunk metrics dropped: over the chunk limit with the output', { endpointId, jobId, metricsBytes, limit });
-      return piece;
+      return `{"output":${piece}}`;
     };
+    const pieces: string[] = [];
     const outputBytes = Buffer.byteLength(output);
     // A chunk that fits, or an output other than a string that fits alone: sent as posted (a split
     // would turn it into pieces of its JSON text just to make room for metrics).
     if (outputBytes + metricsBytes <= limit || (typeof body.output !== 'string' && outputBytes <= limit)) {
-      chunksOf(job).push(withMetrics({ output }, outputBytes));
-      return 'accepted';
+      pieces.push(element(output, outputBytes, true));
+    } else {
+      // Too large for one chunk: split strings into pieces (lossless), anything else as pieces of its JSON text.
+      const text = typeof body.output === 'string' ? body.output : output;
+      const step = Math.max(2, Math.floor(limit / 8));
+      for (let i = 0; i < text.length; ) {
+        let end = Math.min(i + step, text.length);
+        // Never between the two halves of a surrogate pair (an emoji): each half alone is not text.
+        const last = text.charCodeAt(end - 1);
+        if (end < text.length && last >= 0xd800 && last <= 0xdbff) end--;
+        const piece = JSON.stringify(text.slice(i, end));
+        pieces.push(element(piece, i === 0 ? Buffer.byteLength(piece) : 0, i === 0));
+        i = end;
+      }
     }
-    // Too large for one chunk: split strings into pieces (lossless), anything else as pieces of its JSON text.
-    const text = typeof body.output === 'string' ? body.output : output;
-    const step = Math.max(2, Math.floor(limit / 8));
-    for (let i = 0; i < text.length; ) {
-      let end = Math.min(i + step, text.length);
-      // Never between the two halves of a surrogate pair (an emoji): each half alone is not text.
-      const last = text.charCodeAt(end - 1);
-      if (end < text.length && last >= 0xd800 && last <= 0xdbff) end--;
-      const piece = JSON.stringify(text.slice(i, end));
-      chunksOf(job).push(i === 0 ? withMetrics({ output: piece }, Buffer.byteLength(piece)) : { output: piece });
-      i = end;
-    }
+    // A /runsync job whose insert is still deferred gets its row first (a crash must not leave
+    // chunks of a job SQLite does not know). The next seq of a job read back from its row (after
+    // a restart) continues after the chunks stored for it.
+    this.#insertDeferred(job);
+    if (job.streamSeq < 0) job.streamSeq = this.#repo.nextChunkSeq(jobId);
+    const first = job.streamSeq;
+    job.streamSeq += pieces.length;
+    const last = job.streamSeq - 1;
+    this.#batch.write(() => {
+      for (let i = 0; i < pieces.length; i++) this.#repo.addChunk(jobId, first + i, pieces[i] as string);
+    });
+    await this.#batch.committed();
+    // Durable and about to be acknowledged: a /stream poll may hand them out from now on.
+    const unread = this.#unread.get(jobId);
+    if (!unread) this.#unread.set(jobId, { endpointId, upTo: last, read: -1 });
+    else if (last > unread.upTo) unread.upTo = last;
     return 'accepted';
   }
 
@@ -925,9 +974,8 @@ export class JobQueue {
   }
 
   /**
-   * Drops finished jobs from memory past the cap or their expiry (SQLite still has them). A job
-   * whose stream chunks nobody has read yet (they live only in memory) stays until they are read
-   * or its result expires, whichever comes first: `#unreadStreams` holds it until then.
+   * Drops finished jobs from memory past the cap or their expiry (SQLite still has them, and
+   * their unread stream chunks: a /stream poll reads those by id).
    */
   #evict(): void {
     const now = this.#clock.now();
@@ -935,18 +983,7 @@ export class JobQueue {
       const over = this.#finishedOrder.size > this.settings.finishedInMemory;
       if (!over && (j.expiresAt ?? 0) > now) break;
       this.#finishedOrder.shift();
-      if (!TERMINAL.has(j.status) || this.#jobs.get(j.id) !== j) continue;
-      if (j.chunks.length > 0 && (j.expiresAt ?? 0) > now) this.#unreadStreams.add(j);
-      else this.#jobs.delete(j.id);
-    }
-    if (this.#unreadStreams.size && now >= this.#unreadStreamsSweptAt + UNREAD_STREAM_SWEEP_MS) {
-      this.#unreadStreamsSweptAt = now;
-      for (const j of this.#unreadStreams) {
-        const current = this.#jobs.get(j.id) === j && TERMINAL.has(j.status);
-        if (current && j.chunks.length > 0 && (j.expiresAt ?? 0) > now) continue;
-        this.#unreadStreams.delete(j);
-        if (current) this.#jobs.delete(j.id);
-      }
+      if (TERMINAL.has(j.status) && this.#jobs.get(j.id) === j) this.#jobs.delete(j.id);
     }
   }
 
@@ -1107,16 +1144,31 @@ export class JobQueue {
     if (row && row.endpointId === endpointId && row.completedAt !== null) this.#batch.write(() => this.#repo.setExpiry(jobId, now + ms));
   }
 
-  /** Drains the chunks posted since the last poll. */
-  drainStream(endpointId: string, jobId: string): { status: JobStatus; stream: StreamChunk[] } | undefined {
+  /**
+   * Drains the chunks posted since the last poll: each one's JSON text (`{"output":…}`, with
+   * `metrics` when sent), in order. SQLite is read only when there are acknowledged chunks not
+   * handed out yet; they are deleted in the next commit. The reply does not wait for that
+   * delete: memory already knows they were read, and a crash before it commits only hands them
+   * out again after the restart (at least once), so a poll costs no disk wait.
+   */
+  drainStream(endpointId: string, jobId: string): { status: JobStatus; stream: string[] } | undefined {
     const snap = this.find(endpointId, jobId);
-    if (!snap) return undefined;
-    const job = this.#jobs.get(jobId);
-    let stream: StreamChunk[] = [];
-    if (job && job.chunks !== NO_CHUNKS) {
-      stream = job.chunks;
-      job.chunks = NO_CHUNKS;
+    const unread = this.#unread.get(jobId);
+    if (!snap) {
+      // Expired (its rows are gone or going): an entry left by a post acknowledged meanwhile goes too.
+      if (unread?.endpointId === endpointId) this.#unread.delete(jobId);
+      return undefined;
     }
+    if (!unread || unread.endpointId !== endpointId || unread.read >= unread.upTo) return { status: snap.status, stream: [] };
+    const upTo = unread.upTo;
+    const stream = this.#repo.chunks(jobId, unread.read, upTo);
+    unread.read = upTo;
+    this.#batch.write(() => {
+      this.#repo.dropChunks(jobId, upTo);
+      // Nothing new since: forgotten. A chunk acknowledged later starts a new entry, and every
+      // row up to `upTo` is deleted by then, so its read from -1 sees only the new ones.
+      if (this.#unread.get(jobId) === unread && unread.read >= unread.upTo) this.#unread.delete(jobId);
+    });
     return { status: snap.status, stream };
   }
 
@@ -1158,7 +1210,8 @@ export class JobQueue {
     job.output = null;
     job.error = null;
     job.progress = null;
-    job.chunks = NO_CHUNKS;
+    // A new run: the old run's unread chunks go (below, in the same write).
+    this.#unread.delete(jobId);
     job.workerId = null;
     job.resultBy = null;
     job.startedAt = null;
@@ -1177,6 +1230,7 @@ export class JobQueue {
     const retried = job;
     job.writeSeq = this.#batch.write(() => {
       this.#repo.requeue(jobId, retries, 0, queuedAt);
+      this.#repo.dropAllChunks(jobId);
       if (retried.rowid < this.#floor) this.#lowerFloor(retried.rowid);
     });
     // Queued behind newer jobs with its old rowid: out of the deque's rowid order.
@@ -1294,6 +1348,8 @@ export class JobQueue {
       job.waiters = NO_WAITERS;
       for (const w of waiters) w();
     }
+    // Their chunk rows go with the job rows (trigger).
+    for (const [id, u] of this.#unread) if (u.endpointId === endpointId) this.#unread.delete(id);
     this.workers.dropEndpoint(endpointId);
     this.#counts.delete(endpointId);
     this.#repo.dropCounts(endpointId);
@@ -1453,6 +1509,8 @@ export class JobQueue {
       this.#batch.write(() => {
         const rows = this.#repo.deleteExpired(now, EXPIRE_SLICE_ROWS);
         const gone = new Map<string, { endpointId: string; status: JobStatus; jobs: number; retries: number }>();
+        // Their unread stream chunks went with them (trigger).
+        if (this.#unread.size) for (const r of rows) this.#unread.delete(r.id);
         for (const r of rows) {
           // A deleted endpoint's rows go too, but its counts are gone already.
           if (!TERMINAL.has(r.status) || !this.#endpointExists(r.endpointId)) continue;

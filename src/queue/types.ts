@@ -4,13 +4,6 @@ export type { JobStatus } from '../store/index.js';
 
 export const TERMINAL: ReadonlySet<JobStatus> = new Set(['COMPLETED', 'FAILED', 'CANCELLED', 'TIMED_OUT']);
 
-export interface StreamChunk {
-  /** Raw JSON of the chunk's output. */
-  output: string;
-  /** Raw JSON of the chunk's metrics, if the worker sent any. */
-  metrics?: string;
-}
-
 /** A job as the queue holds it in memory. Raw JSON stays text end to end. */
 export interface Job {
   /** SQLite rowid, set when the insert runs (0 before); see the recovery floor in job-queue.ts. */
@@ -44,10 +37,16 @@ export interface Job {
   resultBy: string | null;
   output: string | null;
   error: string | null;
-  /** Latest progress update (raw JSON), shown as `output` while IN_PROGRESS. */
+  /**
+   * Latest progress update (raw JSON), shown as `output` while IN_PROGRESS; also in the row's
+   * `output` column until the final state overwrites it, so a restart shows it again.
+   */
   progress: string | null;
-  /** Chunks posted since the last /stream poll. */
-  chunks: StreamChunk[];
+  /**
+   * Seq of the next /stream chunk (the chunks themselves are in SQLite, job_chunks); -1 when
+   * not known yet (a job read back from its row): read from the table at its first chunk.
+   */
+  streamSeq: number;
   createdAt: number;
   /** When the current run was queued (wall clock): `createdAt`, or the last /retry. TTL and delayTime count from it. */
   queuedAt: number;

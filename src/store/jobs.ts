@@ -31,8 +31,11 @@ export interface JobRow {
   expiresAt: number | null;
 }
 
-/** A queued or running job as recovery reads it: no input, no result. */
-export type ActiveJobRow = Omit<JobRow, 'input'> & { input: null };
+/**
+ * A queued or running job as recovery reads it: no input, no result; `progress` is the last
+ * progress update of a running job (stored in `output` until its final state overwrites it).
+ */
+export type ActiveJobRow = Omit<JobRow, 'input'> & { input: null; progress: string | null };
 
 /** The settings key of the recovery floor (see JobsRepo.active). */
 const FLOOR_KEY = 'jobs.recovery_floor';
@@ -80,6 +83,13 @@ export class JobsRepo {
   readonly #outboxAdd: Statement;
   readonly #outboxDelete: Statement;
   readonly #outboxAll: Statement;
+  readonly #progress: Statement;
+  readonly #chunkAdd: Statement;
+  readonly #chunkNext: Statement;
+  readonly #chunksRead: Statement;
+  readonly #chunksDrop: Statement;
+  readonly #chunksDropAll: Statement;
+  readonly #chunkedJobs: Statement;
 
   constructor(db: Db) {
     this.#insert = db.prepare(`INSERT INTO jobs (id, endpoint_id, status, input, extra, webhook, low_priority, execution_timeout_ms, ttl_ms,
@@ -94,6 +104,9 @@ export class JobsRepo {
       attempt = ?, started_at = ? WHERE id = ? AND status IN ('IN_QUEUE', 'IN_PROGRESS')`);
     this.#requeue = db.prepare(`UPDATE jobs SET status = 'IN_QUEUE', worker_id = NULL, output = NULL, error = NULL, started_at = NULL,
       completed_at = NULL, expires_at = NULL, retries = ?, attempt = ?, queued_at = ? WHERE id = ?`);
+    // A running job's last progress update, in `output` until its final state overwrites it (a
+    // requeue NULLs it); never after the job left IN_PROGRESS.
+    this.#progress = db.prepare("UPDATE jobs SET output = ? WHERE id = ? AND status = 'IN_PROGRESS'");
     this.#lease = db.prepare('UPDATE jobs SET attempt = ? WHERE id = ?');
     this.#setExpiry = db.prepare('UPDATE jobs SET expires_at = ? WHERE id = ?');
     this.#setRetention = db.prepare('UPDATE jobs SET retention_ms = ? WHERE id = ?');
@@ -102,7 +115,8 @@ export class JobsRepo {
     // order from the recovery floor (no index of active jobs: the range scan finds them), as
     // arrays (a restart with a long backlog makes one object per row, not two).
     this.#active = db.prepare(`SELECT rowid, id, endpoint_id, status, extra, webhook, low_priority, execution_timeout_ms, ttl_ms,
-      retention_ms, attempt, retries, worker_id, created_at, started_at, coalesce(queued_at, created_at) FROM jobs
+      retention_ms, attempt, retries, worker_id, created_at, started_at, coalesce(queued_at, created_at),
+      CASE WHEN status = 'IN_PROGRESS' THEN output END FROM jobs
       WHERE rowid >= ? AND status IN ('IN_QUEUE', 'IN_PROGRESS')`).raw();
     // Its own statements rather than IdentityRepo's get/putSetting: a write there moves the
     // identity generation and so empties the key cache, and the floor moves every second.
@@ -114,7 +128,7 @@ export class JobsRepo {
     // At most `limit` rows a statement: results that expire together (a burst, a purge) are
     // deleted over several commits instead of one that holds the event loop.
     this.#expire = db.prepare(`DELETE FROM jobs WHERE rowid IN (SELECT rowid FROM jobs WHERE expires_at IS NOT NULL AND expires_at <= ? LIMIT ?)
-      RETURNING endpoint_id AS endpointId, status, retries`);
+      RETURNING id, endpoint_id AS endpointId, status, retries`);
     this.#counts = db.prepare('SELECT status, jobs, retries FROM job_counts WHERE endpoint_id = ?');
     this.#addCount = db.prepare(`INSERT INTO job_counts (endpoint_id, status, jobs, retries) VALUES (?, ?, ?, ?)
       ON CONFLICT (endpoint_id, status) DO UPDATE SET jobs = jobs + excluded.jobs, retries = retries + excluded.retries`);
@@ -125,6 +139,15 @@ export class JobsRepo {
     this.#outboxAdd = db.prepare('INSERT OR IGNORE INTO webhook_outbox (job_id) VALUES (?)');
     this.#outboxDelete = db.prepare('DELETE FROM webhook_outbox WHERE job_id = ?');
     this.#outboxAll = db.prepare('SELECT job_id FROM webhook_outbox').pluck();
+    // /stream chunks (migration 7): one row per chunk, read and deleted by a poll; the rest go
+    // with their job's row (trigger) or a /retry.
+    this.#chunkAdd = db.prepare('INSERT INTO job_chunks (job_id, seq, chunk) VALUES (?, ?, ?)');
+    this.#chunkNext = db.prepare('SELECT coalesce(max(seq) + 1, 0) FROM job_chunks WHERE job_id = ?').pluck();
+    this.#chunksRead = db.prepare('SELECT chunk FROM job_chunks WHERE job_id = ? AND seq > ? AND seq <= ? ORDER BY seq').pluck();
+    this.#chunksDrop = db.prepare('DELETE FROM job_chunks WHERE job_id = ? AND seq <= ?');
+    this.#chunksDropAll = db.prepare('DELETE FROM job_chunks WHERE job_id = ?');
+    this.#chunkedJobs = db.prepare(`SELECT c.job_id, (SELECT endpoint_id FROM jobs WHERE id = c.job_id), max(c.seq)
+      FROM job_chunks c GROUP BY c.job_id`).raw();
   }
 
   /** Inserts a queued job; returns its rowid. */
@@ -206,6 +229,7 @@ export class JobsRepo {
         webhook: r[5] as string | null, lowPriority: r[6] === 1, executionTimeoutMs: r[7] as number, ttlMs: r[8] as number,
         retentionMs: r[9] as number, attempt: r[10] as number, retries: r[11] as number, workerId: r[12] as string | null,
         output: null, error: null, createdAt: r[13] as number, queuedAt: r[15] as number, startedAt: r[14] as number | null, completedAt: null, expiresAt: null,
+        progress: r[16] as string | null,
       };
       (row.status === 'IN_PROGRESS' ? running : queued).push(row);
     }
@@ -233,9 +257,47 @@ export class JobsRepo {
     return this.#anyExpired.get(now) !== undefined;
   }
 
-  /** Deletes expired rows; returns them (for job_counts). */
-  deleteExpired(now: number, limit: number): { endpointId: string; status: JobStatus; retries: number }[] {
-    return this.#expire.all(now, limit) as { endpointId: string; status: JobStatus; retries: number }[];
+  /** Deletes expired rows (their stream chunks go with them: trigger); returns them (for job_counts). */
+  deleteExpired(now: number, limit: number): { id: string; endpointId: string; status: JobStatus; retries: number }[] {
+    return this.#expire.all(now, limit) as { id: string; endpointId: string; status: JobStatus; retries: number }[];
+  }
+
+  /** A running job's latest progress update (raw JSON); a no-op once the job left IN_PROGRESS. */
+  setProgress(id: string, progress: string): void {
+    this.#progress.run(progress, id);
+  }
+
+  /** Stores one /stream chunk (the JSON text of one element of `stream`). */
+  addChunk(jobId: string, seq: number, chunk: string): void {
+    this.#chunkAdd.run(jobId, seq, chunk);
+  }
+
+  /** One past the highest chunk seq stored for the job (0 when it has none). */
+  nextChunkSeq(jobId: string): number {
+    return this.#chunkNext.get(jobId) as number;
+  }
+
+  /** The job's chunks with `after < seq <= upTo`, in seq order. */
+  chunks(jobId: string, after: number, upTo: number): string[] {
+    return this.#chunksRead.all(jobId, after, upTo) as string[];
+  }
+
+  /** Deletes the job's chunks up to `upTo` (read by a poll). */
+  dropChunks(jobId: string, upTo: number): void {
+    this.#chunksDrop.run(jobId, upTo);
+  }
+
+  /** Deletes every chunk of the job (a /retry starts a new run). */
+  dropAllChunks(jobId: string): void {
+    this.#chunksDropAll.run(jobId);
+  }
+
+  /**
+   * Jobs that have stored chunks (read at start): id, endpoint (null when the job row is gone)
+   * and the highest seq.
+   */
+  chunkedJobs(): { jobId: string; endpointId: string | null; maxSeq: number }[] {
+    return (this.#chunkedJobs.all() as [string, string | null, number][]).map(([jobId, endpointId, maxSeq]) => ({ jobId, endpointId, maxSeq }));
   }
 
   /** Finished-job counts of an endpoint (job_counts), and the retries of those jobs. */

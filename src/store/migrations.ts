@@ -191,4 +191,21 @@ export const MIGRATIONS: readonly string[] = [
   `
   CREATE TABLE webhook_outbox (job_id TEXT PRIMARY KEY) WITHOUT ROWID;
   `,
+  // 7: /stream chunks not yet read, out of the heap and across restarts. `chunk` is the JSON
+  // text of one /stream element ({"output":…} or with "metrics"), already split to the chunk
+  // limit; `seq` orders a job's chunks. A /stream poll reads and deletes them; the rest go
+  // with their job's row (result expiry, endpoint deletion: both delete jobs rows) or a /retry.
+  // A trigger rather than a foreign key: jobs has none (migration 3), and the expiry sweep and
+  // endpoint deletion delete its rows in slices without knowing which jobs streamed.
+  `
+  CREATE TABLE job_chunks (
+    job_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    chunk TEXT NOT NULL,
+    PRIMARY KEY (job_id, seq)
+  ) WITHOUT ROWID;
+  CREATE TRIGGER jobs_delete_chunks AFTER DELETE ON jobs BEGIN
+    DELETE FROM job_chunks WHERE job_id = OLD.id;
+  END;
+  `,
 ];
