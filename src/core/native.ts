@@ -6,7 +6,7 @@
  * holds them already and wins over both.
  */
 import { createHash } from 'node:crypto';
-import { existsSync, mkdirSync, renameSync, statSync, writeFileSync } from 'node:fs';
+import { closeSync, existsSync, mkdirSync, openSync, readFileSync, readSync, renameSync, statSync, writeFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { homedir, tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -88,15 +88,113 @@ export function nativeDir(): string | null {
   return resolvedDir;
 }
 
+/**
+ * The bundled uWS v20.30 keeps at most 4 KB of a request's header block between two reads
+ * (HttpParser's MAX_FALLBACK_SIZE): a request line plus headers over 4 KB that arrives in more
+ * than one TCP read gets its connection closed with no reply. runpod-python's ping lists every
+ * job in progress in its query (~45 bytes a job), so a worker with ~90 jobs or more sends such
+ * requests, which a real network splits into segments. That binary reads no environment
+ * variable for the limit (it has no UWS_HTTP_MAX_HEADERS_SIZE; later uWS builds do, and they need
+ * glibc 2.38). The limit is a per-connection member that one instruction in each of the two
+ * socket-open handlers (plain and TLS) sets: `movq $0x1000, disp32(%rdi)`. Raising that
+ * immediate is all the later env-var builds do too; the buffer is a std::string that grows as
+ * needed, so a larger value needs nothing else. Only a binary whose size, sha256 and bytes at
+ * those sites are exactly the known ones is patched; anything else loads as it is.
+ */
+export const UWS_SPLIT_HEADER_LIMIT = 16384;
+interface UwsPatch {
+  bytes: number;
+  sha256: string;
+  /** File offsets of the `movq $0x1000, disp32(%rdi)` instructions (48 c7 87 disp32 imm32). */
+  sites: number[];
+}
+const UWS_PATCHES: Record<string, UwsPatch> = {
+  // @trufflesuite/uws-js-unofficial 20.30.0-unofficial.0, binaries/uws_linux_x64_115.node:
+  // HttpContext<true>::init() and HttpContext<false>::init() on-open lambdas.
+  'uws_linux_x64_115.node': {
+    bytes: 6845264,
+    sha256: 'f158fb441f7e2e37b3ab9a56782fe37f4c0d33b5cd32e96ee5c0120ce7db7ced',
+    sites: [0xe98d7, 0xf90e4],
+  },
+};
+
+/** The limit in force for a header block split across reads (4096 unless the patch applied). */
+export let uwsSplitHeaderLimit = 4096;
+/** Why the patch did not apply (null when it did). */
+export let uwsPatchSkipped: string | null = null;
+
+/** `original` with the limit raised to UWS_SPLIT_HEADER_LIMIT, or null if it is not the known binary. */
+export function patchUwsAddon(name: string, original: Buffer): Buffer | null {
+  const p = UWS_PATCHES[name];
+  if (!p || original.length !== p.bytes) return null;
+  if (createHash('sha256').update(original).digest('hex') !== p.sha256) return null;
+  const out = Buffer.from(original);
+  for (const at of p.sites) {
+    if (out[at] !== 0x48 || out[at + 1] !== 0xc7 || out[at + 2] !== 0x87 || out.readUInt32LE(at + 7) !== 4096) return null;
+    out.writeUInt32LE(UWS_SPLIT_HEADER_LIMIT, at + 7);
+  }
+  return out;
+}
+
+/** Bytes at the patch sites of a file, without reading all of it. */
+function sitesPatched(file: string, p: UwsPatch): boolean {
+  const fd = openSync(file, 'r');
+  try {
+    const b = Buffer.alloc(4);
+    return p.sites.every((at) => readSync(fd, b, 0, 4, at + 7) === 4 && b.readUInt32LE(0) === UWS_SPLIT_HEADER_LIMIT);
+  } finally {
+    closeSync(fd);
+  }
+}
+
+/**
+ * The patched copy of `file` (written once to `<cache>/flashd/uws-h16k-<hash>/`), or `file`
+ * itself when it is not a known binary or the copy cannot be written.
+ */
+function patchedUws(file: string): string {
+  const p = UWS_PATCHES[UWS_ADDON];
+  if (!p) {
+    uwsPatchSkipped = `no patch known for ${UWS_ADDON}`;
+    return file;
+  }
+  try {
+    if (statSync(file).size !== p.bytes) {
+      uwsPatchSkipped = `${file} is not the known build`;
+      return file;
+    }
+    const dir = join(cacheRoot(), `uws-h16k-${p.sha256.slice(0, 16)}`);
+    const target = join(dir, UWS_ADDON);
+    if (!(existsSync(target) && statSync(target).size === p.bytes && sitesPatched(target, p))) {
+      const patched = patchUwsAddon(UWS_ADDON, readFileSync(file));
+      if (!patched) {
+        uwsPatchSkipped = `${file} is not the known build`;
+        return file;
+      }
+      mkdirSync(dir, { recursive: true, mode: 0o700 });
+      const partial = `${target}.${process.pid}.partial`;
+      writeFileSync(partial, patched, { mode: 0o700 });
+      renameSync(partial, target);
+    }
+    uwsSplitHeaderLimit = UWS_SPLIT_HEADER_LIMIT;
+    uwsPatchSkipped = null;
+    return target;
+  } catch (err) {
+    uwsPatchSkipped = `cannot write the patched copy: ${(err as Error).message}`;
+    return file;
+  }
+}
+
 /** uWebSockets.js, always the native binary: the package's JS fallback is refused. */
 export function loadUws(): typeof import('uWebSockets.js') {
-  // Read by uWS builds that support it, before the addon initialises. The bundled v20.30 binary
-  // does not: a header block over 4 KB split across reads closes the connection (README "Errors").
-  process.env['UWS_HTTP_MAX_HEADERS_SIZE'] ??= '16384';
+  // Read by later uWS builds (not by the bundled v20.30, patched below instead), before the addon initialises.
+  process.env['UWS_HTTP_MAX_HEADERS_SIZE'] ??= String(UWS_SPLIT_HEADER_LIMIT);
   const dir = nativeDir();
-  if (dir) return loadAddon(join(dir, UWS_ADDON)) as typeof import('uWebSockets.js');
-  const pkg = require.resolve('uWebSockets.js/package.json');
-  return loadAddon(join(pkg, '..', 'binaries', UWS_ADDON)) as typeof import('uWebSockets.js');
+  const file = dir ? join(dir, UWS_ADDON) : join(require.resolve('uWebSockets.js/package.json'), '..', 'binaries', UWS_ADDON);
+  if (process.env['FLASHD_UWS_UNPATCHED'] === '1') {
+    uwsPatchSkipped = 'FLASHD_UWS_UNPATCHED=1';
+    return loadAddon(file) as typeof import('uWebSockets.js');
+  }
+  return loadAddon(patchedUws(file)) as typeof import('uWebSockets.js');
 }
 
 /**

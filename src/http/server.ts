@@ -6,7 +6,7 @@
  */
 import type { HttpRequest, HttpResponse, us_listen_socket } from 'uWebSockets.js';
 import { randomBytes } from 'node:crypto';
-import { loadUws } from '../core/native.js';
+import { loadUws, uwsPatchSkipped, uwsSplitHeaderLimit } from '../core/native.js';
 import type { Cancellation } from '../core/abort.js';
 import type { Logger } from '../core/logger.js';
 
@@ -151,6 +151,11 @@ export function createHttpServer(options: HttpServerOptions): HttpServer {
   const app = uws.App();
   let listenSocket: us_listen_socket | null = null;
   const log = options.log;
+  if (uwsPatchSkipped !== null) {
+    log.warn('request headers over 4 KB that arrive in more than one read will be refused (large worker pings included)', {
+      splitHeaderLimit: uwsSplitHeaderLimit, reason: uwsPatchSkipped,
+    });
+  }
   /** Requests received and not yet answered or aborted; close() waits for them. */
   let open = 0;
   let closing = false;
