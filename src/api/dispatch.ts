@@ -58,7 +58,6 @@ export function createDispatcher(options: DispatcherOptions): (method: string, p
     }
     const route = match.route;
     const maxBodyBytes = route.maxBodyBytes ?? options.maxBodyBytes;
-    const tooLarge = new AgentError('PAYLOAD_TOO_LARGE', `The request body is larger than the ${maxBodyBytes} bytes this route accepts.`);
     return {
       maxBodyBytes,
       ...(route.onTooLarge ? {
@@ -72,7 +71,7 @@ export function createDispatcher(options: DispatcherOptions): (method: string, p
             // Not allowed to act on it (bad key, another endpoint's worker): the 413 alone.
             if (toAgentError(err).status >= 500) log.error('too-large hook failed', { err, requestId: req.id });
           }
-          return problemReply(tooLarge, req.id);
+          return problemReply(new AgentError('PAYLOAD_TOO_LARGE', `The request body is larger than the ${maxBodyBytes} bytes this route accepts.`), req.id);
         },
       } : {}),
       handle: async (req) => {

@@ -123,20 +123,23 @@ const EMPTY_BODY = Buffer.alloc(0);
 const SMALL_BODY = 64 * 1024;
 
 /** Sends a complete body, continuing through onWritable when the socket is backed up. */
-function sendWhole(res: HttpResponse, state: { aborted: boolean; done: boolean }, body: Buffer, closeConnection: boolean): void {
+function sendWhole(res: HttpResponse, state: { aborted: boolean; done: boolean }, body: Buffer, closeConnection: boolean, sent: () => void): void {
   if (closeConnection) {
     res.end(body, true);
     state.done = true;
+    sent();
     return;
   }
   const base = res.getWriteOffset();
   const [ok, done] = res.tryEnd(body, body.length);
   state.done = done;
+  if (done) sent();
   if (done || ok) return;
   res.onWritable((offset) => {
     if (state.aborted) return true;
     const [more, finished] = res.tryEnd(body.subarray(offset - base), body.length);
     state.done = finished;
+    if (finished) sent();
     return more;
   });
 }
@@ -300,8 +303,10 @@ export function createHttpServer(options: HttpServerOptions): HttpServer {
         return;
       }
       const res = this.#res;
-      // Shutting down: no further request on this connection.
-      if (closing) closeConnection = true;
+      // Shutting down: no further request on this connection (a large body keeps it open until
+      // sent through backpressure; app.close() ends the connection after that).
+      const raw = reply.body ?? '';
+      if (closing && raw.length <= SMALL_BODY / 4) closeConnection = true;
       if (reply.stream) {
         res.cork(() => {
           writeHead(res, reply, this.id, this.echoId);
@@ -326,7 +331,7 @@ export function createHttpServer(options: HttpServerOptions): HttpServer {
         reply.stream(writer);
         return;
       }
-      const raw = reply.body ?? '';
+      let whole = false;
       res.cork(() => {
         writeHead(res, reply, this.id, this.echoId);
         if (reply.status === 204 || reply.status === 304) {
@@ -337,10 +342,12 @@ export function createHttpServer(options: HttpServerOptions): HttpServer {
           res.end(raw, closeConnection);
           this.done = true;
         } else {
-          sendWhole(res, this, Buffer.isBuffer(raw) ? raw : Buffer.from(raw), closeConnection);
+          whole = true;
+          sendWhole(res, this, Buffer.isBuffer(raw) ? raw : Buffer.from(raw), closeConnection, () => this.#settle());
         }
       });
-      this.#settle();
+      // A large body under backpressure is settled once its last byte went out (or on abort).
+      if (!whole) this.#settle();
     }
 
     /** Drops the connection (after a write that failed half way). */
@@ -479,7 +486,9 @@ export function createHttpServer(options: HttpServerOptions): HttpServer {
           const timer = setTimeout(resolve, CLOSE_GRACE_MS);
           whenIdle = () => {
             clearTimeout(timer);
-            resolve();
+            // Not from inside a uWS callback: the last reply may still sit in the socket's cork
+            // buffer, flushed when that callback returns; app.close() now would drop it.
+            setImmediate(resolve);
           };
         });
       }

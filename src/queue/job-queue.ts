@@ -357,6 +357,8 @@ export class JobQueue {
    * `persist` writes it before its id is told to anyone.
    */
   async submit(input: SubmitInput, deferInsert = false): Promise<Job> {
+    // A request whose body finished arriving after close(): nothing would wake its /runsync wait.
+    if (this.#closing) throw new AgentError('UNAVAILABLE', 'The server is shutting down; retry against its next start.');
     const now = this.#clock.now();
     const job: Job = {
       rowid: 0, inserted: false, id: newJobId(), endpointId: input.endpointId, status: 'IN_QUEUE', input: input.input, extra: input.extra, webhook: input.webhook,
@@ -479,13 +481,15 @@ export class JobQueue {
     const mono = this.#clock.monotonic();
     if (q.retry.size > 0) {
       // A requeued low-priority job still waits for the normal ones (it is first among the low).
-      const pick = (job: Job) => job.status !== 'IN_QUEUE' ||
-        ((job.fencedFrom !== worker.id || mono >= job.fencedUntil) && (!job.lowPriority || q.queued === 0));
+      const pick = (job: Job) => job.status !== 'IN_QUEUE' || (!job.lowPriority && (job.fencedFrom !== worker.id || mono >= job.fencedUntil));
       for (let job = q.retry.take(pick); job; job = q.retry.take(pick)) if (this.#admit(q, job, mono)) return job;
     }
-    for (const d of [q.normal, q.low]) {
-      for (let job = d.shift(); job; job = d.shift()) if (this.#admit(q, job, mono)) return job;
+    for (let job = q.normal.shift(); job; job = q.normal.shift()) if (this.#admit(q, job, mono)) return job;
+    if (q.retry.size > 0) {
+      const pickLow = (job: Job) => job.status !== 'IN_QUEUE' || job.fencedFrom !== worker.id || mono >= job.fencedUntil;
+      for (let job = q.retry.take(pickLow); job; job = q.retry.take(pickLow)) if (this.#admit(q, job, mono)) return job;
     }
+    for (let job = q.low.shift(); job; job = q.low.shift()) if (this.#admit(q, job, mono)) return job;
     return undefined;
   }
 
@@ -734,9 +738,12 @@ export class JobQueue {
     job.streamSeq += pieces.length;
     const last = job.streamSeq - 1;
     this.#batch.write(() => {
+      // Its rows may be gone already (endpoint deleted: a small table is deleted outside the batch).
+      if (this.#jobs.get(jobId) !== job) return;
       for (let i = 0; i < pieces.length; i++) this.#repo.addChunk(jobId, first + i, pieces[i] as string);
     });
     await this.#batch.committed();
+    if (this.#jobs.get(jobId) !== job) return 'accepted';
     // Durable and about to be acknowledged: a /stream poll may hand them out from now on.
     const unread = this.#unread.get(jobId);
     if (!unread) this.#unread.set(jobId, { endpointId, upTo: last, read: -1 });
@@ -826,7 +833,7 @@ export class JobQueue {
       };
       const check = () => {
         const { ids, nextInMs } = this.#dueStops(worker);
-        if (ids.length || worker.draining) return finish(ids);
+        if (ids.length || worker.draining || this.#closing) return finish(ids);
         if (!worker.stopWaiters.includes(check)) worker.stopWaiters.push(check);
         clearTimeout(timer);
         if (Number.isFinite(nextInMs)) timer = setTimeout(check, nextInMs);
@@ -1544,6 +1551,8 @@ export class JobQueue {
     this.#raiseFloor();
     // Waiting /runsync calls get the id and current status now (their rows are written above)
     // rather than a connection closed with no reply.
+    // Parked job-stop polls get their 204 too (else HttpServer.close sits out its grace).
+    for (const w of this.workers.all()) for (const c of [...w.stopWaiters]) c();
     for (const job of this.#jobs.values()) {
       if (job.waiters === NO_WAITERS) continue;
       const waiters = job.waiters;

@@ -131,6 +131,11 @@ export class WorkerRegistry {
     return w;
   }
 
+  /** Every worker known, of every endpoint. */
+  *all(): IterableIterator<WorkerInfo> {
+    for (const m of this.#byEndpoint.values()) yield* m.values();
+  }
+
   list(endpointId: string): WorkerInfo[] {
     return [...(this.#byEndpoint.get(endpointId)?.values() ?? [])];
   }

@@ -123,9 +123,14 @@ export class WriteBatch {
   }
 
   #markFailed(first: number, last: number): void {
-    const run = this.#failed[this.#failed.length - 1];
-    if (run && run[1] >= first - 1) run[1] = Math.max(run[1], last);
-    else this.#failed.push([first, last]);
+    // A failed sync starts at durableSeq + 1, possibly below an earlier failed commit's run:
+    // fold every run it overlaps or touches, keeping the lowest start.
+    for (let run = this.#failed[this.#failed.length - 1]; run && run[1] >= first - 1; run = this.#failed[this.#failed.length - 1]) {
+      first = Math.min(first, run[0]);
+      last = Math.max(last, run[1]);
+      this.#failed.pop();
+    }
+    this.#failed.push([first, last]);
   }
 
   /** Resolves once everything queued or committed so far is durable. */

@@ -1,0 +1,45 @@
+/**
+ * A failed fdatasync marks every batch it was the first to cover as failed, also below an
+ * earlier failed commit, so none of them is reported durable after a later good sync.
+ */
+import t from 'tap';
+import fs from 'node:fs';
+import { syncBuiltinESMExports } from 'node:module';
+import { createLogger } from '../../src/core/logger.js';
+import { WriteBatch, openDb, walPathOf } from '../../src/store/index.js';
+
+const quiet = createLogger({ level: 'error', sink: { write: () => undefined } });
+
+t.test('fdatasync failure after a commit failure: the earlier unsynced batches are never durable', async (t) => {
+  const dir = t.testdir();
+  const db = openDb({ dataDir: dir, synchronous: 'full', log: quiet });
+  db.exec('CREATE TABLE t (n INTEGER NOT NULL CHECK (n > 0))');
+  const errors: Error[] = [];
+  const batch = new WriteBatch(db, { durability: 'fsync', walPath: walPathOf(dir), onError: (e) => errors.push(e) });
+  const insert = db.prepare('INSERT INTO t (n) VALUES (?)');
+  // A: committed, not synced (no caller waits: a claim, a progress write, a stream delete...).
+  const a = batch.write(() => insert.run(1));
+  batch.flush();
+  // B: its commit fails (disk full).
+  const b = batch.write(() => insert.run(0));
+  batch.flush();
+  t.ok(batch.hasFailed(b), 'B failed');
+  // C: committed, and the sync that covers A..C fails (ENOSPC/EIO from fdatasync).
+  const real = fs.fdatasync;
+  (fs as { fdatasync: unknown }).fdatasync = (_fd: number, cb: (e: Error | null) => void) => setImmediate(() => cb(Object.assign(new Error('EIO'), { code: 'EIO' })));
+  syncBuiltinESMExports();
+  const c = batch.write(() => insert.run(3));
+  await batch.committed().catch(() => undefined);
+  (fs as { fdatasync: unknown }).fdatasync = real;
+  syncBuiltinESMExports();
+  t.equal(errors.length, 2, 'one commit and one sync failed');
+  t.ok(batch.hasFailed(c), 'C failed (its sync failed)');
+  t.ok(batch.hasFailed(a), 'A failed too: the failed sync was the first to cover it');
+  // D: a later sync succeeds and covers everything before it.
+  const d = batch.write(() => insert.run(4));
+  await batch.committed();
+  t.ok(batch.isDurable(d), 'D durable');
+  t.notOk(batch.isDurable(a), 'A is not reported durable after the later good sync');
+  batch.close();
+  db.close();
+});
