@@ -18,6 +18,17 @@ const failInserts = (a: TestAgent) =>
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 const rowOf = (a: TestAgent, id: string) => a.agent.db.prepare('SELECT status FROM jobs WHERE id = ?').get(id);
 
+/** A /runsync (wait 1 s) whose deferred insert, due 100 ms after the submit, lands in a commit that fails. */
+async function runsyncWithFailedInsert(t: Parameters<typeof startAgent>[0]) {
+  const a = await startAgent(t, { takeHoldMs: 2000 });
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  failInserts(a);
+  const reply = a.req('POST', `/v2/${ep}/runsync?wait=1000`, { body: { input: { n: 1 } } });
+  await sleep(400);
+  a.agent.db.exec('DROP TRIGGER insert_fails');
+  return { a, ep, reply };
+}
+
 t.test('a batch whose commit failed is never durable, whatever later commits cover', async (t) => {
   const dir = t.testdir();
   const log = createLogger({ level: 'error', sink: { write: () => undefined } });
@@ -47,13 +58,7 @@ t.test('a batch whose commit failed is never durable, whatever later commits cov
 });
 
 t.test('a /runsync whose deferred insert failed answers 500 and the server goes on serving', async (t) => {
-  const a = await startAgent(t, { takeHoldMs: 2000 });
-  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
-  // The insert, due 100 ms after the submit, lands in a commit that fails.
-  failInserts(a);
-  const reply = a.req('POST', `/v2/${ep}/runsync?wait=1000`, { body: { input: { n: 1 } } });
-  await sleep(400);
-  a.agent.db.exec('DROP TRIGGER insert_fails');
+  const { a, reply } = await runsyncWithFailedInsert(t);
   // When the wait ends nothing else is pending: the old loop spun in microtasks for ever here.
   const r = await reply;
   t.equal(r.status, 500, 'the id is not given out as stored');
@@ -62,12 +67,7 @@ t.test('a /runsync whose deferred insert failed answers 500 and the server goes 
 });
 
 t.test('a /runsync whose deferred insert failed is not given out once another commit succeeds', async (t) => {
-  const a = await startAgent(t, { takeHoldMs: 2000 });
-  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
-  failInserts(a);
-  const reply = a.req('POST', `/v2/${ep}/runsync?wait=1000`, { body: { input: { n: 1 } } });
-  await sleep(400);
-  a.agent.db.exec('DROP TRIGGER insert_fails');
+  const { a, ep, reply } = await runsyncWithFailedInsert(t);
   const other = await a.req('POST', `/v2/${ep}/run`, { body: { input: { other: 1 } } });
   t.equal(other.status, 200, 'an unrelated /run commits');
   t.ok(rowOf(a, other.json.id as string));

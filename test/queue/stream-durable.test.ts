@@ -27,6 +27,16 @@ const poll = async (a: TestAgent, ep: string, id: string) => (await a.req('GET',
 const outputs = async (a: TestAgent, ep: string, id: string) => (await poll(a, ep, id)).stream.map((c) => c.output);
 const chunkRows = (a: TestAgent, id: string): number => a.agent.db.prepare('SELECT count(*) FROM job_chunks WHERE job_id = ?').pluck().get(id) as number;
 
+/** An agent on `dir`, an endpoint, a worker and a job that worker is running. */
+async function runningJob(t: Test, dir: string) {
+  const a = await startAgent(t, { takeHoldMs: 300 }, { dir });
+  const ep = await endpoint(a);
+  const w = await TestWorker.create(a, ep);
+  const id = await run(a, ep);
+  t.equal((await w.take())?.id, id);
+  return { a, ep, w, id };
+}
+
 /** A copy of a running agent's data directory: what a `kill -9` at this moment leaves on disk. */
 function crashCopy(t: Test, dir: string): string {
   const copy = mkdtempSync(join(tmpdir(), 'flashd-crash-'));
@@ -37,11 +47,7 @@ function crashCopy(t: Test, dir: string): string {
 
 t.test('acknowledged chunks and progress survive a clean restart; each chunk is handed out once, in order', async (t) => {
   const dir = t.testdir();
-  const a = await startAgent(t, { takeHoldMs: 300 }, { dir });
-  const ep = await endpoint(a);
-  const w = await TestWorker.create(a, ep);
-  const id = await run(a, ep);
-  t.equal((await w.take())?.id, id);
+  const { a, ep, w, id } = await runningJob(t, dir);
   t.equal(await w.stream(id, 'a'), 200);
   t.equal(await w.stream(id, 'b'), 200);
   t.same(await outputs(a, ep, id), ['a', 'b'], 'read before the restart');
@@ -73,11 +79,7 @@ t.test('acknowledged chunks and progress survive a clean restart; each chunk is 
 
 t.test('acknowledged chunks and progress survive a crash (a copy of the data taken while flashd runs)', async (t) => {
   const dir = t.testdir();
-  const a = await startAgent(t, { takeHoldMs: 300 }, { dir });
-  const ep = await endpoint(a);
-  const w = await TestWorker.create(a, ep);
-  const id = await run(a, ep);
-  t.equal((await w.take())?.id, id);
+  const { a, ep, w, id } = await runningJob(t, dir);
   t.equal(await w.stream(id, 'a'), 200);
   t.same(await outputs(a, ep, id), ['a'], 'read before the crash');
   await a.agent.queue.durable(); // the read chunk's delete is on disk
