@@ -231,6 +231,8 @@ export class JobQueue {
   readonly #finishedOrder = new Deque<Job>();
   /** Jobs with acknowledged /stream chunks not yet read, by job id (see UnreadStream). */
   readonly #unread = new Map<string, UnreadStream>();
+  /** Webhook deliveries in flight per job (see webhookSettled). */
+  readonly #webhooksPending = new Map<string, number>();
   readonly #queues = new Map<string, EndpointQueue>();
   readonly #running = new Set<Job>();
   readonly #listeners: QueueListener[] = [];
@@ -914,6 +916,7 @@ export class JobQueue {
     // A webhook is owed from the same commit on, so a stop or a crash before it is delivered
     // does not lose it (see webhooksOwed).
     const hook = job.webhook !== null;
+    if (hook) this.#webhooksPending.set(id, (this.#webhooksPending.get(id) ?? 0) + 1);
     if (job.inserted) {
       job.writeSeq = this.#batch.write(() => {
         this.#repo.finish(id, status, output, error, now, expiresAt, workerId, attempt, startedAt);
@@ -1076,8 +1079,17 @@ export class JobQueue {
     }
   }
 
-  /** The webhook of `jobId` was delivered or gave up: it is no longer owed. */
+  /**
+   * A delivery of `jobId`'s webhook was made or gave up. The row goes with the last delivery in
+   * flight: a /retry's run may finish while the first run's delivery is still retrying.
+   */
   webhookSettled(jobId: string): void {
+    const left = (this.#webhooksPending.get(jobId) ?? 1) - 1;
+    if (left > 0) {
+      this.#webhooksPending.set(jobId, left);
+      return;
+    }
+    this.#webhooksPending.delete(jobId);
     try {
       this.#batch.write(() => this.#repo.webhookSettled(jobId));
     } catch {
@@ -1096,7 +1108,10 @@ export class JobQueue {
     for (const jobId of this.#repo.webhooksOwed()) {
       const row = this.#repo.getWithoutInput(jobId);
       const snap = row && row.webhook !== null && TERMINAL.has(row.status) ? this.find(row.endpointId, jobId) : undefined;
-      if (snap && row?.webhook) owed.push({ jobId, url: row.webhook, body: statusBody(snap, this.#clock.now()) });
+      if (snap && row?.webhook) {
+        owed.push({ jobId, url: row.webhook, body: statusBody(snap, this.#clock.now()) });
+        this.#webhooksPending.set(jobId, 1);
+      }
       else gone.push(jobId);
     }
     if (gone.length) this.#batch.write(() => { for (const id of gone) this.#repo.webhookSettled(id); });

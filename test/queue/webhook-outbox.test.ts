@@ -74,3 +74,39 @@ t.test('a webhook whose tries ran out is no longer owed', async (t) => {
   await until('settled', async () => (await a.agent.queue.durable(), owed(a.dir).length === 0));
   t.pass('three tries, then settled');
 });
+
+t.test("a retried job's webhook stays owed when the first run's delivery ends after it started", async (t) => {
+  let firstAnswered = false;
+  const server = createServer((req, res) => {
+    let body = '';
+    req.on('data', (c) => (body += c));
+    req.on('end', () => {
+      if (JSON.parse(body).status === 'FAILED') {
+        // The first run's delivery is slow; it succeeds once the retried run has finished.
+        setTimeout(() => {
+          res.end();
+          firstAnswered = true;
+        }, 800);
+      } else {
+        res.statusCode = 503; // the retried run's delivery waits for its next try
+        res.end();
+      }
+    });
+  });
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  t.teardown(() => server.close());
+  const hook = `http://127.0.0.1:${(server.address() as { port: number }).port}/hook`;
+  const a = await startAgent(t, { takeHoldMs: 500, webhookAllowPrivate: true, webhookRetryDelayMs: 60_000 });
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  const w = await TestWorker.create(a, ep);
+  const id = (await a.req('POST', `/v2/${ep}/run`, { body: { input: {}, webhook: hook } })).json.id as string;
+  await w.take();
+  await w.done(id, { error: 'first run fails' });
+  t.equal((await a.req('POST', `/v2/${ep}/retry/${id}`)).status, 200);
+  t.equal((await w.take())?.id, id);
+  t.equal((await w.done(id, { output: 'second run' })).status, 200);
+  await until('the first delivery to end', async () => firstAnswered);
+  await new Promise((resolve) => setTimeout(resolve, 100));
+  await a.agent.queue.durable();
+  t.same(owed(a.dir), [id], 'still owed: the retried run has not been delivered');
+});
