@@ -58,14 +58,15 @@ export function createDispatcher(options: DispatcherOptions): (method: string, p
     }
     const route = match.route;
     const maxBodyBytes = route.maxBodyBytes ?? options.maxBodyBytes;
+    const onTooLarge = route.onTooLarge;
     return {
       maxBodyBytes,
-      ...(route.onTooLarge ? {
+      ...(onTooLarge ? {
         tooLarge: async (req: IncomingRequest) => {
           try {
             const principal = auth.authenticate(req.headers);
             if (route.auth !== 'worker' || principal.scopes.has('worker') || principal.scopes.has('admin')) {
-              await route.onTooLarge?.({ req, params: match.params, principal }, maxBodyBytes);
+              await onTooLarge({ req, params: match.params, principal }, maxBodyBytes);
             }
           } catch (err) {
             // Not allowed to act on it (bad key, another endpoint's worker): the 413 alone.

@@ -382,12 +382,13 @@ export function createHttpServer(options: HttpServerOptions): HttpServer {
       const decision = this.decision as RouteDecision;
       // The client may still be sending: close the connection after the 413.
       const fallback = () => options.onEarlyError('payload-too-large', `The request body is larger than the ${decision.maxBodyBytes} bytes this route accepts.`, this.id);
-      if (!decision.tooLarge) {
+      const hook = decision.tooLarge;
+      if (!hook) {
         this.reply(fallback(), true);
         return;
       }
       Promise.resolve()
-        .then(() => (decision.tooLarge as (req: IncomingRequest) => Promise<OutgoingReply> | OutgoingReply)(this))
+        .then(() => hook(this))
         .then((r) => this.reply(r, true), (err: unknown) => {
           log.error('too-large handler failed', { err, requestId: this.id });
           this.reply(fallback(), true);

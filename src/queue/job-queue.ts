@@ -137,6 +137,14 @@ const ENDED_BY_FLASHD: ReadonlySet<JobStatus> = new Set(['CANCELLED', 'TIMED_OUT
 const NO_WAITERS: (() => void)[] = Object.freeze([]) as unknown as (() => void)[];
 const NOOP = (): void => undefined;
 
+/** Wakes the /runsync calls waiting on `job` (each once). */
+function wakeWaiters(job: Job): void {
+  if (job.waiters === NO_WAITERS) return;
+  const waiters = job.waiters;
+  job.waiters = NO_WAITERS;
+  for (const w of waiters) w();
+}
+
 /** An empty answer after `ms`, or at once when the client goes away first. */
 function drained<T>(cancel: Cancellation | AbortSignal, ms: number): Promise<T[]> {
   return new Promise((resolve) => {
@@ -449,9 +457,7 @@ export class JobQueue {
     }
     job.status = 'CANCELLED';
     if (this.#jobs.get(job.id) === job) this.#jobs.delete(job.id);
-    const waiters = job.waiters;
-    job.waiters = NO_WAITERS;
-    for (const w of waiters) w();
+    wakeWaiters(job);
   }
 
   /**
@@ -934,9 +940,7 @@ export class JobQueue {
     this.#count(job.endpointId, status, 1, job.retries);
     this.#batch.committed().then(
       () => {
-        const waiters = job.waiters;
-        job.waiters = NO_WAITERS;
-        for (const w of waiters) w();
+        wakeWaiters(job);
         let body: string | undefined;
         const render = () => (body ??= statusBody(job, this.#clock.now()));
         for (const l of this.#listeners) l.finished?.(job, render);
@@ -1107,12 +1111,15 @@ export class JobQueue {
     const gone: string[] = [];
     for (const jobId of this.#repo.webhooksOwed()) {
       const row = this.#repo.getWithoutInput(jobId);
-      const snap = row && row.webhook !== null && TERMINAL.has(row.status) ? this.find(row.endpointId, jobId) : undefined;
-      if (snap && row?.webhook) {
-        owed.push({ jobId, url: row.webhook, body: statusBody(snap, this.#clock.now()) });
-        this.#webhooksPending.set(jobId, 1);
+      const url = row && TERMINAL.has(row.status) ? row.webhook : null;
+      // find() leaves out a result that has expired.
+      const snap = url !== null && row ? this.find(row.endpointId, jobId) : undefined;
+      if (url === null || !snap) {
+        gone.push(jobId);
+        continue;
       }
-      else gone.push(jobId);
+      owed.push({ jobId, url, body: statusBody(snap, this.#clock.now()) });
+      this.#webhooksPending.set(jobId, 1);
     }
     if (gone.length) this.#batch.write(() => { for (const id of gone) this.#repo.webhookSettled(id); });
     return owed;
@@ -1366,9 +1373,7 @@ export class JobQueue {
       this.#running.delete(job);
       this.#outOfOrder.delete(job);
       this.#jobs.delete(id);
-      const waiters = job.waiters;
-      job.waiters = NO_WAITERS;
-      for (const w of waiters) w();
+      wakeWaiters(job);
     }
     // Their chunk rows go with the job rows (trigger).
     for (const [id, u] of this.#unread) if (u.endpointId === endpointId) this.#unread.delete(id);
@@ -1568,11 +1573,6 @@ export class JobQueue {
     // rather than a connection closed with no reply.
     // Parked job-stop polls get their 204 too (else HttpServer.close sits out its grace).
     for (const w of this.workers.all()) for (const c of [...w.stopWaiters]) c();
-    for (const job of this.#jobs.values()) {
-      if (job.waiters === NO_WAITERS) continue;
-      const waiters = job.waiters;
-      job.waiters = NO_WAITERS;
-      for (const w of waiters) w();
-    }
+    for (const job of this.#jobs.values()) wakeWaiters(job);
   }
 }

@@ -304,7 +304,19 @@ export class Autoscaler {
     m.stopping = true;
     this.#o.log.info('worker stopping', { endpointId: m.endpointId, workerId, reason: why });
     this.#o.queue.stopping(m.endpointId, workerId);
-    await this.#o.runtime.stop(workerId, this.#o.stopGraceMs ?? 10_000, keep ? {} : { keep: false });
+    await this.#o.runtime.stop(workerId, this.#graceMs, keep ? {} : { keep: false });
+  }
+
+  get #graceMs(): number {
+    return this.#o.stopGraceMs ?? 10_000;
+  }
+
+  /**
+   * Stops a worker and never keeps it (its endpoint deleted, shutdown). One already being
+   * stopped (a scale-down, which may keep it) is told again, so it is not kept.
+   */
+  #stopForGood(workerId: string, m: Managed, why: string): Promise<void> | undefined {
+    return m.stopping ? this.#o.runtime?.stop(workerId, this.#graceMs, { keep: false }) : this.#stop(workerId, why, false);
   }
 
   /**
@@ -324,10 +336,7 @@ export class Autoscaler {
   /** The endpoint is being deleted: stop its workers now. */
   async dropEndpoint(endpointId: string): Promise<void> {
     const ours = [...this.#managed].filter(([, m]) => m.endpointId === endpointId);
-    // One already being stopped (scale-down) is told too: nothing of a deleted endpoint is kept.
-    await Promise.all(ours.map(([id, m]) => (m.stopping
-      ? this.#o.runtime?.stop(id, this.#o.stopGraceMs ?? 10_000, { keep: false })
-      : this.#stop(id, 'endpoint deleted', false))));
+    await Promise.all(ours.map(([id, m]) => this.#stopForGood(id, m, 'endpoint deleted')));
     await this.#o.runtime?.discardEndpoint?.(endpointId);
     for (const [id, k] of this.#kept) if (k.endpointId === endpointId) this.#discard(id);
   }
@@ -343,12 +352,10 @@ export class Autoscaler {
     this.#shuttingDown = true;
     if (this.#timer) clearInterval(this.#timer);
     if (!this.#o.runtime || this.#managed.size === 0) return;
-    const graceMs = this.#o.stopGraceMs ?? 10_000;
+    const graceMs = this.#graceMs;
     this.#o.log.info('stopping workers', { count: this.#managed.size, graceMs });
     // Workers already stopping (scale-down) are waited for by the runtime's own stop.
-    const stopped = Promise.all([...this.#managed].map(([id, m]) => (m.stopping
-      ? this.#o.runtime?.stop(id, graceMs, { keep: false })
-      : this.#stop(id, 'flashd is stopping', false))));
+    const stopped = Promise.all([...this.#managed].map(([id, m]) => this.#stopForGood(id, m, 'flashd is stopping')));
     // A runtime that cannot confirm the exits (an engine gone away) must not hold the shutdown:
     // close() then ends what is left.
     let timer: NodeJS.Timeout | undefined;
