@@ -221,7 +221,7 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
     });
     const http: HttpServer = createHttpServer({
       host: config.host, port: config.port, log: log.child({ component: 'http' }),
-      resolve: api.resolve, onEarlyError: api.earlyError,
+      resolve: api.resolve, onEarlyError: api.earlyError, pollSpinUs: config.pollSpinUs,
     });
     port = (await http.listen()).port;
     closers.push(async () => {

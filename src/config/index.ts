@@ -27,6 +27,7 @@ export interface FlashdConfig {
   readonly workerUrl: string | null;
   readonly leaseMs: number;
   readonly takeHoldMs: number;
+  readonly pollSpinUs: number;
   readonly maxAttempts: number;
   readonly workerStopGraceMs: number;
   readonly workerInitTimeoutMs: number;

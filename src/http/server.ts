@@ -7,6 +7,7 @@
 import type { HttpRequest, HttpResponse, us_listen_socket } from 'uWebSockets.js';
 import { randomBytes } from 'node:crypto';
 import { loadUws, uwsPatchSkipped, uwsSplitHeaderLimit } from '../core/native.js';
+import { LoopSpinner } from '../core/loop-spin.js';
 import type { Cancellation } from '../core/abort.js';
 import type { Logger } from '../core/logger.js';
 
@@ -63,6 +64,8 @@ export interface HttpServerOptions {
   resolve(method: string, path: string, headers: Readonly<Record<string, string>>): RouteDecision;
   /** Turns a payload-too-large or internal failure into a reply (problem+json lives in api/). */
   onEarlyError(kind: 'payload-too-large' | 'internal' | 'unavailable', detail: string, requestId: string): OutgoingReply;
+  /** Longest adaptive polling window before the loop sleeps, µs (core/loop-spin.ts); 0 turns it off. */
+  pollSpinUs?: number;
 }
 
 const STATUS_TEXT: Record<number, string> = {
@@ -191,9 +194,11 @@ export function createHttpServer(options: HttpServerOptions): HttpServer {
       }
     }
   };
+  const spinner = new LoopSpinner(options.pollSpinUs ?? 0);
   const enter = (ex: Exchange): void => {
     if (corked === null) setImmediate(turnEnd);
     corked = ex;
+    spinner.activity();
   };
 
   /**
