@@ -19,7 +19,7 @@ import { ContainerRuntime, ProcessRuntime, findEngineSocket, reapOrphanProcessWo
 import { Autoscaler, LogHub, unreservedCpu } from './scheduler/index.js';
 import { ResourceLedger, createLedgerPlacement, probeHost, workerRequirement } from './gpu/index.js';
 import type { EndpointSpec } from './endpoints/index.js';
-import { IdentityRepo, JobsRepo, LogsRepo, WriteBatch, openDb, walPathOf, type Db } from './store/index.js';
+import { IdentityRepo, JobsRepo, LogsRepo, WriteBatch, lockDataDir, openDb, walPathOf, type Db } from './store/index.js';
 
 export const VERSION: string = pkg.version;
 
@@ -83,8 +83,17 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
   const dataDir = resolve(config.dataDir);
   mkdirSync(dataDir, { recursive: true, mode: 0o700 });
 
-  const db = openDb({ dataDir, synchronous: config.sqliteSynchronous, log: log.child({ component: 'store' }) });
-  const closers: (() => Promise<void> | void)[] = [() => {
+  // First: nothing below (migrations, recovery, reaping a crashed run's workers) may run while
+  // another flashd serves this data directory.
+  const lock = lockDataDir(dataDir);
+  let db: Db;
+  try {
+    db = openDb({ dataDir, synchronous: config.sqliteSynchronous, log: log.child({ component: 'store' }) });
+  } catch (err) {
+    lock.release();
+    throw err;
+  }
+  const closers: (() => Promise<void> | void)[] = [() => lock.release(), () => {
     db.close();
   }];
   try {

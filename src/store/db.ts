@@ -1,4 +1,4 @@
-import { chmodSync, mkdirSync } from 'node:fs';
+import { chmodSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import Database from 'better-sqlite3';
 import type { Logger } from '../core/logger.js';
@@ -22,6 +22,57 @@ export interface OpenDbOptions {
 /** The WAL file of the database `openDb` opens in `dataDir`. */
 export function walPathOf(dataDir: string): string {
   return join(dataDir, 'flashd.db-wal');
+}
+
+/** The lock `lockDataDir` holds: one flashd per data directory. */
+export interface DataDirLock {
+  release(): void;
+}
+
+/**
+ * Takes the data directory for this process, or throws when another flashd holds it. Before
+ * this, a second flashd started on a live data dir (a typo in a port, a unit started twice)
+ * ran its crash recovery against the first one: it killed that one's process workers, revoked
+ * their keys and requeued their running jobs, and with another port it then served the same
+ * database alongside it.
+ *
+ * The lock is an exclusive SQLite transaction held open on `<dataDir>/flashd.lock` (a POSIX
+ * record lock underneath): the kernel drops it when the process dies, even on kill -9, so there
+ * is no stale lock to clean up, and SQLite makes it exclusive within one process too. The
+ * holder's pid goes to `flashd.pid` for the message a second start prints.
+ */
+export function lockDataDir(dataDir: string): DataDirLock {
+  mkdirSync(dataDir, { recursive: true, mode: 0o700 });
+  const nativeBinding = sqliteNativeBinding();
+  const umask = process.umask(0o077);
+  let lock: Db;
+  try {
+    lock = new Database(join(dataDir, 'flashd.lock'), nativeBinding ? ({ nativeBinding } as unknown as Database.Options) : {});
+  } finally {
+    process.umask(umask);
+  }
+  const pidFile = join(dataDir, 'flashd.pid');
+  try {
+    lock.pragma('busy_timeout = 0');
+    lock.exec('BEGIN EXCLUSIVE');
+  } catch (err) {
+    lock.close();
+    if ((err as { code?: string }).code !== 'SQLITE_BUSY') throw err;
+    let holder = '';
+    try {
+      const pid = readFileSync(pidFile, 'utf8').trim();
+      if (/^\d+$/.test(pid)) holder = ` (pid ${pid})`;
+    } catch {
+      // No pid file (yet): the holder is starting.
+    }
+    throw new Error(`data directory ${dataDir} is in use by another flashd${holder}; stop it first, or give this one another --data-dir`);
+  }
+  writeFileSync(pidFile, `${process.pid}\n`, { mode: 0o600 });
+  return {
+    release: () => {
+      if (lock.open) lock.close();
+    },
+  };
 }
 
 /** Opens `<dataDir>/flashd.db` in WAL mode and applies pending migrations. */

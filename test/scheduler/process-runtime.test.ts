@@ -6,7 +6,7 @@ import t from 'tap';
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { startAgent, cpuBody, ADMIN_KEY, type TestAgent } from '../helpers/agent.js';
-import { REPO_ROOT, cleanEnv, startFlashd } from '../helpers/spawn-flashd.js';
+import { REPO_ROOT, cleanEnv, run, startFlashd } from '../helpers/spawn-flashd.js';
 import { until } from '../helpers/wait.js';
 
 const health = async (a: TestAgent, ep: string) => (await a.req('GET', `/v2/${ep}/health`)).json;
@@ -225,6 +225,51 @@ t.test('after a kill -9 of flashd, the next start stops its orphaned workers, re
   const live = b.agent.db.prepare("SELECT count(*) AS n FROM api_keys WHERE name LIKE 'managed worker %' AND revoked_at IS NULL").get() as { n: number };
   t.equal(live.n, 0, "the previous run's worker keys are revoked");
   t.ok(b.logs.some((l) => l.includes('workers of the previous run released')), 'the start says so');
+});
+
+t.test('a second flashd on a live data directory is refused before it touches anything; kill -9 frees the directory', async (t) => {
+  const dir = t.testdir();
+  const flashd = await startFlashd(t, process.execPath, [
+    'dist/flashd.mjs', '--port', '0', '--data-dir', dir, '--runtime', 'process', '--process-workdir', REPO_ROOT, '--lease-ms', '30000',
+  ], cleanEnv({ FLASHD_ADMIN_API_KEY: ADMIN_KEY }));
+  const call = async (method: string, path: string, body?: unknown) => {
+    const r = await fetch(flashd.url + path, {
+      method, headers: { authorization: `Bearer ${ADMIN_KEY}`, 'content-type': 'application/json' }, ...(body ? { body: JSON.stringify(body) } : {}),
+    });
+    return r.json() as Promise<any>;
+  };
+  const ep = (await call('POST', '/v2/serverless', cpuBody({ args: 'python3 -u test/fixtures/workers/echo.py', workers: { min: 0, max: 1, idleTimeout: 30 } }))).id as string;
+  const id = (await call('POST', `/v2/${ep}/run`, { input: { sleep: 60 } })).id as string;
+  await until('the job to start', async () => (await call('GET', `/v2/${ep}/status/${id}`)).status === 'IN_PROGRESS', 20_000);
+  await new Promise((r) => setTimeout(r, 300));
+  const pids = readFileSync(join(dir, 'process-workers.pids'), 'utf8').split('\n').filter(Boolean).map(Number);
+  t.equal(pids.length, 1);
+  t.teardown(() => {
+    for (const pid of pids) {
+      try {
+        process.kill(-pid, 'SIGKILL');
+      } catch {
+        // gone
+      }
+    }
+  });
+
+  // Another port, the same data dir: before the lock this one reaped the live worker and requeued its job.
+  const second = run(process.execPath, ['dist/flashd.mjs', '--port', '0', '--data-dir', dir, '--runtime', 'process'], cleanEnv({ FLASHD_ADMIN_API_KEY: ADMIN_KEY }));
+  t.equal(second.status, 1, second.stderr);
+  t.match(second.stderr, new RegExp(`data directory \\S+ is in use by another flashd \\(pid ${flashd.child.pid}\\)`));
+  t.notMatch(second.stderr, /orphaned|released|listening/, 'it did nothing else');
+  await t.rejects(startAgent(t, { runtime: 'none' }, { dir }), /in use by another flashd/, 'in-process too');
+  process.kill(pids[0] as number, 0);
+  t.pass('the live worker was left alone');
+  const s = await call('GET', `/v2/${ep}/status/${id}`);
+  t.equal(s.status, 'IN_PROGRESS', 'its job was not requeued');
+  t.notOk(s.retries, 'and no attempt was charged');
+  t.equal((await call('GET', `/v2/${ep}/health`)).workers.running, 1);
+
+  await flashd.stop('SIGKILL');
+  const b = await startAgent(t, { runtime: 'none', leaseMs: 30_000 }, { dir });
+  t.equal((await b.req('GET', `/v2/${ep}/status/${id}`)).json.status, 'IN_QUEUE', 'after kill -9 the next start takes the directory and recovers');
 });
 
 t.test('process workers reserve no vCPUs: a flavor larger than the host still runs, beside others', async (t) => {
