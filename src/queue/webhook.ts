@@ -133,8 +133,12 @@ export class WebhookSender {
         {
           protocol: url.protocol, hostname: host, port: url.port || undefined, path: url.pathname + url.search, method: 'POST',
           headers: { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body), 'user-agent': 'flashd-webhook' },
-          // Pin the connection to the address that was checked (no DNS rebinding).
-          lookup: (_h, _o, cb) => (cb as (e: null, a: string, f: number) => void)(null, address, family),
+          // Pin the connection to the address that was checked (no DNS rebinding). Node's HTTP
+          // client asks for every address ({ all: true }, for happy eyeballs) and then wants a list.
+          lookup: (_h, o, cb) => {
+            if ((o as { all?: boolean }).all) (cb as (e: null, a: { address: string; family: number }[]) => void)(null, [{ address, family }]);
+            else (cb as (e: null, a: string, f: number) => void)(null, address, family);
+          },
           timeout: this.#o.timeoutMs,
         },
         (res) => {

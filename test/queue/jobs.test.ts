@@ -349,12 +349,33 @@ t.test('webhook receives the final status body', async (t) => {
   t.equal(received.length, 1);
   t.match(received[0], { id, status: 'COMPLETED', output: { fine: true } });
 
+  // A host name: Node's HTTP client asks the pinned lookup for every address ({ all: true }).
+  const named = createServer((req, res) => {
+    let body = '';
+    req.on('data', (c) => (body += c));
+    req.on('end', () => {
+      received.push(JSON.parse(body));
+      res.end('ok');
+    });
+  });
+  // 'localhost' binds the address a lookup of it gives first, the one flashd connects to.
+  await new Promise<void>((r) => named.listen(0, 'localhost', r));
+  t.teardown(() => named.close());
+  const namedPort = (named.address() as { port: number }).port;
+  const idNamed = (await run(a, ep, { input: { h: 2 }, webhook: `http://localhost:${namedPort}/byname` })).json.id;
+  await w.take();
+  await w.done(idNamed, { output: { named: true } });
+  for (let i = 0; i < 100 && received.length === 1; i++) await new Promise((r) => setTimeout(r, 20));
+  t.equal(received.length, 2, `delivered to a host name: ${a.logs.filter((l) => l.includes('webhook')).join(' | ')}`);
+  t.match(received[1], { id: idNamed, status: 'COMPLETED', output: { named: true } });
+  received.length = 1;
+
   const strict = await startAgent(t, { takeHoldMs: 1000, webhookRetryDelayMs: 0 });
   const ep2 = await endpoint(strict);
   const w2 = await TestWorker.create(strict, ep2);
   // The same loopback listener, spelled as IPv4 and as IPv4 inside IPv6 (the URL parser writes
   // [::ffff:127.0.0.1] as [::ffff:7f00:1]); a dual-stack connect to either reaches it.
-  const hosts = ['127.0.0.1', '[::ffff:127.0.0.1]', '[::ffff:7f00:1]', '[0:0:0:0:0:ffff:7f00:1]', '[::1]'];
+  const hosts = ['127.0.0.1', '[::ffff:127.0.0.1]', '[::ffff:7f00:1]', '[0:0:0:0:0:ffff:7f00:1]', '[::1]', 'localhost'];
   for (const host of hosts) {
     const id2 = (await run(strict, ep2, { input: {}, webhook: `http://${host}:${port}/hook` })).json.id;
     await w2.take();
