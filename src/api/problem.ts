@@ -1,7 +1,7 @@
 /**
  * Every non-2xx response leaves through here as RFC 9457 `application/problem+json`:
  * `type` (a stable URI per code), `title`, `status`, `detail`, `instance` (the request id),
- * plus `code` and, for validation, `errors[]`. Unknown failures become a generic 500; the
+ * plus `code` and `errors[]` (the individual failures of a validation error; empty otherwise). Unknown failures become a generic 500; the
  * stack goes to the log only, never into a body.
  */
 import { AgentError, ERROR_CODES, type ErrorCode } from '../core/errors.js';
@@ -24,7 +24,9 @@ export function problemReply(err: AgentError, requestId: string, extraHeaders: R
     instance: requestId,
     code: err.code,
   };
-  if (err.errors?.length) body['errors'] = err.errors;
+  // Always present, so a client reads one shape: the individual failures of a validation error,
+  // empty for every other problem (its detail says it all).
+  body['errors'] = err.errors ?? [];
   if (err.extensions) Object.assign(body, err.extensions);
   return {
     status: err.status,

@@ -199,9 +199,10 @@ export function workerRoutes(s: WorkerRouteServices): RouteDef[] {
         const ep = s.endpoints.get(principal.ownerId, params['endpointId'] as string);
         const sinceRaw = req.query.get('since');
         const limitRaw = req.query.get('limit');
-        if ((sinceRaw !== null && !/^\d+$/.test(sinceRaw)) || (limitRaw !== null && (!/^\d+$/.test(limitRaw) || Number(limitRaw) < 1 || Number(limitRaw) > 10_000))) {
-          throw new AgentError('VALIDATION_FAILED', '?since must be a non-negative integer and ?limit an integer from 1 to 10000.');
-        }
+        const errors: string[] = [];
+        if (sinceRaw !== null && !/^\d+$/.test(sinceRaw)) errors.push('?since: must be a non-negative integer');
+        if (limitRaw !== null && (!/^\d+$/.test(limitRaw) || Number(limitRaw) < 1 || Number(limitRaw) > 10_000)) errors.push('?limit: must be an integer from 1 to 10000');
+        if (errors.length) throw new AgentError('VALIDATION_FAILED', '?since must be a non-negative integer and ?limit an integer from 1 to 10000.', { errors });
         const limit = limitRaw === null ? 500 : Number(limitRaw);
         const since = sinceRaw === null ? undefined : Number(sinceRaw);
         const lines = s.logs.read(ep.id, since, limit);

@@ -12,6 +12,8 @@ t.test('endpoint logs: tail, since, follow, and gone with the endpoint', async (
   const since = (await a.req('GET', `/v2/serverless/${ep}/logs?since=${tail[0].seq}`)).json;
   t.same(since.map((l: { line: string }) => l.line), ['line 4']);
   assertProblem(t, await a.req('GET', `/v2/serverless/${ep}/logs?limit=0`), 400);
+  const both = await a.req('GET', `/v2/serverless/${ep}/logs?limit=abc&since=-1`);
+  t.same(both.json.errors, ['?since: must be a non-negative integer', '?limit: must be an integer from 1 to 10000'], 'each bad parameter named');
 
   const res = await fetch(`${a.url}/v2/serverless/${ep}/logs?follow=true&limit=1`, { headers: { authorization: `Bearer ${ADMIN_KEY}` } });
   t.equal(res.status, 200);

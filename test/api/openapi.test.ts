@@ -118,7 +118,7 @@ t.test('the documented shapes carry the spec rules', async (t) => {
   t.equal(s.CpuItem.properties.vcpuCount.minimum, 2);
   t.equal(s.MountsInput.properties.global.maxItems, 1);
   t.equal(s.EndpointCreate.properties.networkVolumes.deprecated, true, 'networkVolumes is deprecated');
-  t.same(s.Problem.required, ['type', 'title', 'status', 'detail']);
+  t.same(s.Problem.required, ['type', 'title', 'status', 'detail', 'errors']);
   t.equal(s.RegistryCredentialCreate.properties.password.writeOnly, true);
   t.notOk('password' in s.RegistryCredential.properties, 'the credential view has no password');
   t.notOk('key' in s.ApiKey.properties, 'a listed key has no secret');

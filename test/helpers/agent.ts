@@ -75,6 +75,8 @@ export function assertProblem(t: Test, r: Reply, status: number, message?: strin
   t.equal(r.json?.status, status, 'body.status');
   t.type(r.json?.title, 'string', 'body.title');
   t.type(r.json?.detail, 'string', 'body.detail');
+  const errors: unknown = r.json?.errors;
+  t.ok(Array.isArray(errors) && errors.every((e) => typeof e === 'string'), `body.errors is a list of strings: ${JSON.stringify(errors)}`);
   t.notMatch(r.text, /\n\s+at /, 'no stack trace in the body');
 }
 
