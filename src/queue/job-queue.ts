@@ -492,12 +492,12 @@ export class JobQueue {
       const pick = (job: Job) => job.status !== 'IN_QUEUE' || (!job.lowPriority && (job.fencedFrom !== worker.id || mono >= job.fencedUntil));
       for (let job = q.retry.take(pick); job; job = q.retry.take(pick)) if (this.#admit(q, job, mono)) return job;
     }
-    for (let job = q.normal.shift(); job; job = q.normal.shift()) if (this.#admit(q, job, mono)) return job;
-    if (q.retry.size > 0) {
-      const pickLow = (job: Job) => job.status !== 'IN_QUEUE' || job.fencedFrom !== worker.id || mono >= job.fencedUntil;
-      for (let job = q.retry.take(pickLow); job; job = q.retry.take(pickLow)) if (this.#admit(q, job, mono)) return job;
-    }
-    for (let job = q.low.shift(); job; job = q.low.shift()) if (this.#admit(q, job, mono)) return job;
+    // A /retry of a job its last worker may still be running is fenced too, in the normal or low
+    // deque: take() looks at the head first, so the usual case stays a shift.
+    const free = (job: Job) => job.status !== 'IN_QUEUE' || job.fencedFrom !== worker.id || mono >= job.fencedUntil;
+    for (let job = q.normal.take(free); job; job = q.normal.take(free)) if (this.#admit(q, job, mono)) return job;
+    if (q.retry.size > 0) for (let job = q.retry.take(free); job; job = q.retry.take(free)) if (this.#admit(q, job, mono)) return job;
+    for (let job = q.low.take(free); job; job = q.low.take(free)) if (this.#admit(q, job, mono)) return job;
     return undefined;
   }
 
@@ -1253,6 +1253,18 @@ export class JobQueue {
     job.claimSaved = 0;
     job.fencedFrom = null;
     job.fencedUntil = 0;
+    // The worker that ran the ended attempt may still be running it (a timeout, or a lost lease,
+    // ends a job on flashd's side; the stop is pending until its pings drop the job). A result
+    // post carries no attempt number, so were the new run handed to that worker, its late result
+    // of the old run would complete the new one: the new run is fenced from it, like a lapsed lease.
+    // (A worker that posted the old run's result itself is done with it, whatever its pings say.)
+    const holder = finished?.workerId ?? snap.workerId;
+    const prev = holder && finished?.resultBy !== holder ? this.workers.get(endpointId, holder) : undefined;
+    if (prev?.stops.has(jobId)) {
+      job.fencedFrom = prev.id;
+      job.fencedUntil = this.#clock.monotonic() + this.settings.leaseMs;
+      prev.fenced.add(jobId);
+    }
     job.queuedAt = this.#clock.now();
     (job as { ttlDeadline: number }).ttlDeadline = this.#clock.monotonic() + job.ttlMs;
     const { retries, queuedAt } = job;
@@ -1488,8 +1500,9 @@ export class JobQueue {
       }
     }
     for (const q of this.#queues.values()) {
-      // A fence that ran out lets a parked worker take the job it was fenced from.
-      if (q.retry.size > 0 && q.takers.length > 0) this.#dispatch(q);
+      // A fence that ran out lets a parked worker take the job it was fenced from (workers park
+      // while jobs are queued only when those jobs are fenced from them).
+      if (q.takers.length > 0 && q.queued + q.lowQueued > 0) this.#dispatch(q);
       // Jobs ended while queued (cancelled, expired) stay on their deque until a take passes
       // them; with no worker taking, they would hold their memory past their retention.
       const ended = q.retry.size + q.normal.size + q.low.size - (q.queued + q.lowQueued);

@@ -452,3 +452,43 @@ t.test('a worker still running a job that timed out counts as running, not idle,
   t.equal(await w.ping([]), 200, 'the handler ended');
   t.match((await a.req('GET', `/v2/${ep}/health`)).json.workers, { idle: 1, running: 0 });
 });
+
+t.test('a /retry of a job its worker may still be running is fenced from that worker: a late result of the old run cannot complete the new one', async (t) => {
+  const { a, ep, step, worker } = await setup(t);
+  const w = await worker();
+  const timedOut = async (n: string) => {
+    const id = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { n }, policy: { executionTimeout: 5000 } } })).json.id as string;
+    t.equal((await w.take(true))?.id, id);
+    t.equal(await w.ping([id]), 200);
+    step(2500);
+    t.equal(await w.ping([id]), 200);
+    step(2600); // past executionTimeout: TIMED_OUT, and w is asked to stop it
+    t.equal((await status(a, ep, id)).status, 'TIMED_OUT');
+    t.equal((await a.req('POST', `/v2/${ep}/retry/${id}`)).json.status, 'IN_QUEUE');
+    return id;
+  };
+
+  // w still runs the old run (it ignores job-stop, as runpod-python 1.7 does).
+  const j = await timedOut('J');
+  t.equal(await w.take(true), null, 'the new run is not handed to the worker still running the old one');
+  const late = await w.done(j, { output: 'late result of the old run' });
+  t.not(late.status, 200, `the late result is refused: ${late.status}`);
+  t.equal((await status(a, ep, j)).status, 'IN_QUEUE', 'and discarded');
+  const other = await worker();
+  t.equal((await other.take())?.id, j, 'another worker takes the new run');
+  t.equal((await other.done(j, { output: 'new run' })).status, 200);
+  t.match(await status(a, ep, j), { status: 'COMPLETED', output: 'new run' });
+
+  // Once w's pings no longer list the job, it let go: the fence lifts.
+  const k = await timedOut('K');
+  t.equal(await w.ping([]), 200);
+  t.equal((await w.take(true))?.id, k, 'the worker that let go may run the new run');
+  t.equal((await w.done(k, { output: 'k' })).status, 200);
+
+  // A worker that never says: the fence runs out after a lease, and a parked take is woken.
+  const l = await timedOut('L');
+  const parked = w.take(true);
+  await until('the take to park', async () => (a.agent.queue.workers.get(ep, w.workerId)?.parked ?? 0) > 0, 250);
+  step(3100);
+  t.equal((await parked)?.id, l, 'after the fence ran out the reaper hands it over');
+});
