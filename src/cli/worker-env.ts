@@ -35,6 +35,34 @@ function isLoopback(raw: string): boolean {
 
 const shellQuote = (v: string) => `'${v.replace(/'/g, `'\\''`)}'`;
 
+/**
+ * How long to wait for the whole answer: a server that accepts the connection and never
+ * answers would otherwise hang the command for ever. FLASHD_WORKER_ENV_TIMEOUT_MS replaces it
+ * for tests only (not in the usage text), so they need not wait 10 s.
+ */
+const DEFAULT_TIMEOUT_MS = 10_000;
+
+function timeoutOf(env: NodeJS.ProcessEnv): number {
+  const ms = Number(env['FLASHD_WORKER_ENV_TIMEOUT_MS']);
+  return Number.isInteger(ms) && ms > 0 ? ms : DEFAULT_TIMEOUT_MS;
+}
+
+/** The answer's shape, checked: a 200 from something other than flashd must not print garbage. */
+function workerEnvBody(text: string): { workerId: string; env: Record<string, string> } | string {
+  let body: unknown;
+  try {
+    body = JSON.parse(text);
+  } catch {
+    return `not JSON: ${JSON.stringify(text.length > 60 ? `${text.slice(0, 60)}…` : text)}`;
+  }
+  const b = body as { workerId?: unknown; env?: unknown } | null;
+  const env = b?.env;
+  if (typeof b?.workerId !== 'string' || typeof env !== 'object' || env === null || Array.isArray(env) || !Object.values(env).every((v) => typeof v === 'string')) {
+    return 'no workerId and env in its JSON';
+  }
+  return { workerId: b.workerId, env: env as Record<string, string> };
+}
+
 export async function workerEnvCommand(args: string[], env: NodeJS.ProcessEnv): Promise<number> {
   const opts: Record<string, string> = {};
   const positional: string[] = [];
@@ -73,14 +101,20 @@ export async function workerEnvCommand(args: string[], env: NodeJS.ProcessEnv): 
     }
   }
   const query = opts['gpu'] ? `?gpu=${encodeURIComponent(opts['gpu'])}` : '';
+  const timeoutMs = timeoutOf(env);
   let res: Response;
+  let text: string;
   try {
-    res = await fetch(`${url}/v2/serverless/${encodeURIComponent(endpointId as string)}/worker-env${query}`, { headers: { authorization: `Bearer ${key}` } });
+    // The signal bounds the body too: a server may send its headers and then stall.
+    res = await fetch(`${url}/v2/serverless/${encodeURIComponent(endpointId as string)}/worker-env${query}`, { headers: { authorization: `Bearer ${key}` }, signal: AbortSignal.timeout(timeoutMs) });
+    text = await res.text();
   } catch (err) {
-    process.stderr.write(`flashd worker-env: cannot reach flashd at ${url}: ${(err as Error).message}\n`);
+    const e = err as Error;
+    process.stderr.write(e.name === 'TimeoutError'
+      ? `flashd worker-env: no answer from ${url} within ${timeoutMs / 1000} s\n`
+      : `flashd worker-env: cannot reach flashd at ${url}: ${e.message}\n`);
     return 1;
   }
-  const text = await res.text();
   if (!res.ok) {
     let detail = text;
     try {
@@ -91,7 +125,11 @@ export async function workerEnvCommand(args: string[], env: NodeJS.ProcessEnv): 
     process.stderr.write(`flashd worker-env: ${res.status}: ${detail}\n`);
     return 1;
   }
-  const body = JSON.parse(text) as { workerId: string; env: Record<string, string> };
+  const body = workerEnvBody(text);
+  if (typeof body === 'string') {
+    process.stderr.write(`flashd worker-env: ${url} did not answer like flashd (${body})\n`);
+    return 1;
+  }
   // Asked over the network, answered with loopback URLs: a worker on that other machine would
   // poll itself. Said on stderr, so the environment on stdout stays usable.
   const jobUrl = body.env['RUNPOD_WEBHOOK_GET_JOB'];

@@ -115,7 +115,9 @@ function collectFlags(argv: readonly string[]): ParsedFlags {
     const take = (): string | undefined => {
       if (inline !== undefined) return inline;
       const next = argv[i + 1];
-      if (next === undefined) {
+      // `--port --data-dir x`: the value was left out, and taking the next flag as it would
+      // report a confusing error and then its own value as an unknown flag.
+      if (next === undefined || next.startsWith('--')) {
         out.errors.push(`flag ${name} needs a value`);
         return undefined;
       }
@@ -205,7 +207,11 @@ export function loadConfig(input: LoadConfigInput = {}): FlashdConfig {
       }
       const key = e.instancePath.slice(1);
       const where = key && sources[key] ? `${sources[key]}: ` : '';
-      errors.push(`${where}${key || 'config'} ${e.message ?? 'is invalid'}`);
+      // ajv's "must be equal to one of the allowed values" leaves the user guessing which.
+      const message = e.keyword === 'enum'
+        ? `must be one of: ${((e.params as { allowedValues?: unknown[] }).allowedValues ?? []).map(String).join(', ')}`
+        : e.message ?? 'is invalid';
+      errors.push(`${where}${key || 'config'} ${message}`);
     }
   }
   if (errors.length) throw new AgentError('VALIDATION_FAILED', `invalid configuration: ${errors.join('; ')}`, { errors });

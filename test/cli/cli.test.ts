@@ -56,6 +56,20 @@ t.test('bad usage exits 2 with a message on stderr', async (t) => {
   t.equal(missing.status, 2, 'flag without a value');
   t.match(missing.stderr, /needs a value/);
 
+  const swallowed = run(node, [BUNDLE, '--port', '--data-dir', 'X']);
+  t.equal(swallowed.status, 2, 'flag without a value before another flag');
+  t.equal(swallowed.stderr, 'flashd: invalid configuration: flag --port needs a value\n', 'the next flag is not taken as its value');
+
+  const enumValue = run(node, [BUNDLE, '--log-level', 'loud']);
+  t.equal(enumValue.status, 2, 'value outside an enum');
+  t.match(enumValue.stderr, /flag --log-level: logLevel must be one of: debug, info, warn, error, silent\n$/);
+
+  // Above 2^31-1 ms Node's setTimeout fires at once: every webhook try went out together.
+  // Port 0 and a test dir, so that a build that accepts it serves nothing of the user's.
+  const overflow = run(node, [BUNDLE, '--webhook-retry-delay-ms', '3000000000', '--port', '0', '--data-dir', t.testdir()]);
+  t.equal(overflow.status, 2, 'a delay no timer can hold');
+  t.match(overflow.stderr, /flag --webhook-retry-delay-ms: webhookRetryDelayMs must be <= 3600000\n$/);
+
   const command = run(node, [BUNDLE, 'frobnicate']);
   t.equal(command.status, 2, 'unknown command');
   t.match(command.stderr, /unknown command "frobnicate"/);

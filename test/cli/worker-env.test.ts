@@ -2,20 +2,22 @@
  * `flashd worker-env` as a user runs it against a running server: the printed environment
  * drives a real worker through a job. Uses dist/flashd.mjs, built by `npm test` before tap.
  */
-import t from 'tap';
+import t, { type Test } from 'tap';
 import { join } from 'node:path';
 import { ADMIN_KEY, cpuBody, startAgent } from '../helpers/agent.js';
 import { TestWorker } from '../helpers/worker.js';
 import { execFile } from 'node:child_process';
+import { createServer as createHttpServer, type Server as HttpServer } from 'node:http';
+import { createServer as createNetServer, type Server as NetServer, type Socket } from 'node:net';
 import { networkInterfaces } from 'node:os';
 import { cleanEnv, REPO_ROOT } from '../helpers/spawn-flashd.js';
 
 const BUNDLE = join(REPO_ROOT, 'dist/flashd.mjs');
 
 /** Async, because the server under test runs in this process and must keep serving. */
-function run(cmd: string, args: string[], env: NodeJS.ProcessEnv): Promise<{ status: number | null; stdout: string; stderr: string }> {
+function run(cmd: string, args: string[], env: NodeJS.ProcessEnv, timeout = 60_000): Promise<{ status: number | null; stdout: string; stderr: string }> {
   return new Promise((resolve) => {
-    execFile(cmd, args, { env, cwd: REPO_ROOT, timeout: 60_000 }, (err, stdout, stderr) => {
+    execFile(cmd, args, { env, cwd: REPO_ROOT, timeout }, (err, stdout, stderr) => {
       resolve({ status: err ? ((err as { code?: number }).code ?? 1) : 0, stdout, stderr });
     });
   });
@@ -58,6 +60,41 @@ t.test('worker-env fails clearly', async (t) => {
   const help = await run(process.execPath, [BUNDLE, 'worker-env', '--help'], cleanEnv());
   t.equal(help.status, 0);
   t.match(help.stdout, /--format/);
+});
+
+/** Listens on a free loopback port until the test ends; returns its URL. */
+async function listen(t: Test, server: HttpServer | NetServer): Promise<string> {
+  const sockets = new Set<Socket>();
+  server.on('connection', (s: Socket) => sockets.add(s));
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  t.teardown(() => new Promise<void>((resolve) => {
+    for (const s of sockets) s.destroy();
+    server.close(() => resolve());
+  }));
+  return `http://127.0.0.1:${(server.address() as { port: number }).port}`;
+}
+
+t.test('worker-env against a server that is not flashd: one line, exit 1', async (t) => {
+  // FLASHD_WORKER_ENV_TIMEOUT_MS stands in for the 10 s; the run's own 5 s limit catches a hang.
+  const env = cleanEnv({ FLASHD_API_KEY: ADMIN_KEY, FLASHD_WORKER_ENV_TIMEOUT_MS: '300' });
+  const page = await listen(t, createHttpServer((_req, res) => res.writeHead(200, { 'content-type': 'text/html' }).end('<html><body>It works!</body></html>')));
+  const html = await run(process.execPath, [BUNDLE, 'worker-env', 'ep', '--url', page], env, 5000);
+  t.equal(html.status, 1, 'a 200 that is not JSON');
+  t.equal(html.stderr, `flashd worker-env: ${page} did not answer like flashd (not JSON: "<html><body>It works!</body></html>")\n`, 'no stack trace');
+  t.equal(html.stdout, '', 'nothing printed as an environment');
+
+  const other = await listen(t, createHttpServer((_req, res) => res.writeHead(200, { 'content-type': 'application/json' }).end('{"env":null}')));
+  const json = await run(process.execPath, [BUNDLE, 'worker-env', 'ep', '--url', other], env, 5000);
+  t.equal(json.status, 1, 'JSON of another shape');
+  t.equal(json.stderr, `flashd worker-env: ${other} did not answer like flashd (no workerId and env in its JSON)\n`);
+  t.equal(json.stdout, '');
+
+  const silent = await listen(t, createNetServer(() => {}));
+  const started = Date.now();
+  const hang = await run(process.execPath, [BUNDLE, 'worker-env', 'ep', '--url', silent], env, 5000);
+  t.equal(hang.stderr, `flashd worker-env: no answer from ${silent} within 0.3 s\n`, 'accepted, never answered');
+  t.equal(hang.status, 1);
+  t.ok(Date.now() - started < 4000, `gave up after the timeout (${Date.now() - started} ms)`);
 });
 
 /** An address of this machine other than loopback, as another machine would use. */

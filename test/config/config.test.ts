@@ -75,7 +75,7 @@ t.test('every bad value is listed, with where it came from', async (t) => {
   t.equal(errors.length, 6, `six errors: ${JSON.stringify(errors)}`);
   t.ok(errors.some((e) => /^flag --port: port must be <= 65535/.test(e)), 'out-of-range flag');
   t.ok(errors.some((e) => /^flag --rate-limit-minute: .*integer.*"lots"/.test(e)), 'unparseable flag');
-  t.ok(errors.some((e) => /^flag --log-level: logLevel must be equal to one of/.test(e)), 'bad enum flag');
+  t.ok(errors.includes('flag --log-level: logLevel must be one of: debug, info, warn, error, silent'), 'bad enum flag, with the allowed values');
   t.ok(errors.some((e) => /^env FLASHD_RATE_LIMIT_HOUR: rateLimitHour must be >= 1/.test(e)), 'out-of-range env');
   t.ok(errors.some((e) => /^env FLASHD_RATE_LIMIT_DAY: .*integer/.test(e)), 'unparseable env');
   t.ok(errors.some((e) => /^env FLASHD_PUBLIC_URL: publicUrl must match pattern/.test(e)), 'bad pattern env');
@@ -84,7 +84,7 @@ t.test('every bad value is listed, with where it came from', async (t) => {
     [['--port', '-1'], /port must be >= 0/],
     [['--port', '80.5'], /integer/],
     [['--host', ''], /host must NOT have fewer than 1 characters/],
-    [['--endpoint-scheme', 'ftp'], /endpointScheme/],
+    [['--endpoint-scheme', 'ftp'], /endpointScheme must be one of: http, https$/],
     [['--data-center-id', 'has space'], /dataCenterId must match pattern/],
     [['--max-body-bytes', '10'], /maxBodyBytes must be >= 1024/],
   ] as [string[], RegExp][]) {
@@ -98,9 +98,47 @@ t.test('unknown flags and missing values', async (t) => {
   t.match(failure(() => loadConfig({ argv: ['--port'] })).message, /flag --port needs a value/);
   t.match(failure(() => loadConfig({ argv: ['serve'] })).message, /unknown flag serve/, 'a positional argument is not a flag');
   t.match(failure(() => loadConfig({ argv: ['--admin-api-key', 'k'] })).message, /unknown flag --admin-api-key/, 'the admin key is env only (flags show in ps)');
+  // A left-out value does not swallow the next flag (that was "port must be an integer, got
+  // "--data-dir"; unknown flag X").
+  const swallowed = failure(() => loadConfig({ argv: ['--port', '--data-dir', 'X'] }));
+  t.same(swallowed.errors, ['flag --port needs a value'], 'the next flag is not taken as the value');
+  t.same(failure(() => loadConfig({ argv: ['--config', '--port', '1'] })).errors, ['flag --config needs a value']);
+  t.equal(loadConfig({ argv: ['--process-workdir=--odd'] }).processWorkdir, '--odd', 'a value starting with -- goes after =');
   const many = failure(() => loadConfig({ argv: ['--prot', '1', '--hots', 'x', '--port', 'y'] }));
   t.equal(many.errors?.length, 3, `all listed: ${JSON.stringify(many.errors)}`);
   t.throws(() => parseFlags(['--nope']), /unknown flag --nope/);
+});
+
+t.test('a boolean flag stands alone or takes a value', async (t) => {
+  t.equal(loadConfig({ argv: ['--webhook-allow-private'] }).webhookAllowPrivate, true, 'last, alone');
+  const before = loadConfig({ argv: ['--webhook-allow-private', '--port', '1'] });
+  t.same([before.webhookAllowPrivate, before.port], [true, 1], 'alone before another flag');
+  t.equal(loadConfig({ argv: ['--webhook-allow-private', 'false'] }).webhookAllowPrivate, false, 'with a value');
+  t.equal(loadConfig({ argv: ['--webhook-allow-private=off'] }).webhookAllowPrivate, false, 'with =value');
+  t.match(failure(() => loadConfig({ argv: ['--webhook-allow-private', 'maybe'] })).message, /webhookAllowPrivate must be true or false, got "maybe"/);
+});
+
+/** Milliseconds, seconds and microseconds settings, by their names; each ends up in a timer or a deadline. */
+const TIME_UNITS: [RegExp, number][] = [[/Ms$/, 1], [/Seconds$/, 1000], [/Us$/, 0.001]];
+
+t.test('every time setting has a cap a Node timer can hold', async (t) => {
+  // setTimeout takes at most 2^31-1 ms; above it Node warns and fires at once, so a
+  // --webhook-retry-delay-ms of 3000000000 sent all webhook tries together.
+  const timed = OPTIONS.filter(([key]) => TIME_UNITS.some(([re]) => re.test(key))) as [string, Option & { maximum?: number }][];
+  t.ok(timed.length >= 7, `found the time settings: ${timed.map(([k]) => k).join(', ')}`);
+  for (const [key, o] of timed) {
+    const perUnit = (TIME_UNITS.find(([re]) => re.test(key)) as [RegExp, number])[1];
+    const max = o.maximum;
+    t.type(max, 'number', `${key} has a maximum`);
+    if (max === undefined) continue;
+    t.ok(max * perUnit <= 2 ** 31 - 1, `${key}: ${max} fits a timer`);
+    t.ok((o.default as number) <= max, `${key}: the default ${String(o.default)} is allowed`);
+    const flag = o['x-flag'] as string;
+    t.match(failure(() => loadConfig({ argv: [flag, String(max + 1)] })).message, new RegExp(`${flag}: ${key} must be <= ${max}$`), `${flag} above its cap`);
+    t.equal((loadConfig({ argv: [flag, String(max)] }) as unknown as Record<string, number>)[key], max, `${flag} at its cap`);
+  }
+  t.match(failure(() => loadConfig({ argv: ['--webhook-retry-delay-ms', '3000000000'] })).message, /flag --webhook-retry-delay-ms: webhookRetryDelayMs must be <= 3600000/);
+  t.match(failure(() => loadConfig({ env: { FLASHD_SESSION_TTL: '99999999999' } })).message, /env FLASHD_SESSION_TTL: sessionTtlSeconds must be <= 604800/);
 });
 
 t.test('configHelp describes every option', async (t) => {
