@@ -49,6 +49,12 @@ export interface Agent {
   /** The admin key generated on this start, if one was (it is also in <data-dir>/admin-api-key). */
   readonly generatedAdminKey: string | null;
   close(): Promise<void>;
+  /**
+   * For a second SIGINT/SIGTERM while close() waits: kills the process workers this run
+   * started (their process groups, SIGKILL) so none outlives flashd. Their jobs are reclaimed
+   * by the next start, as after a crash.
+   */
+  killWorkersNow(): void;
 }
 
 /** The 32-byte key that seals secrets at rest; created with mode 0600 on first start. */
@@ -248,6 +254,7 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
     let closed = false;
     return {
       config, log, db, api, endpoints, auth, queue, autoscaler, logs, port, url: `http://${host}:${port}`, generatedAdminKey: generated,
+      killWorkersNow: () => reapOrphanProcessWorkers(dataDir, log.child({ component: 'runtime' })),
       close: async () => {
         if (closed) return;
         closed = true;

@@ -1,7 +1,11 @@
 import { createAgent, type Agent } from '../app.js';
 import type { FlashdConfig } from '../config/index.js';
 
-/** Runs until SIGINT/SIGTERM, then closes every component in reverse order. */
+/**
+ * Runs until SIGINT/SIGTERM, then closes every component in reverse order. A second signal
+ * during that (Ctrl-C pressed again) stops at once: process workers are killed, and the exit
+ * code is 1.
+ */
 export async function serve(config: FlashdConfig): Promise<number> {
   let agent: Agent;
   try {
@@ -13,7 +17,13 @@ export async function serve(config: FlashdConfig): Promise<number> {
   return new Promise((resolve) => {
     let stopping = false;
     const stop = (signal: string) => {
-      if (stopping) return;
+      if (stopping) {
+        // Not `once`: after it the default action would kill flashd and leave its workers running.
+        agent.log.warn('second signal: stopping now, without waiting for workers or requests; the next start reclaims their jobs', { signal });
+        agent.killWorkersNow();
+        resolve(1);
+        return;
+      }
       stopping = true;
       agent.log.info('shutting down', { signal });
       agent.close().then(() => resolve(0), (err: unknown) => {
@@ -21,7 +31,7 @@ export async function serve(config: FlashdConfig): Promise<number> {
         resolve(1);
       });
     };
-    process.once('SIGINT', () => stop('SIGINT'));
-    process.once('SIGTERM', () => stop('SIGTERM'));
+    process.on('SIGINT', () => stop('SIGINT'));
+    process.on('SIGTERM', () => stop('SIGTERM'));
   });
 }

@@ -272,6 +272,55 @@ t.test('a second flashd on a live data directory is refused before it touches an
   t.equal((await b.req('GET', `/v2/${ep}/status/${id}`)).json.status, 'IN_QUEUE', 'after kill -9 the next start takes the directory and recovers');
 });
 
+t.test('a second SIGTERM during a clean stop exits 1 at once and leaves no worker running', async (t) => {
+  const dir = t.testdir();
+  const flashd = await startFlashd(t, process.execPath, [
+    'dist/flashd.mjs', '--port', '0', '--data-dir', dir, '--runtime', 'process', '--process-workdir', REPO_ROOT, '--worker-stop-grace-ms', '30000',
+  ], cleanEnv({ FLASHD_ADMIN_API_KEY: ADMIN_KEY }));
+  const call = async (method: string, path: string, body?: unknown) => {
+    const r = await fetch(flashd.url + path, {
+      method, headers: { authorization: `Bearer ${ADMIN_KEY}`, 'content-type': 'application/json' }, ...(body ? { body: JSON.stringify(body) } : {}),
+    });
+    return r.json() as Promise<any>;
+  };
+  const ep = (await call('POST', '/v2/serverless', cpuBody({ args: 'python3 -u test/fixtures/workers/echo.py', workers: { min: 0, max: 1, idleTimeout: 30 } }))).id as string;
+  const id = (await call('POST', `/v2/${ep}/run`, { input: { sleep: 60 } })).id as string;
+  await until('the job to start', async () => (await call('GET', `/v2/${ep}/status/${id}`)).status === 'IN_PROGRESS', 20_000);
+  await new Promise((r) => setTimeout(r, 300));
+  const pids = readFileSync(join(dir, 'process-workers.pids'), 'utf8').split('\n').filter(Boolean).map(Number);
+  t.equal(pids.length, 1);
+  t.teardown(() => {
+    for (const pid of pids) {
+      try {
+        process.kill(-pid, 'SIGKILL');
+      } catch {
+        // gone
+      }
+    }
+  });
+  const alive = (pid: number) => {
+    try {
+      process.kill(pid, 0);
+      return true;
+    } catch {
+      return false;
+    }
+  };
+  flashd.child.kill('SIGTERM');
+  await until('the clean stop to begin', async () => /shutting down/.test(flashd.stderr()), 5000);
+  await new Promise((r) => setTimeout(r, 300));
+  t.equal(flashd.child.exitCode, null, 'the first SIGTERM waits for the running job (30 s grace)');
+  const started = Date.now();
+  const code = await flashd.stop('SIGTERM');
+  t.equal(code, 1, 'the second exits 1');
+  t.ok(Date.now() - started < 5000, 'at once, not after the grace');
+  t.match(flashd.stderr(), /second signal: stopping now/);
+  await until('the worker to be gone', async () => !alive(pids[0] as number), 5000);
+  t.pass('no worker outlives flashd');
+  const b = await startAgent(t, { runtime: 'none' }, { dir });
+  t.equal((await b.req('GET', `/v2/${ep}/status/${id}`)).json.status, 'IN_QUEUE', 'the next start reclaims the job');
+});
+
 t.test('process workers reserve no vCPUs: a flavor larger than the host still runs, beside others', async (t) => {
   const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT, takeHoldMs: 1000, leaseMs: 3000 });
   const big = (n: number) => a.req('POST', '/v2/serverless', {
