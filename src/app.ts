@@ -7,7 +7,7 @@ import { randomBytes } from 'node:crypto';
 import { join, resolve } from 'node:path';
 import pkg from '../package.json' with { type: 'json' };
 import { createApi, jobRoutes, workerRoutes, type Api } from './api/index.js';
-import { AuthService, RateLimiter } from './auth/index.js';
+import { AuthService, JobRateLimiter, RateLimiter } from './auth/index.js';
 import type { FlashdConfig } from './config/index.js';
 import { systemClock, type Clock } from './core/clock.js';
 import { createLogger, type LogSink, type Logger } from './core/logger.js';
@@ -39,6 +39,8 @@ export interface Agent {
   readonly api: Api;
   readonly endpoints: EndpointService;
   readonly auth: AuthService;
+  /** Per-endpoint limits of the queue job API. */
+  readonly jobRateLimiter: JobRateLimiter;
   readonly queue: JobQueue;
   readonly autoscaler: Autoscaler;
   readonly logs: LogHub;
@@ -128,6 +130,8 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
       dataCenterIds: () => dataCenters.map((d) => d.id),
     });
     const rateLimiter = new RateLimiter({ minute: config.rateLimitMinute, hour: config.rateLimitHour, day: config.rateLimitDay }, clock);
+    // The queue job API: RunPod's fixed per-endpoint quotas (auth/job-rate-limit.ts).
+    const jobRateLimiter = new JobRateLimiter(clock);
 
     // Jobs: group commit, queue, webhooks, logs, autoscaler.
     const batch = new WriteBatch(db, {
@@ -210,6 +214,7 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
         auth.revokeEndpointKeys(id);
         queue.dropEndpoint(id);
         logs.drop(id);
+        jobRateLimiter.forget(id);
         void autoscaler.dropEndpoint(id);
       },
     });
@@ -226,7 +231,7 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
 
     const api = createApi({
       services: { endpoints, auth, urls, dataCenters: () => dataCenters, inventory: () => ledger.inventory(), version: VERSION },
-      auth, rateLimiter, log: log.child({ component: 'api' }), maxBodyBytes: config.maxBodyBytes,
+      auth, rateLimiter, jobRateLimiter, log: log.child({ component: 'api' }), maxBodyBytes: config.maxBodyBytes,
       extraRoutes: [
         ...jobRoutes({ queue, endpoints, now: () => clock.now() }),
         ...workerRoutes({
@@ -253,7 +258,7 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
 
     let closed = false;
     return {
-      config, log, db, api, endpoints, auth, queue, autoscaler, logs, port, url: `http://${host}:${port}`, generatedAdminKey: generated,
+      config, log, db, api, endpoints, auth, jobRateLimiter, queue, autoscaler, logs, port, url: `http://${host}:${port}`, generatedAdminKey: generated,
       killWorkersNow: () => reapOrphanProcessWorkers(dataDir, log.child({ component: 'runtime' })),
       close: async () => {
         if (closed) return;

@@ -2,8 +2,10 @@
  * Request flow for every route: match (404/405) → authenticate (401) → rate limit (429) →
  * scope (403) → content type (415) and JSON (400) → handler → JSON reply. Any thrown value
  * becomes problem+json in `problemReply`, carrying the rate-limit headers already earned.
+ * Rate limits: per user (minute/hour/day) for the management API, per endpoint and operation
+ * group (10 s) for the queue job routes, none for worker routes and exempt keys.
  */
-import { requireScope, type AuthService, type Principal, type RateLimiter } from '../auth/index.js';
+import { JOB_RATE_WINDOW_SECONDS, requireScope, type AuthService, type JobRateLimiter, type Principal, type RateLimiter } from '../auth/index.js';
 import { AgentError } from '../core/errors.js';
 import type { Logger } from '../core/logger.js';
 import type { IncomingRequest, OutgoingReply, RouteDecision } from '../http/index.js';
@@ -15,6 +17,10 @@ export interface DispatcherOptions {
   routes: readonly RouteDef[];
   auth: AuthService;
   rateLimiter: RateLimiter;
+  /** Per-endpoint limits of the routes with `jobRateGroup`. */
+  jobRateLimiter: JobRateLimiter;
+  /** The owner (user or team id) of an endpoint, or undefined when there is none. */
+  endpointOwner(endpointId: string): string | undefined;
   log: Logger;
   maxBodyBytes: number;
   /** A host-based handler (load-balancing endpoints) tried before the route table. */
@@ -23,6 +29,9 @@ export interface DispatcherOptions {
 
 /** Shared empty header set of requests that earn no rate-limit headers (never written to). */
 const NO_HEADERS: Record<string, string> = Object.freeze({}) as Record<string, string>;
+
+/** The `window` problem member of a per-endpoint 429. */
+const JOB_RATE_WINDOW = `${JOB_RATE_WINDOW_SECONDS}s`;
 
 const JSON_TYPE = /^application\/(?:[\w.+-]+\+)?json\s*(?:;|$)/i;
 
@@ -33,7 +42,7 @@ export function isJsonContentType(value: string | undefined): boolean {
 export function createDispatcher(options: DispatcherOptions): (method: string, path: string, headers: Readonly<Record<string, string>>) => RouteDecision {
   const router = new Router<RouteDef>();
   for (const r of options.routes) router.add(r.method, r.path, r);
-  const { auth, rateLimiter, log } = options;
+  const { auth, rateLimiter, jobRateLimiter, endpointOwner, log } = options;
 
   const fail = (err: unknown, req: IncomingRequest, headers: Record<string, string> = {}): OutgoingReply => {
     const e = toAgentError(err);
@@ -82,13 +91,27 @@ export function createDispatcher(options: DispatcherOptions): (method: string, p
           if (route.auth !== 'none') {
             principal = auth.authenticate(req.headers);
             if (!principal.exempt && !route.skipRateLimit) {
-              const decision = rateLimiter.take(principal.userId);
-              rateHeaders = decision.headers;
-              if (!decision.allowed && decision.violated) {
-                const w = decision.violated.window;
-                throw new AgentError('RATE_LIMITED', `Rate limit exceeded for the "${w.name}" window (${w.quota} requests per ${w.seconds} s). Retry after ${decision.violated.retryAfter} s.`, {
-                  extensions: { window: w.name, 'violated-policies': [w.name] },
-                });
+              const group = route.jobRateGroup;
+              const endpointId = group === undefined ? undefined : match.params['endpointId'];
+              if (group !== undefined && endpointId !== undefined && endpointOwner(endpointId) === principal.ownerId) {
+                // Job routes: RunPod's per-endpoint quotas, not the management API's per-user ones.
+                const decision = jobRateLimiter.take(endpointId, group);
+                rateHeaders = decision.headers;
+                if (!decision.allowed) {
+                  const { quota, operations } = decision.limit;
+                  throw new AgentError('RATE_LIMITED', `Rate limit exceeded for the "${group}" operations (${operations}) of endpoint ${endpointId}: ${quota} requests per ${JOB_RATE_WINDOW_SECONDS} s window. Retry after ${decision.retryAfter} s.`, {
+                    extensions: { window: JOB_RATE_WINDOW, endpointId, group, 'violated-policies': [group] },
+                  });
+                }
+              } else {
+                const decision = rateLimiter.take(principal.userId);
+                rateHeaders = decision.headers;
+                if (!decision.allowed && decision.violated) {
+                  const w = decision.violated.window;
+                  throw new AgentError('RATE_LIMITED', `Rate limit exceeded for the "${w.name}" window (${w.quota} requests per ${w.seconds} s). Retry after ${decision.violated.retryAfter} s.`, {
+                    extensions: { window: w.name, 'violated-policies': [w.name] },
+                  });
+                }
               }
             }
             if (route.auth === 'worker') {

@@ -1,4 +1,4 @@
-import type { AuthService, RateLimiter } from '../auth/index.js';
+import type { AuthService, JobRateLimiter, RateLimiter } from '../auth/index.js';
 import type { Logger } from '../core/logger.js';
 import type { OutgoingReply, RouteDecision } from '../http/index.js';
 import { catalogRoutes } from './catalog.js';
@@ -27,6 +27,8 @@ export interface Api {
 export interface CreateApiOptions {
   services: ApiServices;
   rateLimiter: RateLimiter;
+  /** Per-endpoint limits of the queue job routes. */
+  jobRateLimiter: JobRateLimiter;
   auth: AuthService;
   log: Logger;
   maxBodyBytes: number;
@@ -59,7 +61,10 @@ export function createApi(options: CreateApiOptions): Api {
       return { status: 200, body: openapi };
     },
   });
-  const resolve = createDispatcher({ routes, auth: options.auth, rateLimiter: options.rateLimiter, log: options.log, maxBodyBytes: options.maxBodyBytes });
+  const resolve = createDispatcher({
+    routes, auth: options.auth, rateLimiter: options.rateLimiter, jobRateLimiter: options.jobRateLimiter,
+    endpointOwner: (id) => s.endpoints.byId(id)?.ownerId, log: options.log, maxBodyBytes: options.maxBodyBytes,
+  });
   return {
     routes,
     resolve,

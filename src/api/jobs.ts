@@ -1,6 +1,7 @@
 /**
  * The queue job API, `{queue_base_url}/v2/{endpoint_id}/…` (spec "Queue-based job operations").
  * `Authorization` works with or without `Bearer ` (runpod clients send the raw key).
+ * Limited per endpoint with RunPod's quotas (`jobRateGroup`, auth/job-rate-limit.ts), not per user.
  */
 import { AgentError } from '../core/errors.js';
 import { rawMember } from '../core/json-raw.js';
@@ -81,7 +82,7 @@ export function jobRoutes(s: JobRouteServices): RouteDef[] {
 
   return [
     {
-      method: 'POST', path: `${P}/run`, operationId: 'runJob', summary: 'Queue a job; replies at once with its id', tag: 'Jobs',
+      method: 'POST', path: `${P}/run`, operationId: 'runJob', jobRateGroup: 'run', summary: 'Queue a job; replies at once with its id', tag: 'Jobs',
       auth: 'user', scope: 'jobs:run', body: 'json', requestSchema: 'JobSubmit', successStatus: 200, responseSchema: 'JobAccepted',
       problems: [400, 401, 403, 404, 413, 415, 429], maxBodyBytes: 10 * MB,
       handle: async ({ principal, params, body, bodyText }) => {
@@ -92,7 +93,7 @@ export function jobRoutes(s: JobRouteServices): RouteDef[] {
       },
     },
     {
-      method: 'POST', path: `${P}/runsync`, operationId: 'runJobSync',
+      method: 'POST', path: `${P}/runsync`, operationId: 'runJobSync', jobRateGroup: 'runsync',
       summary: 'Queue a job and wait up to ?wait ms (1000–300000, default 90000) for its result; the job goes on after the wait',
       tag: 'Jobs', auth: 'user', scope: 'jobs:run', body: 'json', requestSchema: 'JobSubmit', successStatus: 200, responseSchema: 'JobStatus',
       problems: [400, 401, 403, 404, 413, 415, 429], maxBodyBytes: 20 * MB,
@@ -118,7 +119,7 @@ export function jobRoutes(s: JobRouteServices): RouteDef[] {
       },
     },
     {
-      method: 'GET', path: `${P}/status/{jobId}`, operationId: 'jobStatus', summary: 'Job status and result (?ttl ms sets how long the result is kept)',
+      method: 'GET', path: `${P}/status/{jobId}`, operationId: 'jobStatus', jobRateGroup: 'status', summary: 'Job status and result (?ttl ms sets how long the result is kept)',
       tag: 'Jobs', auth: 'user', scope: 'jobs:read', successStatus: 200, responseSchema: 'JobStatus', problems: READ,
       query: [{ name: 'ttl', description: 'Keep the result this many ms from now (or from completion).', schema: { type: 'integer', minimum: 1000 } }],
       handle: async ({ req, principal, params }) => {
@@ -132,7 +133,7 @@ export function jobRoutes(s: JobRouteServices): RouteDef[] {
       },
     },
     {
-      method: 'GET', path: `${P}/stream/{jobId}`, operationId: 'jobStream', summary: 'Stream chunks posted since the last poll',
+      method: 'GET', path: `${P}/stream/{jobId}`, operationId: 'jobStream', jobRateGroup: 'status', summary: 'Stream chunks posted since the last poll',
       tag: 'Jobs', auth: 'user', scope: 'jobs:read', successStatus: 200, responseSchema: 'JobStream', problems: READ,
       handle: async ({ principal, params }) => {
         const ep = queueEndpoint(endpointFor(principal, params['endpointId'] as string));
@@ -145,7 +146,7 @@ export function jobRoutes(s: JobRouteServices): RouteDef[] {
       },
     },
     {
-      method: 'POST', path: `${P}/cancel/{jobId}`, operationId: 'cancelJob', summary: 'Cancel a queued or running job',
+      method: 'POST', path: `${P}/cancel/{jobId}`, operationId: 'cancelJob', jobRateGroup: 'cancel', summary: 'Cancel a queued or running job',
       tag: 'Jobs', auth: 'user', scope: 'jobs:run', body: 'optional-json', successStatus: 200, responseSchema: 'JobRef', problems: READ,
       handle: async ({ principal, params }) => {
         const ep = queueEndpoint(endpointFor(principal, params['endpointId'] as string));
@@ -153,7 +154,7 @@ export function jobRoutes(s: JobRouteServices): RouteDef[] {
       },
     },
     {
-      method: 'POST', path: `${P}/retry/{jobId}`, operationId: 'retryJob', summary: 'Queue a FAILED or TIMED_OUT job again (same id and input)',
+      method: 'POST', path: `${P}/retry/{jobId}`, operationId: 'retryJob', jobRateGroup: 'run', summary: 'Queue a FAILED or TIMED_OUT job again (same id and input)',
       tag: 'Jobs', auth: 'user', scope: 'jobs:run', body: 'optional-json', successStatus: 200, responseSchema: 'JobRef', problems: [...READ, 409],
       handle: async ({ principal, params }) => {
         const ep = queueEndpoint(endpointFor(principal, params['endpointId'] as string));
@@ -161,7 +162,7 @@ export function jobRoutes(s: JobRouteServices): RouteDef[] {
       },
     },
     {
-      method: 'POST', path: `${P}/purge-queue`, operationId: 'purgeQueue', summary: 'Remove every queued job; running jobs go on',
+      method: 'POST', path: `${P}/purge-queue`, operationId: 'purgeQueue', jobRateGroup: 'purge-queue', summary: 'Remove every queued job; running jobs go on',
       tag: 'Jobs', auth: 'user', scope: 'jobs:run', body: 'optional-json', successStatus: 200, responseSchema: 'PurgeResult', problems: READ,
       handle: async ({ principal, params }) => {
         const ep = queueEndpoint(endpointFor(principal, params['endpointId'] as string));
@@ -170,7 +171,7 @@ export function jobRoutes(s: JobRouteServices): RouteDef[] {
       },
     },
     {
-      method: 'GET', path: `${P}/health`, operationId: 'endpointHealth', summary: 'Job and worker counters of the endpoint',
+      method: 'GET', path: `${P}/health`, operationId: 'endpointHealth', jobRateGroup: 'status', summary: 'Job and worker counters of the endpoint',
       tag: 'Jobs', auth: 'user', scope: 'jobs:read', successStatus: 200, responseSchema: 'EndpointHealth', problems: READ,
       handle: ({ principal, params }) => {
         const ep = queueEndpoint(endpointFor(principal, params['endpointId'] as string));

@@ -1,4 +1,4 @@
-import type { Principal, Scope } from '../auth/index.js';
+import type { JobRateGroup, Principal, Scope } from '../auth/index.js';
 import type { IncomingRequest, OutgoingReply } from '../http/index.js';
 
 export interface QueryParam {
@@ -50,6 +50,12 @@ export interface RouteDef {
   maxBodyBytes?: number;
   /** Requests that do not count against or report rate limits (worker protocol). */
   skipRateLimit?: boolean;
+  /**
+   * Queue job routes (path parameter `endpointId`): limited per endpoint with RunPod's quota
+   * of this operation group (auth/job-rate-limit.ts) instead of the per-user windows. A request
+   * for an endpoint the caller does not own (a 404 to come) counts per user as before.
+   */
+  jobRateGroup?: JobRateGroup;
   /**
    * A long-poll a worker repeats at once on any error (runpod-python re-polls job-take at once
    * on every status ≥ 400): its error replies wait this long, so a worker with a revoked key or
