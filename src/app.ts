@@ -131,7 +131,7 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
     });
     const rateLimiter = new RateLimiter({ minute: config.rateLimitMinute, hour: config.rateLimitHour, day: config.rateLimitDay }, clock);
     // The queue job API: RunPod's fixed per-endpoint quotas (auth/job-rate-limit.ts).
-    const jobRateLimiter = new JobRateLimiter(clock);
+    const jobRateLimiter = new JobRateLimiter(clock, config.jobRateLimitPercent);
 
     // Jobs: group commit, queue, webhooks, logs, autoscaler.
     const batch = new WriteBatch(db, {

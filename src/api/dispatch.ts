@@ -95,13 +95,15 @@ export function createDispatcher(options: DispatcherOptions): (method: string, p
               const endpointId = group === undefined ? undefined : match.params['endpointId'];
               if (group !== undefined && endpointId !== undefined && endpointOwner(endpointId) === principal.ownerId) {
                 // Job routes: RunPod's per-endpoint quotas, not the management API's per-user ones.
-                const decision = jobRateLimiter.take(endpointId, group);
-                rateHeaders = decision.headers;
-                if (!decision.allowed) {
-                  const { quota, operations } = decision.limit;
-                  throw new AgentError('RATE_LIMITED', `Rate limit exceeded for the "${group}" operations (${operations}) of endpoint ${endpointId}: ${quota} requests per ${JOB_RATE_WINDOW_SECONDS} s window. Retry after ${decision.retryAfter} s.`, {
-                    extensions: { window: JOB_RATE_WINDOW, endpointId, group, 'violated-policies': [group] },
-                  });
+                const decision = jobRateLimiter.enabled ? jobRateLimiter.take(endpointId, group) : undefined;
+                if (decision) {
+                  rateHeaders = decision.headers;
+                  if (!decision.allowed) {
+                    const { quota, operations } = decision.limit;
+                    throw new AgentError('RATE_LIMITED', `Rate limit exceeded for the "${group}" operations (${operations}) of endpoint ${endpointId}: ${quota} requests per ${JOB_RATE_WINDOW_SECONDS} s window. Retry after ${decision.retryAfter} s.`, {
+                      extensions: { window: JOB_RATE_WINDOW, endpointId, group, 'violated-policies': [group] },
+                    });
+                  }
                 }
               } else {
                 const decision = rateLimiter.take(principal.userId);

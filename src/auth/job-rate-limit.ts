@@ -10,6 +10,8 @@
  *
  * RunPod lists no quota for /retry and /health; flashd counts them with the group they
  * resemble. The concurrent-request caps of the same table are not enforced.
+ * `--job-rate-limit-percent` scales every quota (a box serving a fast model may want more than
+ * RunPod's hosted limits); 0 turns the job routes' limits off.
  *
  * Reported like the per-user limiter (draft-ietf-httpapi-ratelimit-headers-11), one policy
  * named after the group that applied:
@@ -69,12 +71,19 @@ export class JobRateLimiter {
   readonly #policy: readonly string[];
   #sweepAt = 0;
 
-  constructor(clock: Clock) {
+  readonly #quotas: readonly JobRateQuota[];
+  /** False with `--job-rate-limit-percent 0`: the job routes are not limited at all. */
+  readonly enabled: boolean;
+
+  /** `percent` scales RunPod's quotas (100: as RunPod; 0: no limit). */
+  constructor(clock: Clock, percent = 100) {
     this.#clock = clock;
+    this.enabled = percent > 0;
+    this.#quotas = JOB_RATE_QUOTAS.map((q) => ({ ...q, quota: Math.max(1, Math.round((q.quota * percent) / 100)) }));
     const index = {} as Record<JobRateGroup, number>;
-    JOB_RATE_QUOTAS.forEach((q, i) => (index[q.group] = i));
+    this.#quotas.forEach((q, i) => (index[q.group] = i));
     this.#index = index;
-    this.#policy = JOB_RATE_QUOTAS.map((q) => `"${q.group}";q=${q.quota};w=${JOB_RATE_WINDOW_SECONDS}`);
+    this.#policy = this.#quotas.map((q) => `"${q.group}";q=${q.quota};w=${JOB_RATE_WINDOW_SECONDS}`);
   }
 
   /** Counts one request of `group` for `endpointId` if the group's window has room. */
@@ -84,14 +93,14 @@ export class JobRateLimiter {
     if (now >= this.#sweepAt) this.#sweep(start);
     let slot = this.#slots.get(endpointId);
     if (!slot) {
-      slot = { start, used: new Uint32Array(JOB_RATE_QUOTAS.length) };
+      slot = { start, used: new Uint32Array(this.#quotas.length) };
       this.#slots.set(endpointId, slot);
     } else if (slot.start !== start) {
       slot.start = start;
       slot.used.fill(0);
     }
     const i = this.#index[group];
-    const limit = JOB_RATE_QUOTAS[i] as JobRateQuota;
+    const limit = this.#quotas[i] as JobRateQuota;
     const policy = this.#policy[i] as string;
     const retryAfter = Math.max(1, Math.ceil((start + SPAN_MS - now) / 1000));
     const used = slot.used[i] as number;

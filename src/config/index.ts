@@ -19,6 +19,7 @@ export interface FlashdConfig {
   readonly rateLimitMinute: number;
   readonly rateLimitHour: number;
   readonly rateLimitDay: number;
+  readonly jobRateLimitPercent: number;
   readonly maxBodyBytes: number;
   readonly sqliteSynchronous: 'full' | 'normal';
   readonly sessionTtlSeconds: number;

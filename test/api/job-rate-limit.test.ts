@@ -162,3 +162,17 @@ t.test('management routes keep the per-user limiter; job routes for endpoints no
   assertProblem(t, unknown, 429, 'a job route for an endpoint that does not exist falls back to the spent per-user quota');
   t.equal(unknown.json.window, 'minute');
 });
+
+t.test('--job-rate-limit-percent 0: job routes are not limited and carry no headers; management routes still are', async (t) => {
+  const clock = new ManualClock(START);
+  const a = await startAgent(t, { jobRateLimitPercent: 0, rateLimitMinute: 5 }, { clock });
+  const ep = await endpoint(t, a);
+  for (let i = 0; i < 10; i++) {
+    const r = await a.req('POST', `/v2/${ep}/purge-queue`);
+    t.equal(r.status, 200, `purge ${i + 1}`);
+    t.same(limits(r), { policy: null, state: null });
+  }
+  let last: Reply | undefined;
+  for (let i = 0; i < 6; i++) last = await a.req('GET', '/v2/serverless');
+  t.equal(last?.status, 429, 'the per-user limit still applies to the management API');
+});

@@ -48,3 +48,14 @@ t.test('memory: deleted and idle endpoints are dropped', async (t) => {
   l.take('ep-3', 'run');
   t.equal(l.size, 1);
 });
+
+t.test('--job-rate-limit-percent scales every quota; 0 turns the limiter off', async (t) => {
+  const clock = new ManualClock(START);
+  const ten = new JobRateLimiter(clock, 1000);
+  for (let i = 0; i < 20; i++) t.equal(ten.take('ep', 'purge-queue').allowed, true);
+  t.equal(ten.take('ep', 'purge-queue').allowed, false, '2 x 10 purges');
+  t.equal(ten.take('ep', 'status').headers['ratelimit-policy'], '"status";q=20000;w=10');
+  t.equal(new JobRateLimiter(clock, 1).take('ep', 'purge-queue').headers['ratelimit-policy'], '"purge-queue";q=1;w=10', 'never below 1');
+  t.equal(new JobRateLimiter(clock).enabled, true);
+  t.equal(new JobRateLimiter(clock, 0).enabled, false);
+});
