@@ -14,23 +14,33 @@ export class Deque<T> {
   shift(): T | undefined {
     if (this.#head >= this.#items.length) return undefined;
     const item = this.#items[this.#head] as T;
+    this.#dropHead();
+    return item;
+  }
+
+  #dropHead(): void {
     (this.#items as (T | undefined)[])[this.#head] = undefined;
     this.#head++;
     if (this.#head > 1024 && this.#head * 2 > this.#items.length) {
       this.#items = this.#items.slice(this.#head);
       this.#head = 0;
     }
-    return item;
   }
 
-  /** Removes and returns the first item `pick` accepts, front to back (for short deques). */
+  /**
+   * Removes and returns the first item `pick` accepts, front to back. The items it skipped
+   * move one slot back (toward the tail) instead of the tail moving forward, so a take costs
+   * the number of items skipped, not the deque's length: a fenced job at the head of a
+   * million-job backlog costs one move per take.
+   */
   take(pick: (item: T) => boolean): T | undefined {
     const items = this.#items;
-    for (let i = this.#head; i < items.length; i++) {
+    const head = this.#head;
+    for (let i = head; i < items.length; i++) {
       const item = items[i] as T;
       if (!pick(item)) continue;
-      if (i === this.#head) return this.shift();
-      items.splice(i, 1);
+      for (let k = i; k > head; k--) items[k] = items[k - 1] as T;
+      this.#dropHead();
       return item;
     }
     return undefined;

@@ -67,7 +67,12 @@ export function lockDataDir(dataDir: string): DataDirLock {
     }
     throw new Error(`data directory ${dataDir} is in use by another flashd${holder}; stop it first, or give this one another --data-dir`);
   }
-  writeFileSync(pidFile, `${process.pid}\n`, { mode: 0o600 });
+  try {
+    writeFileSync(pidFile, `${process.pid}\n`, { mode: 0o600 });
+  } catch (err) {
+    lock.close();
+    throw err;
+  }
   return {
     release: () => {
       if (lock.open) lock.close();
