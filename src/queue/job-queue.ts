@@ -674,7 +674,7 @@ export class JobQueue {
       return 'accepted';
     }
     if (body.stopPod === true) {
-      this.recycling(endpointId, workerId);
+      this.recycling(endpointId, workerId, true);
       for (const l of this.#listeners) l.recycleWorker?.(endpointId, workerId);
     }
     const output = body.output === undefined ? null : body.outputJson ?? JSON.stringify(body.output);
@@ -858,9 +858,11 @@ export class JobQueue {
    * launched): a managed one gets no more jobs from now, so jobs submitted after a PATCH run on
    * the new configuration; it finishes what it holds and the autoscaler stops it once idle.
    */
-  recycling(endpointId: string, workerId: string): void {
+  recycling(endpointId: string, workerId: string, asked = false): void {
     const worker = this.workers.get(endpointId, workerId);
     if (!worker) return;
+    // A new configuration outranks the worker's own request: its replacement starts at once.
+    worker.refresh = asked && (worker.refresh || !worker.recycle);
     worker.recycle = true;
     if (worker.managed) this.#answerTakes(worker);
   }
@@ -1496,7 +1498,12 @@ export class JobQueue {
         this.#finish(job, 'TIMED_OUT', null, 'Job exceeded its time to live (policy.ttl).');
         if (worker) this.#requestStop(worker, job.id);
       } else if (mono >= job.leaseDeadline) {
-        this.#requeueOrFail(job, `worker ${job.workerId ?? '?'} lost its lease (no heartbeat for ${this.settings.leaseMs} ms)`, true);
+        // A worker still heard from whose heartbeats no longer list the job dropped it (runpod-python
+        // does when the handler's output cannot be serialised): say so, not "no heartbeat".
+        const why = worker && mono - worker.lastSeen < this.settings.leaseMs
+          ? `worker ${job.workerId ?? '?'} lost its lease (its heartbeats stopped listing the job ${this.settings.leaseMs} ms ago without a result; a result the worker could not send, such as an output that is not JSON, ends this way)`
+          : `worker ${job.workerId ?? '?'} lost its lease (no heartbeat for ${this.settings.leaseMs} ms)`;
+        this.#requeueOrFail(job, why, true);
       }
     }
     for (const q of this.#queues.values()) {

@@ -34,8 +34,14 @@ export interface WorkerInfo {
   readonly fenced: Set<string>;
   /** Parked job-stop requests, woken when a stop is added. */
   stopWaiters: (() => void)[];
-  /** The worker asked to be recycled (stopPod / refresh_worker). */
+  /** To be replaced: it asked (stopPod / refresh_worker), or its endpoint's configuration changed. */
   recycle: boolean;
+  /**
+   * Recycled because it asked (stopPod), not for a new configuration: until it exits it still
+   * holds its place under `workers.max` (decide.ts), so refresh_worker with concurrency above 1
+   * does not start a replacement per job.
+   */
+  refresh: boolean;
   /** flashd is stopping it: no more jobs, and its polls are answered at once (JobQueue.stopping). */
   draining: boolean;
 }
@@ -44,7 +50,7 @@ export interface WorkerInfo {
 function record(endpointId: string, workerId: string, now: number, init: Partial<Pick<WorkerInfo, 'managed' | 'phase' | 'recycle' | 'draining'>> = {}): WorkerInfo {
   return {
     id: workerId, endpointId, managed: false, phase: 'up', jobs: new Set(), lastSeen: now, idleSince: now,
-    parked: 0, stops: new Map(), fenced: new Set(), stopWaiters: [], recycle: false, draining: false, ...init,
+    parked: 0, stops: new Map(), fenced: new Set(), stopWaiters: [], recycle: false, refresh: false, draining: false, ...init,
   };
 }
 
@@ -104,6 +110,9 @@ export class WorkerRegistry {
       w = record(endpointId, workerId, now);
       map.set(workerId, w);
     }
+    // A worker flashd launched is idle from its first contact, not from its launch: a boot longer
+    // than idleTimeout would otherwise have it stopped the moment it came up.
+    if (w.phase === 'initializing' && w.jobs.size === 0) w.idleSince = now;
     if (w.phase !== 'unhealthy') w.phase = 'up';
     w.lastSeen = now;
     return w;

@@ -163,7 +163,7 @@ export class Autoscaler {
       inProgress: load.inProgress,
       oldestWaitMs: load.oldestWaitMs,
       workers: registry.list(endpointId).filter((w) => !registry.silent(w)).map((w) => ({
-        id: w.id, state: registry.state(w), idleMs: mono - w.idleSince, managed: w.managed, recycle: w.recycle,
+        id: w.id, state: registry.state(w), idleMs: mono - w.idleSince, managed: w.managed, recycle: w.recycle, refresh: w.refresh,
       })).filter((w) => !this.#managed.get(w.id)?.stopping),
       capacity: this.#o.runtime ? Math.min(this.#o.runtime.capacity(endpointId), this.#placement.capacity(endpointId, spec)) : 0,
       backoff: crash !== undefined && mono < crash.backoffUntil,

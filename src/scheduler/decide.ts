@@ -13,8 +13,10 @@
  * - Idle workers stop after `idleTimeout` (down to `min`, or to the REQUEST_COUNT target),
  *   longest idle first; above `max`, starting and idle workers stop at once.
  * - A managed worker marked for replacement (a new configuration, stopPod) takes no more jobs:
- *   it is not counted as serving (its replacement starts at once, `max` applying to the
- *   others) and it stops as soon as it holds no job, even while it is starting.
+ *   it is not counted as serving and it stops as soon as it holds no job, even while it is
+ *   starting. For a new configuration its replacement starts at once (`max` applying to the
+ *   others); one that asked (stopPod, refresh_worker) keeps its place under `max` while it
+ *   still runs jobs, so its replacement waits for room.
  * - When the runtime has no room, the shortfall is reported as `throttled`.
  */
 import type { Scaling } from '../endpoints/index.js';
@@ -28,6 +30,8 @@ export interface WorkerSnapshot {
   managed: boolean;
   /** Marked for replacement (config change, stopPod): stop as soon as it is idle. */
   recycle: boolean;
+  /** Recycled because it asked (stopPod, refresh_worker): it holds its place under max until it exits. */
+  refresh?: boolean;
 }
 
 export interface ScaleInput {
@@ -75,7 +79,11 @@ export function decideScale(s: ScaleInput): ScaleDecision {
   }
   desired = Math.min(s.max, Math.max(s.min, desired));
 
-  let start = Math.max(0, desired - active);
+  // A managed worker that asked to be recycled (refresh_worker) and still runs jobs keeps its
+  // place under max: with concurrency above 1 every job it finishes asks again, and a
+  // replacement per request would run past max. One replaced for a new configuration does not.
+  const holding = live.filter((w) => w.recycle && w.managed && w.refresh && w.state === 'running').length;
+  let start = Math.max(0, Math.min(desired, s.max - holding) - active);
   let throttled = 0;
   if (start > 0 && s.backoff) start = 0;
   if (start > s.capacity) {

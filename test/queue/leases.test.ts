@@ -492,3 +492,22 @@ t.test('a /retry of a job its worker may still be running is fenced from that wo
   step(3100);
   t.equal((await parked)?.id, l, 'after the fence ran out the reaper hands it over');
 });
+
+t.test('a lease lost while the worker keeps pinging without the job says so (a dropped result), not "no heartbeat"', async (t) => {
+  const { a, ep, step, worker } = await setup(t);
+  const pinging = await worker();
+  const silent = await worker();
+  const dropped = (await a.req('POST', `/v2/${ep}/run`, { body: { input: {} } })).json.id as string;
+  t.equal((await pinging.take())?.id, dropped);
+  const lost = (await a.req('POST', `/v2/${ep}/run`, { body: { input: {} } })).json.id as string;
+  t.equal((await silent.take())?.id, lost);
+  t.equal(await pinging.ping([]), 200);
+  step(2000);
+  t.equal(await pinging.ping([]), 200);
+  step(1100); // both leases lapse
+  t.equal((await status(a, ep, dropped)).status, 'IN_QUEUE');
+  t.equal((await status(a, ep, lost)).status, 'IN_QUEUE');
+  const reason = (id: string) => a.logs.find((l) => l.includes('job requeued') && l.includes(id)) ?? '';
+  t.match(reason(dropped), /heartbeats stopped listing the job/, reason(dropped));
+  t.match(reason(lost), /no heartbeat for 3000 ms/, reason(lost));
+});

@@ -54,6 +54,18 @@ const cases: { name: string; input: Partial<ScaleInput>; start: number; stop?: s
     input: { scaling: { type: 'REQUEST_COUNT', requestCount: 4 }, queued: 1, inProgress: 1, workers: [w('a', 'running', 0, { recycle: true })] }, start: 1,
   },
   {
+    name: 'a worker that asked to be recycled (refresh_worker) and still runs jobs keeps its place under max',
+    input: { max: 1, queued: 3, workers: [w('a', 'running', 0, { recycle: true, refresh: true })] }, start: 0, stop: [],
+  },
+  {
+    name: 'below max its replacement starts while it finishes',
+    input: { max: 2, queued: 3, workers: [w('a', 'running', 0, { recycle: true, refresh: true })] }, start: 1, stop: [],
+  },
+  {
+    name: 'REQUEST_COUNT: a refreshing worker holds its place under max too',
+    input: { scaling: { type: 'REQUEST_COUNT', requestCount: 1 }, max: 2, queued: 5, workers: [w('a', 'running', 0, { recycle: true, refresh: true }), w('b', 'running', 0, { recycle: true, refresh: true })] }, start: 0,
+  },
+  {
     name: 'an external worker that asked to be recycled still serves until it leaves',
     input: { queued: 1, workers: [w('x', 'running', 0, { recycle: true, managed: false })] }, start: 0,
   },

@@ -5,6 +5,7 @@
 import t from 'tap';
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
+import { ManualClock } from '../../src/core/clock.js';
 import { startAgent, cpuBody, ADMIN_KEY, type TestAgent } from '../helpers/agent.js';
 import { REPO_ROOT, cleanEnv, run, startFlashd } from '../helpers/spawn-flashd.js';
 import { until } from '../helpers/wait.js';
@@ -415,4 +416,42 @@ t.test('a PATCH that replaces a crash-looping configuration starts its worker wi
   t.equal(r.json.status, 'COMPLETED');
   const took = performance.now() - started;
   t.ok(took < 5000, `the fixed configuration ran a job ${Math.round(took)} ms after the PATCH`);
+});
+
+t.test('refresh_worker with concurrency above 1 stays within max: the replacement waits for the old worker to exit', async (t) => {
+  const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT, takeHoldMs: 1000, leaseMs: 5000 });
+  const ep = (await a.req('POST', '/v2/serverless', {
+    body: cpuBody({
+      args: 'python3 -u test/fixtures/workers/echo.py', env: { ECHO_CONCURRENCY: '3', ECHO_REFRESH: '1' },
+      scaling: { type: 'QUEUE_DELAY', queueDelay: 1 }, workers: { min: 0, max: 1, idleTimeout: 5 },
+    }),
+  })).json.id as string;
+  const ids: string[] = [];
+  for (let i = 0; i < 6; i++) ids.push((await a.req('POST', `/v2/${ep}/run`, { body: { input: { sleep: i % 3 === 0 ? 0.2 : 1.5, i } } })).json.id as string);
+  let most = 0;
+  const workersSeen = new Set<string>();
+  const done = await until('every job to complete', async () => {
+    const w = (await health(a, ep)).workers;
+    most = Math.max(most, w.initializing + w.idle + w.running);
+    const s = await Promise.all(ids.map(async (id) => (await a.req('GET', `/v2/${ep}/status/${id}`)).json));
+    for (const x of s) if (x.workerId) workersSeen.add(x.workerId);
+    return s.every((x) => x.status === 'COMPLETED') ? s : undefined;
+  }, 60_000);
+  t.equal(done.length, 6);
+  t.equal(most, 1, `never more than max (1) worker at once: ${most}`);
+  t.ok(workersSeen.size >= 2, `the worker was refreshed: ${workersSeen.size} workers ran the jobs`);
+});
+
+t.test('a worker whose boot takes longer than idleTimeout is idle from its first contact, not from its launch', async (t) => {
+  const clock = new ManualClock();
+  const a = await startAgent(t, { takeHoldMs: 300 }, { clock });
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 1, idleTimeout: 5 } }) })).json.id as string;
+  const registry = a.agent.queue.workers;
+  const w = registry.launched(ep, 'wkr_boot');
+  clock.advance(8000); // an 8 s boot
+  registry.seen(ep, 'wkr_boot', true);
+  t.equal(clock.monotonic() - w.idleSince, 0, 'idle since it came up');
+  clock.advance(1000);
+  registry.seen(ep, 'wkr_boot');
+  t.equal(clock.monotonic() - w.idleSince, 1000, 'later contacts do not reset it');
 });
