@@ -165,6 +165,8 @@ export class Autoscaler {
       workers: registry.list(endpointId).filter((w) => !registry.silent(w)).map((w) => ({
         id: w.id, state: registry.state(w), idleMs: mono - w.idleSince, managed: w.managed, recycle: w.recycle, refresh: w.refresh,
       })).filter((w) => !this.#managed.get(w.id)?.stopping),
+      // A worker that asked to be recycled holds its place under max until it has exited.
+      exiting: registry.list(endpointId).filter((w) => w.refresh && this.#managed.get(w.id)?.stopping).length,
       capacity: this.#o.runtime ? Math.min(this.#o.runtime.capacity(endpointId), this.#placement.capacity(endpointId, spec)) : 0,
       backoff: crash !== undefined && mono < crash.backoffUntil,
     });

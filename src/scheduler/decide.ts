@@ -52,6 +52,8 @@ export interface ScaleInput {
   capacity: number;
   /** True while crash-loop backoff holds new starts back. */
   backoff: boolean;
+  /** Workers that asked to be recycled, stopped and not yet exited (not in `workers`): their places under max are still taken. */
+  exiting?: number;
 }
 
 export interface ScaleDecision {
@@ -82,7 +84,8 @@ export function decideScale(s: ScaleInput): ScaleDecision {
   // A managed worker that asked to be recycled (refresh_worker) and still runs jobs keeps its
   // place under max: with concurrency above 1 every job it finishes asks again, and a
   // replacement per request would run past max. One replaced for a new configuration does not.
-  const holding = live.filter((w) => w.recycle && w.managed && w.refresh && w.state === 'running').length;
+  // (An idle one is stopped below, in this same decision; it holds its place until it has exited.)
+  const holding = (s.exiting ?? 0) + live.filter((w) => w.recycle && w.managed && w.refresh).length;
   let start = Math.max(0, Math.min(desired, s.max - holding) - active);
   let throttled = 0;
   if (start > 0 && s.backoff) start = 0;

@@ -62,6 +62,14 @@ const cases: { name: string; input: Partial<ScaleInput>; start: number; stop?: s
     input: { max: 2, queued: 3, workers: [w('a', 'running', 0, { recycle: true, refresh: true })] }, start: 1, stop: [],
   },
   {
+    name: 'an idle one is stopped and its place stays taken (its replacement starts when it has exited)',
+    input: { max: 1, queued: 3, workers: [w('a', 'idle', 0, { recycle: true, refresh: true })] }, start: 0, stop: ['a'],
+  },
+  {
+    name: 'and until it has exited',
+    input: { max: 1, queued: 3, exiting: 1 }, start: 0,
+  },
+  {
     name: 'REQUEST_COUNT: a refreshing worker holds its place under max too',
     input: { scaling: { type: 'REQUEST_COUNT', requestCount: 1 }, max: 2, queued: 5, workers: [w('a', 'running', 0, { recycle: true, refresh: true }), w('b', 'running', 0, { recycle: true, refresh: true })] }, start: 0,
   },
