@@ -158,7 +158,9 @@ export function jobRoutes(s: JobRouteServices): RouteDef[] {
       tag: 'Jobs', auth: 'user', scope: 'jobs:run', body: 'optional-json', successStatus: 200, responseSchema: 'JobRef', problems: [...READ, 409],
       handle: async ({ principal, params }) => {
         const ep = queueEndpoint(endpointFor(principal, params['endpointId'] as string));
-        return json(200, ref(await s.queue.retry(ep.id, params['jobId'] as string)));
+        const job = await s.queue.retry(ep.id, params['jobId'] as string);
+        // Queued again when accepted, as /run says, even if a parked worker took it before the commit.
+        return json(200, `{"id":${JSON.stringify(job.id)},"status":"IN_QUEUE"}`);
       },
     },
     {

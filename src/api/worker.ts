@@ -65,7 +65,14 @@ function parseRaw(body: Buffer): DoneBody {
     // A Python worker's NaN or Infinity (json.dumps allows them): stored as null, as JavaScript would.
     const finite = nonFiniteToNull(text);
     try {
-      if (finite !== undefined) [parsed, text] = [JSON.parse(finite) as unknown, finite];
+      if (finite !== undefined) {
+        // A NaN or infinite `error` is truthy in Python, so the job failed: keep it as text.
+        const error = rawMember(text, 'error');
+        [parsed, text] = [JSON.parse(finite) as unknown, finite];
+        if (error !== undefined && /^-?(?:NaN|Infinity)$/.test(error.trim()) && parsed !== null && typeof parsed === 'object') {
+          (parsed as DoneBody).error = error.trim();
+        }
+      }
     } catch {
       // Invalid for another reason: refused below.
     }

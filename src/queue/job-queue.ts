@@ -29,7 +29,7 @@ import { statusBody, type JobSnapshot } from './views.js';
 import type { WorkerInfo, WorkerRegistry } from './workers.js';
 
 export interface QueueSettings {
-  /** A claimed job's lease; renewed by pings and any other call of its worker. */
+  /** A claimed job's lease; renewed by its worker's pings that list it and its result, stream and progress posts. */
   leaseMs: number;
   /** How long job-take and job-stop hold an idle request (must stay under the SDK's 90 s). */
   takeHoldMs: number;
@@ -136,6 +136,17 @@ const ENDED_BY_FLASHD: ReadonlySet<JobStatus> = new Set(['CANCELLED', 'TIMED_OUT
  */
 const NO_WAITERS: (() => void)[] = Object.freeze([]) as unknown as (() => void)[];
 const NOOP = (): void => undefined;
+
+/**
+ * Python's truth test, which runpod-python applies to a handler's `error` (worker-protocol.md
+ * §1.7 "any truthy error"): null, false, 0, '' and empty lists and objects are falsy.
+ */
+function truthy(v: unknown): boolean {
+  if (v === undefined || v === null || v === false || v === 0 || v === '') return false;
+  if (Array.isArray(v)) return v.length > 0;
+  if (typeof v === 'object') return Object.keys(v).length > 0;
+  return true;
+}
 
 /** Wakes the /runsync calls waiting on `job` (each once). */
 function wakeWaiters(job: Job): void {
@@ -679,7 +690,7 @@ export class JobQueue {
     }
     const output = body.output === undefined ? null : body.outputJson ?? JSON.stringify(body.output);
     job.resultBy = workerId;
-    if (body.error !== undefined && body.error !== null && body.error !== false && body.error !== '' && body.error !== 0) {
+    if (truthy(body.error)) {
       const error = typeof body.error === 'string' ? body.error : JSON.stringify(body.error);
       await this.#finishCommitted(job, 'FAILED', output, error);
     } else {
@@ -779,7 +790,10 @@ export class JobQueue {
       if (job.status === 'IN_QUEUE') this.#dispatch(this.#queue(job.endpointId));
     }
     for (const id of listed) {
-      const job = this.#jobs.get(id);
+      const found = this.#jobs.get(id);
+      // A ping speaks for its own endpoint only (the worker key is scoped to it): another
+      // endpoint's job id is unknown here, so it renews no lease and extends no fence.
+      const job = found?.endpointId === endpointId ? found : undefined;
       if (job && job.status === 'IN_PROGRESS' && job.workerId === workerId) {
         job.leaseDeadline = lease;
         worker.stops.delete(id);

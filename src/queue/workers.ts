@@ -113,7 +113,9 @@ export class WorkerRegistry {
     // A worker flashd launched is idle from its first contact, not from its launch: a boot longer
     // than idleTimeout would otherwise have it stopped the moment it came up.
     if (w.phase === 'initializing' && w.jobs.size === 0) w.idleSince = now;
-    if (w.phase !== 'unhealthy') w.phase = 'up';
+    // An unhealthy mark (its own ping said so, or it crashed) stays until it asks for work again:
+    // a worker taking jobs is up (a restarted incarnation with the same id, a passing check).
+    if (w.phase !== 'unhealthy' || wantsJobs) w.phase = 'up';
     w.lastSeen = now;
     return w;
   }

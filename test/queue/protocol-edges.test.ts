@@ -1,0 +1,84 @@
+/**
+ * Worker protocol edges: a ping speaks for its own endpoint only, a job-take brings a worker
+ * marked unhealthy back, `error` is judged by Python's truth test (as runpod-python does), and
+ * /retry answers IN_QUEUE like /run.
+ */
+import t, { type Test } from 'tap';
+import { ManualClock } from '../../src/core/clock.js';
+import { startAgent, cpuBody, ADMIN_KEY } from '../helpers/agent.js';
+import { TestWorker } from '../helpers/worker.js';
+
+async function setup(t: Test) {
+  const clock = new ManualClock();
+  const a = await startAgent(t, { takeHoldMs: 300, leaseMs: 3000 }, { clock });
+  const ep = async () => (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  const step = (ms: number) => {
+    clock.advance(ms);
+    a.agent.queue.reap();
+  };
+  return { a, ep, step };
+}
+
+t.test("a ping on one endpoint does not renew another endpoint's job", async (t) => {
+  const { a, ep, step } = await setup(t);
+  const ep1 = await ep();
+  const ep2 = await ep();
+  const w2 = await TestWorker.create(a, ep2);
+  const j2 = (await a.req('POST', `/v2/${ep2}/run`, { body: { input: {} } })).json.id as string;
+  t.equal((await w2.take())?.id, j2);
+  // The same worker id, through ep1's key and URL, listing ep2's job.
+  const w1 = await TestWorker.create(a, ep1);
+  const url = `${a.url}/v2/${ep1}/ping/${w2.workerId}?gpu=cpu&job_id=${j2}&runpod_version=1.12.0`;
+  for (let i = 0; i < 3; i++) {
+    t.equal((await fetch(url, { headers: { authorization: w1.key } })).status, 200);
+    step(1100);
+  }
+  t.equal((await a.req('GET', `/v2/${ep2}/status/${j2}`)).json.status, 'IN_QUEUE', 'the lease ran out: no other endpoint can keep it alive');
+});
+
+t.test('a worker that reported itself unhealthy is up again once it asks for work', async (t) => {
+  const { a, ep } = await setup(t);
+  const e = await ep();
+  const w = await TestWorker.create(a, e);
+  const r = await fetch(`${a.url}/v2/${e}/ping/${w.workerId}?gpu=cpu&status=unhealthy&check=memory&reason=low&runpod_version=1.12.0`, { headers: { authorization: w.key } });
+  t.equal(r.status, 200);
+  t.match((await a.req('GET', `/v2/${e}/health`)).json.workers, { unhealthy: 1, ready: 0 });
+  const id = (await a.req('POST', `/v2/${e}/run`, { body: { input: {} } })).json.id as string;
+  t.equal((await w.take())?.id, id);
+  t.equal(await w.ping([id]), 200);
+  t.match((await a.req('GET', `/v2/${e}/health`)).json.workers, { unhealthy: 0, running: 1 }, 'counted as what it does');
+});
+
+t.test("error is judged by Python's truth test: empty lists and objects are not errors, NaN is", async (t) => {
+  const { a, ep } = await setup(t);
+  const e = await ep();
+  const w = await TestWorker.create(a, e);
+  const cases: [string, string][] = [
+    ['{"error":{},"output":1}', 'COMPLETED'], ['{"error":[],"output":1}', 'COMPLETED'], ['{"error":0.0,"output":1}', 'COMPLETED'],
+    ['{"error":{"a":1}}', 'FAILED'], ['{"error":[0]}', 'FAILED'], ['{"error":NaN}', 'FAILED'], ['{"output":NaN,"error":-Infinity}', 'FAILED'],
+    ['{"output":NaN}', 'COMPLETED'],
+  ];
+  for (const [body, status] of cases) {
+    const id = (await a.req('POST', `/v2/${e}/run`, { body: { input: {} } })).json.id as string;
+    t.equal((await w.take())?.id, id);
+    const r = await fetch(w.postUrl('done', id), { method: 'POST', headers: { authorization: w.key, 'content-type': 'application/x-www-form-urlencoded' }, body });
+    t.equal(r.status, 200, body);
+    const s = (await a.req('GET', `/v2/${e}/status/${id}`)).json;
+    t.equal(s.status, status, `${body} -> ${JSON.stringify(s)}`);
+    if (body === '{"error":NaN}') t.equal(s.error, 'NaN', 'the error is kept as text');
+  }
+});
+
+t.test('/retry answers IN_QUEUE even when a parked worker takes the job before the reply', async (t) => {
+  const { a, ep } = await setup(t);
+  const e = await ep();
+  const w = await TestWorker.create(a, e);
+  const id = (await a.req('POST', `/v2/${e}/run`, { body: { input: {} } })).json.id as string;
+  t.equal((await w.take())?.id, id);
+  t.equal((await w.done(id, { error: 'boom' })).status, 200);
+  const parked = w.take();
+  await new Promise((r) => setTimeout(r, 50));
+  const r = await fetch(`${a.url}/v2/${e}/retry/${id}`, { method: 'POST', headers: { authorization: `Bearer ${ADMIN_KEY}` } });
+  t.same(await r.json(), { id, status: 'IN_QUEUE' });
+  t.equal((await parked)?.id, id, 'and the parked worker has it');
+});
