@@ -328,17 +328,21 @@ t.test('request validation and auth on the job API', async (t) => {
 
 t.test('webhook receives the final status body', async (t) => {
   const received: unknown[] = [];
-  const hook = createServer((req, res) => {
-    let body = '';
-    req.on('data', (c) => (body += c));
-    req.on('end', () => {
-      received.push(JSON.parse(body));
-      res.end('ok');
+  /** A webhook receiver on `host`, recording each body in `received`; resolves its port. */
+  const receiver = async (host: string): Promise<number> => {
+    const hook = createServer((req, res) => {
+      let body = '';
+      req.on('data', (c) => (body += c));
+      req.on('end', () => {
+        received.push(JSON.parse(body));
+        res.end('ok');
+      });
     });
-  });
-  await new Promise<void>((r) => hook.listen(0, '127.0.0.1', r));
-  t.teardown(() => hook.close());
-  const port = (hook.address() as { port: number }).port;
+    await new Promise<void>((r) => hook.listen(0, host, r));
+    t.teardown(() => hook.close());
+    return (hook.address() as { port: number }).port;
+  };
+  const port = await receiver('127.0.0.1');
   const a = await startAgent(t, { takeHoldMs: 1000, webhookAllowPrivate: true });
   const ep = await endpoint(a);
   const w = await TestWorker.create(a, ep);
@@ -350,18 +354,8 @@ t.test('webhook receives the final status body', async (t) => {
   t.match(received[0], { id, status: 'COMPLETED', output: { fine: true } });
 
   // A host name: Node's HTTP client asks the pinned lookup for every address ({ all: true }).
-  const named = createServer((req, res) => {
-    let body = '';
-    req.on('data', (c) => (body += c));
-    req.on('end', () => {
-      received.push(JSON.parse(body));
-      res.end('ok');
-    });
-  });
   // 'localhost' binds the address a lookup of it gives first, the one flashd connects to.
-  await new Promise<void>((r) => named.listen(0, 'localhost', r));
-  t.teardown(() => named.close());
-  const namedPort = (named.address() as { port: number }).port;
+  const namedPort = await receiver('localhost');
   const idNamed = (await run(a, ep, { input: { h: 2 }, webhook: `http://localhost:${namedPort}/byname` })).json.id;
   await w.take();
   await w.done(idNamed, { output: { named: true } });

@@ -2,7 +2,7 @@
  * Autoscaling with the process runtime, end to end: real flashd, real worker processes running
  * the vendor_flash SDK, real HTTP. Cold start, warm reuse, scale to zero, logs and crashes.
  */
-import t from 'tap';
+import t, { type Test } from 'tap';
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { ManualClock } from '../../src/core/clock.js';
@@ -178,10 +178,13 @@ t.test('lowering max or replacing the configuration stops a worker that is still
   t.pass('stopped');
 });
 
-t.test('after a kill -9 of flashd, the next start stops its orphaned workers, revokes their keys and requeues their jobs at once', async (t) => {
-  const dir = t.testdir();
+/**
+ * flashd as its own process (`--runtime process`) with one worker process running a 60 s job:
+ * the setup of the crash, lock and signal tests. The worker's process group is killed on teardown.
+ */
+async function withRunningJob(t: Test, dir: string, extra: string[]) {
   const flashd = await startFlashd(t, process.execPath, [
-    'dist/flashd.mjs', '--port', '0', '--data-dir', dir, '--runtime', 'process', '--process-workdir', REPO_ROOT, '--lease-ms', '30000',
+    'dist/flashd.mjs', '--port', '0', '--data-dir', dir, '--runtime', 'process', '--process-workdir', REPO_ROOT, ...extra,
   ], cleanEnv({ FLASHD_ADMIN_API_KEY: ADMIN_KEY }));
   const call = async (method: string, path: string, body?: unknown) => {
     const r = await fetch(flashd.url + path, {
@@ -201,24 +204,31 @@ t.test('after a kill -9 of flashd, the next start stops its orphaned workers, re
       try {
         process.kill(-pid, 'SIGKILL');
       } catch {
-        // reaped, as it should be
+        // gone, as it should be
       }
     }
   });
+  return { flashd, call, ep, id, pid: pids[0] as number };
+}
+
+const alive = (pid: number): boolean => {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch {
+    return false;
+  }
+};
+
+t.test('after a kill -9 of flashd, the next start stops its orphaned workers, revokes their keys and requeues their jobs at once', async (t) => {
+  const dir = t.testdir();
+  const { flashd, ep, id, pid } = await withRunningJob(t, dir, ['--lease-ms', '30000']);
   await flashd.stop('SIGKILL');
-  const alive = (pid: number) => {
-    try {
-      process.kill(pid, 0);
-      return true;
-    } catch {
-      return false;
-    }
-  };
-  t.ok(alive(pids[0] as number), 'the worker outlived flashd');
+  t.ok(alive(pid), 'the worker outlived flashd');
 
   // The next start uses another runtime: the orphan is stopped all the same.
   const b = await startAgent(t, { runtime: 'none', leaseMs: 30_000 }, { dir });
-  await until('the orphan to be gone', async () => !alive(pids[0] as number), 10_000);
+  await until('the orphan to be gone', async () => !alive(pid), 10_000);
   const s = (await b.req('GET', `/v2/${ep}/status/${id}`)).json;
   t.equal(s.status, 'IN_QUEUE', `queued again at once, not held for a 30 s lease: ${JSON.stringify(s)}`);
   t.equal(s.retries, 1);
@@ -230,30 +240,7 @@ t.test('after a kill -9 of flashd, the next start stops its orphaned workers, re
 
 t.test('a second flashd on a live data directory is refused before it touches anything; kill -9 frees the directory', async (t) => {
   const dir = t.testdir();
-  const flashd = await startFlashd(t, process.execPath, [
-    'dist/flashd.mjs', '--port', '0', '--data-dir', dir, '--runtime', 'process', '--process-workdir', REPO_ROOT, '--lease-ms', '30000',
-  ], cleanEnv({ FLASHD_ADMIN_API_KEY: ADMIN_KEY }));
-  const call = async (method: string, path: string, body?: unknown) => {
-    const r = await fetch(flashd.url + path, {
-      method, headers: { authorization: `Bearer ${ADMIN_KEY}`, 'content-type': 'application/json' }, ...(body ? { body: JSON.stringify(body) } : {}),
-    });
-    return r.json() as Promise<any>;
-  };
-  const ep = (await call('POST', '/v2/serverless', cpuBody({ args: 'python3 -u test/fixtures/workers/echo.py', workers: { min: 0, max: 1, idleTimeout: 30 } }))).id as string;
-  const id = (await call('POST', `/v2/${ep}/run`, { input: { sleep: 60 } })).id as string;
-  await until('the job to start', async () => (await call('GET', `/v2/${ep}/status/${id}`)).status === 'IN_PROGRESS', 20_000);
-  await new Promise((r) => setTimeout(r, 300));
-  const pids = readFileSync(join(dir, 'process-workers.pids'), 'utf8').split('\n').filter(Boolean).map(Number);
-  t.equal(pids.length, 1);
-  t.teardown(() => {
-    for (const pid of pids) {
-      try {
-        process.kill(-pid, 'SIGKILL');
-      } catch {
-        // gone
-      }
-    }
-  });
+  const { flashd, call, ep, id, pid } = await withRunningJob(t, dir, ['--lease-ms', '30000']);
 
   // Another port, the same data dir: before the lock this one reaped the live worker and requeued its job.
   const second = run(process.execPath, ['dist/flashd.mjs', '--port', '0', '--data-dir', dir, '--runtime', 'process'], cleanEnv({ FLASHD_ADMIN_API_KEY: ADMIN_KEY }));
@@ -261,7 +248,7 @@ t.test('a second flashd on a live data directory is refused before it touches an
   t.match(second.stderr, new RegExp(`data directory \\S+ is in use by another flashd \\(pid ${flashd.child.pid}\\)`));
   t.notMatch(second.stderr, /orphaned|released|listening/, 'it did nothing else');
   await t.rejects(startAgent(t, { runtime: 'none' }, { dir }), /in use by another flashd/, 'in-process too');
-  process.kill(pids[0] as number, 0);
+  process.kill(pid, 0);
   t.pass('the live worker was left alone');
   const s = await call('GET', `/v2/${ep}/status/${id}`);
   t.equal(s.status, 'IN_PROGRESS', 'its job was not requeued');
@@ -275,38 +262,7 @@ t.test('a second flashd on a live data directory is refused before it touches an
 
 t.test('a second SIGTERM during a clean stop exits 1 at once and leaves no worker running', async (t) => {
   const dir = t.testdir();
-  const flashd = await startFlashd(t, process.execPath, [
-    'dist/flashd.mjs', '--port', '0', '--data-dir', dir, '--runtime', 'process', '--process-workdir', REPO_ROOT, '--worker-stop-grace-ms', '30000',
-  ], cleanEnv({ FLASHD_ADMIN_API_KEY: ADMIN_KEY }));
-  const call = async (method: string, path: string, body?: unknown) => {
-    const r = await fetch(flashd.url + path, {
-      method, headers: { authorization: `Bearer ${ADMIN_KEY}`, 'content-type': 'application/json' }, ...(body ? { body: JSON.stringify(body) } : {}),
-    });
-    return r.json() as Promise<any>;
-  };
-  const ep = (await call('POST', '/v2/serverless', cpuBody({ args: 'python3 -u test/fixtures/workers/echo.py', workers: { min: 0, max: 1, idleTimeout: 30 } }))).id as string;
-  const id = (await call('POST', `/v2/${ep}/run`, { input: { sleep: 60 } })).id as string;
-  await until('the job to start', async () => (await call('GET', `/v2/${ep}/status/${id}`)).status === 'IN_PROGRESS', 20_000);
-  await new Promise((r) => setTimeout(r, 300));
-  const pids = readFileSync(join(dir, 'process-workers.pids'), 'utf8').split('\n').filter(Boolean).map(Number);
-  t.equal(pids.length, 1);
-  t.teardown(() => {
-    for (const pid of pids) {
-      try {
-        process.kill(-pid, 'SIGKILL');
-      } catch {
-        // gone
-      }
-    }
-  });
-  const alive = (pid: number) => {
-    try {
-      process.kill(pid, 0);
-      return true;
-    } catch {
-      return false;
-    }
-  };
+  const { flashd, ep, id, pid } = await withRunningJob(t, dir, ['--worker-stop-grace-ms', '30000']);
   flashd.child.kill('SIGTERM');
   await until('the clean stop to begin', async () => /shutting down/.test(flashd.stderr()), 5000);
   await new Promise((r) => setTimeout(r, 300));
@@ -316,7 +272,7 @@ t.test('a second SIGTERM during a clean stop exits 1 at once and leaves no worke
   t.equal(code, 1, 'the second exits 1');
   t.ok(Date.now() - started < 5000, 'at once, not after the grace');
   t.match(flashd.stderr(), /second signal: stopping now/);
-  await until('the worker to be gone', async () => !alive(pids[0] as number), 5000);
+  await until('the worker to be gone', async () => !alive(pid), 5000);
   t.pass('no worker outlives flashd');
   const b = await startAgent(t, { runtime: 'none' }, { dir });
   t.equal((await b.req('GET', `/v2/${ep}/status/${id}`)).json.status, 'IN_QUEUE', 'the next start reclaims the job');
