@@ -2,7 +2,7 @@
  * Composition root: `createAgent(config)` builds every component with explicit arguments, in
  * order, and `close()` takes them down in reverse. No module-level state. Tests use it too.
  */
-import { chmodSync, existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { chmodSync, existsSync, readFileSync, writeFileSync } from 'node:fs';
 import { randomBytes } from 'node:crypto';
 import { join, resolve } from 'node:path';
 import pkg from '../package.json' with { type: 'json' };
@@ -89,9 +89,7 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
   const clock = options.clock ?? systemClock;
   const log = createLogger({ level: config.logLevel, format: config.logFormat, ...(options.logSink ? { sink: options.logSink } : {}) });
   const dataDir = resolve(config.dataDir);
-  mkdirSync(dataDir, { recursive: true, mode: 0o700 });
-
-  // First: nothing below (migrations, recovery, reaping a crashed run's workers) may run while
+  // First (it also makes the directory, 0700): nothing below (migrations, recovery, reaping a crashed run's workers) may run while
   // another flashd serves this data directory.
   const lock = lockDataDir(dataDir);
   let db: Db;
@@ -130,7 +128,7 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
       dataCenterIds: () => dataCenters.map((d) => d.id),
     });
     const rateLimiter = new RateLimiter({ minute: config.rateLimitMinute, hour: config.rateLimitHour, day: config.rateLimitDay }, clock);
-    // The queue job API: RunPod's fixed per-endpoint quotas (auth/job-rate-limit.ts).
+    // The queue job API: RunPod's per-endpoint quotas, scaled by --job-rate-limit-percent (auth/job-rate-limit.ts).
     const jobRateLimiter = new JobRateLimiter(clock, config.jobRateLimitPercent);
 
     // Jobs: group commit, queue, webhooks, logs, autoscaler.

@@ -5,7 +5,7 @@
  * Rate limits: per user (minute/hour/day) for the management API, per endpoint and operation
  * group (10 s) for the queue job routes, none for worker routes and exempt keys.
  */
-import { JOB_RATE_WINDOW_SECONDS, requireScope, type AuthService, type JobRateLimiter, type Principal, type RateLimiter } from '../auth/index.js';
+import { JOB_RATE_WINDOW_SECONDS, requireScope, type AuthService, type JobRateGroup, type JobRateLimiter, type Principal, type RateLimiter } from '../auth/index.js';
 import { AgentError } from '../core/errors.js';
 import type { Logger } from '../core/logger.js';
 import type { IncomingRequest, OutgoingReply, RouteDecision } from '../http/index.js';
@@ -43,6 +43,32 @@ export function createDispatcher(options: DispatcherOptions): (method: string, p
   const router = new Router<RouteDef>();
   for (const r of options.routes) router.add(r.method, r.path, r);
   const { auth, rateLimiter, jobRateLimiter, endpointOwner, log } = options;
+
+  /** One request of `group` for `endpointId`: its rate-limit headers, or a 429. */
+  const takeJobRate = (endpointId: string, group: JobRateGroup): Record<string, string> => {
+    const decision = jobRateLimiter.take(endpointId, group);
+    if (!decision.allowed) {
+      const { quota, operations } = decision.limit;
+      throw new AgentError('RATE_LIMITED', `Rate limit exceeded for the "${group}" operations (${operations}) of endpoint ${endpointId}: ${quota} requests per ${JOB_RATE_WINDOW_SECONDS} s window. Retry after ${decision.retryAfter} s.`, {
+        extensions: { window: JOB_RATE_WINDOW, endpointId, group, 'violated-policies': [group] },
+        headers: decision.headers,
+      });
+    }
+    return decision.headers;
+  };
+
+  /** One request of a user on the management windows: its rate-limit headers, or a 429. */
+  const takeUserRate = (userId: string): Record<string, string> => {
+    const decision = rateLimiter.take(userId);
+    if (!decision.allowed && decision.violated) {
+      const w = decision.violated.window;
+      throw new AgentError('RATE_LIMITED', `Rate limit exceeded for the "${w.name}" window (${w.quota} requests per ${w.seconds} s). Retry after ${decision.violated.retryAfter} s.`, {
+        extensions: { window: w.name, 'violated-policies': [w.name] },
+        headers: decision.headers,
+      });
+    }
+    return decision.headers;
+  };
 
   const fail = (err: unknown, req: IncomingRequest, headers: Record<string, string> = {}): OutgoingReply => {
     const e = toAgentError(err);
@@ -93,27 +119,11 @@ export function createDispatcher(options: DispatcherOptions): (method: string, p
             if (!principal.exempt && !route.skipRateLimit) {
               const group = route.jobRateGroup;
               const endpointId = group === undefined ? undefined : match.params['endpointId'];
+              // Job routes: RunPod's per-endpoint quotas, not the management API's per-user ones.
               if (group !== undefined && endpointId !== undefined && endpointOwner(endpointId) === principal.ownerId) {
-                // Job routes: RunPod's per-endpoint quotas, not the management API's per-user ones.
-                const decision = jobRateLimiter.enabled ? jobRateLimiter.take(endpointId, group) : undefined;
-                if (decision) {
-                  rateHeaders = decision.headers;
-                  if (!decision.allowed) {
-                    const { quota, operations } = decision.limit;
-                    throw new AgentError('RATE_LIMITED', `Rate limit exceeded for the "${group}" operations (${operations}) of endpoint ${endpointId}: ${quota} requests per ${JOB_RATE_WINDOW_SECONDS} s window. Retry after ${decision.retryAfter} s.`, {
-                      extensions: { window: JOB_RATE_WINDOW, endpointId, group, 'violated-policies': [group] },
-                    });
-                  }
-                }
+                if (jobRateLimiter.enabled) rateHeaders = takeJobRate(endpointId, group);
               } else {
-                const decision = rateLimiter.take(principal.userId);
-                rateHeaders = decision.headers;
-                if (!decision.allowed && decision.violated) {
-                  const w = decision.violated.window;
-                  throw new AgentError('RATE_LIMITED', `Rate limit exceeded for the "${w.name}" window (${w.quota} requests per ${w.seconds} s). Retry after ${decision.violated.retryAfter} s.`, {
-                    extensions: { window: w.name, 'violated-policies': [w.name] },
-                  });
-                }
+                rateHeaders = takeUserRate(principal.userId);
               }
             }
             if (route.auth === 'worker') {

@@ -89,7 +89,7 @@ export function jobRoutes(s: JobRouteServices): RouteDef[] {
         const job = await submit(principal, params['endpointId'] as string, body, bodyText, s.queue.settings.runRetentionMs);
         // Always IN_QUEUE: the job was queued when accepted, even if a parked worker took it
         // before the commit completed.
-        return json(200, `{"id":${JSON.stringify(job.id)},"status":"IN_QUEUE"}`);
+        return json(200, ref({ id: job.id, status: 'IN_QUEUE' }));
       },
     },
     {
@@ -160,7 +160,7 @@ export function jobRoutes(s: JobRouteServices): RouteDef[] {
         const ep = queueEndpoint(endpointFor(principal, params['endpointId'] as string));
         const job = await s.queue.retry(ep.id, params['jobId'] as string);
         // Queued again when accepted, as /run says, even if a parked worker took it before the commit.
-        return json(200, `{"id":${JSON.stringify(job.id)},"status":"IN_QUEUE"}`);
+        return json(200, ref({ id: job.id, status: 'IN_QUEUE' }));
       },
     },
     {

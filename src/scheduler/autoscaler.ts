@@ -153,6 +153,7 @@ export class Autoscaler {
       this.#o.logs.append(endpointId, w.id, 'system', `worker ${w.id} ${why}; stopping it`);
       void this.#stop(w.id, why, false);
     }
+    const listed = registry.list(endpointId);
     const decision = decideScale({
       min: spec.workers.min,
       max: spec.workers.max,
@@ -162,11 +163,11 @@ export class Autoscaler {
       lowQueued: load.lowQueued,
       inProgress: load.inProgress,
       oldestWaitMs: load.oldestWaitMs,
-      workers: registry.list(endpointId).filter((w) => !registry.silent(w)).map((w) => ({
+      workers: listed.filter((w) => !registry.silent(w) && !this.#managed.get(w.id)?.stopping).map((w) => ({
         id: w.id, state: registry.state(w), idleMs: mono - w.idleSince, managed: w.managed, recycle: w.recycle, refresh: w.refresh,
-      })).filter((w) => !this.#managed.get(w.id)?.stopping),
+      })),
       // A worker that asked to be recycled holds its place under max until it has exited.
-      exiting: registry.list(endpointId).filter((w) => w.refresh && this.#managed.get(w.id)?.stopping).length,
+      exiting: listed.filter((w) => w.refresh && this.#managed.get(w.id)?.stopping).length,
       capacity: this.#o.runtime ? Math.min(this.#o.runtime.capacity(endpointId), this.#placement.capacity(endpointId, spec)) : 0,
       backoff: crash !== undefined && mono < crash.backoffUntil,
     });

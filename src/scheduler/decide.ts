@@ -85,7 +85,7 @@ export function decideScale(s: ScaleInput): ScaleDecision {
   // place under max: with concurrency above 1 every job it finishes asks again, and a
   // replacement per request would run past max. One replaced for a new configuration does not.
   // (An idle one is stopped below, in this same decision; it holds its place until it has exited.)
-  const holding = (s.exiting ?? 0) + live.filter((w) => w.recycle && w.managed && w.refresh).length;
+  const holding = (s.exiting ?? 0) + live.filter((w) => w.refresh && w.managed).length;
   let start = Math.max(0, Math.min(desired, s.max - holding) - active);
   let throttled = 0;
   if (start > 0 && s.backoff) start = 0;

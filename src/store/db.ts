@@ -24,6 +24,25 @@ export function walPathOf(dataDir: string): string {
   return join(dataDir, 'flashd.db-wal');
 }
 
+/**
+ * `new Database(file)`, with `first` run before the umask is restored. The files hold the
+ * session secret, key hashes and every job's input and output: owner-only, also in a data
+ * directory made beforehand with a looser mode (under umask 022 SQLite creates its files 0644).
+ * In the single binary the addon comes from core/native.ts; better-sqlite3 takes the loaded
+ * addon object (its #972), the typings only admit a path string.
+ */
+function openOwnerOnly(file: string, first?: (db: Db) => void): Db {
+  const nativeBinding = sqliteNativeBinding();
+  const umask = process.umask(0o077);
+  try {
+    const db = new Database(file, nativeBinding ? ({ nativeBinding } as unknown as Database.Options) : {});
+    first?.(db);
+    return db;
+  } finally {
+    process.umask(umask);
+  }
+}
+
 /** The lock `lockDataDir` holds: one flashd per data directory. */
 export interface DataDirLock {
   release(): void;
@@ -43,14 +62,7 @@ export interface DataDirLock {
  */
 export function lockDataDir(dataDir: string): DataDirLock {
   mkdirSync(dataDir, { recursive: true, mode: 0o700 });
-  const nativeBinding = sqliteNativeBinding();
-  const umask = process.umask(0o077);
-  let lock: Db;
-  try {
-    lock = new Database(join(dataDir, 'flashd.lock'), nativeBinding ? ({ nativeBinding } as unknown as Database.Options) : {});
-  } finally {
-    process.umask(umask);
-  }
+  const lock = openOwnerOnly(join(dataDir, 'flashd.lock'));
   const pidFile = join(dataDir, 'flashd.pid');
   try {
     lock.pragma('busy_timeout = 0');
@@ -83,22 +95,10 @@ export function lockDataDir(dataDir: string): DataDirLock {
 /** Opens `<dataDir>/flashd.db` in WAL mode and applies pending migrations. */
 export function openDb(options: OpenDbOptions): Db {
   mkdirSync(options.dataDir, { recursive: true });
-  // In the single binary the addon comes from core/native.ts. better-sqlite3 takes the loaded
-  // addon object (its #972); the typings only admit a path string.
-  const nativeBinding = sqliteNativeBinding();
-  // The database holds the session signing secret, key hashes and every job's input and output:
-  // owner-only, also in a data directory made beforehand with a looser mode (under umask 022
-  // SQLite creates its files 0644). SQLite gives the -wal and -shm files it creates later the
-  // database file's mode.
+  // SQLite gives the -wal and -shm files it creates later the database file's mode; an existing
+  // database made with a looser one is tightened below.
   const file = join(options.dataDir, 'flashd.db');
-  const umask = process.umask(0o077);
-  let db: Db;
-  try {
-    db = new Database(file, nativeBinding ? ({ nativeBinding } as unknown as Database.Options) : {});
-    db.pragma('journal_mode = WAL');
-  } finally {
-    process.umask(umask);
-  }
+  const db = openOwnerOnly(file, (d) => d.pragma('journal_mode = WAL'));
   for (const f of [file, `${file}-wal`, `${file}-shm`]) {
     try {
       chmodSync(f, 0o600);
