@@ -27,6 +27,10 @@ const ADMIN = 'bench-admin-key-0123456789abcdef';
 
 pinSelf(0);
 const dir = mkdtempSync(path.join(os.tmpdir(), 'flashd-prof-'));
+// Removed on every exit (the PROFILE_CPU=0 path exits early): a run leaves up to a GB of data.
+process.once('exit', () => {
+  if (!process.env.PROFILE_KEEP) rmSync(dir, { recursive: true, force: true });
+});
 const profDir = path.join(dir, 'prof');
 const port = await freePort();
 const profiling = process.env.PROFILE_CPU !== '0';
@@ -100,4 +104,3 @@ for (const [id, us] of hits) {
 const top = (m, n) => [...m].sort((a, b) => b[1] - a[1]).slice(0, n).map(([k, us]) => `${((100 * us) / total).toFixed(1).padStart(5)} %  ${k}`).join('\n');
 console.log(`\nbusy CPU ${(total / 1e6).toFixed(2)} s; self time by function:\n${top(self, 45)}\n\nby file:\n${top(byFile, 12)}`);
 if (process.env.PROFILE_KEEP) console.log(`profile kept in ${profDir}`);
-else rmSync(dir, { recursive: true, force: true });
