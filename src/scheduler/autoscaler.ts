@@ -173,7 +173,12 @@ export class Autoscaler {
     });
     registry.setThrottled(endpointId, decision.throttled);
     for (let i = 0; i < decision.start; i++) this.#launch(row);
-    for (const id of decision.stop) void this.#stop(id, registry.get(endpointId, id)?.recycle ? 'recycle (stopPod, refresh_worker or new configuration)' : 'idle');
+    for (const id of decision.retire) {
+      this.#o.queue.recycling(endpointId, id, true);
+      this.#o.logs.append(endpointId, id, 'system', `worker ${id} is above workers.max (${spec.workers.max}): it finishes its jobs, takes no new one and stops`);
+      this.#o.log.info('worker retiring', { endpointId, workerId: id, max: spec.workers.max });
+    }
+    for (const id of decision.stop) void this.#stop(id, registry.get(endpointId, id)?.recycle ? 'recycle (stopPod, refresh_worker, a new configuration or a lower workers.max)' : 'idle');
     return decision;
   }
 

@@ -11,7 +11,9 @@
  * - REQUEST_COUNT: target `ceil((inQueue + inProgress) / requestCount)`.
  * - Low-priority jobs never cause a scale-up.
  * - Idle workers stop after `idleTimeout` (down to `min`, or to the REQUEST_COUNT target),
- *   longest idle first; above `max`, starting and idle workers stop at once.
+ *   longest idle first; above `max` (a lowered `max`), starting and idle workers stop at once
+ *   and busy ones are retired: they finish what they hold, take no new job and then stop, so
+ *   a backlog that keeps every worker busy cannot hold the count above `max`.
  * - A managed worker marked for replacement (a new configuration, stopPod) takes no more jobs:
  *   it is not counted as serving and it stops as soon as it holds no job, even while it is
  *   starting. For a new configuration its replacement starts at once (`max` applying to the
@@ -59,6 +61,8 @@ export interface ScaleInput {
 export interface ScaleDecision {
   start: number;
   stop: string[];
+  /** Busy managed workers above `max`: they take no new job and stop once idle (JobQueue.recycling, asked). */
+  retire: string[];
   throttled: number;
   desired: number;
 }
@@ -115,5 +119,13 @@ export function decideScale(s: ScaleInput): ScaleDecision {
       remaining--;
     }
   }
-  return { start, stop, throttled, desired };
+  // Still above max: busy managed workers are retired, the last listed (the newest) first. They
+  // keep their places under max until they have exited, as a worker that asked to be recycled does.
+  const retire: string[] = [];
+  const busy = serving.filter((w) => w.managed && w.state === 'running');
+  for (let i = busy.length - 1; i >= 0 && remaining > s.max; i--) {
+    retire.push((busy[i] as WorkerSnapshot).id);
+    remaining--;
+  }
+  return { start, stop, retire, throttled, desired };
 }

@@ -10,7 +10,7 @@ const base: ScaleInput = {
   queued: 0, lowQueued: 0, inProgress: 0, oldestWaitMs: 0, workers: [], capacity: Infinity, backoff: false,
 };
 
-const cases: { name: string; input: Partial<ScaleInput>; start: number; stop?: string[]; throttled?: number }[] = [
+const cases: { name: string; input: Partial<ScaleInput>; start: number; stop?: string[]; retire?: string[]; throttled?: number }[] = [
   { name: 'idle endpoint, nothing queued: nothing happens', input: {}, start: 0 },
   { name: 'min > 0 keeps warm workers', input: { min: 2 }, start: 2 },
   { name: 'first job to an idle endpoint: a cold start at once', input: { queued: 1, oldestWaitMs: 0 }, start: 1 },
@@ -33,7 +33,24 @@ const cases: { name: string; input: Partial<ScaleInput>; start: number; stop?: s
   { name: 'idle past idleTimeout stops, down to zero', input: { workers: [w('a', 'idle', 10_001)] }, start: 0, stop: ['a'] },
   { name: 'idle below idleTimeout stays', input: { workers: [w('a', 'idle', 9_999)] }, start: 0, stop: [] },
   { name: 'min keeps idle workers warm', input: { min: 1, workers: [w('a', 'idle', 60_000), w('b', 'idle', 30_000)] }, start: 0, stop: ['a'] },
-  { name: 'busy workers are never stopped', input: { workers: [w('a', 'running', 60_000)] }, start: 0, stop: [] },
+  { name: 'busy workers are never stopped', input: { workers: [w('a', 'running', 60_000)] }, start: 0, stop: [], retire: [] },
+  {
+    name: 'max lowered under a backlog: busy workers above it are retired (no new job, stop once idle), the newest first',
+    input: { max: 1, queued: 9, oldestWaitMs: 60_000, workers: [w('a', 'running'), w('b', 'running'), w('c', 'running')] }, start: 0, stop: [], retire: ['c', 'b'],
+  },
+  {
+    name: 'above max, idle and starting workers stop before a busy one is retired',
+    input: { max: 2, queued: 9, workers: [w('a', 'running'), w('b', 'running'), w('c', 'idle', 5), w('d', 'initializing')] }, start: 0, stop: ['d', 'c'], retire: [],
+  },
+  {
+    name: 'external workers are never retired, they count toward max',
+    input: { max: 1, queued: 9, workers: [w('x', 'running', 0, { managed: false }), w('a', 'running')] }, start: 0, retire: ['a'],
+  },
+  {
+    name: 'a retired worker (asked to stop, still busy) keeps its place: no replacement while it runs',
+    input: { max: 1, queued: 9, oldestWaitMs: 60_000, workers: [w('a', 'running'), w('b', 'running', 0, { recycle: true, refresh: true })] }, start: 0, stop: [], retire: [],
+  },
+  { name: 'at max, busy workers stay', input: { max: 2, queued: 9, workers: [w('a', 'running'), w('b', 'running')] }, start: 0, retire: [] },
   { name: 'external workers are never stopped', input: { workers: [w('x', 'idle', 60_000, { managed: false })] }, start: 0, stop: [] },
   { name: 'above max, idle workers stop at once', input: { max: 1, workers: [w('a', 'idle', 1), w('b', 'idle', 2)] }, start: 0, stop: ['b'] },
   { name: 'recycled workers stop when idle', input: { workers: [w('a', 'idle', 0, { recycle: true })] }, start: 0, stop: ['a'] },
@@ -88,6 +105,7 @@ for (const c of cases) {
     const d = decideScale({ ...base, ...c.input });
     t.equal(d.start, c.start, 'start');
     if (c.stop) t.same(d.stop, c.stop, 'stop');
+    if (c.retire) t.same(d.retire, c.retire, 'retire');
     if (c.throttled !== undefined) t.equal(d.throttled, c.throttled, 'throttled');
   });
 }

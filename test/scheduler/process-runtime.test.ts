@@ -310,22 +310,31 @@ t.test('after a PATCH that needs a restart, a busy worker finishes its job but t
   t.not(second.json.workerId, one.workerId, 'on a new worker');
 });
 
-t.test('lowering workers.max replaces nobody: busy workers go on taking jobs, the surplus stops when idle', async (t) => {
+t.test('lowering workers.max under a backlog: a busy surplus worker finishes its job, takes no new one and stops', async (t) => {
   const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT, takeHoldMs: 1000, leaseMs: 3000 });
   const ep = (await a.req('POST', '/v2/serverless', {
     body: cpuBody({ args: 'python3 -u test/fixtures/workers/echo.py', scaling: { type: 'REQUEST_COUNT', requestCount: 1 }, workers: { min: 0, max: 2 } }),
   })).json.id as string;
-  const short = a.req('POST', `/v2/${ep}/runsync`, { body: { input: { sleep: 1 } } });
-  const long = a.req('POST', `/v2/${ep}/runsync`, { body: { input: { sleep: 15 } } });
-  await until('both jobs running', async () => (await health(a, ep)).workers.running === 2, 20_000);
-  const patched = await a.req('PATCH', `/v2/serverless/${ep}`, { body: { workers: { min: 0, max: 1 } } });
-  t.equal(patched.status, 200, patched.text);
-  const started = Date.now();
-  const third = await a.req('POST', `/v2/${ep}/runsync?wait=30000`, { body: { input: { n: 3 } } });
-  t.equal(third.json.status, 'COMPLETED', third.text);
-  t.ok(Date.now() - started < 10_000, `done by a worker that was already up, not after the 15 s job (${Date.now() - started} ms)`);
-  t.equal((await short).json.status, 'COMPLETED');
-  t.equal((await long).json.status, 'COMPLETED');
+  const first = [a.req('POST', `/v2/${ep}/runsync`, { body: { input: { sleep: 2 } } }), a.req('POST', `/v2/${ep}/runsync`, { body: { input: { sleep: 2 } } })];
+  await until('both jobs running on two workers', async () => (await health(a, ep)).workers.running === 2, 20_000);
+  t.equal((await a.req('PATCH', `/v2/serverless/${ep}`, { body: { workers: { min: 0, max: 1 } } })).status, 200);
+  // A backlog that keeps every worker busy: before, both workers took these as they came free.
+  const backlog = await Promise.all([1, 2, 3, 4].map(async (n) => (await a.req('POST', `/v2/${ep}/run`, { body: { input: { n, sleep: 0.3 } } })).json.id as string));
+  const firstDone = await Promise.all(first.map(async (r) => (await r).json));
+  t.same(firstDone.map((j) => j.status), ['COMPLETED', 'COMPLETED'], 'the jobs running at the PATCH finished where they were');
+  const done = await Promise.all(backlog.map((id) => until(`job ${id}`, async () => {
+    const s = (await a.req('GET', `/v2/${ep}/status/${id}`)).json;
+    return s.status === 'COMPLETED' && s;
+  }, 20_000)));
+  t.equal(new Set(done.map((j) => j.workerId)).size, 1, `the backlog ran on one worker (max 1): ${done.map((j) => j.workerId).join(' ')}`);
+  const retired = firstDone.map((j) => j.workerId as string).find((id) => id !== done[0].workerId);
+  t.ok(retired, 'the other worker took none of it');
+  const logs = (await a.req('GET', `/v2/serverless/${ep}/logs`)).json as { line: string; workerId: string }[];
+  t.ok(logs.some((l) => l.workerId === retired && /above workers\.max \(1\)/.test(l.line)), 'its retirement is in the log');
+  await until('the retired worker stopped', async () => {
+    const h = await health(a, ep);
+    return h.workers.idle + h.workers.running + h.workers.initializing === 1;
+  }, 15_000);
 });
 
 t.test('a worker that dies while a child it started still holds its output is seen dead at once', async (t) => {
