@@ -70,6 +70,18 @@ export function createDispatcher(options: DispatcherOptions): (method: string, p
     return decision.headers;
   };
 
+  /** 403 unless the credential may call the route: worker keys only worker routes, and the route's scope. */
+  const authorize = (route: RouteDef, principal: Principal): void => {
+    if (route.auth === 'worker') {
+      if (!principal.scopes.has('worker') && !principal.scopes.has('admin')) {
+        throw new AgentError('FORBIDDEN', 'This route is for worker keys.');
+      }
+    } else if (principal.scopes.has('worker')) {
+      throw new AgentError('FORBIDDEN', 'Worker keys can only take jobs and post results for their endpoint.');
+    }
+    if (route.scope) requireScope(principal, route.scope);
+  };
+
   const fail = (err: unknown, req: IncomingRequest, headers: Record<string, string> = {}): OutgoingReply => {
     const e = toAgentError(err);
     if (e.status >= 500) log.error('request failed', { err: e.cause ?? e, requestId: req.id, method: req.method, path: req.path });
@@ -121,19 +133,24 @@ export function createDispatcher(options: DispatcherOptions): (method: string, p
               const endpointId = group === undefined ? undefined : match.params['endpointId'];
               // Job routes: RunPod's per-endpoint quotas, not the management API's per-user ones.
               if (group !== undefined && endpointId !== undefined && endpointOwner(endpointId) === principal.ownerId) {
-                if (jobRateLimiter.enabled) rateHeaders = takeJobRate(endpointId, group);
+                if (jobRateLimiter.enabled) {
+                  // Every key of the account shares the endpoint's quota: one that may not make
+                  // this call (a jobs:read key, a worker key from a worker's environment) gets
+                  // its 403 without spending it, or it could lock the others out of /run or
+                  // /purge-queue. The reply still reports the quota.
+                  try {
+                    authorize(route, principal);
+                  } catch (err) {
+                    rateHeaders = jobRateLimiter.peek(endpointId, group);
+                    throw err;
+                  }
+                  rateHeaders = takeJobRate(endpointId, group);
+                }
               } else {
                 rateHeaders = takeUserRate(principal.userId);
               }
             }
-            if (route.auth === 'worker') {
-              if (!principal.scopes.has('worker') && !principal.scopes.has('admin')) {
-                throw new AgentError('FORBIDDEN', 'This route is for worker keys.');
-              }
-            } else if (principal.scopes.has('worker')) {
-              throw new AgentError('FORBIDDEN', 'Worker keys can only take jobs and post results for their endpoint.');
-            }
-            if (route.scope) requireScope(principal, route.scope);
+            authorize(route, principal);
           }
           let body: unknown;
           let bodyText: string | undefined;

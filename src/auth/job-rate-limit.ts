@@ -117,6 +117,21 @@ export class JobRateLimiter {
     };
   }
 
+  /**
+   * The headers `take` would report now for `group`, without counting a request: the reply to a
+   * request refused before it may spend the quota (a key without the scope, a worker key).
+   */
+  peek(endpointId: string, group: JobRateGroup): Record<string, string> {
+    const now = this.#clock.now();
+    const start = now - (now % SPAN_MS);
+    const slot = this.#slots.get(endpointId);
+    const i = this.#index[group];
+    const limit = this.#quotas[i] as JobRateQuota;
+    const used = slot && slot.start === start ? (slot.used[i] as number) : 0;
+    const retryAfter = Math.max(1, Math.ceil((start + SPAN_MS - now) / 1000));
+    return { 'ratelimit-policy': this.#policy[i] as string, ratelimit: `"${group}";r=${Math.max(0, limit.quota - used)};t=${retryAfter}` };
+  }
+
   /** Drops the state of a deleted endpoint. */
   forget(endpointId: string): void {
     this.#slots.delete(endpointId);

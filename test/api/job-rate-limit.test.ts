@@ -9,6 +9,7 @@ import t, { type Test } from 'tap';
 import { ManualClock } from '../../src/core/clock.js';
 import { assertProblem, queueBody, startAgent, type Reply, type TestAgent } from '../helpers/agent.js';
 import { makeUser, mustCreate } from '../helpers/expect.js';
+import { TestWorker } from '../helpers/worker.js';
 
 const START = Date.UTC(2026, 0, 1); // a day boundary, so every window starts here
 
@@ -110,6 +111,34 @@ t.test('a group over its per-endpoint quota gets 429; other endpoints and groups
   t.equal(a.agent.jobRateLimiter.size, 1, 'deleting an endpoint drops its counters');
   t.equal((await a.req('GET', `/v2/${epA}/status/x`)).status, 404);
   t.equal(a.agent.jobRateLimiter.size, 1, 'requests for an endpoint that does not exist add no state');
+});
+
+t.test('a key refused the operation (403) uses none of the endpoint quota every key of the account shares', async (t) => {
+  const clock = new ManualClock(START);
+  const a = await startAgent(t, {}, { clock });
+  const ep = await endpoint(t, a);
+  const ro = await a.req('POST', '/v2/api-keys', { body: { name: 'dashboard', scopes: ['jobs:read'] } });
+  t.equal(ro.status, 201);
+  // A worker key sits in every worker's environment, next to the handler's code.
+  const worker = await TestWorker.create(a, ep);
+  for (const [who, key] of [['a jobs:read key', ro.json.key as string], ['a worker key', worker.key]] as const) {
+    for (let i = 0; i < 3; i++) {
+      const r = await a.req('POST', `/v2/${ep}/purge-queue`, { key });
+      assertProblem(t, r, 403, `${who}: purge ${i + 1} refused for its scope, not for the quota (2)`);
+      t.same(limits(r), { policy: '"purge-queue";q=2;w=10', state: '"purge-queue";r=2;t=10' }, 'the quota is reported, not spent');
+    }
+    const run = await a.req('POST', `/v2/${ep}/run`, { key, body: { input: {} } });
+    assertProblem(t, run, 403, `${who}: /run refused`);
+    t.same(limits(run), { policy: '"run";q=1000;w=10', state: '"run";r=1000;t=10' });
+  }
+  const p1 = await a.req('POST', `/v2/${ep}/purge-queue`);
+  t.equal(p1.status, 200, 'the owner can still purge');
+  t.same(limits(p1), { policy: '"purge-queue";q=2;w=10', state: '"purge-queue";r=1;t=10' });
+  t.equal((await a.req('POST', `/v2/${ep}/purge-queue`)).status, 200, 'twice');
+  assertJob429(t, await a.req('POST', `/v2/${ep}/purge-queue`), ep, 'purge-queue', 2, 10);
+  const spent = await a.req('POST', `/v2/${ep}/purge-queue`, { key: ro.json.key as string });
+  assertProblem(t, spent, 403, 'a refused key gets its 403 even with the quota spent');
+  t.same(limits(spent), { policy: '"purge-queue";q=2;w=10', state: '"purge-queue";r=0;t=10' });
 });
 
 t.test('exempt keys are never limited on job routes and use no quota', async (t) => {
