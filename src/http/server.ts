@@ -124,6 +124,14 @@ const EMPTY_BODY = Buffer.alloc(0);
 
 /** Bodies up to this size are handed to uWS whole (it buffers what the socket does not take). */
 const SMALL_BODY = 64 * 1024;
+/**
+ * A body over its route's limit is read and dropped up to this size before the 413 goes out.
+ * Clients that send the whole body before reading (Python's http.client under requests and
+ * the runpod SDK, aiohttp) saw a broken pipe instead of the 413 when it came first and the
+ * connection closed under them. Beyond this, or with `Expect: 100-continue` (the client waits
+ * for a go-ahead before sending), the 413 goes out at once.
+ */
+const DRAIN_MAX_BYTES = 64 * 1024 * 1024;
 
 /** Sends a complete body, continuing through onWritable when the socket is backed up. */
 function sendWhole(res: HttpResponse, state: { aborted: boolean; done: boolean }, body: Buffer, closeConnection: boolean, sent: () => void): void {
@@ -227,6 +235,8 @@ export function createHttpServer(options: HttpServerOptions): HttpServer {
     #chunks: Buffer[] | null = null;
     #received = 0;
     #refused = false;
+    /** Over the limit: the rest of the body is read and dropped, and the 413 sent at its end. */
+    #draining = false;
     #settled = false;
 
     constructor(res: HttpResponse, uReq: HttpRequest) {
@@ -400,12 +410,25 @@ export function createHttpServer(options: HttpServerOptions): HttpServer {
         });
     }
 
+    /** The declared body is over the limit: read and drop it, then answer 413 (DRAIN_MAX_BYTES). */
+    refuseBody(): void {
+      this.#refused = true;
+      this.#draining = true;
+    }
+
     data(ab: ArrayBuffer, isLast: boolean): void {
-      if (this.#refused) return;
       this.#received += ab.byteLength;
+      if (this.#refused) {
+        if (this.#draining && (isLast || this.#received > DRAIN_MAX_BYTES)) {
+          this.#draining = false;
+          this.tooLarge();
+        }
+        return;
+      }
       if (this.#received > (this.decision as RouteDecision).maxBodyBytes) {
         this.#refused = true;
-        this.tooLarge();
+        if (isLast || this.#received > DRAIN_MAX_BYTES) this.tooLarge();
+        else this.#draining = true;
         return;
       }
       // uWS reuses the ArrayBuffer after this callback returns: copy it (small copies come
@@ -451,8 +474,11 @@ export function createHttpServer(options: HttpServerOptions): HttpServer {
     const te = ex.headers['transfer-encoding'];
     const chunked = te !== undefined && /chunked/i.test(te);
     if (declared !== undefined && Number.isFinite(declared) && declared > ex.decision.maxBodyBytes) {
-      ex.tooLarge();
-      return;
+      if (declared > DRAIN_MAX_BYTES || /100-continue/i.test(ex.headers['expect'] ?? '')) {
+        ex.tooLarge();
+        return;
+      }
+      ex.refuseBody();
     }
     if (!chunked && (declared === undefined || declared === 0)) {
       ex.run();

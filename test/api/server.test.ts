@@ -1,4 +1,5 @@
 import t from 'tap';
+import { execFile } from 'node:child_process';
 import { createServer, request } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { chmodSync, mkdirSync, statSync, readFileSync } from 'node:fs';
@@ -63,6 +64,36 @@ t.test('bodies over the limit get 413 before being buffered', async (t) => {
   t.equal(chunked.status, 413, 'chunked bodies are counted as they arrive');
   const ok = await a.req('POST', '/v2/serverless', { body: queueBody() });
   t.equal(ok.status, 201, 'the server still works');
+});
+
+// What requests (and so the runpod SDK) does: send the whole body, then read the answer.
+const PY_POST = `
+import http.client, json, sys, urllib.parse
+u = urllib.parse.urlsplit(sys.argv[1])
+c = http.client.HTTPConnection(u.hostname, u.port, timeout=20)
+body = b'{"input": "' + b'a' * int(sys.argv[3]) + b'"}'
+try:
+    c.request('POST', u.path, body=body, headers={'content-type': 'application/json', 'authorization': sys.argv[2]})
+    r = c.getresponse()
+    print(json.dumps({'status': r.status, 'type': r.getheader('content-type'), 'body': r.read().decode()}))
+except Exception as e:
+    print(json.dumps({'error': type(e).__name__ + ': ' + str(e)}))
+`;
+
+t.test('a client that sends its whole body before reading gets the 413, not a broken pipe', async (t) => {
+  const a = await startAgent(t, { maxBodyBytes: 4096 });
+  const post = (path: string, bytes: number) => new Promise<Record<string, unknown>>((resolve, reject) => {
+    execFile('python3', ['-c', PY_POST, `${a.url}${path}`, ADMIN_KEY, String(bytes)], (err, stdout) => (err ? reject(err) : resolve(JSON.parse(stdout))));
+  });
+  const mgmt = await post('/v2/serverless', 4 * 1024 * 1024);
+  t.equal(mgmt.status, 413, JSON.stringify(mgmt).slice(0, 300));
+  t.equal(mgmt.type, 'application/problem+json');
+  t.match(JSON.parse(mgmt.body as string), { status: 413, detail: /4096 bytes/ });
+  const ep = (await a.req('POST', '/v2/serverless', { body: queueBody() })).json.id as string;
+  const run = await post(`/v2/${ep}/run`, 11 * 1024 * 1024);
+  t.equal(run.status, 413, `/run over 10 MB: ${JSON.stringify(run).slice(0, 300)}`);
+  t.equal((await a.req('GET', `/v2/${ep}/health`)).json.jobs.inQueue, 0, 'nothing was queued');
+  t.equal((await a.req('POST', `/v2/${ep}/run`, { body: { input: { ok: 1 } } })).status, 200, 'the server still takes jobs');
 });
 
 t.test('first start creates an admin key, prints it once and saves it 0600', async (t) => {
