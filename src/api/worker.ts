@@ -8,7 +8,7 @@ import { newId } from '../core/ids.js';
 import { nonFiniteToNull, rawMember } from '../core/json-raw.js';
 import type { EndpointService } from '../endpoints/index.js';
 import type { IncomingRequest, OutgoingReply } from '../http/index.js';
-import { workerEnv, workerJobBody, type DoneBody, type DoneOutcome, type JobQueue } from '../queue/index.js';
+import { SDK_DEFAULT_ENV, workerEnv, workerJobBody, type DoneBody, type DoneOutcome, type JobQueue } from '../queue/index.js';
 import type { LogLine } from '../store/index.js';
 import type { LogHub } from '../scheduler/index.js';
 import type { RouteDef } from './route.js';
@@ -189,7 +189,7 @@ export function workerRoutes(s: WorkerRouteServices): RouteDef[] {
         const gpu = req.query.get('gpu') ?? (ep.data.gpu ? 'gpu' : 'cpu');
         return {
           status: 200,
-          body: { workerId, env: workerEnv({ baseUrl: s.baseUrl(), endpointId: ep.id, workerId, key, gpu, pingIntervalMs: s.pingIntervalMs }) },
+          body: { workerId, env: { ...SDK_DEFAULT_ENV, ...workerEnv({ baseUrl: s.baseUrl(), endpointId: ep.id, workerId, key, gpu, pingIntervalMs: s.pingIntervalMs }) } },
         };
       },
     },

@@ -3,4 +3,4 @@ export { WorkerRegistry, type WorkerInfo, type WorkerState } from './workers.js'
 export { statusBody, workerJobBody, type JobSnapshot } from './views.js';
 export { TERMINAL, type Job, type JobStatus, type WorkerCounts } from './types.js';
 export { WebhookSender, checkWebhookUrl, isPrivateAddress } from './webhook.js';
-export { workerEnv, type WorkerEnvInput } from './worker-env.js';
+export { SDK_DEFAULT_ENV, workerEnv, type WorkerEnvInput } from './worker-env.js';

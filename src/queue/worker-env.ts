@@ -14,6 +14,13 @@ export interface WorkerEnvInput {
   pingIntervalMs: number;
 }
 
+/**
+ * Set for every worker flashd hands an environment to, before the endpoint's own env (which may
+ * set it back): runpod-python >=1.9 kills a worker whose host fails its fitness checks (a TCP
+ * connection to 8.8.8.8:53, 4 GB free), and isolated self-hosted boxes often would.
+ */
+export const SDK_DEFAULT_ENV: Readonly<Record<string, string>> = { RUNPOD_SKIP_AUTO_SYSTEM_CHECKS: 'true' };
+
 export function workerEnv(i: WorkerEnvInput): Record<string, string> {
   const q = `?gpu=${encodeURIComponent(i.gpu).replace(/%20/g, '+')}`;
   const base = `${i.baseUrl}/v2/${i.endpointId}`;

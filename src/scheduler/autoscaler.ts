@@ -12,7 +12,7 @@ import { newId } from '../core/ids.js';
 import { sortedJson } from '../core/json-raw.js';
 import type { Logger } from '../core/logger.js';
 import { idleTimeoutApplies, type EndpointService, type EndpointSpec } from '../endpoints/index.js';
-import { workerEnv, type JobQueue } from '../queue/index.js';
+import { SDK_DEFAULT_ENV, workerEnv, type JobQueue } from '../queue/index.js';
 import type { ExitInfo, LaunchSpec, WorkerRuntime } from '../runtime/index.js';
 import type { ResourceRow } from '../store/index.js';
 import { decideScale, type ScaleDecision } from './decide.js';
@@ -210,9 +210,7 @@ export class Autoscaler {
     if (!placed) return;
     const { row: keyRow, key } = this.#o.auth.createManagedWorkerKey(endpointId, freshId);
     const env = {
-      // runpod-python >=1.9 kills a worker whose host fails its fitness checks (internet, 4 GB free);
-      // isolated self-hosted boxes often would. The endpoint env may set it back to false.
-      RUNPOD_SKIP_AUTO_SYSTEM_CHECKS: 'true',
+      ...SDK_DEFAULT_ENV,
       ...spec.env,
       ...workerEnv({ baseUrl: this.#o.baseUrl(), endpointId, workerId: freshId, key, gpu: placed.gpuName, pingIntervalMs: this.#o.pingIntervalMs }),
     };
