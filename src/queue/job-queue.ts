@@ -672,7 +672,16 @@ export class JobQueue {
   async done(endpointId: string, workerId: string, jobId: string, body: DoneBody): Promise<DoneOutcome> {
     const worker = this.workers.seen(endpointId, workerId);
     const { job, outcome } = this.#owned(endpointId, workerId, jobId);
-    if (!job) return outcome as DoneOutcome;
+    if (!job) {
+      // A late final result (the job timed out or was cancelled, and maybe retried): the worker
+      // no longer runs it. Its stop is done, and a /retry fenced from it may go to it now
+      // instead of after its pings drop the job (up to a ping interval later).
+      if (body.status !== 'IN_PROGRESS' && (outcome === 'ended' || outcome === 'stale')) {
+        worker.stops.delete(jobId);
+        this.#unfence(worker, jobId);
+      }
+      return outcome as DoneOutcome;
+    }
     job.leaseDeadline = this.#clock.monotonic() + this.settings.leaseMs;
     if (body.status === 'IN_PROGRESS') {
       const progress = body.output === undefined ? 'null' : body.outputJson ?? JSON.stringify(body.output);
@@ -781,14 +790,7 @@ export class JobQueue {
     const now = this.#clock.monotonic();
     const lease = now + this.settings.leaseMs;
     // A job taken away from this worker that it no longer lists may go back to it.
-    for (const id of worker.fenced) {
-      if (listed.has(id)) continue;
-      worker.fenced.delete(id);
-      const job = this.#jobs.get(id);
-      if (job?.fencedFrom !== workerId) continue;
-      job.fencedFrom = null;
-      if (job.status === 'IN_QUEUE') this.#dispatch(this.#queue(job.endpointId));
-    }
+    for (const id of worker.fenced) if (!listed.has(id)) this.#unfence(worker, id);
     for (const id of listed) {
       const found = this.#jobs.get(id);
       // A ping speaks for its own endpoint only (the worker key is scoped to it): another
@@ -807,6 +809,15 @@ export class JobQueue {
     // period: that ping may have been made before the worker registered the job (and the SDK
     // drops a stop for a job it has not registered yet), so the stop would be lost.
     for (const [id, stop] of worker.stops) if (!listed.has(id) && now - stop.requested >= STOP_REOFFER_MS) worker.stops.delete(id);
+  }
+
+  /** The worker let go of a job fenced from it: the job may go to it again. */
+  #unfence(worker: WorkerInfo, jobId: string): void {
+    worker.fenced.delete(jobId);
+    const job = this.#jobs.get(jobId);
+    if (job?.fencedFrom !== worker.id) return;
+    job.fencedFrom = null;
+    if (job.status === 'IN_QUEUE') this.#dispatch(this.#queue(job.endpointId));
   }
 
   #requestStop(worker: WorkerInfo, jobId: string): void {

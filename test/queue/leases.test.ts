@@ -485,6 +485,27 @@ t.test('a /retry of a job its worker may still be running is fenced from that wo
   t.equal((await w.take(true))?.id, k, 'the worker that let go may run the new run');
   t.equal((await w.done(k, { output: 'k' })).status, 200);
 
+  // Its late result of the old run, posted after the /retry: refused, and it let go at once.
+  const m = await timedOut('M');
+  t.equal(await w.take(true), null, 'fenced');
+  t.not((await w.done(m, { output: 'late' })).status, 200, 'the late result is refused');
+  t.equal((await w.take(true))?.id, m, 'the worker that posted its late result may run the new run at once');
+  t.equal((await w.done(m, { output: 'm' })).status, 200);
+  t.match(await status(a, ep, m), { status: 'COMPLETED', output: 'm' });
+
+  // Posted before the /retry (discarded with a 2xx): nothing to fence.
+  const n = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { n: 'N' }, policy: { executionTimeout: 5000 } } })).json.id as string;
+  t.equal((await w.take(true))?.id, n);
+  t.equal(await w.ping([n]), 200);
+  step(2500);
+  t.equal(await w.ping([n]), 200);
+  step(2600);
+  t.equal((await status(a, ep, n)).status, 'TIMED_OUT');
+  t.equal((await w.done(n, { output: 'late' })).status, 200, 'a late result of a job flashd ended is discarded with a 2xx');
+  t.equal((await a.req('POST', `/v2/${ep}/retry/${n}`)).json.status, 'IN_QUEUE');
+  t.equal((await w.take(true))?.id, n, 'the retry is not fenced from a worker that already posted its late result');
+  t.equal((await w.done(n, { output: 'n' })).status, 200);
+
   // A worker that never says: the fence runs out after a lease, and a parked take is woken.
   const l = await timedOut('L');
   const parked = w.take(true);
