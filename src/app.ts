@@ -246,7 +246,7 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
       // Workers first, while the API still takes their results; then the queue and the listener.
       await autoscaler.drain();
       queue.close();
-      logs.close();
+      await logs.close();
       return http.close();
     });
     // Containers need the bound port for the URL they reach flashd at (see --worker-url).

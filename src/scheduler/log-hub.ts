@@ -99,10 +99,14 @@ export class LogHub {
 
   /**
    * flashd is stopping: every follower's stream ends properly (a complete chunked response, so
-   * `curl` exits 0 rather than reporting a cut transfer), and later follows end at once.
+   * `curl` exits 0 rather than reporting a cut transfer), and later follows end at once. The
+   * streams end once the pending commit is done, after the lines appended before the stop (the
+   * workers' last output and their exit lines, written while they were stopped) reach them;
+   * await it before the listener closes (a stream ended after that is cut).
    */
-  close(): void {
+  async close(): Promise<void> {
     this.#closed = true;
+    await this.#batch.committed().catch(() => undefined);
     const all = [...this.#followers.values()];
     this.#followers.clear();
     for (const set of all) for (const f of set) f.end();

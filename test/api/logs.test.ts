@@ -97,3 +97,18 @@ t.test('a follow stream ends cleanly when flashd stops (a complete response, not
   await closing;
   t.ok(ended, 'the stream reached its end');
 });
+
+t.test('lines appended just before flashd stops reach followers before their streams end', async (t) => {
+  const a = await startAgent(t);
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody() })).json.id as string;
+  const hub = a.agent.logs;
+  const got: string[] = [];
+  const ended = new Promise<void>((resolve) => hub.follow(ep, 0, (l) => got.push(l.line), resolve));
+  await a.agent.queue.durable();
+  // What a worker stopped during shutdown leaves: its last output and the exit line, then close().
+  hub.append(ep, 'wkr_a', 'stdout', 'last words');
+  hub.append(ep, 'wkr_a', 'system', 'worker wkr_a stopped (signal SIGKILL)');
+  hub.close();
+  await ended;
+  t.same(got, ['last words', 'worker wkr_a stopped (signal SIGKILL)'], 'none lost');
+});
