@@ -206,14 +206,16 @@ export function workerRoutes(s: WorkerRouteServices): RouteDef[] {
         const ep = s.endpoints.get(principal.ownerId, params['endpointId'] as string);
         const sinceRaw = req.query.get('since');
         const limitRaw = req.query.get('limit');
+        const followRaw = req.query.get('follow');
         const errors: string[] = [];
         if (sinceRaw !== null && !/^\d+$/.test(sinceRaw)) errors.push('?since: must be a non-negative integer');
         if (limitRaw !== null && (!/^\d+$/.test(limitRaw) || Number(limitRaw) < 1 || Number(limitRaw) > 10_000)) errors.push('?limit: must be an integer from 1 to 10000');
-        if (errors.length) throw new AgentError('VALIDATION_FAILED', '?since must be a non-negative integer and ?limit an integer from 1 to 10000.', { errors });
+        if (followRaw !== null && !['true', 'false', '1', '0'].includes(followRaw)) errors.push('?follow: must be true or false');
+        if (errors.length) throw new AgentError('VALIDATION_FAILED', '?since must be a non-negative integer, ?limit an integer from 1 to 10000 and ?follow true or false.', { errors });
         const limit = limitRaw === null ? 500 : Number(limitRaw);
         const since = sinceRaw === null ? undefined : Number(sinceRaw);
         const lines = s.logs.read(ep.id, since, limit);
-        if (req.query.get('follow') !== 'true' && req.query.get('follow') !== '1') return { status: 200, body: lines.map(logView) };
+        if (followRaw !== 'true' && followRaw !== '1') return { status: 200, body: lines.map(logView) };
         return {
           status: 200,
           reply: {

@@ -14,6 +14,13 @@ t.test('endpoint logs: tail, since, follow, and gone with the endpoint', async (
   assertProblem(t, await a.req('GET', `/v2/serverless/${ep}/logs?limit=0`), 400);
   const both = await a.req('GET', `/v2/serverless/${ep}/logs?limit=abc&since=-1`);
   t.same(both.json.errors, ['?since: must be a non-negative integer', '?limit: must be an integer from 1 to 10000'], 'each bad parameter named');
+  // A misspelt follow must not quietly answer a snapshot to a caller that waits for a stream.
+  for (const bad of ['yes', 'TRUE', '']) {
+    const r = await a.req('GET', `/v2/serverless/${ep}/logs?follow=${bad}`);
+    assertProblem(t, r, 400);
+    t.same(r.json.errors, ['?follow: must be true or false'], `follow=${bad} refused`);
+  }
+  t.equal((await a.req('GET', `/v2/serverless/${ep}/logs?follow=false&limit=1`)).json.length, 1, 'follow=false: a snapshot');
 
   const res = await fetch(`${a.url}/v2/serverless/${ep}/logs?follow=true&limit=1`, { headers: { authorization: `Bearer ${ADMIN_KEY}` } });
   t.equal(res.status, 200);
