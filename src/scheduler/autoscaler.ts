@@ -15,7 +15,7 @@ import { idleTimeoutApplies, type EndpointService, type EndpointSpec } from '../
 import { SDK_DEFAULT_ENV, workerEnv, type JobQueue } from '../queue/index.js';
 import type { ExitInfo, LaunchSpec, WorkerRuntime } from '../runtime/index.js';
 import type { ResourceRow } from '../store/index.js';
-import { decideScale, type ScaleDecision } from './decide.js';
+import { afterCrash, decideScale, type CrashState, type ScaleDecision } from './decide.js';
 import type { LogHub } from './log-hub.js';
 import { CPU_ONLY_PLACEMENT, type Placement } from './placement.js';
 
@@ -56,12 +56,6 @@ interface Managed {
   runningSince?: number;
 }
 
-interface CrashState {
-  recent: number[];
-  backoffUntil: number;
-}
-
-const CRASH_WINDOW_MS = 60_000;
 const UNHEALTHY_SHOWN_MS = 60_000;
 const DEFAULT_INIT_TIMEOUT_MS = 7 * 60_000;
 /** How long past the stop grace a shutdown waits for the runtime to confirm its workers' exits. */
@@ -289,11 +283,8 @@ export class Autoscaler {
       this.#o.queue.workers.markUnhealthy(endpointId, workerId);
       const mono = this.#o.clock.monotonic();
       this.#unhealthy.set(workerId, { endpointId, until: mono + UNHEALTHY_SHOWN_MS });
-      const state = this.#crashes.get(endpointId) ?? { recent: [], backoffUntil: 0 };
-      state.recent = [...state.recent.filter((t) => mono - t < CRASH_WINDOW_MS), mono];
-      // Crash loop: back off 2^n seconds (n = crashes in the last minute beyond the second), up to 60 s.
-      if (state.recent.length >= 3) state.backoffUntil = mono + Math.min(60_000, 1000 * 2 ** (state.recent.length - 2));
-      this.#crashes.set(endpointId, state);
+      // Crash loop: from the third crash in a row, back off 2^(n-2) s, up to 60 s.
+      this.#crashes.set(endpointId, afterCrash(this.#crashes.get(endpointId), mono));
     } else {
       this.#o.logs.append(endpointId, workerId, 'system', `worker ${workerId} stopped (${how})`);
       this.#o.queue.workers.remove(endpointId, workerId);

@@ -129,3 +129,28 @@ export function decideScale(s: ScaleInput): ScaleDecision {
   }
   return { start, stop, retire, throttled, desired };
 }
+
+/** An endpoint's crash loop: crashes in a row, the last one, and when starts may resume. */
+export interface CrashState {
+  streak: number;
+  lastAt: number;
+  backoffUntil: number;
+}
+
+/** A crash this long after the previous one (or after the last backoff ended) starts a new run. */
+export const CRASH_QUIET_MS = 60_000;
+const CRASH_BACKOFF_MAX_MS = 60_000;
+
+/**
+ * The crash-loop state after a managed worker crashed at `mono` (monotonic ms): from the third
+ * crash in a row, no start for 2^(n-2) s (n = crashes in a row), up to 60 s, where it stays while
+ * the crashes go on. Counting the crashes of a sliding minute instead let the long waits push
+ * the early crashes out of it, so the wait fell from 32 s back to 4 s and a loop restarted every
+ * few seconds for good.
+ */
+export function afterCrash(prev: CrashState | undefined, mono: number): CrashState {
+  const quietSince = prev ? Math.max(prev.lastAt, prev.backoffUntil) : -Infinity;
+  const streak = prev && mono - quietSince <= CRASH_QUIET_MS ? prev.streak + 1 : 1;
+  const backoffUntil = streak >= 3 ? mono + Math.min(CRASH_BACKOFF_MAX_MS, 1000 * 2 ** (streak - 2)) : 0;
+  return { streak, lastAt: mono, backoffUntil };
+}

@@ -383,6 +383,34 @@ t.test('a PATCH that replaces a crash-looping configuration starts its worker wi
   t.ok(took < 5000, `the fixed configuration ran a job ${Math.round(took)} ms after the PATCH`);
 });
 
+t.test('a crash loop backs off up to 60 s and stays there: the wait never falls back as old crashes age', async (t) => {
+  const clock = new ManualClock();
+  const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT }, { clock });
+  const ep = (await a.req('POST', '/v2/serverless', {
+    body: cpuBody({ args: 'python3 -c "import sys; sys.exit(1)"', workers: { min: 1, max: 1, idleTimeout: 30 } }),
+  })).json.id as string;
+  const crashes = async () =>
+    ((await a.req('GET', `/v2/serverless/${ep}/logs?limit=10000`)).json as { line: string }[]).filter((l) => /exited unexpectedly/.test(l.line)).length;
+  await until('three crashes in a row', async () => (await crashes()) >= 3, 20_000);
+  // Then 2, 4, 8, 16 and 32 s between starts: the clock moves exactly that far each time.
+  let n = 3;
+  for (const wait of [2, 4, 8, 16, 32]) {
+    clock.advance(wait * 1000);
+    n++;
+    await until(`crash ${n} after the ${wait} s backoff`, async () => (await crashes()) >= n, 10_000);
+  }
+  // Eight crashes in a row: the next start waits 60 s. (With the crashes of a sliding minute,
+  // the first ones had aged out by now and the wait fell back to 8 s.)
+  clock.advance(9_000);
+  await new Promise((r) => setTimeout(r, 2500));
+  t.equal(await crashes(), 8, 'no start 9 s after the eighth crash');
+  clock.advance(51_000);
+  await until('a start once the 60 s are over', async () => (await crashes()) >= 9, 10_000);
+  clock.advance(30_000);
+  await new Promise((r) => setTimeout(r, 2500));
+  t.equal(await crashes(), 9, 'still 60 s after the ninth crash, not less');
+});
+
 t.test('refresh_worker with concurrency above 1 stays within max: the replacement waits for the old worker to exit', async (t) => {
   const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT, takeHoldMs: 1000, leaseMs: 5000 });
   const ep = (await a.req('POST', '/v2/serverless', {
