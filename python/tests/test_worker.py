@@ -4,7 +4,9 @@ import asyncio
 import json
 import logging
 import os
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 import unittest
@@ -543,6 +545,32 @@ class ProgressOrderTest(WorkerTestCase):
         self.assertEqual(steps, sorted(set(steps)))  # strictly increasing: never an older one after a newer
         self.assertLess(len(steps), 200)  # coalesced
         self.assertLessEqual(max(peak), 1)  # one sender thread per job
+
+
+class WorkerOutputTest(WorkerTestCase):
+    def test_print_in_a_running_job_reaches_a_piped_stdout_at_once(self):
+        # flashd's process runtime and containers give the worker a pipe, which Python
+        # block-buffers: a handler's print() must not wait there until the job ends
+        tests = os.path.dirname(os.path.abspath(__file__))
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("RUNPOD_", "VENDOR_")) and k != "PYTHONUNBUFFERED"}
+        env.update(self.fake.env(), PYTHONPATH=os.path.dirname(tests), VENDOR_LOG_FORMAT="text")
+        proc = subprocess.Popen([sys.executable, os.path.join(tests, "workers", "handlers.py"), "sync"],
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        self.addCleanup(lambda: (proc.poll() is None and proc.kill(), proc.wait(), proc.stdout.close()))
+        lines = []
+        reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, b"")), daemon=True)
+        reader.start()
+        gate = os.path.join(tempfile.mkdtemp(prefix="vf-gate-"), "gate")
+        job_id = self.fake.submit({"print": "loading the model", "gate": gate})
+        try:
+            self.fake.wait_for(lambda: any(b"loading the model" in line for line in lines), timeout=10)
+            self.assertEqual(self.done_posts(job_id), [])  # seen while the job still runs
+        finally:
+            open(gate, "w").close()
+        self.assertEqual(self.final_post(job_id).json(), {"output": {"echo": {"print": "loading the model", "gate": gate}}})
+        proc.terminate()
+        self.assertEqual(proc.wait(10), 0)
 
 
 if __name__ == "__main__":

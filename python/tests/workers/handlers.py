@@ -33,6 +33,9 @@ def sync_handler(job):
         runpod.serverless.progress_update(job, inp["progress"])
         wait_for_file(inp["gate"])
         return {"done": True}
+    if "print" in inp:
+        print(inp["print"])
+        wait_for_file(inp["gate"])
     if "sleep" in inp:
         time.sleep(inp["sleep"])
     if "return" in inp:

@@ -32,6 +32,22 @@ def _parse_args(argv: List[str]) -> argparse.Namespace:
     return args
 
 
+def _line_buffer_stdout() -> None:
+    """Write the handler's ``print()`` lines out at each newline.
+
+    A worker's stdout is a pipe (flashd's process runtime, a container), which Python
+    block-buffers: a line printed during a long job stayed in the buffer until the job ended
+    (or 8 KiB piled up), so ``/logs`` and ``?follow=true`` showed nothing meanwhile.
+    """
+    reconfigure = getattr(sys.stdout, "reconfigure", None)
+    if reconfigure is None or getattr(sys.stdout, "line_buffering", True):
+        return
+    try:
+        reconfigure(line_buffering=True)
+    except (ValueError, OSError):  # a replaced or closed stdout: leave it as it is
+        pass
+
+
 def start(config: Dict[str, Any], argv: Optional[List[str]] = None) -> Optional[int]:
     """Start the worker with ``config`` (``handler`` required; ``concurrency_modifier``,
     ``return_aggregate_stream``, ``refresh_worker`` optional).
@@ -52,6 +68,7 @@ def start(config: Dict[str, Any], argv: Optional[List[str]] = None) -> Optional[
     if args.rp_serve_api:
         log.warning("--rp_serve_api is not supported by vendor-flash; use --test_input or a flashd endpoint")
     if args.test_input is None and env.is_production:
+        _line_buffer_stdout()
         worker = Worker(config, env)
         status = worker.run()
         if worker.exit_exception is not None:
