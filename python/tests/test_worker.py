@@ -547,17 +547,23 @@ class ProgressOrderTest(WorkerTestCase):
         self.assertLessEqual(max(peak), 1)  # one sender thread per job
 
 
-class WorkerOutputTest(WorkerTestCase):
-    def test_print_in_a_running_job_reaches_a_piped_stdout_at_once(self):
-        # flashd's process runtime and containers give the worker a pipe, which Python
-        # block-buffers: a handler's print() must not wait there until the job ends
+class WorkerProcessTest(WorkerTestCase):
+    """``tests/workers/handlers.py sync`` in its own process, its stdout a pipe."""
+
+    def start_worker_process(self, **env_overrides):
         tests = os.path.dirname(os.path.abspath(__file__))
         env = {k: v for k, v in os.environ.items()
                if not k.startswith(("RUNPOD_", "VENDOR_")) and k != "PYTHONUNBUFFERED"}
-        env.update(self.fake.env(), PYTHONPATH=os.path.dirname(tests), VENDOR_LOG_FORMAT="text")
+        env.update(self.fake.env(**env_overrides), PYTHONPATH=os.path.dirname(tests), VENDOR_LOG_FORMAT="text")
         proc = subprocess.Popen([sys.executable, os.path.join(tests, "workers", "handlers.py"), "sync"],
                                 env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         self.addCleanup(lambda: (proc.poll() is None and proc.kill(), proc.wait(), proc.stdout.close()))
+        return proc
+
+    def test_print_in_a_running_job_reaches_a_piped_stdout_at_once(self):
+        # flashd's process runtime and containers give the worker a pipe, which Python
+        # block-buffers: a handler's print() must not wait there until the job ends
+        proc = self.start_worker_process()
         lines = []
         reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, b"")), daemon=True)
         reader.start()
@@ -572,6 +578,18 @@ class WorkerOutputTest(WorkerTestCase):
         proc.terminate()
         self.assertEqual(proc.wait(10), 0)
 
+
+    def test_heartbeat_goes_on_while_a_handler_holds_the_gil(self):
+        # a C call that keeps the GIL (here libc sleep() through ctypes.PyDLL) stops every
+        # thread of the worker process; pings come from their own process, as runpod-python's
+        # do, so the lease is renewed (the worker runs apart: the fake server needs the GIL too)
+        proc = self.start_worker_process(interval_ms=100)
+        job_id = self.fake.submit({"hold_gil": 2})
+        self.assertEqual(self.final_post(job_id, timeout=15).json(), {"output": {"echo": {"hold_gil": 2}}})
+        listed = [p for p in self.fake.recorded("ping") if p.query.get("job_id") == job_id]
+        self.assertGreaterEqual(len(listed), 5)
+        proc.terminate()
+        self.assertEqual(proc.wait(10), 0)
 
 if __name__ == "__main__":
     unittest.main()

@@ -7,7 +7,8 @@ Threads:
 * **job-<id>** – runs the handler (async ones on the shared event loop), streams chunks,
   posts the result, then frees the slot.
 * **stop** – long-polls job-stop and cancels the listed jobs.
-* **heartbeat** – pings every interval with the ids of the jobs in progress (renews leases).
+* **heartbeat** – feeds the ids of the jobs in progress to the heartbeat process, which pings
+  every interval (renews leases) even while a handler holds the GIL (:mod:`.heartbeat`).
 * **main** – waits for a shutdown request (SIGTERM/SIGINT, ``refresh_worker``, or a handler
   that raised SystemExit/KeyboardInterrupt), then stops taking, lets in-flight jobs finish and
   post, and returns the exit status.
@@ -15,9 +16,13 @@ Threads:
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -36,6 +41,8 @@ from ..version import __version__
 LONG_POLL_TIMEOUT = 95.0
 #: An empty long-poll answer faster than this counts as "not held" and is backed off.
 SPIN_GUARD_SECONDS = 1.0
+#: How often the heartbeat process is told the jobs in progress (when they changed).
+HEARTBEAT_FEED_SECONDS = 0.2
 
 
 class Backoff:
@@ -128,6 +135,9 @@ class Worker:
         self.loop: Optional[LoopThread] = None
         self._ping_now = threading.Event()  # wakes the heartbeat early
         self._signals = 0
+        self._feed_lock = threading.Lock()
+        self._heartbeat_proc: Optional[subprocess.Popen] = None
+        self._fed_ids: Optional[List[str]] = None
         self._threads: List[threading.Thread] = []
         #: The SystemExit/KeyboardInterrupt a handler raised: the worker exits after it.
         self.exit_exception: Optional[BaseException] = None
@@ -146,11 +156,13 @@ class Worker:
         self.loop = LoopThread()
         progress.set_transport(self.transport, on_stale=self._mark_lost)
         try:
+            if self.env.ping_enabled:
+                # before the first take, so the first job is listed before its handler runs
+                self._heartbeat_proc = self._start_heartbeat_process()
+                self._spawn(self._heartbeat_loop, "heartbeat")
             take = self._spawn(self._take_loop, "take")
             self._spawn(self._stop_loop, "stop")
-            if self.env.ping_enabled:
-                self._spawn(self._heartbeat_loop, "heartbeat")
-            else:
+            if not self.env.ping_enabled:
                 self.log.warning("heartbeat disabled: needs the ping URL, the worker key and the pod id")
             while not self.stopping.wait(0.5):
                 pass
@@ -303,6 +315,11 @@ class Worker:
         self.log.info("started%s", f" [batchId={batch}]" if batch else "", extra=extra)
         thread = threading.Thread(target=self._job_thread, args=(active,), name=f"job-{job_id}", daemon=True)
         active.thread = thread
+        try:
+            # listed before the handler runs: one that grabs the GIL at once still gets pings
+            self._feed_heartbeat()
+        except (OSError, ValueError):
+            pass  # the heartbeat loop notices and falls back to a thread
         thread.start()
 
     def _job_thread(self, active: ActiveJob) -> None:
@@ -454,6 +471,83 @@ class Worker:
     # -- heartbeat --------------------------------------------------------------------------
 
     def _heartbeat_loop(self) -> None:
+        """Pings from a child process (see :mod:`.heartbeat`), fed the ids of the jobs in progress.
+
+        A handler holding the GIL stops every thread here, but not that process, so leases are
+        renewed as runpod-python's heartbeat process renews them. Falls back to pinging from
+        this thread when the process cannot be started.
+        """
+        with self._feed_lock:
+            proc = self._heartbeat_proc
+        if proc is None:
+            self._heartbeat_thread_loop()
+            return
+        reader = threading.Thread(target=self._heartbeat_results, args=(proc,), name="vendor-flash-heartbeat-results",
+                                  daemon=True)
+        reader.start()
+        try:
+            while not self.finished.is_set():
+                now = self._ping_now.is_set()
+                self._ping_now.clear()
+                self._feed_heartbeat(now)
+                self._ping_now.wait(HEARTBEAT_FEED_SECONDS)
+        except (OSError, ValueError) as exc:
+            self.log.warning("heartbeat process gone (%s): pinging from a thread", exc)
+            with self._feed_lock:
+                self._heartbeat_proc = None
+            self._heartbeat_thread_loop()
+        finally:
+            with self._feed_lock:
+                self._heartbeat_proc = None
+            try:
+                proc.stdin.close()
+            except OSError:
+                pass
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            reader.join(5)
+            proc.stdout.close()
+
+    def _feed_heartbeat(self, now: bool = False) -> None:
+        """Tell the heartbeat process the jobs in progress, when they changed (or ``now``: ping)."""
+        with self._feed_lock:
+            proc = self._heartbeat_proc
+            if proc is None:
+                return
+            ids = self.in_progress_ids()
+            if now or ids != self._fed_ids:
+                proc.stdin.write((json.dumps({"ids": ids, "now": now}) + "\n").encode())
+                proc.stdin.flush()
+                self._fed_ids = ids
+
+    def _start_heartbeat_process(self) -> Optional[subprocess.Popen]:
+        package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env = dict(os.environ)
+        env["PYTHONPATH"] = package_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        try:
+            proc = subprocess.Popen([sys.executable, "-m", "vendor_flash.serverless.heartbeat"], env=env,
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True)
+            proc.stdin.write((json.dumps(dataclasses.asdict(self.env)) + "\n").encode())
+            proc.stdin.flush()
+        except (OSError, ValueError) as exc:
+            self.log.warning("cannot start the heartbeat process (%s): pinging from a thread", exc)
+            return None
+        return proc
+
+    def _heartbeat_results(self, proc: subprocess.Popen) -> None:
+        """Act on what the heartbeat process reports for each ping (a 409 names stale jobs)."""
+        for line in proc.stdout:
+            try:
+                report = json.loads(line)
+            except ValueError:
+                continue
+            self._ping_outcome(report.get("status"), report.get("body", "").encode(), report.get("ids", []),
+                               report.get("error", ""))
+
+    def _heartbeat_thread_loop(self) -> None:
         interval = self.env.ping_interval
         client = HttpClient(self.env.api_key, timeout=min(30.0, max(2.0, 2 * interval)), max_idle=1)
         try:
@@ -470,13 +564,21 @@ class Worker:
         try:
             response = client.request("GET", self.env.ping_url(ids, __version__))
         except TRANSPORT_ERRORS as exc:
-            self.log.warning("ping failed: %s: %s", type(exc).__name__, exc)
+            self._ping_outcome(None, b"", ids, f"{type(exc).__name__}: {exc}")
             return None
-        if response.status == 409:
-            self._stale_from_ping(response, ids)
-        elif response.status >= 400:
-            self.log.warning("ping got HTTP %d: %s", response.status, response.text(200))
+        self._ping_outcome(response.status, response.body, ids)
         return response.status
+
+    def _ping_outcome(self, status: Optional[int], body: bytes, ids: List[str], error: str = "") -> None:
+        """Log a failed ping; on a 409, drop the jobs it names."""
+        if status is None:
+            self.log.warning("ping failed: %s", error)
+            return
+        response = HttpResponse(status=status, headers={}, body=body)
+        if status == 409:
+            self._stale_from_ping(response, ids)
+        elif status >= 400:
+            self.log.warning("ping got HTTP %d: %s", status, response.text(200))
 
     def _stale_from_ping(self, response: HttpResponse, sent: List[str]) -> None:
         """A 409 on ping: drop the jobs it names (or the only job sent, if it names none)."""

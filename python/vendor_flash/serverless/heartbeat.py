@@ -1,0 +1,81 @@
+"""The heartbeat process: pings flashd every interval, whatever the handler does.
+
+A handler that holds the GIL (a long C call that does not release it, a regular expression
+that backtracks) stops every thread of the worker, so a heartbeat thread would stop pinging
+and flashd would take the job back after its lease and run it again. runpod-python pings from
+its own process for the same reason; so does this module, run as
+``python -m vendor_flash.serverless.heartbeat``.
+
+Protocol, one JSON object per line:
+
+* stdin, first line: the :class:`~vendor_flash.serverless.env.WorkerEnv` fields; then
+  ``{"ids": [...], "now": bool}`` whenever the worker's jobs change (``now``: ping at once).
+  End of input (the worker exited, even on SIGKILL) ends the process.
+* stdout: one ``{"status": int|null, "body": str, "ids": [...], "error": str}`` per ping.
+
+SIGTERM and SIGINT are ignored: the worker decides when heartbeats end (after its drain).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import sys
+import time
+from typing import Any, Dict, List
+
+from .env import WorkerEnv
+from .http import TRANSPORT_ERRORS, HttpClient
+from ..version import __version__
+
+
+def _ping(client: HttpClient, env: WorkerEnv, ids: List[str]) -> Dict[str, Any]:
+    try:
+        response = client.request("GET", env.ping_url(ids, __version__))
+    except TRANSPORT_ERRORS as exc:
+        return {"status": None, "body": "", "ids": ids, "error": f"{type(exc).__name__}: {exc}"}
+    return {"status": response.status, "body": response.text(2000), "ids": ids, "error": ""}
+
+
+def main() -> int:
+    """Run the heartbeat until stdin ends."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
+    fd = sys.stdin.fileno()  # read with os.read only: a buffered reader would hide lines from select
+    pending = b""
+    env = None
+    client = None
+    interval = 0.0
+    ids: List[str] = []
+    next_ping = None  # the first ping goes out with the first list of ids
+    while True:
+        timeout = None if next_ping is None else max(0.0, next_ping - time.monotonic())
+        readable, _, _ = select.select([fd], [], [], timeout)
+        now = False
+        if readable:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return 0
+            pending += chunk
+            while b"\n" in pending:
+                line, pending = pending.split(b"\n", 1)
+                message = json.loads(line)
+                if env is None:  # the first line: the worker's environment
+                    env = WorkerEnv(**message)
+                    interval = env.ping_interval
+                    client = HttpClient(env.api_key, timeout=min(30.0, max(2.0, 2 * interval)), max_idle=1)
+                    continue
+                ids = [str(i) for i in message.get("ids", [])]
+                now = now or bool(message.get("now")) or next_ping is None
+        if env is None or client is None:
+            continue
+        if now or (next_ping is not None and time.monotonic() >= next_ping):
+            sys.stdout.write(json.dumps(_ping(client, env, ids)) + "\n")
+            sys.stdout.flush()
+            next_ping = time.monotonic() + interval
+
+
+if __name__ == "__main__":
+    sys.exit(main())
