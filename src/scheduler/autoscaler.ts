@@ -205,6 +205,9 @@ export class Autoscaler {
     const { row: keyRow, key } = this.#o.auth.createManagedWorkerKey(endpointId, freshId);
     const env = {
       ...SDK_DEFAULT_ENV,
+      // stdout is a pipe to the log here: Python would block-buffer a handler's print() until
+      // the job (or the worker) ended, as `ENV PYTHONUNBUFFERED=1` in RunPod's templates avoids.
+      PYTHONUNBUFFERED: '1',
       ...spec.env,
       ...workerEnv({ baseUrl: this.#o.baseUrl(), endpointId, workerId: freshId, key, gpu: placed.gpuName, pingIntervalMs: this.#o.pingIntervalMs }),
     };

@@ -337,6 +337,18 @@ t.test('lowering workers.max under a backlog: a busy surplus worker finishes its
   }, 15_000);
 });
 
+t.test("a Python worker's print() reaches the log while it runs, not when it exits (PYTHONUNBUFFERED)", async (t) => {
+  const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT, takeHoldMs: 1000 });
+  const ep = (await a.req('POST', '/v2/serverless', {
+    body: cpuBody({ args: `python3 -c "import time; print('booting the model'); time.sleep(60)"`, workers: { min: 1, max: 1, idleTimeout: 30 } }),
+  })).json.id as string;
+  await until('the line in the log', async () => {
+    const lines = (await a.req('GET', `/v2/serverless/${ep}/logs`)).json as { line: string; stream: string }[];
+    return lines.some((l) => l.stream === 'stdout' && l.line === 'booting the model');
+  }, 10_000);
+  t.pass('printed before the process exited');
+});
+
 t.test('a worker that dies while a child it started still holds its output is seen dead at once', async (t) => {
   // The lease (60 s) is far longer than the test: only the exit itself can end the job.
   const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT, takeHoldMs: 1000, leaseMs: 60_000, maxAttempts: 1 });
