@@ -126,6 +126,7 @@ export function createDispatcher(options: DispatcherOptions): (method: string, p
         let rateHeaders: Record<string, string> = NO_HEADERS;
         try {
           let principal: Principal | undefined;
+          let authorized = false;
           if (route.auth !== 'none') {
             principal = auth.authenticate(req.headers);
             if (!principal.exempt && !route.skipRateLimit) {
@@ -144,13 +145,14 @@ export function createDispatcher(options: DispatcherOptions): (method: string, p
                     rateHeaders = jobRateLimiter.peek(endpointId, group);
                     throw err;
                   }
+                  authorized = true;
                   rateHeaders = takeJobRate(endpointId, group);
                 }
               } else {
                 rateHeaders = takeUserRate(principal.userId);
               }
             }
-            authorize(route, principal);
+            if (!authorized) authorize(route, principal);
           }
           let body: unknown;
           let bodyText: string | undefined;
