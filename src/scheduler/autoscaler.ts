@@ -286,8 +286,11 @@ export class Autoscaler {
       this.#o.queue.workers.markUnhealthy(endpointId, workerId);
       const mono = this.#o.clock.monotonic();
       this.#unhealthy.set(workerId, { endpointId, until: mono + UNHEALTHY_SHOWN_MS });
-      // Crash loop: from the third crash in a row, back off 2^(n-2) s, up to 60 s.
-      this.#crashes.set(endpointId, afterCrash(this.#crashes.get(endpointId), mono));
+      // Crash loop: from the third crash in a row, back off 2^(n-2) s, up to 60 s (a worker
+      // that had run for a minute does not count).
+      const ranMs = initTimedOut || managed?.runningSince === undefined ? 0 : mono - managed.runningSince;
+      const crashes = afterCrash(this.#crashes.get(endpointId), mono, ranMs);
+      if (crashes) this.#crashes.set(endpointId, crashes);
     } else {
       this.#o.logs.append(endpointId, workerId, 'system', `worker ${workerId} stopped (${how})`);
       this.#o.queue.workers.remove(endpointId, workerId);

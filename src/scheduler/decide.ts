@@ -142,13 +142,17 @@ export const CRASH_QUIET_MS = 60_000;
 const CRASH_BACKOFF_MAX_MS = 60_000;
 
 /**
- * The crash-loop state after a managed worker crashed at `mono` (monotonic ms): from the third
- * crash in a row, no start for 2^(n-2) s (n = crashes in a row), up to 60 s, where it stays while
- * the crashes go on. Counting the crashes of a sliding minute instead let the long waits push
- * the early crashes out of it, so the wait fell from 32 s back to 4 s and a loop restarted every
- * few seconds for good.
+ * The crash-loop state after a managed worker crashed at `mono` (monotonic ms), `ranMs` after it
+ * started running: from the third crash in a row, no start for 2^(n-2) s (n = crashes in a row),
+ * up to 60 s, where it stays while the crashes go on. Counting the crashes of a sliding minute
+ * instead let the long waits push the early crashes out of it, so the wait fell from 32 s back
+ * to 4 s and a loop restarted every few seconds for good. A worker that ran for CRASH_QUIET_MS
+ * or more before it crashed is no part of a loop: it leaves the state as it was (the many
+ * workers of a large endpoint, each crashing now and then, would otherwise make a streak that
+ * never ends and renew a 60 s backoff at every crash, so no worker would ever be replaced).
  */
-export function afterCrash(prev: CrashState | undefined, mono: number): CrashState {
+export function afterCrash(prev: CrashState | undefined, mono: number, ranMs = 0): CrashState | undefined {
+  if (ranMs >= CRASH_QUIET_MS) return prev;
   const quietSince = prev ? Math.max(prev.lastAt, prev.backoffUntil) : -Infinity;
   const streak = prev && mono - quietSince <= CRASH_QUIET_MS ? prev.streak + 1 : 1;
   const backoffUntil = streak >= 3 ? mono + Math.min(CRASH_BACKOFF_MAX_MS, 1000 * 2 ** (streak - 2)) : 0;

@@ -1,5 +1,5 @@
 import t from 'tap';
-import { decideScale, type ScaleInput, type WorkerSnapshot } from '../../src/scheduler/index.js';
+import { afterCrash, decideScale, type CrashState, type ScaleInput, type WorkerSnapshot } from '../../src/scheduler/index.js';
 
 const w = (id: string, state: WorkerSnapshot['state'], idleMs = 0, extra: Partial<WorkerSnapshot> = {}): WorkerSnapshot => ({
   id, state, idleMs, managed: true, recycle: false, ...extra,
@@ -109,3 +109,29 @@ for (const c of cases) {
     if (c.throttled !== undefined) t.equal(d.throttled, c.throttled, 'throttled');
   });
 }
+
+t.test('crash loop: workers that crash at start back off up to 60 s, and stay there', async (t) => {
+  let s: CrashState | undefined;
+  let at = 0;
+  const waits: number[] = [];
+  for (let i = 0; i < 10; i++) {
+    s = afterCrash(s, at, 500);
+    waits.push(s ? s.backoffUntil && s.backoffUntil - at : 0);
+    at = Math.max(at + 1000, s?.backoffUntil ?? 0) + 500;
+  }
+  t.same(waits, [0, 0, 2000, 4000, 8000, 16_000, 32_000, 60_000, 60_000, 60_000]);
+});
+
+t.test('crash loop: crashes of workers that had run for a minute are no loop, however close together', async (t) => {
+  // Ten long-lived workers, each crashing once in five minutes: the endpoint sees a crash every
+  // 30 s. Counted as a loop, the 60 s backoff renewed at each crash would hold every start back.
+  let s: CrashState | undefined;
+  for (let i = 0; i < 20; i++) {
+    s = afterCrash(s, i * 30_000, 5 * 60_000);
+    t.ok(s === undefined || s.backoffUntil <= i * 30_000, `crash ${i + 1}: no start held back`);
+  }
+  // They do not lift a loop's backoff either.
+  let loop: CrashState | undefined;
+  for (const at of [0, 1000, 2000]) loop = afterCrash(loop, at, 100);
+  t.equal(afterCrash(loop, 2500, 5 * 60_000)?.backoffUntil, loop?.backoffUntil, 'the backoff of the loop stays');
+});
