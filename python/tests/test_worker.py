@@ -4,6 +4,7 @@ import asyncio
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -590,6 +591,31 @@ class WorkerProcessTest(WorkerTestCase):
         self.assertGreaterEqual(len(listed), 5)
         proc.terminate()
         self.assertEqual(proc.wait(10), 0)
+    def heartbeat_child(self, proc):
+        out = subprocess.run(["pgrep", "-P", str(proc.pid), "-f", "vendor_flash.serverless.heartbeat"],
+                             capture_output=True, text=True).stdout.split()
+        self.assertEqual(len(out), 1, out)
+        return int(out[0])
+
+    def pings_listing(self, job_id):
+        return len([p for p in self.fake.recorded("ping") if job_id in p.query.get("job_id", "").split(",")])
+
+    def test_pings_go_on_from_a_thread_when_the_heartbeat_process_dies(self):
+        proc = self.start_worker_process(interval_ms=100)
+        gate = os.path.join(tempfile.mkdtemp(prefix="vf-gate-"), "gate")
+        self.addCleanup(lambda: open(gate, "w").close())
+        job_id = self.fake.submit({"print": "working", "gate": gate})
+        self.fake.wait_for(lambda: self.pings_listing(job_id) >= 2, timeout=10)
+        os.kill(self.heartbeat_child(proc), signal.SIGKILL)
+        time.sleep(0.5)
+        before = self.pings_listing(job_id)
+        # the job goes on, its lease must too
+        self.fake.wait_for(lambda: self.pings_listing(job_id) >= before + 5, timeout=5)
+        open(gate, "w").close()
+        self.assertEqual(self.final_post(job_id).json(), {"output": {"echo": {"print": "working", "gate": gate}}})
+        proc.terminate()
+        self.assertEqual(proc.wait(10), 0)
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -487,6 +487,8 @@ class Worker:
         reader.start()
         try:
             while not self.finished.is_set():
+                if proc.poll() is not None:  # killed, or failed: its pings stopped with it
+                    raise OSError(f"it exited with status {proc.returncode}")
                 now = self._ping_now.is_set()
                 self._ping_now.clear()
                 self._feed_heartbeat(now)
