@@ -616,6 +616,30 @@ class WorkerProcessTest(WorkerTestCase):
         proc.terminate()
         self.assertEqual(proc.wait(10), 0)
 
+    def test_heartbeat_process_ends_with_a_killed_worker_whose_fork_holds_its_pipe(self):
+        # a handler's fork-started children (multiprocessing) share the worker's end of the
+        # heartbeat's stdin: after a SIGKILL of the worker they kept it open, and the heartbeat
+        # went on renewing the dead worker's leases
+        proc = self.start_worker_process(interval_ms=100)
+        job_id = self.fake.submit({"fork": 8, "sleep": 30})
+        self.fake.wait_for(lambda: self.pings_listing(job_id) >= 2, timeout=10)
+        heartbeat = self.heartbeat_child(proc)
+        proc.kill()
+        proc.wait()
+        time.sleep(2.5)
+        before = self.pings_listing(job_id)
+        time.sleep(1)
+        self.assertEqual(self.pings_listing(job_id), before, "no ping for a dead worker's job")
+        self.assertFalse(os.path.exists(f"/proc/{heartbeat}") and _alive(heartbeat), "the heartbeat process is gone")
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return False
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -37,6 +37,10 @@ def sync_handler(job):
         import ctypes
 
         ctypes.PyDLL(None).sleep(inp["hold_gil"])
+    if "fork" in inp:  # a child that shares the worker's descriptors (a fork-started pool)
+        if os.fork() == 0:
+            time.sleep(inp["fork"])
+            os._exit(0)
     if "print" in inp:
         print(inp["print"])
         wait_for_file(inp["gate"])

@@ -10,7 +10,8 @@ Protocol, one JSON object per line:
 
 * stdin, first line: the :class:`~vendor_flash.serverless.env.WorkerEnv` fields; then
   ``{"ids": [...], "now": bool}`` whenever the worker's jobs change (``now``: ping at once).
-  End of input (the worker exited, even on SIGKILL) ends the process.
+  End of input, or the worker no longer being its parent (the worker exited, even on SIGKILL,
+  and a process it forked holds the pipe), ends the process.
 * stdout: one ``{"status": int|null, "body": str, "ids": [...], "error": str}`` per ping.
 
 SIGTERM and SIGINT are ignored: the worker decides when heartbeats end (after its drain).
@@ -29,6 +30,10 @@ from typing import Any, Dict, List
 from .env import WorkerEnv
 from .http import TRANSPORT_ERRORS, HttpClient
 from ..version import __version__
+
+#: How often the worker's own liveness is checked: the end of stdin alone misses a worker killed
+#: while a process it forked (a multiprocessing pool) still holds the pipe's other end.
+PARENT_CHECK_SECONDS = 1.0
 
 
 def _ping(client: HttpClient, env: WorkerEnv, ids: List[str]) -> Dict[str, Any]:
@@ -50,9 +55,14 @@ def main() -> int:
     interval = 0.0
     ids: List[str] = []
     next_ping = None  # the first ping goes out with the first list of ids
+    parent = os.getppid()
     while True:
-        timeout = None if next_ping is None else max(0.0, next_ping - time.monotonic())
+        timeout = PARENT_CHECK_SECONDS
+        if next_ping is not None:
+            timeout = min(timeout, max(0.0, next_ping - time.monotonic()))
         readable, _, _ = select.select([fd], [], [], timeout)
+        if os.getppid() != parent:
+            return 0  # the worker is gone, though a process it forked may still hold our stdin
         now = False
         if readable:
             chunk = os.read(fd, 65536)
