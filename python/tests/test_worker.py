@@ -1,9 +1,11 @@
 """The worker loop against an in-process fake of flashd's worker routes."""
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -631,6 +633,27 @@ class WorkerProcessTest(WorkerTestCase):
         time.sleep(1)
         self.assertEqual(self.pings_listing(job_id), before, "no ping for a dead worker's job")
         self.assertFalse(os.path.exists(f"/proc/{heartbeat}") and _alive(heartbeat), "the heartbeat process is gone")
+
+
+class HeartbeatProcessTest(WorkerTestCase):
+    """``python -m vendor_flash.serverless.heartbeat`` on its own, fed as the worker feeds it."""
+
+    def test_only_pings_the_worker_must_act_on_are_reported(self):
+        # the worker cannot read the reports while a handler holds the GIL: one line per ping
+        # filled the pipe (64 KiB, ~700 pings) and the heartbeat blocked on it, pings and all
+        env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        proc = subprocess.Popen([sys.executable, "-m", "vendor_flash.serverless.heartbeat"], env=env,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self.addCleanup(lambda: (proc.stdin.close(), proc.wait(5), proc.stdout.close()))
+        worker_env = WorkerEnv.from_environ(self.fake.env(interval_ms=100))
+        proc.stdin.write((json.dumps(dataclasses.asdict(worker_env)) + "\n").encode())
+        proc.stdin.write((json.dumps({"ids": ["j1"], "now": True}) + "\n").encode())
+        proc.stdin.flush()
+        self.fake.wait_for(lambda: len(self.fake.recorded("ping")) >= 5, timeout=10)
+        self.assertEqual(select.select([proc.stdout], [], [], 0.3)[0], [], "nothing reported for 200s")
+        self.fake.hooks["ping"] = lambda req: (409, {"staleJobs": ["j1"]})
+        report = json.loads(proc.stdout.readline())
+        self.assertEqual((report["status"], report["ids"]), (409, ["j1"]))
 
 
 def _alive(pid):

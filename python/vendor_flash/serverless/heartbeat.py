@@ -12,7 +12,10 @@ Protocol, one JSON object per line:
   ``{"ids": [...], "now": bool}`` whenever the worker's jobs change (``now``: ping at once).
   End of input, or the worker no longer being its parent (the worker exited, even on SIGKILL,
   and a process it forked holds the pipe), ends the process.
-* stdout: one ``{"status": int|null, "body": str, "ids": [...], "error": str}`` per ping.
+* stdout: one ``{"status": int|null, "body": str, "ids": [...], "error": str}`` per ping that
+  failed or got a 4xx/5xx (a 409 names stale jobs), the only ones the worker acts on. Not one
+  per ping: the worker cannot read them while a handler holds the GIL, and once the pipe was
+  full (about 700 lines) the heartbeat blocked on it and stopped pinging.
 
 SIGTERM and SIGINT are ignored: the worker decides when heartbeats end (after its drain).
 """
@@ -82,8 +85,10 @@ def main() -> int:
         if env is None or client is None:
             continue
         if now or (next_ping is not None and time.monotonic() >= next_ping):
-            sys.stdout.write(json.dumps(_ping(client, env, ids)) + "\n")
-            sys.stdout.flush()
+            report = _ping(client, env, ids)
+            if report["status"] is None or report["status"] >= 400:
+                sys.stdout.write(json.dumps(report) + "\n")
+                sys.stdout.flush()
             next_ping = time.monotonic() + interval
 
 
