@@ -889,7 +889,28 @@ export class JobQueue {
     // A new configuration outranks the worker's own request: its replacement starts at once.
     worker.refresh = asked && (worker.refresh || !worker.recycle);
     worker.recycle = true;
+    worker.retired = false;
     if (worker.managed) this.#answerTakes(worker);
+  }
+
+  /**
+   * A busy worker flashd launched is above a lowered `workers.max`: like one that asked to be
+   * recycled, it takes no new job, keeps its place under `max` and stops once idle, unless
+   * `max` leaves room for it again first (unretire).
+   */
+  retireAboveMax(endpointId: string, workerId: string): void {
+    this.recycling(endpointId, workerId, true);
+    const worker = this.workers.get(endpointId, workerId);
+    if (worker?.refresh) worker.retired = true;
+  }
+
+  /** A retired worker fits under `workers.max` again (raised, or others gone): it takes jobs again. */
+  unretire(endpointId: string, workerId: string): void {
+    const worker = this.workers.get(endpointId, workerId);
+    if (!worker?.retired || worker.draining) return;
+    worker.retired = false;
+    worker.recycle = false;
+    worker.refresh = false;
   }
 
   /** Answers a worker's parked job-takes with no job. */

@@ -42,6 +42,11 @@ export interface WorkerInfo {
    * does not start a replacement per job.
    */
   refresh: boolean;
+  /**
+   * Recycled for being busy above a lowered `workers.max` (JobQueue.retireAboveMax), held as
+   * `refresh` is: when `max` leaves room for it again before it stops, it takes jobs again.
+   */
+  retired: boolean;
   /** flashd is stopping it: no more jobs, and its polls are answered at once (JobQueue.stopping). */
   draining: boolean;
 }
@@ -50,7 +55,7 @@ export interface WorkerInfo {
 function record(endpointId: string, workerId: string, now: number, init: Partial<Pick<WorkerInfo, 'managed' | 'phase' | 'recycle' | 'draining'>> = {}): WorkerInfo {
   return {
     id: workerId, endpointId, managed: false, phase: 'up', jobs: new Set(), lastSeen: now, idleSince: now,
-    parked: 0, stops: new Map(), fenced: new Set(), stopWaiters: [], recycle: false, refresh: false, draining: false, ...init,
+    parked: 0, stops: new Map(), fenced: new Set(), stopWaiters: [], recycle: false, refresh: false, retired: false, draining: false, ...init,
   };
 }
 

@@ -158,7 +158,7 @@ export class Autoscaler {
       inProgress: load.inProgress,
       oldestWaitMs: load.oldestWaitMs,
       workers: listed.filter((w) => !registry.silent(w) && !this.#managed.get(w.id)?.stopping).map((w) => ({
-        id: w.id, state: registry.state(w), idleMs: mono - w.idleSince, managed: w.managed, recycle: w.recycle, refresh: w.refresh,
+        id: w.id, state: registry.state(w), idleMs: mono - w.idleSince, managed: w.managed, recycle: w.recycle, refresh: w.refresh, retired: w.retired,
       })),
       // A worker that asked to be recycled holds its place under max until it has exited.
       exiting: listed.filter((w) => w.refresh && this.#managed.get(w.id)?.stopping).length,
@@ -167,8 +167,13 @@ export class Autoscaler {
     });
     registry.setThrottled(endpointId, decision.throttled);
     for (let i = 0; i < decision.start; i++) this.#launch(row);
+    for (const id of decision.unretire) {
+      this.#o.queue.unretire(endpointId, id);
+      this.#o.logs.append(endpointId, id, 'system', `worker ${id} fits under workers.max (${spec.workers.max}) again: it takes jobs again`);
+      this.#o.log.info('worker no longer retiring', { endpointId, workerId: id, max: spec.workers.max });
+    }
     for (const id of decision.retire) {
-      this.#o.queue.recycling(endpointId, id, true);
+      this.#o.queue.retireAboveMax(endpointId, id);
       this.#o.logs.append(endpointId, id, 'system', `worker ${id} is above workers.max (${spec.workers.max}): it finishes its jobs, takes no new one and stops`);
       this.#o.log.info('worker retiring', { endpointId, workerId: id, max: spec.workers.max });
     }

@@ -13,7 +13,8 @@
  * - Idle workers stop after `idleTimeout` (down to `min`, or to the REQUEST_COUNT target),
  *   longest idle first; above `max` (a lowered `max`), starting and idle workers stop at once
  *   and busy ones are retired: they finish what they hold, take no new job and then stop, so
- *   a backlog that keeps every worker busy cannot hold the count above `max`.
+ *   a backlog that keeps every worker busy cannot hold the count above `max`. A retired worker
+ *   that fits under `max` again before it stops (max raised) serves again.
  * - A managed worker marked for replacement (a new configuration, stopPod) takes no more jobs:
  *   it is not counted as serving and it stops as soon as it holds no job, even while it is
  *   starting. For a new configuration its replacement starts at once (`max` applying to the
@@ -34,6 +35,8 @@ export interface WorkerSnapshot {
   recycle: boolean;
   /** Recycled because it asked (stopPod, refresh_worker): it holds its place under max until it exits. */
   refresh?: boolean;
+  /** Recycled for being busy above a lowered max (with `recycle` and `refresh`): it serves again once max has room for it. */
+  retired?: boolean;
 }
 
 export interface ScaleInput {
@@ -63,12 +66,27 @@ export interface ScaleDecision {
   stop: string[];
   /** Busy managed workers above `max`: they take no new job and stop once idle (JobQueue.recycling, asked). */
   retire: string[];
+  /** Retired workers that fit under `max` again (raised, or others gone): they take jobs again (JobQueue.unretire). */
+  unretire: string[];
   throttled: number;
   desired: number;
 }
 
 export function decideScale(s: ScaleInput): ScaleDecision {
-  const live = s.workers.filter((w) => w.state !== 'unhealthy');
+  // Retired workers (busy above a lowered max) that fit under max again, beside the serving
+  // workers and those holding their places, serve again: a PATCH that raises max back does not
+  // leave them idle until they stop, to be replaced by cold starts.
+  const unretire: string[] = [];
+  const retiredNow = (w: WorkerSnapshot) => w.managed && w.recycle && w.retired === true && w.state !== 'unhealthy';
+  let room = s.max - (s.exiting ?? 0) - s.workers.filter((w) => w.state !== 'unhealthy' && !retiredNow(w) && (!(w.recycle && w.managed) || w.refresh)).length;
+  for (const w of s.workers) {
+    if (room <= 0) break;
+    if (!retiredNow(w)) continue;
+    unretire.push(w.id);
+    room--;
+  }
+  const workers = unretire.length ? s.workers.map((w) => (unretire.includes(w.id) ? { ...w, recycle: false, refresh: false, retired: false } : w)) : s.workers;
+  const live = workers.filter((w) => w.state !== 'unhealthy');
   // A managed worker marked for replacement takes no more jobs (JobQueue.recycling): it neither
   // serves the queue nor counts toward max, so its replacement starts while it finishes.
   const serving = live.filter((w) => !(w.recycle && w.managed));
@@ -127,7 +145,7 @@ export function decideScale(s: ScaleInput): ScaleDecision {
     retire.push((busy[i] as WorkerSnapshot).id);
     remaining--;
   }
-  return { start, stop, retire, throttled, desired };
+  return { start, stop, retire, unretire, throttled, desired };
 }
 
 /** An endpoint's crash loop: crashes in a row, the last one, and when starts may resume. */

@@ -10,7 +10,7 @@ const base: ScaleInput = {
   queued: 0, lowQueued: 0, inProgress: 0, oldestWaitMs: 0, workers: [], capacity: Infinity, backoff: false,
 };
 
-const cases: { name: string; input: Partial<ScaleInput>; start: number; stop?: string[]; retire?: string[]; throttled?: number }[] = [
+const cases: { name: string; input: Partial<ScaleInput>; start: number; stop?: string[]; retire?: string[]; unretire?: string[]; throttled?: number }[] = [
   { name: 'idle endpoint, nothing queued: nothing happens', input: {}, start: 0 },
   { name: 'min > 0 keeps warm workers', input: { min: 2 }, start: 2 },
   { name: 'first job to an idle endpoint: a cold start at once', input: { queued: 1, oldestWaitMs: 0 }, start: 1 },
@@ -49,6 +49,24 @@ const cases: { name: string; input: Partial<ScaleInput>; start: number; stop?: s
   {
     name: 'a retired worker (asked to stop, still busy) keeps its place: no replacement while it runs',
     input: { max: 1, queued: 9, oldestWaitMs: 60_000, workers: [w('a', 'running'), w('b', 'running', 0, { recycle: true, refresh: true })] }, start: 0, stop: [], retire: [],
+  },
+  {
+    name: 'max raised again while a retired worker still runs: it takes jobs again, no cold start to replace it',
+    input: { max: 2, queued: 4, oldestWaitMs: 60_000, workers: [w('a', 'running'), w('b', 'running', 0, { recycle: true, refresh: true, retired: true })] },
+    start: 0, stop: [], retire: [], unretire: ['b'],
+  },
+  {
+    name: 'an idle retired worker that fits under max again is kept, not stopped',
+    input: { max: 2, workers: [w('a', 'running'), w('b', 'idle', 0, { recycle: true, refresh: true, retired: true })] }, start: 0, stop: [], unretire: ['b'],
+  },
+  {
+    name: 'retired workers stay retired while max has no room for them, only as many as fit come back',
+    input: { max: 2, queued: 9, workers: [w('a', 'running'), w('b', 'running', 0, { recycle: true, refresh: true, retired: true }), w('c', 'running', 0, { recycle: true, refresh: true, retired: true })] },
+    start: 0, retire: [], unretire: ['b'],
+  },
+  {
+    name: 'a worker that asked to be recycled (refresh_worker) never comes back',
+    input: { max: 3, queued: 9, workers: [w('a', 'running'), w('b', 'running', 0, { recycle: true, refresh: true })] }, start: 0, unretire: [],
   },
   { name: 'at max, busy workers stay', input: { max: 2, queued: 9, workers: [w('a', 'running'), w('b', 'running')] }, start: 0, retire: [] },
   { name: 'external workers are never stopped', input: { workers: [w('x', 'idle', 60_000, { managed: false })] }, start: 0, stop: [] },
@@ -106,6 +124,7 @@ for (const c of cases) {
     t.equal(d.start, c.start, 'start');
     if (c.stop) t.same(d.stop, c.stop, 'stop');
     if (c.retire) t.same(d.retire, c.retire, 'retire');
+    if (c.unretire) t.same(d.unretire, c.unretire, 'unretire');
     if (c.throttled !== undefined) t.equal(d.throttled, c.throttled, 'throttled');
   });
 }
