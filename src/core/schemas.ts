@@ -33,6 +33,9 @@ for (const [file, doc] of Object.entries(SCHEMA_DOCUMENTS)) {
   }
 }
 
+/** The pattern the schemas put on strings that reach a process (env values, commands): no NUL. */
+const NO_NUL_PATTERN = '^[^\\u0000]*$';
+
 const compiled = new Map<string, ValidateFunction>();
 
 function validatorFor(name: string): ValidateFunction {
@@ -80,6 +83,10 @@ export function formatSchemaErrors(errors: readonly ErrorObject[]): string[] {
         break;
       case 'uniqueItems':
         line = `${at}: must not contain duplicate items (items ${String(p['j'])} and ${String(p['i'])} are equal)`;
+        break;
+      case 'pattern':
+        // The schemas' NUL guard (env values, commands): say what is wrong, not the regex.
+        line = p['pattern'] === NO_NUL_PATTERN ? `${at}: must not contain a NUL character (\\u0000)` : `${at}: ${e.message ?? 'is invalid'}`;
         break;
       case 'anyOf':
       case 'oneOf':

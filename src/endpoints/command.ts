@@ -80,6 +80,10 @@ export function parseArgs(args: string): Command {
     if (extra.length) throw new CommandError(`args JSON may only have "entrypoint" and "cmd", not ${extra.map((k) => JSON.stringify(k)).join(', ')}`);
     if (obj['entrypoint'] !== undefined && !isStringArray(obj['entrypoint'])) throw new CommandError('args JSON "entrypoint" must be an array of strings');
     if (obj['cmd'] !== undefined && !isStringArray(obj['cmd'])) throw new CommandError('args JSON "cmd" must be an array of strings');
+    for (const k of ['entrypoint', 'cmd'] as const) {
+      // No process argument can hold a NUL: every start of the worker would fail.
+      if ((obj[k] as string[] | undefined)?.some((x) => x.includes('\0'))) throw new CommandError(`args JSON "${k}" must not contain a NUL character (\\u0000)`);
+    }
     const entrypoint = (obj['entrypoint'] as string[] | undefined) ?? null;
     const cmd = (obj['cmd'] as string[] | undefined) ?? null;
     return { entrypoint: entrypoint && entrypoint.length ? entrypoint : null, cmd: cmd && cmd.length ? cmd : null };

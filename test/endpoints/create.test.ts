@@ -145,6 +145,25 @@ t.test('required fields and basic bounds', async (t) => {
   assertProblem(t, body, 400, 'a JSON array body is a 400');
 });
 
+t.test('a NUL character in an env value or the command is refused (no worker could ever start)', async (t) => {
+  const a = await startAgent(t);
+  await expectCases(t, a, [
+    ['env value with NUL', queueBody({ env: { TOKEN: 'secret-\u0000-value' } }), 400, '/env/TOKEN'],
+    ['args with NUL', queueBody({ args: 'python\u0000 app.py' }), 400, '/args'],
+    ['args JSON cmd with NUL', queueBody({ args: '{"cmd": ["python", "a\\u0000.py"]}' }), 400, '/args'],
+    ['cmd item with NUL', queueBody({ cmd: ['python', 'a\u0000.py'] }), 400, '/cmd/1'],
+    ['entrypoint item with NUL', queueBody({ entrypoint: ['sh\u0000'] }), 400, '/entrypoint/0'],
+  ]);
+  const r = await createEndpoint(a, queueBody({ env: { TOKEN: 'secret-\u0000-value' } }));
+  t.match(r.json.detail, /must not contain a NUL character/, 'the reason is said plainly');
+  t.notMatch(r.text, /secret-/, 'the value is not echoed');
+  const ok = await mustCreate(t, a, queueBody({ env: { TOKEN: 'line one\nline two' } }));
+  const patch = await a.req('PATCH', `/v2/serverless/${ok.id}`, { body: { env: { TOKEN: 'x\u0000' } } });
+  assertErrorAt(t, patch, 400, '/env/TOKEN', 'an update is checked the same way');
+  const tpl = await a.req('POST', '/v2/templates', { body: { name: 'nul', image: 'busybox', isServerless: true, env: { A: 'x\u0000' } } });
+  assertErrorAt(t, tpl, 400, '/env/A', 'and a template');
+});
+
 t.test('unknown properties are rejected at every level', async (t) => {
   const a = await startAgent(t);
   await expectCases(t, a, [
