@@ -257,7 +257,11 @@ export class Autoscaler {
         (err: Error) => {
           this.#o.logs.append(endpointId, freshId, 'system', `worker ${freshId} failed to start: ${err.message}`);
           this.#o.log.warn('worker failed to start', { endpointId, workerId: freshId, reason: err.message });
-          this.#exited(endpointId, freshId, { code: null, signal: null, requested: false });
+          // A runtime left without room by the failure (its container engine went away, or it is
+          // shutting down) failed for want of capacity, not because of the endpoint: that is no
+          // crash (no unhealthy worker, no backoff); the jobs wait throttled until it is back.
+          const noRoom = this.#o.runtime?.capacity(endpointId) === 0;
+          this.#exited(endpointId, freshId, { code: null, signal: null, requested: noRoom });
         },
       );
   }

@@ -304,6 +304,36 @@ t.test('engine sockets', async (t) => {
     t.equal((await d.req('GET', `/v2/${ep}/status/${id}`)).json.status, 'IN_QUEUE', 'the job waits');
   });
 
+  t.test('an engine that goes away after it was ready: the start that finds it gone is no crash', async (t) => {
+    // flashd talks to the real engine through a relay that the test takes away (the engine stopped).
+    const relaySocket = join(sockets, 'gone.sock');
+    const open = new Set<Socket>();
+    const relay = createServer((c) => {
+      const up = connect(SOCKET);
+      open.add(c).add(up);
+      c.on('close', () => open.delete(c));
+      up.on('close', () => open.delete(up));
+      c.on('error', () => up.destroy());
+      up.on('error', () => c.destroy());
+      c.pipe(up).pipe(c);
+    });
+    await new Promise<void>((r) => relay.listen(relaySocket, r));
+    const d = await startAgent(t, { runtime: 'docker', containerSocket: relaySocket });
+    t.ok(d.logs.some((l) => /container engine ready/.test(l)), 'the engine answered at start');
+    const ep = await endpoint(d, { workers: { min: 0, max: 1, idleTimeout: 5 } });
+    relay.close();
+    for (const c of open) c.destroy();
+    const id = (await d.req('POST', `/v2/${ep}/run`, { body: { input: {} } })).json.id as string;
+    await until('the start to fail on the missing engine', async () => d.logs.some((l) => /worker failed to start/.test(l)), 30_000);
+    const h = await until('the endpoint to show throttled', async () => {
+      const x = await health(d, ep);
+      return x.workers.throttled >= 1 && x;
+    }, 30_000);
+    t.equal(h.workers.unhealthy, 0, 'no capacity is not a crash, even for the start that found the engine gone');
+    t.notOk(d.logs.some((l) => /worker exited unexpectedly/.test(l)), 'no crash logged');
+    t.equal((await d.req('GET', `/v2/${ep}/status/${id}`)).json.status, 'IN_QUEUE', 'the job waits');
+  });
+
   t.test('an engine that goes away while a worker runs does not hold the shutdown', async (t) => {
     // flashd talks to the real engine through a relay that the test cuts (a daemon restart, or
     // the engine stopped first at system shutdown).
