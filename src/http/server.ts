@@ -128,8 +128,8 @@ const SMALL_BODY = 64 * 1024;
  * A body over its route's limit is read and dropped up to this size before the 413 goes out.
  * Clients that send the whole body before reading (Python's http.client under requests and
  * the runpod SDK, aiohttp) saw a broken pipe instead of the 413 when it came first and the
- * connection closed under them. Beyond this, or with `Expect: 100-continue` (the client waits
- * for a go-ahead before sending), the 413 goes out at once.
+ * connection closed under them. Beyond this the 413 goes out at once. (`Expect: 100-continue`
+ * changes nothing: uWS answers `100 Continue` itself before flashd sees the request.)
  */
 const DRAIN_MAX_BYTES = 64 * 1024 * 1024;
 
@@ -474,7 +474,7 @@ export function createHttpServer(options: HttpServerOptions): HttpServer {
     const te = ex.headers['transfer-encoding'];
     const chunked = te !== undefined && /chunked/i.test(te);
     if (declared !== undefined && Number.isFinite(declared) && declared > ex.decision.maxBodyBytes) {
-      if (declared > DRAIN_MAX_BYTES || /100-continue/i.test(ex.headers['expect'] ?? '')) {
+      if (declared > DRAIN_MAX_BYTES) {
         ex.tooLarge();
         return;
       }
