@@ -323,7 +323,9 @@ export interface UpdateOutcome {
   restartReasons: string[];
 }
 
-const RESTART_FIELDS = ['image', 'args', 'env', 'disk', 'ports', 'registry', 'gpu', 'cpu', 'dataCenterIds', 'flashboot'] as const;
+// A running container's mounts cannot change: a new volume reaches only new workers, and with
+// workers.min above 0 there might never be one.
+const RESTART_FIELDS = ['image', 'args', 'env', 'disk', 'ports', 'registry', 'gpu', 'cpu', 'dataCenterIds', 'mounts', 'flashboot'] as const;
 
 /** Applies a PATCH body to a stored spec (spec, "Update semantics"). */
 export function updateEndpoint(current: EndpointSpec, raw: unknown, ctx: ValidationContext): UpdateOutcome {

@@ -109,7 +109,7 @@ t.test('mount lists on PATCH: replace, detach with [], unchanged when omitted, s
   t.same((await ok({ mounts: {} })).mounts, { network: [{ volumeId: nv.id }], global: [] }, 'both lists omitted: unchanged');
   const replaced = await ok({ mounts: { network: net(nv2.id) } });
   t.same(replaced.mounts.network, [{ volumeId: nv2.id }], 'a present list replaces that kind');
-  t.same(replaced.restartReasons, [], 'mount changes apply to workers created afterwards: no restart');
+  t.same(replaced.restartReasons, ['mounts'], 'a mount change replaces running workers (a container cannot change its mounts)');
   t.same((await ok({ mounts: { network: [] } })).mounts, { network: [], global: [] }, '[] detaches');
   t.same((await ok({ networkVolumes: [nv.id] })).mounts.network, [{ volumeId: nv.id }], 'the deprecated field replaces too');
 

@@ -196,6 +196,7 @@ t.test('restartRequired and restartReasons', async (t) => {
   t.same(await reasons({ gpu: { count: 2 } }), ['gpu'], 'GPU selection changes need a restart');
   t.same(await reasons({ workers: { max: 2 } }), ['workers'], 'lowering max needs a restart');
   t.same(await reasons({ flashboot: 'FLASHBOOT', disk: 40 }), ['disk', 'flashboot']);
+  t.same(await reasons({ mounts: { global: [] } }), [], 'an unchanged mount list is no change');
 });
 
 t.test('registry on PATCH', async (t) => {
