@@ -69,7 +69,7 @@ export interface WorkerRuntime {
   /** Workers this runtime could start now for an endpoint (Infinity when unbounded). */
   capacity(endpointId: string): number;
   /** Forgets everything kept for an endpoint (deleted endpoint). */
-  discardEndpoint?(endpointId: string): Promise<void>;
+  discardEndpoint?(endpointId: string, reason?: string): Promise<void>;
   /** Stops every worker (shutdown). */
   close(): Promise<void>;
 }

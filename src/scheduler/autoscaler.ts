@@ -177,7 +177,12 @@ export class Autoscaler {
       this.#o.logs.append(endpointId, id, 'system', `worker ${id} is above workers.max (${spec.workers.max}): it finishes its jobs, takes no new one and stops`);
       this.#o.log.info('worker retiring', { endpointId, workerId: id, max: spec.workers.max });
     }
-    for (const id of decision.stop) void this.#stop(id, registry.get(endpointId, id)?.recycle ? 'recycle (stopPod, refresh_worker, a new configuration or a lower workers.max)' : 'idle');
+    for (const id of decision.stop) {
+      const w = registry.get(endpointId, id);
+      // Replaced for a new configuration: not kept for a FlashBoot restart (it runs the old one).
+      const outdated = w?.recycle === true && !w.refresh;
+      void this.#stop(id, w?.recycle ? 'recycle (stopPod, refresh_worker, a new configuration or a lower workers.max)' : 'idle', !outdated);
+    }
     return decision;
   }
 
@@ -341,6 +346,9 @@ export class Autoscaler {
       // The crashes were of the old configuration: the new one starts without their backoff.
       this.#crashes.delete(endpointId);
       for (const w of this.#o.queue.workers.list(endpointId)) if (w.managed) this.#o.queue.recycling(endpointId, w.id);
+      // Workers kept for a FlashBoot restart run the old configuration, with live keys: gone now
+      // rather than at the next launch or when their time runs out.
+      void this.#o.runtime?.discardEndpoint?.(endpointId, 'configuration changed');
     }
     this.trigger(endpointId);
   }

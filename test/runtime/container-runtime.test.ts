@@ -120,6 +120,21 @@ t.test('FLASHBOOT: scale to zero keeps the container stopped; the next job resta
   t.pass('no container left');
 });
 
+t.test('FLASHBOOT: a PATCH that needs a restart removes the kept container at once, not at the next launch', async (t) => {
+  const a = await start(t);
+  const ep = await endpoint(a, { flashboot: 'FLASHBOOT', env: { GEN: '1' }, workers: { min: 0, max: 1, idleTimeout: 1 } });
+  const first = await runsync(a, ep, { n: 1 });
+  t.equal(first.status, 'COMPLETED', JSON.stringify(first));
+  await until('scale to zero', async () => noWorkers(await health(a, ep)));
+  await until('kept stopped', async () => (await containersOf([`${LABELS.endpoint}=${ep}`]))[0]?.State === 'exited');
+  const patched = await a.req('PATCH', `/v2/serverless/${ep}`, { body: { env: { GEN: '2' } } });
+  t.same(patched.json.restartReasons, ['env']);
+  await until('the kept container of the old configuration removed', async () => (await containersOf([`${LABELS.endpoint}=${ep}`])).length === 0, 30_000);
+  const next = await runsync(a, ep, { n: 2 });
+  t.equal(next.status, 'COMPLETED', JSON.stringify(next));
+  t.not(next.workerId, first.workerId, 'a new worker, with the new configuration');
+});
+
 t.test('FLASHBOOT: deleting the endpoint while its kept container restarts stops and removes that container', async (t) => {
   const a = await start(t);
   const ep = await endpoint(a, { flashboot: 'FLASHBOOT', workers: { min: 0, max: 1, idleTimeout: 1 } });

@@ -493,8 +493,8 @@ export class ContainerRuntime implements WorkerRuntime {
     await w.exited;
   }
 
-  async discardEndpoint(endpointId: string): Promise<void> {
-    await Promise.all(this.#kept.removeEndpoint(endpointId).map((e) => this.#discard(e, 'endpoint deleted')));
+  async discardEndpoint(endpointId: string, reason = 'endpoint deleted'): Promise<void> {
+    await Promise.all(this.#kept.removeEndpoint(endpointId).map((e) => this.#discard(e, reason)));
   }
 
   /** Stops and removes every container of this process, kept ones included. */
