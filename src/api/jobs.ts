@@ -128,7 +128,8 @@ export function jobRoutes(s: JobRouteServices): RouteDef[] {
         const jobId = params['jobId'] as string;
         const snap = await s.queue.findDurable(ep.id, jobId);
         if (!snap) throw new AgentError('NOT_FOUND', `Job ${jobId} not found (unknown, or its result expired).`);
-        if (ttl !== undefined) s.queue.setRetention(ep.id, jobId, ttl);
+        // Answered once the ttl is durable: a crash after the reply keeps it.
+        if (ttl !== undefined) await s.queue.setRetention(ep.id, jobId, ttl);
         return json(200, statusBody(snap, s.now()));
       },
     },

@@ -1199,8 +1199,12 @@ export class JobQueue {
     });
   }
 
-  /** /status `?ttl=`: the result is kept this long from now (or from completion, if still running). */
-  setRetention(endpointId: string, jobId: string, ms: number): void {
+  /**
+   * /status `?ttl=`: the result is kept this long from now (or from completion, if still
+   * running). Resolves once that is durable: the reply says the ttl was set, so a crash right
+   * after it must not take the ttl back (a longer one would otherwise expire the result early).
+   */
+  setRetention(endpointId: string, jobId: string, ms: number): Promise<void> {
     const job = this.#jobs.get(jobId);
     const now = this.#clock.now();
     if (job && job.endpointId === endpointId) {
@@ -1215,10 +1219,12 @@ export class JobQueue {
         // client polling with the same ?ttl= writes it once, not once a poll).
         job.writeSeq = this.#batch.write(() => this.#repo.setRetention(jobId, ms));
       }
-      return;
+      return this.#batch.isDurable(job.writeSeq) ? Promise.resolve() : this.#batch.committed();
     }
     const row = this.#repo.getWithoutInput(jobId);
-    if (row && row.endpointId === endpointId && row.completedAt !== null) this.#batch.write(() => this.#repo.setExpiry(jobId, now + ms));
+    if (!row || row.endpointId !== endpointId || row.completedAt === null) return Promise.resolve();
+    this.#batch.write(() => this.#repo.setExpiry(jobId, now + ms));
+    return this.#batch.committed();
   }
 
   /**

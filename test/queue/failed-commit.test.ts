@@ -105,3 +105,25 @@ t.test('finished jobs are let go after a failed commit (the floor walk no longer
   }
   t.equal(refs.filter((r) => r.deref() !== undefined).length, 0, 'no finished, expired job is still referenced');
 });
+
+t.test('a /status?ttl= is answered once the ttl is stored: a write that fails is no 200', async (t) => {
+  const a = await startAgent(t, { takeHoldMs: 1000 });
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  const w = await TestWorker.create(a, ep);
+  const running = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { n: 1 } } })).json.id as string;
+  t.equal((await w.take())?.id, running);
+  const finished = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { n: 2 } } })).json.id as string;
+  t.equal((await w.take())?.id, finished);
+  t.equal((await w.done(finished, { output: 'r' })).status, 200);
+  // Only a ttl writes these columns now: the running job's retention, the finished job's expiry.
+  a.agent.db.exec(`CREATE TEMP TRIGGER ttl_fails BEFORE UPDATE OF retention_ms, expires_at ON jobs BEGIN SELECT RAISE(ABORT, 'simulated write failure'); END`);
+  const r1 = await a.req('GET', `/v2/${ep}/status/${finished}?ttl=600000`);
+  t.equal(r1.status, 500, `a finished job's ttl that was not stored is not acknowledged (got ${r1.status})`);
+  const r2 = await a.req('GET', `/v2/${ep}/status/${running}?ttl=600000`);
+  t.equal(r2.status, 500, `a running job's ttl that was not stored is not acknowledged (got ${r2.status})`);
+  a.agent.db.exec('DROP TRIGGER ttl_fails');
+  const r3 = await a.req('GET', `/v2/${ep}/status/${finished}?ttl=600000`);
+  t.equal(r3.status, 200);
+  const row = a.agent.db.prepare('SELECT expires_at - completed_at AS kept FROM jobs WHERE id = ?').get(finished) as { kept: number };
+  t.ok(row.kept >= 600_000, 'the ttl is in the row when the 200 comes');
+});
