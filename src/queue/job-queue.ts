@@ -22,7 +22,7 @@ import type { Clock } from '../core/clock.js';
 import { AgentError } from '../core/errors.js';
 import { newJobId } from '../core/ids.js';
 import type { Logger } from '../core/logger.js';
-import type { JobRow, JobsRepo, WriteBatch } from '../store/index.js';
+import type { ActiveJobRow, JobRow, JobsRepo, WriteBatch } from '../store/index.js';
 import { Deque } from './deque.js';
 import { TERMINAL, type Job, type JobStatus, type WorkerCounts } from './types.js';
 import { statusBody, type JobSnapshot } from './views.js';
@@ -129,6 +129,29 @@ class EndpointQueue {
 export type DoneOutcome = 'accepted' | 'duplicate' | 'ended' | 'stale' | 'unknown';
 
 const ENDED_BY_FLASHD: ReadonlySet<JobStatus> = new Set(['CANCELLED', 'TIMED_OUT', 'FAILED']);
+
+/** Queued again by `/retry` (a new run: attempts start again, queued_at is the retry's time). */
+const manuallyRetried = (row: ActiveJobRow): boolean => row.attempt === 0 && row.queuedAt > row.createdAt;
+
+/**
+ * Recovered queued rows in the order they were queued. They come in rowid (insert) order, but a
+ * `/retry` queues an old row again behind newer ones: those are merged in by their queued_at,
+ * so a restart does not move a retried job to the front (without any, the rows as they are).
+ */
+function queueOrder(rows: ActiveJobRow[]): ActiveJobRow[] {
+  const retried = rows.filter(manuallyRetried);
+  if (retried.length === 0) return rows;
+  retried.sort((a, b) => a.queuedAt - b.queuedAt);
+  const out: ActiveJobRow[] = [];
+  let i = 0;
+  for (const row of rows) {
+    if (manuallyRetried(row)) continue;
+    while (i < retried.length && (retried[i] as ActiveJobRow).queuedAt < row.createdAt) out.push(retried[i++] as ActiveJobRow);
+    out.push(row);
+  }
+  while (i < retried.length) out.push(retried[i++] as ActiveJobRow);
+  return out;
+}
 
 /**
  * Shared empty list: most jobs never get a /runsync waiter, so a job gets its own array on
@@ -320,7 +343,9 @@ export class JobQueue {
     const orphaned = new Set<string>();
     this.#floor = this.#repo.floor();
     this.#maxRowid = this.#repo.rowidRange()?.hi ?? 0;
-    const { running: runningRows, queued: queuedRows } = this.#repo.active(this.#floor);
+    const active = this.#repo.active(this.#floor);
+    const runningRows = active.running;
+    const queuedRows = queueOrder(active.queued);
     for (const rows of [runningRows, queuedRows]) for (const row of rows) {
       if (orphaned.has(row.endpointId)) continue;
       if (!this.#endpointExists(row.endpointId)) {
@@ -332,7 +357,10 @@ export class JobQueue {
       this.#jobs.set(job.id, job);
       const q = this.#queue(job.endpointId);
       if (job.status === 'IN_QUEUE') {
-        this.#enqueue(q, job, false);
+        // Requeued after it ran (a lost lease, a dead worker): at the front, as before the stop.
+        // A manual /retry is out of rowid order (queueOrder), which the floor walk must know.
+        if (manuallyRetried(row)) this.#outOfOrder.add(job);
+        this.#enqueue(q, job, row.attempt > 0);
         queued++;
       } else {
         job.leaseDeadline = mono + this.settings.leaseMs;

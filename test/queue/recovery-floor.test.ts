@@ -211,6 +211,37 @@ t.test('a retried job keeps its new run across a restart: its claim is written a
   t.same(await w3.take(), { id: id2, input: { r: 2 } }, 'and a worker gets it');
 });
 
+t.test('a restart keeps the queue order: a /retry stays behind the jobs queued before it, a lost-lease requeue stays in front', async (t) => {
+  const { a, dir, clock } = await setup(t);
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  const w = await TestWorker.create(a, ep);
+  const run = async (n: string) => (await a.req('POST', `/v2/${ep}/run`, { body: { input: { n } } })).json.id as string;
+  const j = await run('J');
+  t.equal((await w.take())?.id, j);
+  t.equal((await w.done(j, { error: 'boom' })).status, 200);
+  const lost = await run('L');
+  t.equal((await w.take())?.id, lost);
+  clock.advance(200); // its claim is written
+  a.agent.queue.reap();
+  for (const n of ['K0', 'K1']) await run(n);
+  clock.advance(10);
+  t.equal((await a.req('POST', `/v2/${ep}/retry/${j}`)).json.status, 'IN_QUEUE');
+  clock.advance(10);
+  await run('K2');
+  clock.advance(3100); // L's lease lapses: requeued, to the front
+  a.agent.queue.reap();
+  const order = async (take: () => Promise<{ input: unknown } | null>) => {
+    const seen = [];
+    for (let job = await take(); job; job = await take()) seen.push((job.input as { n: string }).n);
+    return seen;
+  };
+  // Before the stop this server would hand out L (requeued), K0, K1, J, K2.
+  await a.agent.close();
+  const b = await startAgent(t, { takeHoldMs: 200, leaseMs: 3000 }, { clock, dir });
+  const w2 = await TestWorker.create(b, ep);
+  t.same(await order(() => w2.take()), ['L', 'K0', 'K1', 'J', 'K2'], 'requeued first, then in the order they were queued');
+});
+
 t.test('a /status?ttl= given while the job is queued survives a restart', async (t) => {
   const { a, dir, clock } = await setup(t);
   const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
