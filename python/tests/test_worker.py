@@ -581,7 +581,6 @@ class WorkerProcessTest(WorkerTestCase):
         proc.terminate()
         self.assertEqual(proc.wait(10), 0)
 
-
     def test_heartbeat_goes_on_while_a_handler_holds_the_gil(self):
         # a C call that keeps the GIL (here libc sleep() through ctypes.PyDLL) stops every
         # thread of the worker process; pings come from their own process, as runpod-python's
@@ -589,10 +588,10 @@ class WorkerProcessTest(WorkerTestCase):
         proc = self.start_worker_process(interval_ms=100)
         job_id = self.fake.submit({"hold_gil": 2})
         self.assertEqual(self.final_post(job_id, timeout=15).json(), {"output": {"echo": {"hold_gil": 2}}})
-        listed = [p for p in self.fake.recorded("ping") if p.query.get("job_id") == job_id]
-        self.assertGreaterEqual(len(listed), 5)
+        self.assertGreaterEqual(self.pings_listing(job_id), 5)
         proc.terminate()
         self.assertEqual(proc.wait(10), 0)
+
     def heartbeat_child(self, proc):
         out = subprocess.run(["pgrep", "-P", str(proc.pid), "-f", "vendor_flash.serverless.heartbeat"],
                              capture_output=True, text=True).stdout.split()

@@ -56,6 +56,28 @@ const health = async (a: TestAgent, ep: string) => (await a.req('GET', `/v2/${ep
 const logLines = async (a: TestAgent, ep: string) => (await a.req('GET', `/v2/serverless/${ep}/logs`)).json as { line: string; stream: string; workerId: string }[];
 const noWorkers = (h: any) => h.workers.idle + h.workers.running + h.workers.initializing === 0;
 
+/** A socket relayed to the real engine, which `cut()` takes away (the engine stopped, a daemon restart). */
+async function engineRelay(relaySocket: string): Promise<{ relaySocket: string; cut(): void }> {
+  const open = new Set<Socket>();
+  const relay = createServer((c) => {
+    const up = connect(SOCKET);
+    open.add(c).add(up);
+    c.on('close', () => open.delete(c));
+    up.on('close', () => open.delete(up));
+    c.on('error', () => up.destroy());
+    up.on('error', () => c.destroy());
+    c.pipe(up).pipe(c);
+  });
+  await new Promise<void>((r) => relay.listen(relaySocket, r));
+  return {
+    relaySocket,
+    cut: () => {
+      relay.close();
+      for (const c of open) c.destroy();
+    },
+  };
+}
+
 t.test('OFF: cold start, warm reuse, logs, scale to zero removes the container', async (t) => {
   const a = await start(t);
   const ep = await endpoint(a, { env: { GREETING: 'hello from env' }, workers: { min: 0, max: 1, idleTimeout: 2 } });
@@ -321,23 +343,11 @@ t.test('engine sockets', async (t) => {
 
   t.test('an engine that goes away after it was ready: the start that finds it gone is no crash', async (t) => {
     // flashd talks to the real engine through a relay that the test takes away (the engine stopped).
-    const relaySocket = join(sockets, 'gone.sock');
-    const open = new Set<Socket>();
-    const relay = createServer((c) => {
-      const up = connect(SOCKET);
-      open.add(c).add(up);
-      c.on('close', () => open.delete(c));
-      up.on('close', () => open.delete(up));
-      c.on('error', () => up.destroy());
-      up.on('error', () => c.destroy());
-      c.pipe(up).pipe(c);
-    });
-    await new Promise<void>((r) => relay.listen(relaySocket, r));
+    const { relaySocket, cut } = await engineRelay(join(sockets, 'gone.sock'));
     const d = await startAgent(t, { runtime: 'docker', containerSocket: relaySocket });
     t.ok(d.logs.some((l) => /container engine ready/.test(l)), 'the engine answered at start');
     const ep = await endpoint(d, { workers: { min: 0, max: 1, idleTimeout: 5 } });
-    relay.close();
-    for (const c of open) c.destroy();
+    cut();
     const id = (await d.req('POST', `/v2/${ep}/run`, { body: { input: {} } })).json.id as string;
     await until('the start to fail on the missing engine', async () => d.logs.some((l) => /worker failed to start/.test(l)), 30_000);
     const h = await until('the endpoint to show throttled', async () => {
@@ -352,18 +362,7 @@ t.test('engine sockets', async (t) => {
   t.test('an engine that goes away while a worker runs does not hold the shutdown', async (t) => {
     // flashd talks to the real engine through a relay that the test cuts (a daemon restart, or
     // the engine stopped first at system shutdown).
-    const relaySocket = join(sockets, 'relay.sock');
-    const open = new Set<Socket>();
-    const relay = createServer((c) => {
-      const up = connect(SOCKET);
-      open.add(c).add(up);
-      c.on('close', () => open.delete(c));
-      up.on('close', () => open.delete(up));
-      c.on('error', () => up.destroy());
-      up.on('error', () => c.destroy());
-      c.pipe(up).pipe(c);
-    });
-    await new Promise<void>((r) => relay.listen(relaySocket, r));
+    const { relaySocket, cut } = await engineRelay(join(sockets, 'relay.sock'));
     const d = await startAgent(t, { runtime: 'docker', containerSocket: relaySocket, takeHoldMs: 1000, workerStopGraceMs: 1000 });
     const instance = instanceOf(d.dir);
     t.teardown(async () => {
@@ -371,8 +370,7 @@ t.test('engine sockets', async (t) => {
     });
     const ep = await endpoint(d, { workers: { min: 1, max: 1, idleTimeout: 30 } });
     await until('a worker up', async () => (await health(d, ep)).workers.idle === 1);
-    relay.close();
-    for (const c of open) c.destroy();
+    cut();
     const started = Date.now();
     await d.agent.close();
     const took = Date.now() - started;
