@@ -1242,9 +1242,10 @@ export class JobQueue {
         job.expiresAt = now + ms;
         const exp = job.expiresAt;
         job.writeSeq = this.#batch.write(() => this.#repo.setExpiry(jobId, exp));
-      } else if (job.inserted && changed) {
+      } else if (job.inserted && (changed || this.#batch.hasFailed(job.writeSeq))) {
         // Not finished yet: its final write reads retentionMs, but a restart reads the row (a
-        // client polling with the same ?ttl= writes it once, not once a poll).
+        // client polling with the same ?ttl= writes it once, not once a poll; again when the
+        // job's last write failed: the ttl in memory may be one that never reached the row).
         job.writeSeq = this.#batch.write(() => this.#repo.setRetention(jobId, ms));
       }
       return this.#batch.isDurable(job.writeSeq) ? Promise.resolve() : this.#batch.committed();

@@ -127,3 +127,18 @@ t.test('a /status?ttl= is answered once the ttl is stored: a write that fails is
   const row = a.agent.db.prepare('SELECT expires_at - completed_at AS kept FROM jobs WHERE id = ?').get(finished) as { kept: number };
   t.ok(row.kept >= 600_000, 'the ttl is in the row when the 200 comes');
 });
+
+t.test('a /status?ttl= asked again after its write failed is stored before the 200, not taken as already set', async (t) => {
+  const a = await startAgent(t, { takeHoldMs: 1000 });
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  const w = await TestWorker.create(a, ep);
+  const running = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { n: 1 } } })).json.id as string;
+  t.equal((await w.take())?.id, running);
+  a.agent.db.exec(`CREATE TEMP TRIGGER ttl_fails BEFORE UPDATE OF retention_ms ON jobs BEGIN SELECT RAISE(ABORT, 'simulated write failure'); END`);
+  t.equal((await a.req('GET', `/v2/${ep}/status/${running}?ttl=600000`)).status, 500, 'the ttl that was not stored is no 200');
+  a.agent.db.exec('DROP TRIGGER ttl_fails');
+  // The client asks again, with the same ttl: a 200 now says it is stored.
+  t.equal((await a.req('GET', `/v2/${ep}/status/${running}?ttl=600000`)).status, 200);
+  const row = a.agent.db.prepare('SELECT retention_ms FROM jobs WHERE id = ?').get(running) as { retention_ms: number };
+  t.equal(row.retention_ms, 600_000, 'the ttl is in the row when the 200 comes');
+});
