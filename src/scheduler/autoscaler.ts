@@ -347,8 +347,10 @@ export class Autoscaler {
       this.#crashes.delete(endpointId);
       for (const w of this.#o.queue.workers.list(endpointId)) if (w.managed) this.#o.queue.recycling(endpointId, w.id);
       // Workers kept for a FlashBoot restart run the old configuration, with live keys: gone now
-      // rather than at the next launch or when their time runs out.
+      // rather than at the next launch or when their time runs out. One being stopped now (a
+      // scale-down, which may keep it) is told again, so it is not kept once it exits.
       void this.#o.runtime?.discardEndpoint?.(endpointId, 'configuration changed');
+      for (const [id, m] of this.#managed) if (m.endpointId === endpointId && m.stopping) void this.#o.runtime?.stop(id, this.#graceMs, { keep: false });
     }
     this.trigger(endpointId);
   }

@@ -142,6 +142,23 @@ t.test('FLASHBOOT: scale to zero keeps the container stopped; the next job resta
   t.pass('no container left');
 });
 
+t.test('FLASHBOOT: a PATCH that needs a restart while a worker is being stopped keeps no container of the old configuration', async (t) => {
+  // The worker ignores SIGTERM, so its stop takes the whole grace period: the PATCH lands in it.
+  const a = await start(t, { workerStopGraceMs: 4000 });
+  const ep = await endpoint(a, {
+    flashboot: 'FLASHBOOT', env: { GEN: '1' }, workers: { min: 0, max: 1, idleTimeout: 1 },
+    args: JSON.stringify({ entrypoint: ['sh', '-c', 'trap "" TERM; exec python3 -u /opt/flashd-worker/handler.py'] }),
+  });
+  const first = await runsync(a, ep, { n: 1 });
+  t.equal(first.status, 'COMPLETED', JSON.stringify(first));
+  await until('the idle worker being stopped', async () => a.logs.some((l) => /worker stopping/.test(l)), 30_000);
+  const patched = await a.req('PATCH', `/v2/serverless/${ep}`, { body: { env: { GEN: '2' } } });
+  t.same(patched.json.restartReasons, ['env']);
+  await until('the stop to end', async () => a.logs.some((l) => /container kept for FlashBoot|worker exited|kept container removed/.test(l)) || (await containersOf([`${LABELS.endpoint}=${ep}`]))[0]?.State === 'exited', 30_000);
+  await until('no container of the old configuration', async () => (await containersOf([`${LABELS.endpoint}=${ep}`])).length === 0, 15_000);
+  t.notOk(a.logs.some((l) => /container kept for FlashBoot/.test(l)), 'the worker stopped for the old configuration was not kept');
+});
+
 t.test('FLASHBOOT: a PATCH that needs a restart removes the kept container at once, not at the next launch', async (t) => {
   const a = await start(t);
   const ep = await endpoint(a, { flashboot: 'FLASHBOOT', env: { GEN: '1' }, workers: { min: 0, max: 1, idleTimeout: 1 } });
