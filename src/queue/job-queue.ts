@@ -786,8 +786,11 @@ export class JobQueue {
       }
     }
     // A /runsync job whose insert is still deferred gets its row first (a crash must not leave
-    // chunks of a job SQLite does not know). The next seq of a job read back from its row (after
-    // a restart) continues after the chunks stored for it.
+    // chunks of a job SQLite does not know), and its claim (CLAIM_SAVE_DELAY_MS) as a progress
+    // update does: acknowledged chunks of a run SQLite still has as queued would, after a crash,
+    // send the job to another run while this worker's later posts get 409. The next seq of a job
+    // read back from its row (after a restart) continues after the chunks stored for it.
+    this.#writeClaim(job);
     this.#insertDeferred(job);
     if (job.streamSeq < 0) job.streamSeq = this.#repo.nextChunkSeq(jobId);
     const first = job.streamSeq;

@@ -99,6 +99,19 @@ t.test('acknowledged chunks and progress survive a crash (a copy of the data tak
   t.same(await poll(b, ep, other), { status: 'COMPLETED', stream: [{ output: 'x' }, { output: 'y' }] }, 'the finished job keeps its stream too');
 });
 
+t.test('a chunk posted right after the take writes the claim: after a crash the job is still running on its worker', async (t) => {
+  const dir = t.testdir();
+  const { a, ep, w, id } = await runningJob(t, dir);
+  // Before CLAIM_SAVE_DELAY_MS has passed: only the chunk's commit can have written the claim.
+  t.equal(await w.stream(id, 'a'), 200);
+  const copy = crashCopy(t, dir);
+  const b = await startAgent(t, { takeHoldMs: 300 }, { dir: copy });
+  t.match((await b.req('GET', `/v2/${ep}/status/${id}`)).json, { status: 'IN_PROGRESS', workerId: w.workerId }, 'not queued again');
+  const w2 = w.rebase(a.url, b.url);
+  t.equal(await w2.stream(id, 'b'), 200, 'the worker goes on streaming');
+  t.same(await outputs(b, ep, id), ['a', 'b']);
+});
+
 t.test('chunks are not held in memory: 20 MB streamed and never polled, read after completion', async (t) => {
   v8.setFlagsFromString('--expose-gc');
   const gc = vm.runInNewContext('gc') as () => void;
