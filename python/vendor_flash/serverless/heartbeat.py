@@ -28,10 +28,10 @@ import select
 import signal
 import sys
 import time
-from typing import Any, Dict, List
+from typing import List, Optional, Tuple
 
 from .env import WorkerEnv
-from .http import TRANSPORT_ERRORS, HttpClient
+from .http import TRANSPORT_ERRORS, HttpClient, HttpResponse
 from ..version import __version__
 
 #: How often the worker's own liveness is checked: the end of stdin alone misses a worker killed
@@ -39,12 +39,17 @@ from ..version import __version__
 PARENT_CHECK_SECONDS = 1.0
 
 
-def _ping(client: HttpClient, env: WorkerEnv, ids: List[str]) -> Dict[str, Any]:
+def ping_client(env: WorkerEnv) -> HttpClient:
+    """The HTTP client pings go through (here, or the worker's thread when this process is gone)."""
+    return HttpClient(env.api_key, timeout=min(30.0, max(2.0, 2 * env.ping_interval)), max_idle=1)
+
+
+def ping(client: HttpClient, env: WorkerEnv, ids: List[str]) -> Tuple[Optional[HttpResponse], str]:
+    """One heartbeat listing ``ids``: the response, or None and why the request failed."""
     try:
-        response = client.request("GET", env.ping_url(ids, __version__))
+        return client.request("GET", env.ping_url(ids, __version__)), ""
     except TRANSPORT_ERRORS as exc:
-        return {"status": None, "body": "", "ids": ids, "error": f"{type(exc).__name__}: {exc}"}
-    return {"status": response.status, "body": response.text(2000), "ids": ids, "error": ""}
+        return None, f"{type(exc).__name__}: {exc}"
 
 
 def main() -> int:
@@ -78,16 +83,17 @@ def main() -> int:
                 if env is None:  # the first line: the worker's environment
                     env = WorkerEnv(**message)
                     interval = env.ping_interval
-                    client = HttpClient(env.api_key, timeout=min(30.0, max(2.0, 2 * interval)), max_idle=1)
+                    client = ping_client(env)
                     continue
                 ids = [str(i) for i in message.get("ids", [])]
                 now = now or bool(message.get("now")) or next_ping is None
         if env is None or client is None:
             continue
         if now or (next_ping is not None and time.monotonic() >= next_ping):
-            report = _ping(client, env, ids)
-            if report["status"] is None or report["status"] >= 400:
-                sys.stdout.write(json.dumps(report) + "\n")
+            response, error = ping(client, env, ids)
+            if response is None or response.status >= 400:
+                status, body = (None, "") if response is None else (response.status, response.text(2000))
+                sys.stdout.write(json.dumps({"status": status, "body": body, "ids": ids, "error": error}) + "\n")
                 sys.stdout.flush()
             next_ping = time.monotonic() + interval
 

@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from . import progress
+from . import heartbeat, progress
 from . import result as results
 from .env import WorkerEnv
 from .handler import ChunkNotDelivered, HandlerKind, JobCancelled, JobRun, LoopThread, handler_kind
@@ -550,12 +550,11 @@ class Worker:
                                report.get("error", ""))
 
     def _heartbeat_thread_loop(self) -> None:
-        interval = self.env.ping_interval
-        client = HttpClient(self.env.api_key, timeout=min(30.0, max(2.0, 2 * interval)), max_idle=1)
+        client = heartbeat.ping_client(self.env)
         try:
             while not self.finished.is_set():
                 self.ping_once(client)
-                self._ping_now.wait(interval)
+                self._ping_now.wait(self.env.ping_interval)
                 self._ping_now.clear()
         finally:
             client.close()
@@ -563,10 +562,9 @@ class Worker:
     def ping_once(self, client: HttpClient) -> Optional[int]:
         """Send one heartbeat listing the jobs in progress; returns the HTTP status or None."""
         ids = self.in_progress_ids()
-        try:
-            response = client.request("GET", self.env.ping_url(ids, __version__))
-        except TRANSPORT_ERRORS as exc:
-            self._ping_outcome(None, b"", ids, f"{type(exc).__name__}: {exc}")
+        response, error = heartbeat.ping(client, self.env, ids)
+        if response is None:
+            self._ping_outcome(None, b"", ids, error)
             return None
         self._ping_outcome(response.status, response.body, ids)
         return response.status
