@@ -4,7 +4,7 @@
  * queue's memory must not depend on a floor walk that stops after a failure. The failure is
  * made with a temporary SQLite trigger, as in purge.test.ts.
  */
-import t from 'tap';
+import t, { type Test } from 'tap';
 import v8 from 'node:v8';
 import vm from 'node:vm';
 import { ManualClock } from '../../src/core/clock.js';
@@ -106,12 +106,18 @@ t.test('finished jobs are let go after a failed commit (the floor walk no longer
   t.equal(refs.filter((r) => r.deref() !== undefined).length, 0, 'no finished, expired job is still referenced');
 });
 
-t.test('a /status?ttl= is answered once the ttl is stored: a write that fails is no 200', async (t) => {
+/** A flashd with one job running on a test worker. */
+async function withRunningJob(t: Test) {
   const a = await startAgent(t, { takeHoldMs: 1000 });
   const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
   const w = await TestWorker.create(a, ep);
   const running = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { n: 1 } } })).json.id as string;
   t.equal((await w.take())?.id, running);
+  return { a, ep, w, running };
+}
+
+t.test('a /status?ttl= is answered once the ttl is stored: a write that fails is no 200', async (t) => {
+  const { a, ep, w, running } = await withRunningJob(t);
   const finished = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { n: 2 } } })).json.id as string;
   t.equal((await w.take())?.id, finished);
   t.equal((await w.done(finished, { output: 'r' })).status, 200);
@@ -129,11 +135,7 @@ t.test('a /status?ttl= is answered once the ttl is stored: a write that fails is
 });
 
 t.test('a /status?ttl= asked again after its write failed is stored before the 200, not taken as already set', async (t) => {
-  const a = await startAgent(t, { takeHoldMs: 1000 });
-  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
-  const w = await TestWorker.create(a, ep);
-  const running = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { n: 1 } } })).json.id as string;
-  t.equal((await w.take())?.id, running);
+  const { a, ep, w, running } = await withRunningJob(t);
   a.agent.db.exec(`CREATE TEMP TRIGGER ttl_fails BEFORE UPDATE OF retention_ms ON jobs BEGIN SELECT RAISE(ABORT, 'simulated write failure'); END`);
   t.equal((await a.req('GET', `/v2/${ep}/status/${running}?ttl=600000`)).status, 500, 'the ttl that was not stored is no 200');
   a.agent.db.exec('DROP TRIGGER ttl_fails');
