@@ -563,6 +563,17 @@ class WorkerProcessTest(WorkerTestCase):
         self.addCleanup(lambda: (proc.poll() is None and proc.kill(), proc.wait(), proc.stdout.close()))
         return proc
 
+    def stop_worker_process(self, proc):
+        """SIGTERM, as flashd stops a worker: it exits 0."""
+        proc.terminate()
+        self.assertEqual(proc.wait(10), 0)
+
+    def new_gate(self):
+        """A path a ``gate`` handler input waits for; opened at cleanup at the latest."""
+        gate = os.path.join(tempfile.mkdtemp(prefix="vf-gate-"), "gate")
+        self.addCleanup(lambda: open(gate, "w").close())
+        return gate
+
     def test_print_in_a_running_job_reaches_a_piped_stdout_at_once(self):
         # flashd's process runtime and containers give the worker a pipe, which Python
         # block-buffers: a handler's print() must not wait there until the job ends
@@ -570,7 +581,7 @@ class WorkerProcessTest(WorkerTestCase):
         lines = []
         reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, b"")), daemon=True)
         reader.start()
-        gate = os.path.join(tempfile.mkdtemp(prefix="vf-gate-"), "gate")
+        gate = self.new_gate()
         job_id = self.fake.submit({"print": "loading the model", "gate": gate})
         try:
             self.fake.wait_for(lambda: any(b"loading the model" in line for line in lines), timeout=10)
@@ -578,8 +589,7 @@ class WorkerProcessTest(WorkerTestCase):
         finally:
             open(gate, "w").close()
         self.assertEqual(self.final_post(job_id).json(), {"output": {"echo": {"print": "loading the model", "gate": gate}}})
-        proc.terminate()
-        self.assertEqual(proc.wait(10), 0)
+        self.stop_worker_process(proc)
 
     def test_heartbeat_goes_on_while_a_handler_holds_the_gil(self):
         # a C call that keeps the GIL (here libc sleep() through ctypes.PyDLL) stops every
@@ -589,8 +599,7 @@ class WorkerProcessTest(WorkerTestCase):
         job_id = self.fake.submit({"hold_gil": 2})
         self.assertEqual(self.final_post(job_id, timeout=15).json(), {"output": {"echo": {"hold_gil": 2}}})
         self.assertGreaterEqual(self.pings_listing(job_id), 5)
-        proc.terminate()
-        self.assertEqual(proc.wait(10), 0)
+        self.stop_worker_process(proc)
 
     def heartbeat_child(self, proc):
         out = subprocess.run(["pgrep", "-P", str(proc.pid), "-f", "vendor_flash.serverless.heartbeat"],
@@ -603,8 +612,7 @@ class WorkerProcessTest(WorkerTestCase):
 
     def test_pings_go_on_from_a_thread_when_the_heartbeat_process_dies(self):
         proc = self.start_worker_process(interval_ms=100)
-        gate = os.path.join(tempfile.mkdtemp(prefix="vf-gate-"), "gate")
-        self.addCleanup(lambda: open(gate, "w").close())
+        gate = self.new_gate()
         job_id = self.fake.submit({"print": "working", "gate": gate})
         self.fake.wait_for(lambda: self.pings_listing(job_id) >= 2, timeout=10)
         os.kill(self.heartbeat_child(proc), signal.SIGKILL)
@@ -614,8 +622,7 @@ class WorkerProcessTest(WorkerTestCase):
         self.fake.wait_for(lambda: self.pings_listing(job_id) >= before + 5, timeout=5)
         open(gate, "w").close()
         self.assertEqual(self.final_post(job_id).json(), {"output": {"echo": {"print": "working", "gate": gate}}})
-        proc.terminate()
-        self.assertEqual(proc.wait(10), 0)
+        self.stop_worker_process(proc)
 
     def test_heartbeat_process_ends_with_a_killed_worker_whose_fork_holds_its_pipe(self):
         # a handler's fork-started children (multiprocessing) share the worker's end of the

@@ -28,28 +28,14 @@ import select
 import signal
 import sys
 import time
-from typing import List, Optional, Tuple
+from typing import List
 
 from .env import WorkerEnv
-from .http import TRANSPORT_ERRORS, HttpClient, HttpResponse
-from ..version import __version__
+from .ping import ping, ping_client
 
 #: How often the worker's own liveness is checked: the end of stdin alone misses a worker killed
 #: while a process it forked (a multiprocessing pool) still holds the pipe's other end.
 PARENT_CHECK_SECONDS = 1.0
-
-
-def ping_client(env: WorkerEnv) -> HttpClient:
-    """The HTTP client pings go through (here, or the worker's thread when this process is gone)."""
-    return HttpClient(env.api_key, timeout=min(30.0, max(2.0, 2 * env.ping_interval)), max_idle=1)
-
-
-def ping(client: HttpClient, env: WorkerEnv, ids: List[str]) -> Tuple[Optional[HttpResponse], str]:
-    """One heartbeat listing ``ids``: the response, or None and why the request failed."""
-    try:
-        return client.request("GET", env.ping_url(ids, __version__)), ""
-    except TRANSPORT_ERRORS as exc:
-        return None, f"{type(exc).__name__}: {exc}"
 
 
 def main() -> int:

@@ -28,12 +28,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from . import heartbeat, progress
+from . import progress
 from . import result as results
 from .env import WorkerEnv
 from .handler import ChunkNotDelivered, HandlerKind, JobCancelled, JobRun, LoopThread, handler_kind
 from .http import TRANSPORT_ERRORS, HttpClient, HttpResponse, RequestAborted
 from .log import get_logger, job_extra
+from .ping import ping, ping_client
 from .transport import PostOutcome, Transport, retry_after_seconds
 from ..version import __version__
 
@@ -550,7 +551,7 @@ class Worker:
                                report.get("error", ""))
 
     def _heartbeat_thread_loop(self) -> None:
-        client = heartbeat.ping_client(self.env)
+        client = ping_client(self.env)
         try:
             while not self.finished.is_set():
                 self.ping_once(client)
@@ -562,7 +563,7 @@ class Worker:
     def ping_once(self, client: HttpClient) -> Optional[int]:
         """Send one heartbeat listing the jobs in progress; returns the HTTP status or None."""
         ids = self.in_progress_ids()
-        response, error = heartbeat.ping(client, self.env, ids)
+        response, error = ping(client, self.env, ids)
         if response is None:
             self._ping_outcome(None, b"", ids, error)
             return None
