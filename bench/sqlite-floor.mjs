@@ -2,8 +2,9 @@
 /**
  * `npm run bench:sqlite`: what storing a `/run` job costs SQLite alone, with no HTTP and no
  * queue. It uses flashd's own store (src/store: openDb with its pragmas and migrations, the
- * group commit, JobsRepo.insert) and writes 1 KB jobs, N per commit, for a few seconds on CPU1,
- * printing CPU µs per job (user and kernel). S1 at c=64 commits about 40 jobs at a time; 1 is a
+ * group commit, JobsRepo.insertMany as the queue uses it) and writes 1 KB jobs, N per commit, for a
+ * few seconds on CPU1, printing CPU µs per job (user and kernel); then the same with one INSERT
+ * statement per job (JobsRepo.insert, what flashd did before session 10). S1 at c=64 commits about 40 jobs at a time; 1 is a
  * lone client. This is the floor under S1: a /run can cost no less than this plus the HTTP
  * round trip (BENCHMARKS.md, "Where S1's time goes").
  *
@@ -40,7 +41,7 @@ const input = JSON.stringify({ input: { prompt: 'x'.repeat(990) } }).slice(0, 10
 const log = createLogger({ level: 'error', sink: { write: () => undefined } });
 
 console.log(`SQLite alone, 1 KB jobs, synchronous=NORMAL (flashd's store), ${seconds} s each${canPin() ? ', pinned to CPU1' : ''}`);
-for (const perCommit of sizes) {
+for (const [how, perCommit] of sizes.flatMap((n) => [['multi-row (insertMany)', n], ['one statement per job', n]])) {
   const dir = mkdtempSync(path.join(os.tmpdir(), 'flashd-sqlite-floor-'));
   const db = openDb({ dataDir: dir, synchronous: 'normal', log });
   const repo = new JobsRepo(db);
@@ -50,9 +51,19 @@ for (const perCommit of sizes) {
     const end = performance.now() + ms;
     let jobs = 0;
     while (performance.now() < end) {
-      for (let i = 0; i < perCommit; i++) {
-        const j = job(newJobId());
-        batch.write(() => repo.insert(j, input));
+      if (how === 'one statement per job') {
+        for (let i = 0; i < perCommit; i++) {
+          const j = job(newJobId());
+          batch.write(() => repo.insert(j, input));
+        }
+      } else {
+        const jobs = [];
+        const inputs = [];
+        for (let i = 0; i < perCommit; i++) {
+          jobs.push(job(newJobId()));
+          inputs.push(input);
+        }
+        batch.write(() => repo.insertMany(jobs, inputs));
       }
       batch.flush();
       jobs += perCommit;
@@ -65,7 +76,7 @@ for (const perCommit of sizes) {
   const jobs = runFor(seconds * 1000);
   const wall = (performance.now() - t0) / 1000;
   const c = process.cpuUsage(c0);
-  console.log(`  ${String(perCommit).padStart(3)} jobs per commit: ${Math.round(jobs / wall)} jobs/s, CPU ${((c.user + c.system) / jobs).toFixed(1)} µs/job (kernel ${(c.system / jobs).toFixed(1)})`);
+  console.log(`  ${String(perCommit).padStart(3)} jobs per commit, ${how.padEnd(24)}: ${Math.round(jobs / wall)} jobs/s, CPU ${((c.user + c.system) / jobs).toFixed(1)} µs/job (kernel ${(c.system / jobs).toFixed(1)})`);
   batch.close();
   db.close();
   rmSync(dir, { recursive: true, force: true });

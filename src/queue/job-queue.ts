@@ -283,6 +283,8 @@ export class JobQueue {
   #claimTimer: NodeJS.Timeout | null = null;
   /** /runsync jobs, in submit order, whose insert is deferred (SYNC_INSERT_DELAY_MS). */
   readonly #unsavedJobs = new Deque<Job>();
+  /** The inserts gathering into one write this turn (see #writeInsert). */
+  #insertRun: { jobs: Job[]; inputs: string[]; write: () => void; seq: number } | null = null;
   #insertTimer: NodeJS.Timeout | null = null;
   /** Finished-job count changes not written yet, by endpoint and status. */
   readonly #counts = new Map<string, Map<JobStatus, { jobs: number; retries: number }>>();
@@ -435,20 +437,44 @@ export class JobQueue {
     return job;
   }
 
-  /** Queues the insert of a job (as IN_QUEUE; a claim is written separately). */
+  /**
+   * Queues the insert of a job (as IN_QUEUE; a claim is written separately). Inserts queued
+   * one after another join one write, and one multi-row statement (JobsRepo.insertMany); any
+   * other write in between starts a new one, so writes keep their order.
+   */
   #writeInsert(job: Job): void {
     job.inserted = true;
-    const q = this.#queue(job.endpointId);
-    const raw = job.input as string;
-    job.writeSeq = this.#batch.write(() => {
-      const rowid = this.#repo.insert(job, raw);
+    const run = this.#insertRun;
+    if (run && this.#batch.isLast(run.write)) {
+      run.jobs.push(job);
+      run.inputs.push(job.input as string);
+      job.writeSeq = run.seq;
+      return;
+    }
+    const jobs = [job];
+    const inputs = [job.input as string];
+    const write = (): void => this.#insertJobs(jobs, inputs);
+    job.writeSeq = this.#batch.write(write);
+    this.#insertRun = { jobs, inputs, write, seq: job.writeSeq };
+  }
+
+  /** Runs inside the commit: writes a run of inserts, then notes each job's rowid. */
+  #insertJobs(jobs: Job[], inputs: string[]): void {
+    if (this.#insertRun?.jobs === jobs) this.#insertRun = null;
+    const first = this.#repo.insertMany(jobs, inputs);
+    for (let i = 0; i < jobs.length; i++) {
+      const job = jobs[i] as Job;
+      const rowid = first + i;
       job.rowid = rowid;
       if (rowid > this.#maxRowid) this.#maxRowid = rowid;
       // A reused rowid (the newest rows were deleted, even before a restart) can be below the floor.
       if (rowid < this.#floor) this.#lowerFloor(rowid);
       // Deep in a busy queue, the input waits in SQLite rather than in the heap.
-      if (job.status === 'IN_QUEUE' && q.queued + q.lowQueued > HOT_QUEUE_DEPTH) job.input = null;
-    });
+      if (job.status === 'IN_QUEUE') {
+        const q = this.#queues.get(job.endpointId);
+        if (q && q.queued + q.lowQueued > HOT_QUEUE_DEPTH) job.input = null;
+      }
+    }
   }
 
   /** Writes a deferred job's insert now, if it still has none (it joins the floor walk's out-of-order set). */

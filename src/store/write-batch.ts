@@ -107,6 +107,15 @@ export class WriteBatch {
     return this.#openSeq;
   }
 
+  /**
+   * Whether `fn` is the last write queued and not yet running: a caller may then add to what
+   * `fn` writes (JobQueue gathers one turn's inserts into one statement) without changing
+   * the order of writes.
+   */
+  isLast(fn: () => void): boolean {
+    return this.#writes.length > 0 && this.#writes[this.#writes.length - 1] === fn;
+  }
+
   /** Whether the batch numbered `seq` (from `write`) is durable, so a read of it needs no wait. */
   isDurable(seq: number): boolean {
     return seq <= this.#durableSeq && !this.hasFailed(seq);
