@@ -215,6 +215,8 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
         jobRateLimiter.forget(id);
         void autoscaler.dropEndpoint(id);
       },
+      // Its engine volume and data; none with another runtime (process workers have no volume).
+      volumeDeleted: (id) => void containers?.removeVolume(id),
     });
     const reapEvery = Math.max(100, Math.min(1000, Math.floor(config.leaseMs / 4)));
     const timers = [

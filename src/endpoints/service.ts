@@ -18,6 +18,8 @@ export interface EndpointEvents {
   changed?(endpointId: string, spec: EndpointSpec, restartReasons: readonly string[]): void;
   /** Before the row is removed (runtime state can still be looked up). */
   deleting?(endpointId: string): void;
+  /** After a network or global volume's row is removed: its data can go too. */
+  volumeDeleted?(volumeId: string): void;
 }
 
 export interface EndpointServiceOptions {
@@ -236,6 +238,9 @@ export class EndpointService {
       throw new AgentError('CONFLICT', `${what} ${id} is used by endpoint${users.length > 1 ? 's' : ''} ${users.map((u) => u.id).join(', ')}; detach it first.`);
     }
     repo.delete(id, ownerId);
+    if (repo.table === 'network_volumes' || repo.table === 'global_volumes') {
+      for (const l of this.#listeners) l.volumeDeleted?.(id);
+    }
   }
 
   #requireRegistry(ownerId: string, id: string): void {

@@ -288,6 +288,27 @@ t.test('a network volume is visible at /vendor-volume and outlives its workers',
   t.same(mounts.map((m) => [m.Type, m.Name, m.Destination]), [['volume', volumeName(nv.id), '/vendor-volume']], 'the only mount');
 });
 
+t.test('deleting a network volume removes its engine volume, once no worker mounts it any more', async (t) => {
+  const a = await start(t);
+  const nv = await makeNetworkVolume(t, a, { name: 'scratch' });
+  t.teardown(() => docker.removeVolume(volumeName(nv.id), { force: true }));
+  const ep = await endpoint(a, { mounts: { network: [{ volumeId: nv.id }] }, workers: { min: 1, max: 1 } });
+  const w = await runsync(a, ep, { writeVolume: { name: 'data.txt', content: 'bytes to delete' } });
+  t.equal(w.status, 'COMPLETED', JSON.stringify(w));
+  t.ok(await docker.inspectVolume(volumeName(nv.id)), 'the engine volume exists');
+  const refused = await a.req('DELETE', `/v2/network-volumes/${nv.id}`);
+  t.equal(refused.status, 409, 'refused while an endpoint mounts it');
+  t.match(refused.json.detail, ep, 'naming the endpoint');
+  t.ok(await docker.inspectVolume(volumeName(nv.id)), 'the engine volume is kept');
+
+  // Detached: the warm worker (workers.min 1) still has it mounted until it is replaced.
+  t.equal((await a.req('PATCH', `/v2/serverless/${ep}`, { body: { mounts: { network: [] } } })).status, 200);
+  t.equal((await a.req('DELETE', `/v2/network-volumes/${nv.id}`)).status, 204, 'deletable once detached');
+  await until('the engine volume removed with its data', async () => (await docker.inspectVolume(volumeName(nv.id))) === null);
+  t.pass(`${volumeName(nv.id)} is gone`);
+  t.comment(a.logs.some((l) => /still in use/.test(l)) ? 'it was still in use at the DELETE' : 'no worker used it any more at the DELETE');
+});
+
 t.test('registry credentials reach the engine only: not the container, labels, logs or API', async (t) => {
   const a = await start(t);
   const password = `pw-${process.pid}-never-shown`;

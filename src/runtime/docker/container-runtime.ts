@@ -119,6 +119,11 @@ export class ContainerRuntime implements WorkerRuntime {
   readonly #kept: KeptPool<Kept>;
   readonly #pulls = new Map<string, Promise<void>>();
   readonly #volumes = new Map<string, Promise<void>>();
+  /** Engine volumes of deleted flashd volumes that a container still used when they were deleted. */
+  readonly #deletedVolumes = new Set<string>();
+  #removingVolumes: Promise<void> | null = null;
+  /** Asked again while a pass was under way (a container was removed meanwhile): one more pass. */
+  #volumesAgain = false;
   #listen: ListenAddress | null = null;
   #workerUrl: string | null;
   #relay: WorkerRelay | null = null;
@@ -176,6 +181,7 @@ export class ContainerRuntime implements WorkerRuntime {
         // Derived once: kept containers hold it in their env.
         this.#workerUrl ??= await this.#deriveWorkerUrl();
         this.#ready = true;
+        if (this.#deletedVolumes.size) void this.#removeDeletedVolumes();
         const engine = v.Components?.find((c) => /engine/i.test(c.Name))?.Name ?? 'Docker Engine';
         this.#log.info('container engine ready', {
           socket: this.client.socketPath, engine, version: v.Version, api: this.client.apiVersion, workerUrl: this.#workerUrl, instance: this.instanceId,
@@ -339,6 +345,45 @@ export class ContainerRuntime implements WorkerRuntime {
   }
 
   /**
+   * Removes the engine volume of a deleted flashd volume, with its data. The API refuses the
+   * deletion while an endpoint mounts the volume, but a worker of an older configuration may
+   * still be finishing its jobs with it (or the engine be unreachable): then the removal is
+   * tried again each time a container is removed and at reconnection. Never rejects.
+   */
+  async removeVolume(id: string): Promise<void> {
+    const name = volumeName(id);
+    this.#deletedVolumes.add(name);
+    await this.#removeDeletedVolumes();
+    if (this.#deletedVolumes.has(name)) {
+      this.#log.info('volume of a deleted flashd volume still in use; it goes once its containers are gone', { volume: name });
+    }
+  }
+
+  #removeDeletedVolumes(): Promise<void> {
+    this.#volumesAgain = true;
+    this.#removingVolumes ??= (async () => {
+      while (this.#volumesAgain) {
+        this.#volumesAgain = false;
+        for (const name of [...this.#deletedVolumes]) await this.#removeDeletedVolume(name);
+      }
+    })().finally(() => (this.#removingVolumes = null));
+    return this.#removingVolumes;
+  }
+
+  async #removeDeletedVolume(name: string): Promise<void> {
+    try {
+      await this.client.removeVolume(name);
+      this.#deletedVolumes.delete(name);
+      this.#log.info('volume removed', { volume: name });
+    } catch (err) {
+      // In use (409) or the engine away: kept for the next try. Anything else is final.
+      if (isDockerError(err, 'DOCKER_CONFLICT') || isDockerError(err, 'DOCKER_UNREACHABLE')) return;
+      this.#deletedVolumes.delete(name);
+      this.#log.warn('cannot remove volume', { volume: name, reason: (err as Error).message });
+    }
+  }
+
+  /**
    * Creates the container. The first launch with a disk size learns whether the engine can
    * limit it; when it cannot, the launch goes on without the limit (logged once).
    */
@@ -471,6 +516,7 @@ export class ContainerRuntime implements WorkerRuntime {
     } catch (err) {
       if (!isDockerError(err, 'DOCKER_NOT_FOUND')) this.#log.warn('cannot remove container', { containerId, reason: (err as Error).message });
     }
+    if (this.#deletedVolumes.size) void this.#removeDeletedVolumes();
   }
 
   async stop(workerId: string, graceMs: number, options: { keep?: boolean } = {}): Promise<void> {
@@ -506,6 +552,7 @@ export class ContainerRuntime implements WorkerRuntime {
     await Promise.all([...this.#launching.values()].map((p) => p.catch(() => undefined)));
     await Promise.all([...this.#running.keys()].map((id) => this.stop(id, 2000)));
     await Promise.all(this.#kept.drain().map((e) => this.#discard(e, 'shutdown')));
+    if (this.#deletedVolumes.size) await this.#removeDeletedVolumes();
     await this.#relay?.close();
     this.client.close();
   }
