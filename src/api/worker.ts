@@ -181,9 +181,13 @@ export function workerRoutes(s: WorkerRouteServices): RouteDef[] {
     {
       method: 'GET', path: '/v2/serverless/{endpointId}/worker-env', operationId: 'workerEnv',
       summary: 'Admin: a new worker id and key, and the environment an external worker needs', tag: 'Workers',
-      auth: 'user', scope: 'admin', successStatus: 200, responseSchema: 'WorkerEnv', problems: [401, 403, 404, 429],
+      auth: 'user', scope: 'admin', successStatus: 200, responseSchema: 'WorkerEnv', problems: [401, 403, 404, 409, 429],
       handle: ({ req, principal, params }) => {
         const ep = s.endpoints.get(principal.ownerId, params['endpointId'] as string);
+        if (ep.data.type !== 'QUEUE') {
+          // No key is made: it could only take jobs, and this endpoint has none.
+          throw new AgentError('CONFLICT', `Endpoint ${ep.id} is a LOAD_BALANCER endpoint: its workers serve HTTP themselves (PORT, PORT_HEALTH, HEALTH_CHECK_PATH) and take no jobs from the queue, so there is no queue worker environment for it. flashd does not route load-balancing traffic yet.`);
+        }
         const workerId = newId('wkr');
         const { key } = s.auth.createWorkerKey(principal.userId, principal.teamId, ep.id, `worker ${workerId}`);
         const gpu = req.query.get('gpu') ?? (ep.data.gpu ? 'gpu' : 'cpu');

@@ -10,7 +10,7 @@ export const WORKER_ENV_USAGE = `Usage: flashd worker-env <endpoint_id> [options
 Prints the environment a worker needs to serve <endpoint_id>: a new worker id and a worker key
 that can only take and post jobs for that endpoint, and the job URLs under both flashd's names
 (VENDOR_*) and RunPod's (RUNPOD_*), so the runpod SDK works unchanged. Run one worker per
-printed environment.
+printed environment. QUEUE endpoints only: a LOAD_BALANCER endpoint's workers take no jobs.
 
 Options:
   --url <url>          flashd to ask (default: FLASHD_URL, else http://127.0.0.1:<FLASHD_PORT or 8000>)

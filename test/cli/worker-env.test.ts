@@ -4,7 +4,7 @@
  */
 import t, { type Test } from 'tap';
 import { join } from 'node:path';
-import { ADMIN_KEY, cpuBody, startAgent } from '../helpers/agent.js';
+import { ADMIN_KEY, assertProblem, cpuBody, startAgent } from '../helpers/agent.js';
 import { TestWorker } from '../helpers/worker.js';
 import { execFile } from 'node:child_process';
 import { createServer as createHttpServer, type Server as HttpServer } from 'node:http';
@@ -45,6 +45,20 @@ t.test('worker-env prints a working environment in three formats', async (t) => 
   const json = await run(process.execPath, [BUNDLE, 'worker-env', ep, '--url', a.url, '--format', 'json'], env);
   t.match(JSON.parse(json.stdout), { workerId: /^wkr_/, env: { RUNPOD_ENDPOINT_ID: ep } });
   t.not(JSON.parse(json.stdout).workerId, vars['RUNPOD_POD_ID'], 'each call makes a new worker id');
+});
+
+t.test('worker-env refuses a LOAD_BALANCER endpoint: its workers take no jobs', async (t) => {
+  const a = await startAgent(t);
+  const lb = (await a.req('POST', '/v2/serverless', { body: cpuBody({ type: 'LOAD_BALANCER', scaling: { type: 'REQUEST_COUNT', requestCount: 4 } }) })).json.id as string;
+  const keys = () => (a.agent.db.prepare("SELECT count(*) AS n FROM api_keys WHERE kind = 'worker'").get() as { n: number }).n;
+  const r = await a.req('GET', `/v2/serverless/${lb}/worker-env`);
+  assertProblem(t, r, 409);
+  t.match(r.json.detail, /LOAD_BALANCER endpoint: its workers serve HTTP themselves \(PORT, PORT_HEALTH, HEALTH_CHECK_PATH\) and take no jobs/);
+  t.equal(keys(), 0, 'no worker key was made for it');
+  const cli = await run(process.execPath, [BUNDLE, 'worker-env', lb, '--url', a.url], cleanEnv({ FLASHD_API_KEY: ADMIN_KEY }));
+  t.equal(cli.status, 1);
+  t.match(cli.stderr, /^flashd worker-env: 409: Endpoint \w+ is a LOAD_BALANCER endpoint/);
+  t.equal(cli.stdout, '', 'no environment printed');
 });
 
 t.test('worker-env fails clearly', async (t) => {
