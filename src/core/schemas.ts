@@ -33,8 +33,10 @@ for (const [file, doc] of Object.entries(SCHEMA_DOCUMENTS)) {
   }
 }
 
-/** The pattern the schemas put on strings that reach a process (env values, commands): no NUL. */
+/** The pattern the schemas put on strings that reach a process (env values, commands) or the engine (registry password): no NUL. */
 const NO_NUL_PATTERN = '^[^\\u0000]*$';
+/** The pattern on strings the container engine takes as they are (image, registry user name): no control character. */
+const NO_CONTROL_PATTERN = '^[^\\u0000-\\u001f\\u007f]*$';
 
 const compiled = new Map<string, ValidateFunction>();
 
@@ -85,8 +87,10 @@ export function formatSchemaErrors(errors: readonly ErrorObject[]): string[] {
         line = `${at}: must not contain duplicate items (items ${String(p['j'])} and ${String(p['i'])} are equal)`;
         break;
       case 'pattern':
-        // The schemas' NUL guard (env values, commands): say what is wrong, not the regex.
-        line = p['pattern'] === NO_NUL_PATTERN ? `${at}: must not contain a NUL character (\\u0000)` : `${at}: ${e.message ?? 'is invalid'}`;
+        // The schemas' NUL and control-character guards: say what is wrong, not the regex.
+        line = p['pattern'] === NO_NUL_PATTERN ? `${at}: must not contain a NUL character (\\u0000)`
+          : p['pattern'] === NO_CONTROL_PATTERN ? `${at}: must not contain a control character (U+0000 to U+001F, U+007F)`
+          : `${at}: ${e.message ?? 'is invalid'}`;
         break;
       case 'anyOf':
       case 'oneOf':

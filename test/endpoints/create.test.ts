@@ -164,6 +164,28 @@ t.test('a NUL character in an env value or the command is refused (no worker cou
   assertErrorAt(t, tpl, 400, '/env/A', 'and a template');
 });
 
+t.test('a control character in the image or a registry user name is refused, as the engine would get it', async (t) => {
+  const a = await startAgent(t);
+  await expectCases(t, a, [
+    ['image with NUL', queueBody({ image: 'busybox\u0000:1' }), 400, '/image'],
+    ['image with a newline', queueBody({ image: 'busybox\n' }), 400, '/image'],
+    ['image with an escape', queueBody({ image: 'busy\u001bbox' }), 400, '/image'],
+    ['image with DEL', queueBody({ image: 'busybox\u007f' }), 400, '/image'],
+  ]);
+  const r = await createEndpoint(a, queueBody({ image: 'busybox\u0000:1' }));
+  t.match(r.json.detail, /\/image: must not contain a control character/, 'the reason is said plainly');
+  const ok = await mustCreate(t, a, queueBody({ image: 'ghcr.io/example/worker:1.0@sha256:' + 'a'.repeat(64) }));
+  assertErrorAt(t, await a.req('PATCH', `/v2/serverless/${ok.id}`, { body: { image: 'busybox\u0000' } }), 400, '/image', 'an update is checked the same way');
+  assertErrorAt(t, await a.req('POST', '/v2/templates', { body: { name: 'nul', image: 'busybox\u0000', isServerless: true } }), 400, '/image', 'a template');
+  const tpl = (await a.req('POST', '/v2/templates', { body: { name: 'ok', image: 'busybox', isServerless: true } })).json;
+  assertErrorAt(t, await a.req('PATCH', `/v2/templates/${tpl.id}`, { body: { image: 'busybox\r' } }), 400, '/image', 'a template update');
+  assertErrorAt(t, await a.req('POST', '/v2/registry-credentials', { body: { name: 'r', username: 'robot\n', password: 'pw' } }), 400, '/username', 'a registry user name');
+  assertErrorAt(t, await a.req('POST', '/v2/registry-credentials', { body: { name: 'r', username: 'robot', password: 'pw\u0000' } }), 400, '/password', 'a NUL in a registry password');
+  const reg = await makeRegistry(t, a, { username: '_json_key', password: '{\n  "type": "service_account"\n}\n' });
+  t.ok(reg.id, 'a password may span lines (a _json_key password is a whole JSON key file)');
+  assertErrorAt(t, await a.req('PATCH', `/v2/registry-credentials/${reg.id}`, { body: { username: 'a\tb' } }), 400, '/username', 'a registry update');
+});
+
 t.test('unknown properties are rejected at every level', async (t) => {
   const a = await startAgent(t);
   await expectCases(t, a, [
