@@ -16,7 +16,10 @@ Options:
   --url <url>          flashd to ask (default: FLASHD_URL, else http://127.0.0.1:<FLASHD_PORT or 8000>)
   --api-key <key>      an admin API key (default: FLASHD_API_KEY, else <data-dir>/admin-api-key)
   --data-dir <dir>     where to find admin-api-key (default: FLASHD_DATA_DIR, else ./data)
-  --format <fmt>       dotenv (KEY=value, for --env-file), shell (export KEY='value') or json (default: dotenv)
+  --format <fmt>       dotenv (default): KEY=value with values as they are, for docker/podman run
+                       --env-file (not for docker compose's env_file, which would expand $ID, nor
+                       for a shell); shell: export KEY='value', for . ./worker.env (sh, bash) and
+                       for docker compose's env_file (single quotes keep $ID); json
   --gpu <name>         GPU name the worker reports in its URLs (default: gpu or cpu from the endpoint)
 
 Example:
@@ -139,7 +142,11 @@ export async function workerEnvCommand(args: string[], env: NodeJS.ProcessEnv): 
   if (format === 'json') process.stdout.write(JSON.stringify(body, null, 2) + '\n');
   else {
     const lines = Object.entries(body.env).map(([k, v]) => (format === 'shell' ? `export ${k}=${shellQuote(v)}` : `${k}=${v}`));
-    process.stdout.write(`# worker ${body.workerId} for endpoint ${endpointId}\n${lines.join('\n')}\n`);
+    // The URLs hold a literal $ID that the worker fills in: say which tools read each format as it is.
+    const use = format === 'shell'
+      ? '# single-quoted: for . ./file (sh, bash) and docker compose env_file; docker run --env-file needs --format dotenv'
+      : '# values as they are: for docker/podman run --env-file; docker compose env_file and shells need --format shell';
+    process.stdout.write(`# worker ${body.workerId} for endpoint ${endpointId}\n${use}\n${lines.join('\n')}\n`);
   }
   return 0;
 }

@@ -22,7 +22,9 @@ export interface WorkerEnvInput {
 export const SDK_DEFAULT_ENV: Readonly<Record<string, string>> = { RUNPOD_SKIP_AUTO_SYSTEM_CHECKS: 'true' };
 
 export function workerEnv(i: WorkerEnvInput): Record<string, string> {
-  const q = `?gpu=${encodeURIComponent(i.gpu).replace(/%20/g, '+')}`;
+  // `'` too (encodeURIComponent keeps it): no value may hold one, so `worker-env --format shell`
+  // single-quotes every value in the one form sh and docker compose's env_file both read.
+  const q = `?gpu=${encodeURIComponent(i.gpu).replace(/%20/g, '+').replace(/'/g, '%27')}`;
   const base = `${i.baseUrl}/v2/${i.endpointId}`;
   const pairs: [string, string][] = [
     ['WEBHOOK_GET_JOB', `${base}/job-take/$ID${q}`],

@@ -3,6 +3,7 @@
  * drives a real worker through a job. Uses dist/flashd.mjs, built by `npm test` before tap.
  */
 import t, { type Test } from 'tap';
+import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { ADMIN_KEY, assertProblem, cpuBody, startAgent } from '../helpers/agent.js';
 import { TestWorker } from '../helpers/worker.js';
@@ -45,6 +46,34 @@ t.test('worker-env prints a working environment in three formats', async (t) => 
   const json = await run(process.execPath, [BUNDLE, 'worker-env', ep, '--url', a.url, '--format', 'json'], env);
   t.match(JSON.parse(json.stdout), { workerId: /^wkr_/, env: { RUNPOD_ENDPOINT_ID: ep } });
   t.not(JSON.parse(json.stdout).workerId, vars['RUNPOD_POD_ID'], 'each call makes a new worker id');
+});
+
+t.test('worker-env formats: dotenv as the values are, shell single-quoted as sh and docker compose read it', async (t) => {
+  const a = await startAgent(t);
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  const env = cleanEnv({ FLASHD_API_KEY: ADMIN_KEY });
+  const gpu = "O'Brien #1";
+  const dotenv = await run(process.execPath, [BUNDLE, 'worker-env', ep, '--url', a.url, '--gpu', gpu], env);
+  t.equal(dotenv.status, 0, dotenv.stderr);
+  t.match(dotenv.stdout, /^# values as they are: for docker\/podman run --env-file; docker compose env_file and shells need --format shell$/m, 'says which tools read it');
+  t.match(dotenv.stdout, /^RUNPOD_WEBHOOK_GET_JOB=http:\/\/[^\s]+\/job-take\/\$ID\?gpu=O%27Brien\+%231$/m, '$ID as it is: docker run --env-file takes values literally');
+
+  const shell = await run(process.execPath, [BUNDLE, 'worker-env', ep, '--url', a.url, '--gpu', gpu, '--format', 'shell'], env);
+  t.equal(shell.status, 0, shell.stderr);
+  t.match(shell.stdout, /^# single-quoted: for \. \.\/file \(sh, bash\) and docker compose env_file; docker run --env-file needs --format dotenv$/m);
+  const lines = shell.stdout.split('\n').filter((l) => l && !l.startsWith('#'));
+  // compose's env_file parser drops `export`, reads '…' literally (no $ expansion), and has no
+  // escape for a quote inside: each value must be one quoted run without a quote in it.
+  const bad = lines.filter((l) => !/^export [A-Z_]+='[^'\n]*'$/.test(l));
+  t.same(bad, [], "every line is export KEY='value' with no quote inside the value");
+  const printed = Object.fromEntries(lines.map((l) => [l.slice(7, l.indexOf('=')), l.slice(l.indexOf('=') + 2, -1)]));
+  t.match(printed['RUNPOD_WEBHOOK_GET_JOB'], /\/job-take\/\$ID\?gpu=O%27Brien\+%231$/);
+  const file = join(t.testdir(), 'worker.env');
+  writeFileSync(file, shell.stdout);
+  const sourced = await run('sh', ['-c', '. "$1" && env', 'sh', file], cleanEnv());
+  t.equal(sourced.status, 0, sourced.stderr);
+  const seen = Object.fromEntries(sourced.stdout.split('\n').filter((l) => /^(RUNPOD|VENDOR)_/.test(l)).map((l) => [l.slice(0, l.indexOf('=')), l.slice(l.indexOf('=') + 1)]));
+  t.same(seen, printed, 'sh reads back exactly the printed values, $ID included');
 });
 
 t.test('worker-env refuses a LOAD_BALANCER endpoint: its workers take no jobs', async (t) => {
