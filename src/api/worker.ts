@@ -91,11 +91,11 @@ function outcomeReply(outcome: DoneOutcome, jobId: string): { status: number; bo
     case 'accepted':
       return { status: 200, body: { ok: true } };
     case 'duplicate':
-      // A re-post of a result already recorded (lost ack): nothing changes.
+      // A re-post of this worker's own result, already recorded (lost ack): nothing changes.
       return { status: 200, body: { ok: true, duplicate: true } };
     case 'ended':
-      // flashd ended the job (cancel, timeout) while this worker held it: discarded, without an error on the worker's side.
-      return { status: 200, body: { ok: true, discarded: true, reason: 'the job was already ended by flashd (cancelled or timed out)' } };
+      // flashd ended the job (cancel, timeout, attempts used up) while this worker held it: discarded, without an error on the worker's side.
+      return { status: 200, body: { ok: true, discarded: true, reason: 'the job was already ended by flashd (cancelled, timed out, or failed after its attempts were used up)' } };
     case 'stale':
       throw new AgentError('STALE_ATTEMPT', `Job ${jobId} is no longer held by this worker (finished, cancelled, or reassigned); the result was discarded.`);
     case 'unknown':

@@ -121,10 +121,11 @@ class EndpointQueue {
 }
 
 /**
- * `ended`: flashd ended the job (cancel, timeout, attempts used up) while this worker held it;
- * the late result is discarded with a 2xx, because runpod-python logs every 4xx on a result
- * post as an ERROR and a cancelled job is no fault of the worker. `stale`: the job moved on
- * without this worker (lost lease, another worker's result): 409.
+ * `duplicate`: only a re-post of this same worker's result, already recorded for the job (a
+ * lost acknowledgement). `ended`: flashd ended the job (cancel, timeout, attempts used up)
+ * while this worker held it; the late result is discarded with a 2xx, because runpod-python
+ * logs every 4xx on a result post as an ERROR and a cancelled job is no fault of the worker.
+ * `stale`: the job moved on without this worker (lost lease, another worker's result): 409.
  */
 export type DoneOutcome = 'accepted' | 'duplicate' | 'ended' | 'stale' | 'unknown';
 
@@ -717,8 +718,8 @@ export class JobQueue {
     const row = this.#repo.getWithoutInput(jobId);
     if (!row || row.endpointId !== endpointId) return { outcome: 'unknown' };
     if (row.workerId !== workerId) return { outcome: 'stale' };
-    // From the row alone a worker's FAILED result and flashd's FAILED look alike: both are final, both 2xx.
-    if (row.status === 'COMPLETED' || row.status === 'FAILED') return { outcome: 'duplicate' };
+    // A FAILED row flashd ended itself (attempts used up) holds no result of this worker's.
+    if (row.status === 'COMPLETED' || (row.status === 'FAILED' && !row.endedByFlashd)) return { outcome: 'duplicate' };
     return { outcome: ENDED_BY_FLASHD.has(row.status) ? 'ended' : 'stale' };
   }
 
@@ -1028,9 +1029,13 @@ export class JobQueue {
     // does not lose it (see webhooksOwed).
     const hook = job.webhook !== null;
     if (hook) this.#webhooksPending.set(id, (this.#webhooksPending.get(id) ?? 0) + 1);
+    // FAILED by flashd, not by a worker's result (done() sets resultBy first): marked in the row,
+    // so a late result of its worker read back from the row is not taken for a re-post (#owned).
+    const byFlashd = status === 'FAILED' && job.resultBy === null;
     if (job.inserted) {
       job.writeSeq = this.#batch.write(() => {
         this.#repo.finish(id, status, output, error, now, expiresAt, workerId, attempt, startedAt);
+        if (byFlashd) this.#repo.markEndedByFlashd(id);
         if (hook) this.#repo.webhookOwed(id);
       });
     } else {
@@ -1039,6 +1044,7 @@ export class JobQueue {
       job.writeSeq = this.#batch.write(() => {
         job.rowid = this.#repo.insertFinished(job, input as string);
         if (job.rowid > this.#maxRowid) this.#maxRowid = job.rowid;
+        if (byFlashd) this.#repo.markEndedByFlashd(id);
         if (hook) this.#repo.webhookOwed(id);
       });
     }

@@ -102,6 +102,7 @@ export class JobsRepo {
   readonly #chunksDrop: Statement;
   readonly #chunksDropAll: Statement;
   readonly #chunkedJobs: Statement;
+  readonly #endedByFlashd: Statement;
 
   constructor(db: Db) {
     this.#db = db;
@@ -115,7 +116,9 @@ export class JobsRepo {
     this.#finish = db.prepare(`UPDATE jobs SET status = ?, output = ?, error = ?, completed_at = ?, expires_at = ?, worker_id = ?,
       attempt = ?, started_at = ? WHERE id = ? AND status IN ('IN_QUEUE', 'IN_PROGRESS')`);
     this.#requeue = db.prepare(`UPDATE jobs SET status = 'IN_QUEUE', worker_id = NULL, output = NULL, error = NULL, started_at = NULL,
-      completed_at = NULL, expires_at = NULL, retries = ?, attempt = ?, queued_at = ? WHERE id = ?`);
+      completed_at = NULL, expires_at = NULL, ended_by_flashd = 0, retries = ?, attempt = ?, queued_at = ? WHERE id = ?`);
+    // Migration 8: a FAILED row that flashd ended, not a worker's result (rare: attempts used up).
+    this.#endedByFlashd = db.prepare("UPDATE jobs SET ended_by_flashd = 1 WHERE id = ? AND status = 'FAILED'");
     // A running job's last progress update, in `output` until its final state overwrites it (a
     // requeue NULLs it); never after the job left IN_PROGRESS.
     this.#progress = db.prepare("UPDATE jobs SET output = ? WHERE id = ? AND status = 'IN_PROGRESS'");
@@ -136,7 +139,7 @@ export class JobsRepo {
     this.#setFloor = db.prepare('INSERT OR REPLACE INTO settings (key, value) VALUES (?, ?)');
     this.#input = db.prepare('SELECT input FROM jobs WHERE id = ?').pluck();
     this.#getLight = db.prepare(`SELECT rowid, id, endpoint_id, status, NULL AS input, extra, webhook, low_priority, execution_timeout_ms, ttl_ms,
-      retention_ms, attempt, retries, worker_id, output, error, created_at, queued_at, started_at, completed_at, expires_at FROM jobs WHERE id = ?`);
+      retention_ms, attempt, retries, worker_id, output, error, created_at, queued_at, started_at, completed_at, expires_at, ended_by_flashd FROM jobs WHERE id = ?`);
     // At most `limit` rows a statement: results that expire together (a burst, a purge) are
     // deleted over several commits instead of one that holds the event loop.
     this.#expire = db.prepare(`DELETE FROM jobs WHERE rowid IN (SELECT rowid FROM jobs WHERE expires_at IS NOT NULL AND expires_at <= ? LIMIT ?)
@@ -262,10 +265,18 @@ export class JobsRepo {
     return r && map(r);
   }
 
-  /** A job row without its input (status reads: the input may be megabytes and is not shown). */
-  getWithoutInput(id: string): (Omit<JobRow, 'input'> & { input: null }) | undefined {
-    const r = this.#getLight.get(id) as Raw | undefined;
-    return r && (map(r) as unknown as Omit<JobRow, 'input'> & { input: null });
+  /**
+   * A job row without its input (status reads: the input may be megabytes and is not shown).
+   * `endedByFlashd`: a FAILED row flashd ended itself rather than recorded from its worker.
+   */
+  getWithoutInput(id: string): (Omit<JobRow, 'input'> & { input: null; endedByFlashd: boolean }) | undefined {
+    const r = this.#getLight.get(id) as (Raw & { ended_by_flashd: number }) | undefined;
+    return r && { ...(map(r) as unknown as Omit<JobRow, 'input'> & { input: null }), endedByFlashd: r.ended_by_flashd === 1 };
+  }
+
+  /** Marks a FAILED row as ended by flashd (attempts used up), not by its worker's result. */
+  markEndedByFlashd(id: string): void {
+    this.#endedByFlashd.run(id);
   }
 
   /**

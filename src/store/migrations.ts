@@ -208,4 +208,11 @@ export const MIGRATIONS: readonly string[] = [
     DELETE FROM job_chunks WHERE job_id = OLD.id;
   END;
   `,
+  // 8: a FAILED row that flashd itself ended (attempts used up), not its worker's result. Read
+  // from the row alone both looked alike, so a late result of the worker that held the job was
+  // answered as a re-post of its own recorded result (`duplicate`) instead of `discarded`.
+  // Set only on that rare path; a requeue clears it.
+  `
+  ALTER TABLE jobs ADD COLUMN ended_by_flashd INTEGER NOT NULL DEFAULT 0;
+  `,
 ];

@@ -322,6 +322,37 @@ t.test('after a restart, a late result for a job flashd ended is still discarded
   t.equal((await b.req('GET', `/v2/${ep}/status/${id}`)).json.status, 'CANCELLED');
 });
 
+t.test('a late result for a job flashd failed after its attempts ran out is discarded, not a duplicate, in memory and read from the row', async (t) => {
+  const dir = t.testdir();
+  const clock = new ManualClock();
+  const a = await startAgent(t, { takeHoldMs: 300, leaseMs: 3000, maxAttempts: 1 }, { clock, dir });
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  const w = await TestWorker.create(a, ep);
+  const lost = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { n: 1 } } })).json.id as string;
+  t.equal((await w.take())?.id, lost);
+  clock.advance(3001);
+  a.agent.queue.reap();
+  t.match(await status(a, ep, lost), { status: 'FAILED', error: /gave up after 1 attempts/ });
+  const again = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { n: 2 } } })).json.id as string;
+  clock.advance(3001);
+  a.agent.queue.reap();
+  t.equal((await w.take())?.id, again);
+  clock.advance(3001);
+  a.agent.queue.reap();
+  t.match((await w.done(again, { output: 'late' })).json, { ok: true, discarded: true, reason: /attempts were used up/ }, 'in memory: discarded');
+  const own = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { n: 3 } } })).json.id as string;
+  t.equal((await w.take())?.id, own);
+  t.equal((await w.done(own, { error: 'boom' })).status, 200, "the worker's own FAILED result");
+  await a.agent.close();
+  const b = await startAgent(t, { takeHoldMs: 300 }, { dir });
+  const wb = w.rebase(a.url, b.url);
+  const late = await wb.done(lost, { output: 'late' });
+  t.equal(late.status, 200, 'a 2xx: runpod-python logs every 4xx on a result post');
+  t.match(late.json, { ok: true, discarded: true }, 'read from the row: discarded');
+  t.notOk(late.json.duplicate, 'not a duplicate: no result of this worker was recorded');
+  t.same((await wb.done(own, { error: 'boom' })).json, { ok: true, duplicate: true }, "a re-post of the worker's own FAILED result is still a duplicate");
+});
+
 t.test('low-priority jobs, queued, running or requeued, never count toward a scale-up', async (t) => {
   const { a, ep, step, worker } = await setup(t);
   const w = await worker();
