@@ -519,7 +519,7 @@ export class JobQueue {
       this.#leave(job);
     } else if (job.status === 'IN_PROGRESS') {
       const worker = this.#release(job);
-      if (worker) this.#requestStop(worker, job.id);
+      if (worker) this.#requestStop(worker, job.id, job);
     }
     job.status = 'CANCELLED';
     if (this.#jobs.get(job.id) === job) this.#jobs.delete(job.id);
@@ -600,6 +600,7 @@ export class JobQueue {
     job.progress = null;
     job.fencedFrom = null;
     worker.stops.delete(job.id);
+    worker.letGo.delete(job.id);
     worker.fenced.delete(job.id);
     worker.jobs.add(job.id);
     this.#running.add(job);
@@ -733,6 +734,7 @@ export class JobQueue {
       // instead of after its pings drop the job (up to a ping interval later).
       if (body.status !== 'IN_PROGRESS' && (outcome === 'ended' || outcome === 'stale')) {
         worker.stops.delete(jobId);
+        worker.letGo.add(jobId);
         this.#unfence(worker, jobId);
       }
       return outcome as DoneOutcome;
@@ -849,6 +851,7 @@ export class JobQueue {
     const lease = now + this.settings.leaseMs;
     // A job taken away from this worker that it no longer lists may go back to it.
     for (const id of worker.fenced) if (!listed.has(id)) this.#unfence(worker, id);
+    for (const id of worker.letGo) if (!listed.has(id)) worker.letGo.delete(id);
     for (const id of listed) {
       const found = this.#jobs.get(id);
       // A ping speaks for its own endpoint only (the worker key is scoped to it): another
@@ -857,16 +860,19 @@ export class JobQueue {
       if (job && job.status === 'IN_PROGRESS' && job.workerId === workerId) {
         job.leaseDeadline = lease;
         worker.stops.delete(id);
+      } else if (job?.resultBy === workerId || worker.letGo.has(id)) {
+        // It posted its final result for the job: this heartbeat was made before the post
+        // (runpod-python drops a job from its pings only after posting); nothing to stop.
       } else {
         if (!worker.stops.has(id)) this.#requestStop(worker, id);
         // Still running a job it was fenced from: the fence lasts while its pings list the job.
         if (job?.fencedFrom === workerId) job.fencedUntil = lease;
       }
     }
-    // A ping that no longer lists a job ends its stop, unless the stop is newer than a re-offer
-    // period: that ping may have been made before the worker registered the job (and the SDK
-    // drops a stop for a job it has not registered yet), so the stop would be lost.
-    for (const [id, stop] of worker.stops) if (!listed.has(id) && now - stop.requested >= STOP_REOFFER_MS) worker.stops.delete(id);
+    // A ping that no longer lists a job ends its stop, unless the worker took the job less than
+    // a re-offer period ago: that ping may have been made before the worker registered the job
+    // (and the SDK drops a stop for a job it has not registered yet), so the stop would be lost.
+    for (const [id, stop] of worker.stops) if (!listed.has(id) && now >= stop.keepUntil) worker.stops.delete(id);
   }
 
   /** The worker let go of a job fenced from it: the job may go to it again. */
@@ -878,8 +884,22 @@ export class JobQueue {
     if (job.status === 'IN_QUEUE') this.#dispatch(this.#queue(job.endpointId));
   }
 
-  #requestStop(worker: WorkerInfo, jobId: string): void {
-    worker.stops.set(jobId, { requested: this.#clock.monotonic(), offered: -1 });
+  /**
+   * Asks `worker` to stop `jobId` (on job-stop). `job`: the job it held, whose claim time bounds
+   * how long a ping without the job is taken for one made before the worker registered it;
+   * without it (a ping listed the job, so the worker has registered it) a ping that no longer
+   * lists the job ends the stop at once.
+   */
+  #requestStop(worker: WorkerInfo, jobId: string, job?: Job): void {
+    // Its late result came first (a /cancel answers after its commit): nothing left to stop.
+    if (worker.letGo.has(jobId)) return;
+    const mono = this.#clock.monotonic();
+    let keepUntil = 0;
+    if (job) {
+      const heldFor = job.startedAt === null ? 0 : Math.max(0, this.#clock.now() - job.startedAt);
+      keepUntil = mono - heldFor + STOP_REOFFER_MS;
+    }
+    worker.stops.set(jobId, { keepUntil, offered: -1 });
     const waiters = worker.stopWaiters;
     worker.stopWaiters = [];
     for (const w of waiters) w();
@@ -1120,12 +1140,12 @@ export class JobQueue {
     if (charged && job.attempt >= this.settings.maxAttempts) {
       const holder = job.workerId ? this.workers.get(job.endpointId, job.workerId) : undefined;
       this.#finish(job, 'FAILED', null, `${reason}; gave up after ${job.attempt} attempts`);
-      if (holder) this.#requestStop(holder, job.id);
+      if (holder) this.#requestStop(holder, job.id, job);
       return;
     }
     const q = this.#queue(job.endpointId);
     const worker = this.#release(job);
-    if (worker) this.#requestStop(worker, job.id);
+    if (worker) this.#requestStop(worker, job.id, job);
     if (worker && mayStillRun) {
       // A lapsed lease: it may still be running the job, so not back to it until it lets go.
       job.fencedFrom = worker.id;
@@ -1331,7 +1351,7 @@ export class JobQueue {
     } else if (job.status === 'IN_PROGRESS') {
       const worker = job.workerId ? this.workers.get(endpointId, job.workerId) : undefined;
       await this.#finishCommitted(job, 'CANCELLED', null, null);
-      if (worker) this.#requestStop(worker, job.id);
+      if (worker) this.#requestStop(worker, job.id, job);
     }
     return job;
   }
@@ -1609,10 +1629,10 @@ export class JobQueue {
       const worker = job.workerId ? this.workers.get(job.endpointId, job.workerId) : undefined;
       if (mono >= job.execDeadline) {
         this.#finish(job, 'TIMED_OUT', null, `Execution timed out after ${job.executionTimeoutMs} ms.`);
-        if (worker) this.#requestStop(worker, job.id);
+        if (worker) this.#requestStop(worker, job.id, job);
       } else if (mono >= job.ttlDeadline) {
         this.#finish(job, 'TIMED_OUT', null, 'Job exceeded its time to live (policy.ttl).');
-        if (worker) this.#requestStop(worker, job.id);
+        if (worker) this.#requestStop(worker, job.id, job);
       } else if (mono >= job.leaseDeadline) {
         // A worker still heard from whose heartbeats no longer list the job dropped it (runpod-python
         // does when the handler's output cannot be serialised): say so, not "no heartbeat".

@@ -21,12 +21,19 @@ export interface WorkerInfo {
   /** Open job-take long-polls. */
   parked: number;
   /**
-   * Jobs the worker must stop, with the monotonic times the stop was requested and last offered
-   * on job-stop (-1: not offered yet). Offered again at most once a second while the worker's
-   * pings still list the job, since a stop that arrives before the worker made the job's task
-   * is dropped.
+   * Jobs the worker must stop, with the monotonic time the stop was last offered on job-stop
+   * (-1: not offered yet). Offered again at most once a second while the worker's pings still
+   * list the job, since a stop that arrives before the worker made the job's task is dropped.
+   * `keepUntil`: until then a ping that does not list the job leaves the stop in place (that
+   * ping may have been made before the worker registered a job it took moments ago).
    */
-  readonly stops: Map<string, { readonly requested: number; offered: number }>;
+  readonly stops: Map<string, { readonly keepUntil: number; offered: number }>;
+  /**
+   * Jobs the worker posted a final result for after flashd had taken them from it (cancelled,
+   * timed out, reassigned): it let go of them, though a heartbeat made before its post may still
+   * list them, so they get no new stop. Forgotten once a ping no longer lists them.
+   */
+  readonly letGo: Set<string>;
   /**
    * Jobs taken away from this worker while it may still run them (a lapsed lease): it is not
    * handed them again until a ping no longer lists them, or a lease period has passed.
@@ -55,7 +62,7 @@ export interface WorkerInfo {
 function record(endpointId: string, workerId: string, now: number, init: Partial<Pick<WorkerInfo, 'managed' | 'phase' | 'recycle' | 'draining'>> = {}): WorkerInfo {
   return {
     id: workerId, endpointId, managed: false, phase: 'up', jobs: new Set(), lastSeen: now, idleSince: now,
-    parked: 0, stops: new Map(), fenced: new Set(), stopWaiters: [], recycle: false, refresh: false, retired: false, draining: false, ...init,
+    parked: 0, stops: new Map(), letGo: new Set(), fenced: new Set(), stopWaiters: [], recycle: false, refresh: false, retired: false, draining: false, ...init,
   };
 }
 

@@ -7,6 +7,7 @@ import { TestWorker } from '../helpers/worker.js';
 import { POLL_ERROR_HOLD_MS } from '../../src/api/worker.js';
 import { DRAIN_POLL_HOLD_MS } from '../../src/queue/job-queue.js';
 import { isPrivateAddress } from '../../src/queue/webhook.js';
+import { ManualClock } from '../../src/core/clock.js';
 
 async function endpoint(a: TestAgent, extra: Record<string, unknown> = {}): Promise<string> {
   const r = await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 }, ...extra }) });
@@ -434,18 +435,59 @@ t.test('job-stop: a pending stop is re-offered at most once a second, and a new 
   t.same(await w.stops(), [], 'a ping that no longer lists the job clears the stop');
   t.ok(Date.now() - quiet >= 2500, 'and job-stop holds until its hold time');
 
+  const other = await TestWorker.create(a, ep);
   const id2 = (await run(a, ep)).json.id;
-  await w.take();
-  await w.done(id2, { error: 'boom' });
+  await other.take();
+  await other.done(id2, { error: 'boom' });
   await w.ping([id2]);
-  t.same(await w.stops(), [id2], 'a finished job the worker still lists is to be stopped');
+  t.same(await w.stops(), [id2], 'a job the worker lists but does not hold is to be stopped');
   await a.req('POST', `/v2/${ep}/retry/${id2}`);
-  t.equal((await w.take())?.id, id2, 'the retry goes to the same worker');
+  t.equal((await w.take())?.id, id2, 'the retry goes to that worker');
   await w.ping([id2]);
   const held = Date.now();
   t.same(await w.stops(), [], "the new attempt is not stopped by the old attempt's stop");
   t.ok(Date.now() - held >= 2500);
   t.equal((await w.done(id2, { output: 'second attempt' })).status, 200);
+});
+
+t.test('after /cancel, job-stop stops offering the job once its worker posted for it or a ping no longer lists it; no other worker gets it', async (t) => {
+  const clock = new ManualClock();
+  const a = await startAgent(t, { takeHoldMs: 300 }, { clock });
+  const ep = await endpoint(a);
+  const w = await TestWorker.create(a, ep);
+  const other = await TestWorker.create(a, ep);
+  const running = async () => {
+    const id = (await run(a, ep)).json.id as string;
+    t.equal((await w.take())?.id, id);
+    t.equal(await w.ping([id]), 200);
+    clock.advance(5000); // long registered by the worker
+    t.equal((await a.req('POST', `/v2/${ep}/cancel/${id}`)).json.status, 'CANCELLED');
+    return id;
+  };
+
+  const dropped = await running();
+  t.same(await w.stops(), [dropped], 'the stop is offered');
+  t.same(await other.stops(), [], 'not to a worker that never held the job');
+  t.equal(await w.ping([]), 200, 'the worker dropped the job');
+  clock.advance(1000); // a pending stop would be due again
+  t.same(await w.stops(), [], 'a ping that no longer lists the job ends the stop at once');
+  t.match((await a.req('GET', `/v2/${ep}/health`)).json.workers, { idle: 2, running: 0 }, 'and the worker is idle');
+
+  const posted = await running();
+  t.same(await w.stops(), [posted]);
+  t.match((await w.done(posted, { output: 'late' })).json, { discarded: true });
+  t.equal(await w.ping([posted]), 200, 'a heartbeat made before the post still lists it');
+  clock.advance(1000);
+  t.same(await w.stops(), [], 'the worker posted for the job: no stop');
+  t.match((await a.req('GET', `/v2/${ep}/health`)).json.workers, { idle: 2, running: 0 });
+
+  const own = (await run(a, ep)).json.id as string;
+  t.equal((await w.take())?.id, own);
+  t.equal((await w.done(own, { output: 'ok' })).status, 200);
+  t.equal(await w.ping([own]), 200, 'a heartbeat made before its own result was posted');
+  clock.advance(1000);
+  t.same(await w.stops(), [], 'no stop for a job whose result it posted');
+  t.same(await other.stops(), []);
 });
 
 t.test("deleting an endpoint revokes its workers' keys at once", async (t) => {
