@@ -160,8 +160,12 @@ export class Autoscaler {
       workers: listed.filter((w) => !registry.silent(w) && !this.#managed.get(w.id)?.stopping).map((w) => ({
         id: w.id, state: registry.state(w), idleMs: mono - w.idleSince, managed: w.managed, recycle: w.recycle, refresh: w.refresh, retired: w.retired,
       })),
-      // A worker that asked to be recycled holds its place under max until it has exited.
-      exiting: listed.filter((w) => w.refresh && this.#managed.get(w.id)?.stopping).length,
+      // A worker that asked to be recycled, or one stopped for the init timeout (it was never
+      // idle, so nothing else replaces it), holds its place under max until it has exited.
+      exiting: listed.filter((w) => {
+        const m = this.#managed.get(w.id);
+        return m?.stopping === true && (w.refresh || m.initTimedOut === true);
+      }).length,
       capacity: this.#o.runtime ? Math.min(this.#o.runtime.capacity(endpointId), this.#placement.capacity(endpointId, spec)) : 0,
       backoff: crash !== undefined && mono < crash.backoffUntil,
     });

@@ -57,7 +57,10 @@ export interface ScaleInput {
   capacity: number;
   /** True while crash-loop backoff holds new starts back. */
   backoff: boolean;
-  /** Workers that asked to be recycled, stopped and not yet exited (not in `workers`): their places under max are still taken. */
+  /**
+   * Workers stopped and not yet exited (not in `workers`) whose places under max are still
+   * taken: those that asked to be recycled, and those stopped for the init timeout.
+   */
   exiting?: number;
 }
 

@@ -152,6 +152,23 @@ t.test('a worker that never asks for a job is stopped after the init timeout and
   t.equal((await a.req('GET', `/v2/${ep}/status/${id}`)).json.status, 'IN_QUEUE', 'the job waits for a worker that works');
 });
 
+t.test('a worker stopped for the init timeout holds its place under max until it has exited', async (t) => {
+  // It ignores SIGTERM, so it exits only when the stop grace period ends (SIGKILL).
+  const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT, takeHoldMs: 1000, leaseMs: 3000, workerStopGraceMs: 3000 });
+  const ep = (await a.req('POST', '/v2/serverless', {
+    body: cpuBody({ args: JSON.stringify({ cmd: ['sh', '-c', "trap '' TERM; exec sleep 60"] }), env: { RUNPOD_INIT_TIMEOUT: '1' }, workers: { min: 1, max: 1, idleTimeout: 30 } }),
+  })).json.id as string;
+  let most = 0;
+  await until('the first silent worker to have exited and a replacement to start', async () => {
+    const w = (await health(a, ep)).workers;
+    most = Math.max(most, w.initializing + w.idle + w.running);
+    return w.unhealthy >= 1 && w.initializing === 1;
+  }, 20_000);
+  t.equal(most, 1, `never more than max (1) worker at once: ${most}`);
+  const lines = (await a.req('GET', `/v2/serverless/${ep}/logs`)).json as { line: string }[];
+  t.ok(lines.some((l) => /never asked for a job/.test(l.line)), 'the first one was stopped for the init timeout');
+});
+
 t.test('lowering max or replacing the configuration stops a worker that is still starting', async (t) => {
   const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT, takeHoldMs: 1000, leaseMs: 3000 });
   const ep = (await a.req('POST', '/v2/serverless', {
