@@ -825,13 +825,18 @@ export class JobQueue {
     const first = job.streamSeq;
     job.streamSeq += pieces.length;
     const last = job.streamSeq - 1;
+    const { attempt } = job;
+    // This attempt lost the job before the chunks were written (a lost lease, in the same commit):
+    // the requeue dropped the attempt's chunks, so these are not written either.
+    const abandoned = () => job.attempt !== attempt || job.status === 'IN_QUEUE' || (job.status === 'IN_PROGRESS' && job.workerId !== workerId);
     this.#batch.write(() => {
       // Its rows may be gone already (endpoint deleted: a small table is deleted outside the batch).
-      if (this.#jobs.get(jobId) !== job) return;
+      if (this.#jobs.get(jobId) !== job || abandoned()) return;
       for (let i = 0; i < pieces.length; i++) this.#repo.addChunk(jobId, first + i, pieces[i] as string);
     });
     await this.#batch.committed();
     if (this.#jobs.get(jobId) !== job) return 'accepted';
+    if (abandoned()) return 'stale';
     // Durable and about to be acknowledged: a /stream poll may hand them out from now on.
     const unread = this.#unread.get(jobId);
     if (!unread) this.#unread.set(jobId, { endpointId, upTo: last, read: -1 });
@@ -1164,7 +1169,14 @@ export class JobQueue {
       job.claimSaved = -1;
     }
     const { id, retries, attempt, queuedAt } = job;
-    job.writeSeq = this.#batch.write(() => this.#repo.requeue(id, retries, attempt, queuedAt));
+    // The abandoned attempt's unread /stream chunks go in the same commit (as with /retry): the
+    // rerun streams its own, and its late chunks are refused as stale. Chunks a client already
+    // read stay read: it sees the rerun's from the start (at least once, like execution).
+    this.#unread.delete(id);
+    job.writeSeq = this.#batch.write(() => {
+      this.#repo.requeue(id, retries, attempt, queuedAt);
+      this.#repo.dropAllChunks(id);
+    });
     this.#log.info('job requeued', { jobId: id, endpointId: job.endpointId, attempt, reason });
     this.#enqueue(q, job, true);
   }

@@ -209,6 +209,46 @@ t.test('a /retry drops the old run\'s chunks; deleting the endpoint drops its jo
   t.equal(chunkRows(a, id), 0, 'gone with the endpoint');
 });
 
+t.test('a lost lease drops the abandoned attempt\'s unread chunks in the requeue\'s commit; its later chunks are refused as stale', async (t) => {
+  const clock = new ManualClock();
+  const dir = t.testdir();
+  const a = await startAgent(t, { takeHoldMs: 300, leaseMs: 3000 }, { clock, dir });
+  const ep = await endpoint(a);
+  const w1 = await TestWorker.create(a, ep);
+  const w2 = await TestWorker.create(a, ep);
+  const id = await run(a, ep);
+  t.equal((await w1.take())?.id, id);
+  t.equal(await w1.stream(id, 'old-read'), 200);
+  t.same(await outputs(a, ep, id), ['old-read'], 'a client reads the first chunk of the first attempt');
+  for (const c of ['old-1', 'old-2']) t.equal(await w1.stream(id, c), 200);
+  clock.advance(3001);
+  a.agent.queue.reap();
+  await a.agent.queue.durable();
+  t.equal((await a.req('GET', `/v2/${ep}/status/${id}`)).json.status, 'IN_QUEUE', 'the lease was lost');
+  t.equal(chunkRows(a, id), 0, 'the unread chunks went with the requeue');
+  t.same(await poll(a, ep, id), { status: 'IN_QUEUE', stream: [] }, 'and are not handed out');
+  t.equal(await w1.stream(id, 'old-3'), 409, 'a chunk of the abandoned attempt is refused as stale');
+  t.equal((await w2.take())?.id, id);
+  t.equal(await w1.stream(id, 'old-4'), 409, 'also while another worker runs the job');
+  for (const c of ['new-1', 'new-2']) t.equal(await w2.stream(id, c), 200);
+  t.same(await outputs(a, ep, id), ['new-1', 'new-2'], "only the rerun's chunks (a client that read the first attempt's sees the rerun's from the start)");
+  // A chunk whose write is queued in the same commit as the requeue: not written, not acknowledged.
+  const racing = a.agent.queue.stream(ep, w2.workerId, id, { output: 'lost-race' });
+  clock.advance(3001);
+  a.agent.queue.reap();
+  t.equal(await racing, 'stale', 'refused');
+  await a.agent.queue.durable();
+  t.equal(chunkRows(a, id), 0);
+  t.same(await poll(a, ep, id), { status: 'IN_QUEUE', stream: [] });
+  t.equal(await w2.ping([]), 200, 'w2 let go of it');
+  t.equal((await w2.take())?.id, id, 'the third attempt');
+  t.equal(await w2.stream(id, 'new-3'), 200);
+  t.equal((await w2.done(id, { output: [] }, true)).status, 200);
+  await a.agent.close();
+  const b = await startAgent(t, { takeHoldMs: 300, leaseMs: 3000 }, { clock, dir });
+  t.same(await outputs(b, ep, id), ['new-3'], 'after a restart too, nothing of the abandoned attempt');
+});
+
 t.test('a progress update is stored with the running job and cleared when it goes back to the queue', async (t) => {
   const clock = new ManualClock();
   const dir = t.testdir();
