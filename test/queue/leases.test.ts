@@ -487,6 +487,19 @@ t.test('a worker still running a job that timed out counts as running, not idle,
   t.match((await a.req('GET', `/v2/${ep}/health`)).json.workers, { idle: 1, running: 0 });
 });
 
+t.test('a late heartbeat that still lists a job the worker itself finished leaves the worker idle, with no stop', async (t) => {
+  const { a, ep, worker } = await setup(t, { takeHoldMs: 100 });
+  const w = await worker();
+  const id = (await a.req('POST', `/v2/${ep}/run`, { body: { input: {} } })).json.id;
+  t.equal((await w.take())?.id, id);
+  t.equal((await w.done(id, { output: 'fast' })).status, 200);
+  // The SDK pings from its own process: the ping it sent when it took the job lands after the result.
+  t.equal(await w.ping([id]), 200);
+  t.match((await a.req('GET', `/v2/${ep}/health`)).json.workers, { idle: 1, running: 0 }, 'idle: it holds nothing');
+  t.same(await w.stops(), [], 'nothing to stop');
+  t.equal(a.agent.queue.workers.state(a.agent.queue.workers.get(ep, w.workerId)!), 'idle', 'the autoscaler sees it idle too');
+});
+
 t.test('a /retry of a job its worker may still be running is fenced from that worker: a late result of the old run cannot complete the new one', async (t) => {
   const { a, ep, step, worker } = await setup(t);
   const w = await worker();
