@@ -143,9 +143,7 @@ export class Autoscaler {
       const m = this.#managed.get(w.id);
       if (!m || m.stopping || m.runningSince === undefined || registry.state(w) !== 'initializing' || mono - m.runningSince < initTimeoutMs) continue;
       m.initTimedOut = true;
-      const why = `did not ask for a job within ${Math.round(initTimeoutMs / 1000)} s of starting (RUNPOD_INIT_TIMEOUT)`;
-      this.#o.logs.append(endpointId, w.id, 'system', `worker ${w.id} ${why}; stopping it`);
-      void this.#stop(w.id, why, false);
+      void this.#stop(w.id, `it did not ask for a job within ${Math.round(initTimeoutMs / 1000)} s of starting (RUNPOD_INIT_TIMEOUT)`, false);
     }
     const listed = registry.list(endpointId);
     const decision = decideScale({
@@ -170,7 +168,7 @@ export class Autoscaler {
       backoff: crash !== undefined && mono < crash.backoffUntil,
     });
     registry.setThrottled(endpointId, decision.throttled);
-    for (let i = 0; i < decision.start; i++) this.#launch(row);
+    for (let i = 0; i < decision.start; i++) this.#launch(row, decision.startReason);
     for (const id of decision.unretire) {
       this.#o.queue.unretire(endpointId, id);
       this.#o.logs.append(endpointId, id, 'system', `worker ${id} fits under workers.max (${spec.workers.max}) again: it takes jobs again`);
@@ -185,7 +183,7 @@ export class Autoscaler {
       const w = registry.get(endpointId, id);
       // Replaced for a new configuration: not kept for a FlashBoot restart (it runs the old one).
       const outdated = w?.recycle === true && !w.refresh;
-      void this.#stop(id, w?.recycle ? 'recycle (stopPod, refresh_worker, a new configuration or a lower workers.max)' : 'idle', !outdated);
+      void this.#stop(id, decision.stopReasons[id] ?? 'scaled down', !outdated);
     }
     return decision;
   }
@@ -208,7 +206,7 @@ export class Autoscaler {
     };
   }
 
-  #launch(row: ResourceRow<EndpointSpec>): void {
+  #launch(row: ResourceRow<EndpointSpec>, reason: string): void {
     const runtime = this.#o.runtime;
     if (!runtime) return;
     const spec = row.data;
@@ -229,8 +227,8 @@ export class Autoscaler {
     const ref = { id: freshId };
     this.#o.queue.workers.launched(endpointId, freshId);
     this.#managed.set(freshId, { endpointId, keyId: keyRow.id, stopping: false });
-    this.#o.logs.append(endpointId, freshId, 'system', `starting worker ${freshId} (${runtime.name} runtime)`);
-    this.#o.log.info('worker starting', { endpointId, workerId: freshId, runtime: runtime.name });
+    this.#o.logs.append(endpointId, freshId, 'system', `starting worker ${freshId} (${runtime.name} runtime): ${reason}`);
+    this.#o.log.info('worker starting', { endpointId, workerId: freshId, runtime: runtime.name, reason });
     runtime
       .launch(this.#launchSpec(row, freshId, env, placed.gpuDeviceIds), {
         log: (stream, line) => this.#o.logs.append(endpointId, ref.id, stream, line),
@@ -309,6 +307,11 @@ export class Autoscaler {
       const ranMs = initTimedOut || managed?.runningSince === undefined ? 0 : mono - managed.runningSince;
       const crashes = afterCrash(this.#crashes.get(endpointId), mono, ranMs);
       if (crashes) this.#crashes.set(endpointId, crashes);
+      if (crashes && crashes.backoffUntil > mono) {
+        const waitS = Math.round((crashes.backoffUntil - mono) / 1000);
+        this.#o.logs.append(endpointId, workerId, 'system', `${crashes.streak} workers crashed in a row: no new worker for ${waitS} s (crash backoff)`);
+        this.#o.log.warn('crash backoff', { endpointId, crashes: crashes.streak, waitS });
+      }
     } else {
       this.#o.logs.append(endpointId, workerId, 'system', `worker ${workerId} stopped (${how})`);
       this.#o.queue.workers.remove(endpointId, workerId);
@@ -323,6 +326,7 @@ export class Autoscaler {
     const m = this.#managed.get(workerId);
     if (!m || m.stopping || !this.#o.runtime) return;
     m.stopping = true;
+    this.#o.logs.append(m.endpointId, workerId, 'system', `stopping worker ${workerId}: ${why}`);
     this.#o.log.info('worker stopping', { endpointId: m.endpointId, workerId, reason: why });
     this.#o.queue.stopping(m.endpointId, workerId);
     await this.#o.runtime.stop(workerId, this.#graceMs, keep ? {} : { keep: false });

@@ -73,7 +73,14 @@ export interface ScaleDecision {
   unretire: string[];
   throttled: number;
   desired: number;
+  /** Why the `start` workers start, for the logs ('' when none starts). */
+  startReason: string;
+  /** Why each worker in `stop` stops, for the logs. */
+  stopReasons: Record<string, string>;
 }
+
+/** Seconds for a log line: `2`, `2.5`. */
+const secs = (ms: number): string => String(Math.round(ms / 100) / 10);
 
 export function decideScale(s: ScaleInput): ScaleDecision {
   // Retired workers (busy above a lowered max) that fit under max again, beside the serving
@@ -98,12 +105,20 @@ export function decideScale(s: ScaleInput): ScaleDecision {
   const starting = serving.filter((w) => w.state === 'initializing').length;
 
   let desired = active;
+  let why = '';
   if (s.scaling.type === 'REQUEST_COUNT') {
     desired = Math.ceil((s.queued + s.inProgress) / s.scaling.requestCount);
+    why = `REQUEST_COUNT: ${s.queued + s.inProgress} job(s) queued or running at ${s.scaling.requestCount} per worker want ${desired} worker(s)`;
   } else if (s.queued > 0 && idle.length === 0) {
-    if (active === 0) desired = 1;
-    else if (starting === 0 && s.oldestWaitMs >= s.scaling.queueDelay * 1000) desired = active + 1;
+    if (active === 0) {
+      desired = 1;
+      why = `cold start: ${s.queued} job(s) waiting and no worker up`;
+    } else if (starting === 0 && s.oldestWaitMs >= s.scaling.queueDelay * 1000) {
+      desired = active + 1;
+      why = `QUEUE_DELAY: the oldest job has waited ${secs(s.oldestWaitMs)} s (queueDelay ${s.scaling.queueDelay} s) and no worker is idle`;
+    }
   }
+  if (desired < s.min) why = `workers.min is ${s.min}`;
   desired = Math.min(s.max, Math.max(s.min, desired));
 
   // A managed worker that asked to be recycled (refresh_worker) and still runs jobs keeps its
@@ -127,16 +142,19 @@ export function decideScale(s: ScaleInput): ScaleDecision {
     ...live.filter((w) => w.managed && w.state === 'idle').sort((a, b) => b.idleMs - a.idleMs),
   ];
   const stop: string[] = [];
+  const stopReasons: Record<string, string> = {};
   let remaining = active;
   for (const w of candidates) {
     if (w.recycle) {
       stop.push(w.id);
+      stopReasons[w.id] = 'recycled (stopPod, refresh_worker, a new configuration or a lower workers.max)';
       continue;
     }
     const overMax = remaining > s.max;
     const expired = w.state === 'idle' && w.idleMs >= s.idleTimeoutMs && remaining > floor;
     if (overMax || expired) {
       stop.push(w.id);
+      stopReasons[w.id] = overMax ? `above workers.max (${s.max})` : `idle for ${secs(w.idleMs)} s (idle timeout ${secs(s.idleTimeoutMs)} s)`;
       remaining--;
     }
   }
@@ -148,7 +166,7 @@ export function decideScale(s: ScaleInput): ScaleDecision {
     retire.push((busy[i] as WorkerSnapshot).id);
     remaining--;
   }
-  return { start, stop, retire, unretire, throttled, desired };
+  return { start, stop, retire, unretire, throttled, desired, startReason: start > 0 ? why : '', stopReasons };
 }
 
 /** An endpoint's crash loop: crashes in a row, the last one, and when starts may resume. */

@@ -129,6 +129,24 @@ for (const c of cases) {
   });
 }
 
+t.test('a decision says why its workers start and stop, for the logs', async (t) => {
+  t.equal(decideScale(base).startReason, '', 'nothing starts: no reason');
+  t.equal(decideScale({ ...base, queued: 2 }).startReason, 'cold start: 2 job(s) waiting and no worker up');
+  t.equal(
+    decideScale({ ...base, queued: 5, oldestWaitMs: 4_500, workers: [w('a', 'running')] }).startReason,
+    'QUEUE_DELAY: the oldest job has waited 4.5 s (queueDelay 4 s) and no worker is idle',
+  );
+  t.equal(decideScale({ ...base, min: 2 }).startReason, 'workers.min is 2');
+  t.equal(decideScale({ ...base, min: 1, queued: 1 }).startReason, 'cold start: 1 job(s) waiting and no worker up', 'the job, not min, when both want one');
+  t.equal(
+    decideScale({ ...base, scaling: { type: 'REQUEST_COUNT', requestCount: 2 }, queued: 3, inProgress: 2, max: 10 }).startReason,
+    'REQUEST_COUNT: 5 job(s) queued or running at 2 per worker want 3 worker(s)',
+  );
+  t.same(decideScale({ ...base, workers: [w('a', 'idle', 12_000)] }).stopReasons, { a: 'idle for 12 s (idle timeout 10 s)' });
+  t.same(decideScale({ ...base, max: 0, workers: [w('a', 'initializing')] }).stopReasons, { a: 'above workers.max (0)' });
+  t.match(decideScale({ ...base, workers: [w('a', 'idle', 0, { recycle: true })] }).stopReasons, { a: /^recycled/ });
+});
+
 t.test('crash loop: workers that crash at start back off up to 60 s, and stay there', async (t) => {
   let s: CrashState | undefined;
   let at = 0;

@@ -38,7 +38,7 @@ t.test('cold start, warm reuse, scale to zero, logs', async (t) => {
     const lines = r.json as { line: string; stream: string; workerId: string }[];
     return lines.some((l) => l.line.includes(`handling ${second.json.id}`)) && lines;
   });
-  t.ok(logs.some((l) => l.stream === 'system' && /starting worker/.test(l.line)), 'the start is logged');
+  t.ok(logs.some((l) => l.stream === 'system' && /starting worker .*: cold start/.test(l.line)), 'the start is logged, with why');
   t.ok(logs.some((l) => l.workerId === first.json.workerId), 'lines carry the worker id');
 
   await until('scale to zero after idleTimeout', async () => {
@@ -47,6 +47,7 @@ t.test('cold start, warm reuse, scale to zero, logs', async (t) => {
   });
   const after = await a.req('GET', `/v2/serverless/${ep}/logs`);
   t.ok((after.json as { line: string }[]).some((l) => /stopped/.test(l.line)), 'the stop is logged');
+  t.ok((after.json as { line: string }[]).some((l) => /stopping worker .*: idle for [\d.]+ s \(idle timeout 1 s\)/.test(l.line)), 'and why it stopped');
 });
 
 t.test('a worker that dies mid-job: the job is retried, the worker shows unhealthy', async (t) => {
@@ -421,6 +422,8 @@ t.test('a crash loop backs off up to 60 s and stays there: the wait never falls 
   const crashes = async () =>
     ((await a.req('GET', `/v2/serverless/${ep}/logs?limit=10000`)).json as { line: string }[]).filter((l) => /exited unexpectedly/.test(l.line)).length;
   await until('three crashes in a row', async () => (await crashes()) >= 3, 20_000);
+  const said = async (re: RegExp) => ((await a.req('GET', `/v2/serverless/${ep}/logs?limit=10000`)).json as { line: string }[]).some((l) => re.test(l.line));
+  await until('the backoff in the log', () => said(/^3 workers crashed in a row: no new worker for 2 s \(crash backoff\)$/), 5000);
   // Then 2, 4, 8, 16 and 32 s between starts: the clock moves exactly that far each time.
   let n = 3;
   for (const wait of [2, 4, 8, 16, 32]) {
@@ -433,6 +436,7 @@ t.test('a crash loop backs off up to 60 s and stays there: the wait never falls 
   clock.advance(9_000);
   await new Promise((r) => setTimeout(r, 2500));
   t.equal(await crashes(), 8, 'no start 9 s after the eighth crash');
+  t.ok(await said(/^8 workers crashed in a row: no new worker for 60 s/), 'the log says how long starts wait');
   clock.advance(51_000);
   await until('a start once the 60 s are over', async () => (await crashes()) >= 9, 10_000);
   clock.advance(30_000);
