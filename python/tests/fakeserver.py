@@ -192,7 +192,8 @@ class FakeFlashd:
                     status, payload = fake._handle(req)
                 except Exception as exc:  # pragma: no cover
                     status, payload = 500, {"error": str(exc)}
-                data = b"" if payload is None else json.dumps(payload).encode()
+                # bytes: sent as they are (a body json.dumps cannot produce)
+                data = b"" if payload is None else payload if isinstance(payload, bytes) else json.dumps(payload).encode()
                 self.send_response(status)
                 if data:
                     self.send_header("Content-Type", "application/json")

@@ -143,6 +143,23 @@ class BasicFlowTest(WorkerTestCase):
         self.assertEqual(self.done_posts("no-input"), [])
 
 
+    def test_job_nested_too_deep_to_decode_does_not_stop_the_take_loop(self):
+        # flashd accepts any JSON; Python's decoder gives up (RecursionError) near 1000 levels
+        served = []
+        deep = b'{"id":"too-deep","input":' + b'{"a":' * 100_000 + b'1' + b'}' * 100_000 + b'}'
+
+        def hook(req):
+            if not served:
+                served.append(1)
+                return 200, deep
+            return None
+
+        self.fake.hooks["job-take"] = hook
+        self.start_worker({"handler": lambda job: "fine"})
+        job_id = self.fake.submit({})
+        self.assertEqual(self.final_post(job_id).json(), {"output": "fine"})
+
+
 class RetryTest(WorkerTestCase):
     def test_done_retried_on_5xx(self):
         failures = []

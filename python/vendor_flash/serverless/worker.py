@@ -76,6 +76,10 @@ def parse_jobs(response: HttpResponse) -> Tuple[List[Dict[str, Any]], List[str]]
         payload = response.json()
     except ValueError as exc:
         return [], [f"job-take answer is not JSON: {exc}"]
+    except RecursionError:
+        # Valid JSON nested deeper than Python's decoder goes (about 1000 levels): flashd gets the
+        # job back when its lease runs out; this worker goes on taking jobs.
+        return [], ["job-take answer is nested too deeply to decode; skipped"]
     items = payload if isinstance(payload, list) else [payload]
     jobs, problems = [], []
     for item in items:
