@@ -39,6 +39,18 @@ export function isJsonContentType(value: string | undefined): boolean {
   return value !== undefined && JSON_TYPE.test(value.trim());
 }
 
+/**
+ * What JSON.parse said about a body, without the piece of the body V8 quotes in some messages
+ * (`Unexpected token 'S', "{"password":S…" is not valid JSON`): a body may hold a key or a
+ * password, and error details are logged by clients and proxies. Messages that only give a
+ * position are kept as they are.
+ */
+export function jsonSyntaxDetail(err: unknown): string {
+  const message = err instanceof Error ? err.message : '';
+  if (/ in JSON at position \d+(?: \(line \d+ column \d+\))?$/.test(message) || message === 'Unexpected end of JSON input') return message;
+  return message.startsWith('Unexpected token') ? 'Unexpected token' : 'Syntax error';
+}
+
 export function createDispatcher(options: DispatcherOptions): (method: string, path: string, headers: Readonly<Record<string, string>>) => RouteDecision {
   const router = new Router<RouteDef>();
   for (const r of options.routes) router.add(r.method, r.path, r);
@@ -167,7 +179,7 @@ export function createDispatcher(options: DispatcherOptions): (method: string, p
               try {
                 body = JSON.parse(bodyText);
               } catch (err) {
-                throw new AgentError('INVALID_JSON', `The body is not valid JSON: ${(err as Error).message}.`);
+                throw new AgentError('INVALID_JSON', `The body is not valid JSON: ${jsonSyntaxDetail(err)}.`);
               }
             }
           }

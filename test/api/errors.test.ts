@@ -55,3 +55,21 @@ t.test('problem members on every kind of failure', async (t) => {
   t.equal(limited.json.type, 'https://iana.org/assignments/http-problem-types#quota-exceeded', '429 uses the IANA quota-exceeded type');
   t.same(limited.json['violated-policies'], ['minute']);
 });
+
+t.test('a malformed JSON body is not quoted back in the problem', async (t) => {
+  const a = await startAgent(t);
+  const bodies = [
+    '{"name":"reg","username":"bob","password":SECRET-PASSWORD-1}',
+    'password=SECRET-PASSWORD-2',
+    '{"input":{"apiKey":"SECRET-KEY-3"},]',
+  ];
+  for (const raw of bodies) {
+    const r = await a.req('POST', '/v2/registry-credentials', { raw, headers: { 'content-type': 'application/json' } });
+    assertProblem(t, r, 400);
+    t.equal(r.json.code, 'INVALID_JSON');
+    t.notMatch(r.text, /SECRET|password|apiKey/, `nothing of the body in the reply: ${r.json.detail}`);
+  }
+  const r = await a.req('POST', '/v2/registry-credentials', { raw: '{"name":"x",', headers: { 'content-type': 'application/json' } });
+  t.match(r.json.detail, /Unexpected end of JSON input|at position \d+/, 'a position or the end of input is still named');
+  t.notOk(a.logs.some((l) => /SECRET/.test(l)), 'nor in the log');
+});
