@@ -5,6 +5,7 @@
  * Rate limits: per user (minute/hour/day) for the management API, per endpoint and operation
  * group (10 s) for the queue job routes, none for worker routes and exempt keys.
  */
+import { isUtf8 } from 'node:buffer';
 import { JOB_RATE_WINDOW_SECONDS, requireScope, type AuthService, type JobRateGroup, type JobRateLimiter, type Principal, type RateLimiter } from '../auth/index.js';
 import { AgentError } from '../core/errors.js';
 import type { Logger } from '../core/logger.js';
@@ -175,6 +176,8 @@ export function createDispatcher(options: DispatcherOptions): (method: string, p
             }
             if (route.body === 'json' && !hasBody) throw new AgentError('BAD_REQUEST', 'A JSON request body is required.');
             if (hasBody && route.body !== 'raw') {
+              // JSON is UTF-8 (RFC 8259 §8.1): other bytes would be stored as U+FFFD, silently.
+              if (!isUtf8(req.body)) throw new AgentError('INVALID_JSON', 'The body is not valid JSON: it is not UTF-8 text.');
               bodyText = req.body.toString('utf8');
               try {
                 body = JSON.parse(bodyText);

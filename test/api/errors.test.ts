@@ -6,7 +6,7 @@
 import t from 'tap';
 import { ERROR_CODES } from '../../src/core/errors.js';
 import { ManualClock } from '../../src/core/clock.js';
-import { assertProblem, cpuBody, queueBody, startAgent, type Reply } from '../helpers/agent.js';
+import { ADMIN_KEY, assertProblem, cpuBody, queueBody, startAgent, type Reply } from '../helpers/agent.js';
 
 t.test('problem members on every kind of failure', async (t) => {
   const clock = new ManualClock();
@@ -72,4 +72,21 @@ t.test('a malformed JSON body is not quoted back in the problem', async (t) => {
   const r = await a.req('POST', '/v2/registry-credentials', { raw: '{"name":"x",', headers: { 'content-type': 'application/json' } });
   t.match(r.json.detail, /Unexpected end of JSON input|at position \d+/, 'a position or the end of input is still named');
   t.notOk(a.logs.some((l) => /SECRET/.test(l)), 'nor in the log');
+});
+
+t.test('a body that is not UTF-8 is refused, not stored with replacement characters', async (t) => {
+  const a = await startAgent(t, { jobRateLimitPercent: 0 });
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  const bytes = Buffer.concat([Buffer.from('{"input":{"s":"'), Buffer.from([0xff, 0xfe, 0xc3]), Buffer.from('"}}')]);
+  for (const path of [`/v2/${ep}/run`, `/v2/${ep}/runsync?wait=1000`, '/v2/templates']) {
+    const res = await fetch(a.url + path, { method: 'POST', headers: { authorization: `Bearer ${ADMIN_KEY}`, 'content-type': 'application/json' }, body: bytes });
+    const text = await res.text();
+    const r: Reply = { status: res.status, headers: res.headers, text, json: JSON.parse(text) };
+    assertProblem(t, r, 400, `${path}: 400`);
+    t.equal(r.json.code, 'INVALID_JSON');
+    t.match(r.json.detail, /UTF-8/);
+  }
+  t.same((await a.req('GET', `/v2/${ep}/health`)).json.jobs, { completed: 0, failed: 0, inProgress: 0, inQueue: 0, retried: 0 }, 'no job was queued');
+  const ok = await a.req('POST', `/v2/${ep}/run`, { body: { input: { s: 'é ✓ 😀' } } });
+  t.equal(ok.status, 200, 'UTF-8 text beyond ASCII is taken');
 });
