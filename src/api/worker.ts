@@ -228,7 +228,24 @@ export function workerRoutes(s: WorkerRouteServices): RouteDef[] {
             stream: (w) => {
               for (const l of lines) w.write(JSON.stringify(logView(l)) + '\n');
               const after = lines.length ? (lines[lines.length - 1] as LogLine).seq : since ?? 0;
-              const off = s.logs.follow(ep.id, after, (l) => w.write(JSON.stringify(logView(l)) + '\n'), () => w.end());
+              // The stream outlives the request's authentication: each new line is sent only
+              // while the credential that opened it is still good (a key revoked or expired since,
+              // a session of such a key, a team key whose user left the team end the stream).
+              const stillAllowed = (): boolean => {
+                try {
+                  return s.auth.authenticate(req.headers).keyId === principal.keyId;
+                } catch {
+                  return false;
+                }
+              };
+              const off = s.logs.follow(ep.id, after, (l) => {
+                if (!stillAllowed()) {
+                  off();
+                  w.end();
+                  return;
+                }
+                w.write(JSON.stringify(logView(l)) + '\n');
+              }, () => w.end());
               w.signal.addEventListener('abort', off, { once: true });
             },
           },

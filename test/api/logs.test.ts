@@ -119,3 +119,33 @@ t.test('lines appended just before flashd stops reach followers before their str
   await ended;
   t.same(got, ['last words', 'worker wkr_a stopped (signal SIGKILL)'], 'none lost');
 });
+
+t.test('a follow stream ends when the key that opened it is revoked or expires', async (t) => {
+  const a = await startAgent(t);
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody() })).json.id as string;
+  for (const how of ['revoked', 'expired'] as const) {
+    a.agent.logs.append(ep, 'wkr_a', 'stdout', `before ${how}`);
+    await a.agent.queue.durable();
+    const made = (await a.req('POST', '/v2/api-keys', { body: { name: how, scopes: ['endpoints:read'], ...(how === 'expired' ? { expiresAt: new Date(Date.now() + 1500).toISOString() } : {}) } })).json;
+    const res = await fetch(`${a.url}/v2/serverless/${ep}/logs?follow=true&limit=1`, { headers: { authorization: made.key } });
+    t.equal(res.status, 200);
+    const reader = res.body!.getReader();
+    const decoder = new TextDecoder();
+    let text = '';
+    const readUntil = async (pred: (s: string) => boolean) => {
+      while (!pred(text)) {
+        const { value, done } = await reader.read();
+        if (done) return true;
+        text += decoder.decode(value, { stream: true });
+      }
+      return false;
+    };
+    await readUntil((s) => s.includes(`before ${how}`));
+    if (how === 'revoked') t.equal((await a.req('DELETE', `/v2/api-keys/${made.id}`)).status, 204);
+    else await new Promise((r) => setTimeout(r, 1600));
+    a.agent.logs.append(ep, 'wkr_a', 'stdout', `after ${how}`);
+    const ended = await Promise.race([readUntil(() => false), new Promise<string>((r) => setTimeout(() => r('timeout'), 3000))]);
+    t.equal(ended, true, `the stream ends once the key is ${how}`);
+    t.notMatch(text, `after ${how}`, `no line after the key was ${how}`);
+  }
+});
