@@ -102,11 +102,33 @@ export function nativeDir(): string | null {
  * those sites are exactly the known ones is patched; anything else loads as it is.
  */
 export const UWS_SPLIT_HEADER_LIMIT = 16384;
+/**
+ * The same binary closes a keep-alive connection 8–12 s after its last response (its
+ * HTTP_IDLE_TIMEOUT_S and HTTP_TIMEOUT_S, both 10 s). aiohttp, and so runpod-python, keeps an
+ * idle connection for 15 s: a sync handler that runs 10–15 s blocks the worker's event loop, so
+ * the SDK never sees the close and posts its result on the dead connection ("Broken pipe"; the
+ * SDK drops the result and the job runs again). uSockets keeps timeouts in 4 s ticks, as
+ * `(seconds + 3) >> 2` ticks past the loop's timestamp byte, mod 240; with the constant 10 the
+ * compiler folded that into an `add $3` before and after a division by 240 (`imul $0x8889` …
+ * `imul $0xf0` … `neg`, `add`), at each of the 20 places that set an HTTP socket's timeout
+ * (plain and TLS: socket open, request data, body data, writable, res.write/cork/resume).
+ * Raising both immediates to UWS_IDLE_TICKS makes every one of them 60–64 s: the idle wait
+ * after a response, the wait for a first request, and the stalled-body and stalled-write
+ * limits (nginx waits 60–75 s for these).
+ */
+export const UWS_IDLE_TICKS = 16;
+/** What UWS_IDLE_TICKS means in seconds (at least; at most 4 more). */
+export const UWS_IDLE_TIMEOUT_S = (UWS_IDLE_TICKS - 1) * 4;
 interface UwsPatch {
   bytes: number;
   sha256: string;
   /** File offsets of the `movq $0x1000, disp32(%rdi)` instructions (48 c7 87 disp32 imm32). */
   sites: number[];
+  /**
+   * File offsets of the folded timeout sequences: `add $3,r` (83 c0+r 03), `imul $0x8889`,
+   * `shr $0x17`, `imul $0xf0`, `neg`, `add r,r`, `add $3,r` (the second imm8 at +24).
+   */
+  idleSites: number[];
 }
 const UWS_PATCHES: Record<string, UwsPatch> = {
   // @trufflesuite/uws-js-unofficial 20.30.0-unofficial.0, binaries/uws_linux_x64_115.node:
@@ -115,15 +137,32 @@ const UWS_PATCHES: Record<string, UwsPatch> = {
     bytes: 6845264,
     sha256: 'f158fb441f7e2e37b3ab9a56782fe37f4c0d33b5cd32e96ee5c0120ce7db7ced',
     sites: [0xe98d7, 0xf90e4],
+    idleSites: [
+      0xe51ec, 0xe549b, 0xe9882, 0xe9ca3, 0xea086, 0xea33e, 0xea411, 0xf678c, 0xf6a3b, 0xf9092,
+      0xf9489, 0xf9815, 0xf9a78, 0xf9b41, 0x102765, 0x103bf6, 0x10486d, 0x105e35, 0x1072c6, 0x107f2d,
+    ],
   },
 };
 
 /** The limit in force for a header block split across reads (4096 unless the patch applied). */
 export let uwsSplitHeaderLimit = 4096;
+/** How long an idle HTTP connection is kept, at least (8 unless the patch applied). */
+export let uwsIdleTimeoutS = 8;
 /** Why the patch did not apply (null when it did). */
 export let uwsPatchSkipped: string | null = null;
 
-/** `original` with the limit raised to UWS_SPLIT_HEADER_LIMIT, or null if it is not the known binary. */
+/** Whether `b` holds the folded 10 s timeout sequence at `at` (see UWS_IDLE_TICKS), with `ticks` in it. */
+function idleSequence(b: Buffer, at: number, ticks: number): boolean {
+  const reg = (x: number | undefined, base: number) => x !== undefined && x >= base && x < base + 8;
+  return b[at] === 0x83 && reg(b[at + 1], 0xc0) && b[at + 2] === ticks && b[at + 3] === 0x69 && b.readUInt32LE(at + 5) === 0x8889 &&
+    b[at + 9] === 0xc1 && b[at + 11] === 0x17 && b[at + 12] === 0x69 && b.readUInt32LE(at + 14) === 0xf0 && b[at + 18] === 0xf7 &&
+    b[at + 20] === 0x01 && b[at + 22] === 0x83 && reg(b[at + 23], 0xc0) && b[at + 24] === ticks;
+}
+
+/**
+ * `original` with the split-header limit raised to UWS_SPLIT_HEADER_LIMIT and the HTTP
+ * timeouts to UWS_IDLE_TICKS, or null if it is not the known binary.
+ */
 export function patchUwsAddon(name: string, original: Buffer): Buffer | null {
   const p = UWS_PATCHES[name];
   if (!p || original.length !== p.bytes) return null;
@@ -133,6 +172,11 @@ export function patchUwsAddon(name: string, original: Buffer): Buffer | null {
     if (out[at] !== 0x48 || out[at + 1] !== 0xc7 || out[at + 2] !== 0x87 || out.readUInt32LE(at + 7) !== 4096) return null;
     out.writeUInt32LE(UWS_SPLIT_HEADER_LIMIT, at + 7);
   }
+  for (const at of p.idleSites) {
+    if (!idleSequence(out, at, 3)) return null;
+    out[at + 2] = UWS_IDLE_TICKS;
+    out[at + 24] = UWS_IDLE_TICKS;
+  }
   return out;
 }
 
@@ -140,15 +184,16 @@ export function patchUwsAddon(name: string, original: Buffer): Buffer | null {
 function sitesPatched(file: string, p: UwsPatch): boolean {
   const fd = openSync(file, 'r');
   try {
-    const b = Buffer.alloc(4);
-    return p.sites.every((at) => readSync(fd, b, 0, 4, at + 7) === 4 && b.readUInt32LE(0) === UWS_SPLIT_HEADER_LIMIT);
+    const b = Buffer.alloc(25);
+    return p.sites.every((at) => readSync(fd, b, 0, 4, at + 7) === 4 && b.readUInt32LE(0) === UWS_SPLIT_HEADER_LIMIT) &&
+      p.idleSites.every((at) => readSync(fd, b, 0, 25, at) === 25 && idleSequence(b, 0, UWS_IDLE_TICKS));
   } finally {
     closeSync(fd);
   }
 }
 
 /**
- * The patched copy of `file` (written once to `<cache>/flashd/uws-h16k-<hash>/`), or `file`
+ * The patched copy of `file` (written once to `<cache>/flashd/uws-p2-<hash>/`), or `file`
  * itself when it is not a known binary or the copy cannot be written.
  */
 function patchedUws(file: string): string {
@@ -162,7 +207,7 @@ function patchedUws(file: string): string {
       uwsPatchSkipped = `${file} is not the known build`;
       return file;
     }
-    const dir = join(cacheRoot(), `uws-h16k-${p.sha256.slice(0, 16)}`);
+    const dir = join(cacheRoot(), `uws-p2-${p.sha256.slice(0, 16)}`);
     const target = join(dir, UWS_ADDON);
     if (!(existsSync(target) && statSync(target).size === p.bytes && sitesPatched(target, p))) {
       const patched = patchUwsAddon(UWS_ADDON, readFileSync(file));
@@ -176,6 +221,7 @@ function patchedUws(file: string): string {
       renameSync(partial, target);
     }
     uwsSplitHeaderLimit = UWS_SPLIT_HEADER_LIMIT;
+    uwsIdleTimeoutS = UWS_IDLE_TIMEOUT_S;
     uwsPatchSkipped = null;
     return target;
   } catch (err) {

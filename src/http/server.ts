@@ -6,7 +6,7 @@
  */
 import type { HttpRequest, HttpResponse, us_listen_socket } from 'uWebSockets.js';
 import { randomBytes } from 'node:crypto';
-import { loadUws, uwsPatchSkipped, uwsSplitHeaderLimit } from '../core/native.js';
+import { loadUws, uwsIdleTimeoutS, uwsPatchSkipped, uwsSplitHeaderLimit } from '../core/native.js';
 import { LoopSpinner } from '../core/loop-spin.js';
 import type { Cancellation } from '../core/abort.js';
 import type { Logger } from '../core/logger.js';
@@ -166,8 +166,9 @@ export function createHttpServer(options: HttpServerOptions): HttpServer {
   let listenSocket: us_listen_socket | null = null;
   const log = options.log;
   if (uwsPatchSkipped !== null) {
-    log.warn('request headers over 4 KB that arrive in more than one read will be refused (large worker pings included)', {
-      splitHeaderLimit: uwsSplitHeaderLimit, reason: uwsPatchSkipped,
+    log.warn('request headers over 4 KB that arrive in more than one read will be refused (large worker pings included), '
+      + 'and idle connections close after 8–12 s (a runpod-python worker whose sync handler runs 10–15 s can lose its result)', {
+      splitHeaderLimit: uwsSplitHeaderLimit, idleTimeoutS: uwsIdleTimeoutS, reason: uwsPatchSkipped,
     });
   }
   /** Requests received and not yet answered or aborted; close() waits for them. */
