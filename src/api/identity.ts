@@ -2,14 +2,14 @@
 import type { ApiKeyRow, TeamRow, UserRow } from '../store/index.js';
 import { AgentError } from '../core/errors.js';
 import { assertSchema } from '../core/schemas.js';
-import type { RouteDef } from './route.js';
+import { NO_STORE, type RouteDef } from './route.js';
 import type { ApiServices } from './services.js';
 
 const iso = (ms: number | null): string | null => (ms === null ? null : new Date(ms).toISOString());
 
 export function keyView(k: ApiKeyRow): Record<string, unknown> {
   return {
-    id: k.id, name: k.name, prefix: k.prefix, scopes: k.scopes, userId: k.userId, teamId: k.teamId, exempt: k.exempt,
+    id: k.id, name: k.name, kind: k.kind, endpointId: k.endpointId, prefix: k.prefix, scopes: k.scopes, userId: k.userId, teamId: k.teamId, exempt: k.exempt,
     createdAt: iso(k.createdAt), expiresAt: iso(k.expiresAt), revokedAt: iso(k.revokedAt),
   };
 }
@@ -29,13 +29,20 @@ export function identityRoutes(s: ApiServices): RouteDef[] {
         const expiresAt = b.expiresAt ? Date.parse(b.expiresAt) : null;
         const input = { name: b.name, scopes: b.scopes, teamId: b.teamId ?? null, exempt: b.exempt ?? false, expiresAt };
         const { row, key } = s.auth.createKey(principal, b.userId === undefined ? input : { ...input, userId: b.userId });
-        return { status: 201, body: { ...keyView(row), key } };
+        return { status: 201, headers: { ...NO_STORE }, body: { ...keyView(row), key } };
       },
     },
     {
       method: 'GET', path: '/v2/api-keys', operationId: 'listApiKeys', summary: 'List API keys (never their secrets)', tag: 'Access',
-      auth: 'user', successStatus: 200, responseSchema: 'ApiKey', responseIsArray: true, problems: AUTHN,
-      handle: ({ principal }) => ({ status: 200, body: s.auth.listKeys(principal).map(keyView) }),
+      auth: 'user', successStatus: 200, responseSchema: 'ApiKey', responseIsArray: true, problems: [400, ...AUTHN],
+      query: [{ name: 'kind', description: 'user (default): API keys. worker: unrevoked worker keys, from worker-env and of the workers flashd runs.', schema: { type: 'string', enum: ['user', 'worker'] } }],
+      handle: ({ principal, req }) => {
+        const kind = req.query.get('kind') ?? 'user';
+        if (kind !== 'user' && kind !== 'worker') {
+          throw new AgentError('VALIDATION_FAILED', `Unknown kind ${JSON.stringify(kind)}; allowed: user, worker.`, { errors: [`?kind: unknown value "${kind}"`] });
+        }
+        return { status: 200, body: s.auth.listKeys(principal, kind).map(keyView) };
+      },
     },
     {
       method: 'GET', path: '/v2/api-keys/{keyId}', operationId: 'getApiKey', summary: 'Get an API key (never its secret)', tag: 'Access',
@@ -43,9 +50,9 @@ export function identityRoutes(s: ApiServices): RouteDef[] {
       handle: ({ principal, params }) => ({ status: 200, body: keyView(s.auth.keyFor(principal, params['keyId'] as string)) }),
     },
     {
-      method: 'PATCH', path: '/v2/api-keys/{keyId}', operationId: 'updateApiKey', summary: 'Rename a key, or (admins) set its rate-limit exemption',
+      method: 'PATCH', path: '/v2/api-keys/{keyId}', operationId: 'updateApiKey', summary: 'Rename a key, or (admins) set its rate-limit exemption; worker keys cannot be changed (409)',
       tag: 'Access', auth: 'user', body: 'json', requestSchema: 'ApiKeyUpdate', successStatus: 200, responseSchema: 'ApiKey',
-      problems: [400, ...AUTHN, 404, 415],
+      problems: [400, ...AUTHN, 404, 409, 415],
       handle: ({ principal, params, body }) => {
         const b = assertSchema<{ name?: string; exempt?: boolean }>('ApiKeyUpdate', body);
         return { status: 200, body: keyView(s.auth.updateKey(principal, params['keyId'] as string, b)) };
@@ -118,7 +125,7 @@ export function identityRoutes(s: ApiServices): RouteDef[] {
       handle: ({ principal }) => {
         if (principal.via !== 'key') throw new AgentError('FORBIDDEN', 'Open a session with an API key, not with another session.');
         const { token, expiresAt } = s.auth.openSession(principal);
-        return { status: 201, body: { token, expiresAt: iso(expiresAt), userId: principal.userId } };
+        return { status: 201, headers: { ...NO_STORE }, body: { token, expiresAt: iso(expiresAt), userId: principal.userId } };
       },
     },
   ];

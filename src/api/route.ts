@@ -7,6 +7,12 @@ export interface QueryParam {
   schema: Record<string, unknown>;
 }
 
+/**
+ * Headers of a reply that carries a credential (a new API key, a worker key, a session token):
+ * no cache or proxy keeps a copy, and a browser's back button does not show it again.
+ */
+export const NO_STORE: Readonly<Record<string, string>> = Object.freeze({ 'cache-control': 'no-store' });
+
 export interface ApiContext {
   req: IncomingRequest;
   params: Record<string, string>;

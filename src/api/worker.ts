@@ -11,7 +11,7 @@ import type { IncomingRequest, OutgoingReply } from '../http/index.js';
 import { SDK_DEFAULT_ENV, workerEnv, workerJobBody, type DoneBody, type DoneOutcome, type JobQueue } from '../queue/index.js';
 import type { LogLine } from '../store/index.js';
 import type { LogHub } from '../scheduler/index.js';
-import type { RouteDef } from './route.js';
+import { NO_STORE, type RouteDef } from './route.js';
 
 export interface WorkerRouteServices {
   queue: JobQueue;
@@ -189,11 +189,12 @@ export function workerRoutes(s: WorkerRouteServices): RouteDef[] {
           throw new AgentError('CONFLICT', `Endpoint ${ep.id} is a LOAD_BALANCER endpoint: its workers serve HTTP themselves (PORT, PORT_HEALTH, HEALTH_CHECK_PATH) and take no jobs from the queue, so there is no queue worker environment for it. flashd does not route load-balancing traffic yet.`);
         }
         const workerId = newId('wkr');
-        const { key } = s.auth.createWorkerKey(principal.userId, principal.teamId, ep.id, `worker ${workerId}`);
+        const { key, row } = s.auth.createWorkerKey(principal.userId, principal.teamId, ep.id, `worker ${workerId}`);
         const gpu = req.query.get('gpu') ?? (ep.data.gpu ? 'gpu' : 'cpu');
         return {
           status: 200,
-          body: { workerId, env: { ...SDK_DEFAULT_ENV, ...workerEnv({ baseUrl: s.baseUrl(), endpointId: ep.id, workerId, key, gpu, pingIntervalMs: s.pingIntervalMs }) } },
+          headers: { ...NO_STORE },
+          body: { workerId, keyId: row.id, env: { ...SDK_DEFAULT_ENV, ...workerEnv({ baseUrl: s.baseUrl(), endpointId: ep.id, workerId, key, gpu, pingIntervalMs: s.pingIntervalMs }) } },
         };
       },
     },

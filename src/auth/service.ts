@@ -280,22 +280,32 @@ export class AuthService {
     this.#repo.revokeKey(id, this.#clock.now());
   }
 
-  /** Keys visible to the caller: admins see every user key, others their own. */
-  listKeys(caller: Principal): ApiKeyRow[] {
-    return this.#repo.userKeys(caller.scopes.has('admin') ? null : caller.userId);
+  /**
+   * Keys visible to the caller: admins see every key of the kind, others their own. Worker keys
+   * (`kind` 'worker') are listed only while unrevoked.
+   */
+  listKeys(caller: Principal, kind: 'user' | 'worker' = 'user'): ApiKeyRow[] {
+    const userId = caller.scopes.has('admin') ? null : caller.userId;
+    return kind === 'worker' ? this.#repo.workerKeys(userId) : this.#repo.userKeys(userId);
   }
 
-  /** A key the caller may manage, or a 404 (never a leak of another user's key). */
+  /**
+   * A key the caller may see or revoke, or a 404 (never a leak of another user's key): their own,
+   * or any for admins. Worker keys are included, so one handed out by worker-env can be revoked.
+   */
   keyFor(caller: Principal, id: string): ApiKeyRow {
     const row = this.#repo.keyById(id);
-    if (!row || row.kind !== 'user' || (row.userId !== caller.userId && !caller.scopes.has('admin'))) {
+    if (!row || (row.userId !== caller.userId && !caller.scopes.has('admin'))) {
       throw new AgentError('NOT_FOUND', `API key ${id} not found.`);
     }
     return row;
   }
 
   updateKey(caller: Principal, id: string, patch: { name?: string; exempt?: boolean }): ApiKeyRow {
-    this.keyFor(caller, id);
+    const row = this.keyFor(caller, id);
+    // A managed worker's key is found by its name after a crash (revokeLeftoverManagedKeys), and
+    // worker routes are never rate limited: neither field means anything for a worker key.
+    if (row.kind === 'worker') throw new AgentError('CONFLICT', `API key ${id} is a worker key: it can be read and revoked, not changed.`);
     if (patch.exempt !== undefined) {
       if (!caller.scopes.has('admin')) throw new AgentError('FORBIDDEN', 'Only admins can change rate-limit exemption.');
       this.#repo.setKeyExempt(id, patch.exempt);
@@ -305,9 +315,9 @@ export class AuthService {
   }
 
   revokeKey(caller: Principal, id: string): void {
-    this.keyFor(caller, id);
+    const row = this.keyFor(caller, id);
     this.#repo.revokeKey(id, this.#clock.now());
-    this.#log.info('api key revoked', { keyId: id });
+    this.#log.info('api key revoked', { keyId: id, kind: row.kind, endpointId: row.endpointId });
   }
 
   // Users and teams -------------------------------------------------------------------------

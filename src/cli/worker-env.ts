@@ -11,6 +11,8 @@ Prints the environment a worker needs to serve <endpoint_id>: a new worker id an
 that can only take and post jobs for that endpoint, and the job URLs under both flashd's names
 (VENDOR_*) and RunPod's (RUNPOD_*), so the runpod SDK works unchanged. Run one worker per
 printed environment. QUEUE endpoints only: a LOAD_BALANCER endpoint's workers take no jobs.
+The key stays valid until revoked (DELETE /v2/api-keys/<key id>, the id printed in a comment;
+GET /v2/api-keys?kind=worker lists them) or until the endpoint is deleted.
 
 Options:
   --url <url>          flashd to ask (default: FLASHD_URL, else http://127.0.0.1:<FLASHD_PORT or 8000>)
@@ -51,19 +53,22 @@ function timeoutOf(env: NodeJS.ProcessEnv): number {
 }
 
 /** The answer's shape, checked: a 200 from something other than flashd must not print garbage. */
-function workerEnvBody(text: string): { workerId: string; env: Record<string, string> } | string {
+function workerEnvBody(text: string): { workerId: string; keyId?: string; env: Record<string, string> } | string {
   let body: unknown;
   try {
     body = JSON.parse(text);
   } catch {
     return `not JSON: ${JSON.stringify(text.length > 60 ? `${text.slice(0, 60)}…` : text)}`;
   }
-  const b = body as { workerId?: unknown; env?: unknown } | null;
+  const b = body as { workerId?: unknown; keyId?: unknown; env?: unknown } | null;
   const env = b?.env;
   if (typeof b?.workerId !== 'string' || typeof env !== 'object' || env === null || Array.isArray(env) || !Object.values(env).every((v) => typeof v === 'string')) {
     return 'no workerId and env in its JSON';
   }
-  return { workerId: b.workerId, env: env as Record<string, string> };
+  // keyId is optional so this command still works against a flashd from before it was added.
+  return typeof b.keyId === 'string'
+    ? { workerId: b.workerId, keyId: b.keyId, env: env as Record<string, string> }
+    : { workerId: b.workerId, env: env as Record<string, string> };
 }
 
 export async function workerEnvCommand(args: string[], env: NodeJS.ProcessEnv): Promise<number> {
@@ -146,7 +151,8 @@ export async function workerEnvCommand(args: string[], env: NodeJS.ProcessEnv): 
     const use = format === 'shell'
       ? '# single-quoted: for . ./file (sh, bash) and docker compose env_file; docker run --env-file needs --format dotenv'
       : '# values as they are: for docker/podman run --env-file; docker compose env_file and shells need --format shell';
-    process.stdout.write(`# worker ${body.workerId} for endpoint ${endpointId}\n${use}\n${lines.join('\n')}\n`);
+    const revoke = body.keyId ? `# its key is ${body.keyId}: see it with GET /v2/api-keys?kind=worker, revoke it with DELETE /v2/api-keys/${body.keyId}\n` : '';
+    process.stdout.write(`# worker ${body.workerId} for endpoint ${endpointId}\n${revoke}${use}\n${lines.join('\n')}\n`);
   }
   return 0;
 }

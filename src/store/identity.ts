@@ -72,6 +72,8 @@ export class IdentityRepo {
       keyById: db.prepare('SELECT * FROM api_keys WHERE id = ?'),
       keysOfUser: db.prepare("SELECT * FROM api_keys WHERE user_id = ? AND kind = 'user' ORDER BY created_at, id"),
       allUserKeys: db.prepare("SELECT * FROM api_keys WHERE kind = 'user' ORDER BY created_at, id"),
+      workerKeysOfUser: db.prepare("SELECT * FROM api_keys WHERE user_id = ? AND kind = 'worker' AND revoked_at IS NULL ORDER BY created_at, id"),
+      allWorkerKeys: db.prepare("SELECT * FROM api_keys WHERE kind = 'worker' AND revoked_at IS NULL ORDER BY created_at, id"),
       countKeys: db.prepare('SELECT count(*) AS n FROM api_keys WHERE revoked_at IS NULL'),
       revokeKey: db.prepare('UPDATE api_keys SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL'),
       setExempt: db.prepare('UPDATE api_keys SET exempt = ? WHERE id = ?'),
@@ -152,6 +154,14 @@ export class IdentityRepo {
   }
   userKeys(userId: string | null): ApiKeyRow[] {
     const rows = (userId === null ? this.#s['allUserKeys']!.all() : this.#s['keysOfUser']!.all(userId)) as RawKey[];
+    return rows.map(mapKey);
+  }
+  /**
+   * Unrevoked worker keys (worker-env's and managed workers'), of one user or (null) of everyone.
+   * Revoked ones are left out: flashd makes a key per worker it launches, so they pile up.
+   */
+  workerKeys(userId: string | null): ApiKeyRow[] {
+    const rows = (userId === null ? this.#s['allWorkerKeys']!.all() : this.#s['workerKeysOfUser']!.all(userId)) as RawKey[];
     return rows.map(mapKey);
   }
   activeKeyCount(): number {

@@ -36,6 +36,9 @@ t.test('worker-env prints a working environment in three formats', async (t) => 
     t.equal(vars[`VENDOR_${name}`], vars[`RUNPOD_${name}`], `VENDOR_${name} equals RUNPOD_${name}`);
   }
   t.match(vars['RUNPOD_WEBHOOK_GET_JOB'], /\/job-take\/\$ID\?/, 'templates already hold a ?query');
+  const keyId = /^# its key is (key_\w+): .* revoke it with DELETE \/v2\/api-keys\/(key_\w+)$/m.exec(dotenv.stdout);
+  t.ok(keyId && keyId[1] === keyId[2], 'names the key, so it can be revoked');
+  t.match((await a.req('GET', `/v2/api-keys/${keyId?.[1]}`)).json, { kind: 'worker', endpointId: ep }, 'the named key is this worker\'s');
   t.equal(vars['RUNPOD_SKIP_AUTO_SYSTEM_CHECKS'], 'true', "runpod-python >=1.9's fitness checks (internet, 4 GB free) do not kill a worker on an isolated box");
   const worker = new TestWorker({ workerId: vars['RUNPOD_POD_ID'] as string, env: vars as Record<string, string> });
   const id = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { via: 'cli' } } })).json.id;

@@ -1,0 +1,50 @@
+/**
+ * Worker keys handed out by worker-env can be found and revoked like API keys, and replies that
+ * carry a credential are never cached.
+ */
+import t from 'tap';
+import { assertProblem, cpuBody, startAgent } from '../helpers/agent.js';
+import { TestWorker } from '../helpers/worker.js';
+
+t.test('a worker-env key is listed, read and revoked through /v2/api-keys', async (t) => {
+  const a = await startAgent(t);
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  const r = await a.req('GET', `/v2/serverless/${ep}/worker-env`);
+  t.equal(r.status, 200);
+  t.match(r.json.keyId, /^key_/, 'worker-env names the key it made');
+  const keyId = r.json.keyId as string;
+  const worker = new TestWorker(r.json);
+  t.equal(await worker.ping(), 200, 'the key works');
+
+  const users = await a.req('GET', '/v2/api-keys');
+  t.notOk((users.json as { id: string }[]).some((k) => k.id === keyId), 'the default list holds API keys only');
+  t.ok((users.json as { kind: string }[]).every((k) => k.kind === 'user'));
+  const workers = await a.req('GET', '/v2/api-keys?kind=worker');
+  t.equal(workers.status, 200);
+  t.match((workers.json as { id: string }[]).find((k) => k.id === keyId), { kind: 'worker', endpointId: ep, scopes: ['worker'], revokedAt: null });
+  t.notOk(workers.text.includes(worker.key), 'never the secret');
+  const one = await a.req('GET', `/v2/api-keys/${keyId}`);
+  t.match(one.json, { id: keyId, kind: 'worker', endpointId: ep });
+
+  assertProblem(t, await a.req('PATCH', `/v2/api-keys/${keyId}`, { body: { name: 'x' } }), 409);
+  assertProblem(t, await a.req('GET', '/v2/api-keys?kind=robot'), 400);
+
+  t.equal((await a.req('DELETE', `/v2/api-keys/${keyId}`)).status, 204);
+  t.equal(await worker.ping(), 401, 'a revoked worker key is refused');
+  t.notOk(((await a.req('GET', '/v2/api-keys?kind=worker')).json as { id: string }[]).some((k) => k.id === keyId), 'revoked worker keys leave the list');
+  t.match((await a.req('GET', `/v2/api-keys/${keyId}`)).json, { revokedAt: /^\d{4}-/ }, 'and can still be read');
+});
+
+t.test('replies carrying a credential say Cache-Control: no-store', async (t) => {
+  const a = await startAgent(t);
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  const env = await a.req('GET', `/v2/serverless/${ep}/worker-env`);
+  t.equal(env.headers.get('cache-control'), 'no-store', 'worker-env');
+  const key = await a.req('POST', '/v2/api-keys', { body: { name: 'k', scopes: ['endpoints:read'] } });
+  t.equal(key.status, 201);
+  t.equal(key.headers.get('cache-control'), 'no-store', 'a new API key');
+  const session = await a.req('POST', '/v2/sessions');
+  t.equal(session.status, 201);
+  t.equal(session.headers.get('cache-control'), 'no-store', 'a session token');
+  t.equal((await a.req('GET', '/v2/api-keys')).headers.get('cache-control'), null, 'lists of key metadata need not say it');
+});
