@@ -45,6 +45,13 @@ export interface OutgoingReply {
   body?: string | Buffer;
   /** When set, headers go out at once and the function writes the body over time. */
   stream?: (writer: StreamWriter) => void;
+  /**
+   * Non-empty bytes sent first when `stream` writes nothing before it returns; a newline when
+   * not given (a blank NDJSON line). uWS ends the header block only with the first non-empty
+   * chunk (an empty write is a no-op), so without them the client would get an incomplete
+   * header block until the stream's first write.
+   */
+  streamOpen?: string;
 }
 
 export interface RouteDecision {
@@ -324,17 +331,18 @@ export function createHttpServer(options: HttpServerOptions): HttpServer {
       const raw = reply.body ?? '';
       if (closing && raw.length <= SMALL_BODY / 4) closeConnection = true;
       if (reply.stream) {
-        res.cork(() => {
-          writeHead(res, reply, this.id, this.echoId);
-          res.write('');
-        });
+        // The status line and headers are buffered here; uWS completes the block (with
+        // Transfer-Encoding: chunked and the blank line) only with the first non-empty chunk.
+        res.cork(() => writeHead(res, reply, this.id, this.echoId));
         const ex = this;
+        let wrote = false;
         const writer: StreamWriter = {
           get signal() {
             return ex.signal;
           },
           write: (chunk) => {
-            if (this.aborted || this.done) return;
+            if (this.aborted || this.done || chunk.length === 0) return;
+            wrote = true;
             res.cork(() => res.write(chunk));
           },
           end: () => {
@@ -345,6 +353,9 @@ export function createHttpServer(options: HttpServerOptions): HttpServer {
           },
         };
         reply.stream(writer);
+        // Nothing to send yet: the header block must still go out now (a client waiting for
+        // headers would otherwise wait for the first line, or give up).
+        if (!wrote && !this.done && !this.aborted) writer.write(reply.streamOpen || '\n');
         return;
       }
       let whole = false;

@@ -1,4 +1,5 @@
 import t from 'tap';
+import { connect } from 'node:net';
 import { ADMIN_KEY, assertProblem, cpuBody, startAgent } from '../helpers/agent.js';
 
 t.test('endpoint logs: tail, since, follow, and gone with the endpoint', async (t) => {
@@ -148,4 +149,31 @@ t.test('a follow stream ends when the key that opened it is revoked or expires',
     t.equal(ended, true, `the stream ends once the key is ${how}`);
     t.notMatch(text, `after ${how}`, `no line after the key was ${how}`);
   }
+});
+
+t.test('a follow with no line yet sends its status line and whole header block at once', async (t) => {
+  const a = await startAgent(t);
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody() })).json.id as string;
+  const port = new URL(a.url).port;
+  const socket = connect(Number(port), '127.0.0.1');
+  t.teardown(() => void socket.destroy());
+  let got = '';
+  socket.on('data', (d: Buffer) => (got += d.toString('latin1')));
+  socket.write(`GET /v2/serverless/${ep}/logs?follow=true HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${ADMIN_KEY}\r\n\r\n`);
+  // No line exists and none is appended: the header block must still be complete.
+  const deadline = Date.now() + 2000;
+  while (!got.includes('\r\n\r\n') && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20));
+  const end = got.indexOf('\r\n\r\n');
+  t.ok(end > 0, `the header block ends before any line exists (got ${JSON.stringify(got.slice(0, 80))}…)`);
+  const head = got.slice(0, end).toLowerCase();
+  t.match(head, /^http\/1\.1 200 ok\r\n/);
+  t.match(head, /\r\ncontent-type: application\/x-ndjson/);
+  t.match(head, /\r\ntransfer-encoding: chunked/);
+
+  // Then a line, and the body holds only NDJSON lines and blank lines.
+  a.agent.logs.append(ep, 'wkr_a', 'stdout', 'first');
+  while (!got.includes('first') && Date.now() < deadline + 3000) await new Promise((r) => setTimeout(r, 20));
+  const body = got.slice(end + 4).replace(/(^|\r\n)[0-9a-f]+\r\n/g, '$1').replace(/\r\n/g, '');
+  const lines = body.split('\n').filter((l) => l !== '');
+  t.same(lines.map((l) => JSON.parse(l).line), ['first'], 'the first line follows on the same response');
 });
