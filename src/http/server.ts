@@ -330,6 +330,10 @@ export function createHttpServer(options: HttpServerOptions): HttpServer {
       // sent through backpressure; app.close() ends the connection after that).
       const raw = reply.body ?? '';
       if (closing && raw.length <= SMALL_BODY / 4) closeConnection = true;
+      if (this.method === 'HEAD') {
+        this.#replyHead(reply, raw, closeConnection);
+        return;
+      }
       if (reply.stream) {
         // The status line and headers are buffered here; uWS completes the block (with
         // Transfer-Encoding: chunked and the blank line) only with the first non-empty chunk.
@@ -375,6 +379,29 @@ export function createHttpServer(options: HttpServerOptions): HttpServer {
       });
       // A large body under backpressure is settled once its last byte went out (or on abort).
       if (!whole) this.#settle();
+    }
+
+    /**
+     * HEAD (routed as GET): the GET's status and headers with its Content-Length, and no body
+     * (RFC 9110 §9.3.2). A body here was read by a keep-alive client as the start of the next
+     * response (Node's http client: "Parse Error: Expected HTTP/"). A stream is not started.
+     * `endWithoutBody` takes no length here: given one, this uWS writes its own Content-Length
+     * and, for a non-zero value, closes the connection without sending anything; so the header
+     * is written by hand, except on a reply that closes the connection (Content-Length: 0).
+     */
+    #replyHead(reply: OutgoingReply, raw: string | Buffer, closeConnection: boolean): void {
+      const res = this.#res;
+      res.cork(() => {
+        writeHead(res, reply, this.id, this.echoId);
+        if (closeConnection) {
+          res.endWithoutBody(0, true);
+          return;
+        }
+        if (!reply.stream && reply.status !== 204 && reply.status !== 304) res.writeHeader('content-length', String(Buffer.byteLength(raw)));
+        res.endWithoutBody();
+      });
+      this.done = true;
+      this.#settle();
     }
 
     /** Drops the connection (after a write that failed half way). */

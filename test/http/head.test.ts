@@ -1,0 +1,56 @@
+/**
+ * HEAD is answered like GET without the body (RFC 9110 §9.3.2): its reply carries the GET's
+ * status, headers and Content-Length, and no body bytes, so the next response on a kept-alive
+ * connection starts where the client expects it.
+ */
+import t from 'tap';
+import { connect } from 'node:net';
+import { Agent, request } from 'node:http';
+import { ADMIN_KEY, cpuBody, startAgent } from '../helpers/agent.js';
+
+/** Writes `raw` and collects what comes back for `ms`. */
+function collect(port: number, raw: string, ms = 500): Promise<string> {
+  return new Promise((resolve) => {
+    const s = connect(port, '127.0.0.1');
+    let got = '';
+    s.on('data', (d: Buffer) => (got += d.toString('latin1')));
+    s.on('error', () => undefined);
+    s.on('connect', () => s.write(raw));
+    setTimeout(() => {
+      s.destroy();
+      resolve(got);
+    }, ms);
+  });
+}
+
+t.test('HEAD replies carry no body, and the connection stays usable', async (t) => {
+  const a = await startAgent(t);
+  const port = Number(new URL(a.url).port);
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody() })).json.id as string;
+  const auth = `Authorization: Bearer ${ADMIN_KEY}\r\n`;
+  const get = await a.req('GET', '/healthz');
+  for (const [what, path] of [['a 200', '/healthz'], ['a 404 problem', '/nope'], ['a log follow', `/v2/serverless/${ep}/logs?follow=true`], ['a list', '/v2/serverless']]) {
+    const got = await collect(port, `HEAD ${path} HTTP/1.1\r\nHost: x\r\n${auth}\r\nGET /healthz HTTP/1.1\r\nHost: x\r\n\r\n`);
+    const head = got.slice(0, got.indexOf('\r\n\r\n') + 4);
+    const rest = got.slice(head.length);
+    t.match(head, /^HTTP\/1\.1 \d{3} /, `${what}: a status line`);
+    t.match(rest, /^HTTP\/1\.1 200 OK\r\n/, `${what}: the next response follows the HEAD head directly (got ${JSON.stringify(rest.slice(0, 60))})`);
+    t.ok(rest.endsWith(get.text), `${what}: and is whole`);
+  }
+  const headHealth = await collect(port, 'HEAD /healthz HTTP/1.1\r\nHost: x\r\n\r\n');
+  t.match(headHealth.toLowerCase(), new RegExp(`\\r\\ncontent-length: ${Buffer.byteLength(get.text)}\\r\\n`), 'Content-Length is the GET body\'s');
+
+  // Node's own client with a kept-alive connection: a body after a HEAD reply was a parse error.
+  const agent = new Agent({ keepAlive: true, maxSockets: 1 });
+  t.teardown(() => agent.destroy());
+  const one = (method: string) => new Promise<string>((resolve) => {
+    const r = request({ host: '127.0.0.1', port, path: '/healthz', method, agent }, (res) => {
+      let b = '';
+      res.on('data', (d: Buffer) => (b += d.toString()));
+      res.on('end', () => resolve(`${res.statusCode} ${b}`));
+    });
+    r.on('error', (err) => resolve(`error ${err.message}`));
+    r.end();
+  });
+  t.same([await one('HEAD'), await one('GET'), await one('HEAD'), await one('GET')], ['200 ', `200 ${get.text}`, '200 ', `200 ${get.text}`]);
+});
