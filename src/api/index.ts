@@ -21,7 +21,7 @@ export { workerRoutes, type WorkerRouteServices } from './worker.js';
 export interface Api {
   routes: readonly RouteDef[];
   resolve(method: string, path: string, headers: Readonly<Record<string, string>>): RouteDecision;
-  earlyError(kind: 'payload-too-large' | 'internal' | 'unavailable', detail: string, requestId: string): OutgoingReply;
+  earlyError(kind: 'payload-too-large' | 'bad-request' | 'internal' | 'unavailable', detail: string, requestId: string): OutgoingReply;
 }
 
 export interface CreateApiOptions {
@@ -36,7 +36,7 @@ export interface CreateApiOptions {
   extraRoutes?: readonly RouteDef[];
 }
 
-const EARLY_CODES = { 'payload-too-large': 'PAYLOAD_TOO_LARGE', internal: 'INTERNAL', unavailable: 'UNAVAILABLE' } as const;
+const EARLY_CODES = { 'payload-too-large': 'PAYLOAD_TOO_LARGE', 'bad-request': 'BAD_REQUEST', internal: 'INTERNAL', unavailable: 'UNAVAILABLE' } as const;
 
 export function createApi(options: CreateApiOptions): Api {
   const s = options.services;

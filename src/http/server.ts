@@ -70,7 +70,7 @@ export interface HttpServerOptions {
   /** Synchronous route choice, so the body limit is known before any byte is read. */
   resolve(method: string, path: string, headers: Readonly<Record<string, string>>): RouteDecision;
   /** Turns a payload-too-large or internal failure into a reply (problem+json lives in api/). */
-  onEarlyError(kind: 'payload-too-large' | 'internal' | 'unavailable', detail: string, requestId: string): OutgoingReply;
+  onEarlyError(kind: 'payload-too-large' | 'bad-request' | 'internal' | 'unavailable', detail: string, requestId: string): OutgoingReply;
   /** Longest adaptive polling window before the loop sleeps, µs (core/loop-spin.ts); 0 turns it off. */
   pollSpinUs?: number;
 }
@@ -508,7 +508,18 @@ export function createHttpServer(options: HttpServerOptions): HttpServer {
       ex.reply(options.onEarlyError('internal', 'The server could not route this request.', ex.id));
       return;
     }
-    const lengthHeader = ex.headers['content-length'];
+    // Repeated Content-Length headers arrive joined by ", ". uWS frames the body by the first;
+    // different values are a framing error (RFC 9112 §6.3): the bytes after the first length
+    // would be read as the next request, where a proxy that took another value sees a body.
+    let lengthHeader = ex.headers['content-length'];
+    if (lengthHeader !== undefined && lengthHeader.includes(',')) {
+      const values = lengthHeader.split(',').map((v) => v.trim());
+      if (values.some((v) => v !== values[0])) {
+        ex.reply(options.onEarlyError('bad-request', `The request has Content-Length headers with different values (${values.join(', ')}).`, ex.id), true);
+        return;
+      }
+      lengthHeader = values[0];
+    }
     const declared = lengthHeader === undefined ? undefined : Number(lengthHeader);
     const te = ex.headers['transfer-encoding'];
     const chunked = te !== undefined && /chunked/i.test(te);
