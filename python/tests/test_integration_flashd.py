@@ -205,6 +205,31 @@ class ConcurrencyAndCancelTest(IntegrationCase):
         # the worker is free again
         self.assertEqual(runsync(ENDPOINTS["async"], {})["status"], "COMPLETED")
 
+    def test_a_cancelled_sync_job_keeps_its_worker_busy_until_the_handler_returns(self):
+        # A sync handler cannot be interrupted: until it returns, the worker's heartbeats list the
+        # job, so flashd counts the worker running (not idle) and gives queued jobs another one.
+        endpoint = ENDPOINTS["sync"]
+
+        def workers():
+            status, body = SERVER.call("GET", f"/v2/{endpoint}/health")
+            self.assertEqual(status, 200, body)
+            return body["workers"]
+
+        wait_until(lambda: workers()["idle"] == 1, 15, what="an idle sync worker")
+        ref = run(endpoint, {"sleep": 4.5, "return": "too late"})
+        wait_status(endpoint, ref["id"], lambda b: b["status"] == "IN_PROGRESS", what="IN_PROGRESS")
+        time.sleep(1.5)  # long enough that flashd takes a ping without the job as the job let go
+        status, body = SERVER.call("POST", f"/v2/{endpoint}/cancel/{ref['id']}")
+        self.assertEqual((status, body["status"]), (200, "CANCELLED"))
+        cancelled = time.monotonic()
+        while time.monotonic() < cancelled + 2.0:  # the handler sleeps on for about 3 s
+            seen = workers()
+            self.assertEqual((seen["idle"], seen["running"]), (0, 1), self.dump_logs())
+            time.sleep(0.1)
+        # idle again soon after the handler returns (a ping at once, not at the next interval)
+        wait_until(lambda: workers()["idle"] == 1, 4, what="the worker idle again")
+        self.assertEqual(status_of(endpoint, ref["id"])["status"], "CANCELLED")
+
 
 class LifecycleTest(IntegrationCase):
     def test_refresh_worker_posts_stop_pod_and_exits(self):
@@ -229,6 +254,27 @@ class LifecycleTest(IntegrationCase):
         self.assertEqual(body["output"], "drained")
         wait_until(lambda: worker.proc.poll() is not None, 15, what="the worker to exit")
         self.assertEqual(worker.proc.returncode, 0, worker.log())
+
+    def test_retry_of_a_timed_out_sync_job_runs_once_its_old_run_has_returned(self):
+        # The worker still runs the timed-out attempt (a sync handler cannot be interrupted) and
+        # has free slots: the retry must not be handed to it while it does, or it takes the
+        # retry for a copy of the job it holds, ignores it, and the retry times out unrun.
+        endpoint = SERVER.create_endpoint("retry-sync")
+        worker = WorkerProcess(SERVER.worker_env(endpoint), "handlers.py", "sync", "concurrency4", log_dir=TMP).start()
+        self.addCleanup(worker.stop)
+        gate = os.path.join(TMP, f"gate-{time.monotonic_ns()}")
+        job_input = {"print": "waiting for the gate", "gate": gate, "return": "ran"}
+        status, ref = SERVER.call("POST", f"/v2/{endpoint}/run", {"input": job_input, "policy": {"executionTimeout": 5000}})
+        self.assertEqual(status, 200, ref)
+        wait_status(endpoint, ref["id"], lambda b: b["status"] == "TIMED_OUT", timeout=20, what="TIMED_OUT")
+        status, body = SERVER.call("POST", f"/v2/{endpoint}/retry/{ref['id']}")
+        self.assertEqual((status, body["status"]), (200, "IN_QUEUE"), body)
+        time.sleep(1.0)
+        with open(gate, "w"):
+            pass  # the old run returns now; the retry finds the gate open at once
+        body = wait_status(endpoint, ref["id"], lambda b: b["status"] in FINAL, timeout=20)
+        self.assertEqual((body["status"], body.get("output")), ("COMPLETED", "ran"), worker.log())
+        self.assertNotIn("job delivered twice", worker.log())
 
 
 class FailureModesTest(IntegrationCase):

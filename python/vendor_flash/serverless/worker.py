@@ -203,9 +203,15 @@ class Worker:
             self.cond.notify_all()
 
     def in_progress_ids(self) -> List[str]:
-        """Ids of the jobs this worker still works on (cancelled and lost ones excluded)."""
+        """Ids of the jobs whose handler still runs here, cancelled and lost ones included.
+
+        A stopped job stays listed until its handler has returned (a sync handler cannot be
+        interrupted), as runpod-python's heartbeats do: flashd then counts this worker busy, not
+        idle, so queued jobs get another worker, and it keeps a re-run of the job away from here
+        while the old run goes on. A job leaves the list when its thread ends.
+        """
         with self.cond:
-            return [j.id for j in self.jobs.values() if not j.lost and not j.run.cancelled]
+            return list(self.jobs)
 
     def cancel_job(self, job_id: str) -> bool:
         """Cancel a job running here (no result will be posted).
@@ -368,6 +374,10 @@ class Worker:
             with self.cond:
                 self.jobs.pop(job_id, None)
                 self.cond.notify_all()
+            if not active.held():
+                # a stopped job's handler has returned: tell flashd now (its pings listed the
+                # job until here, so flashd still counts this worker busy)
+                self._ping_now.set()
 
     def _exit_after_jobs(self, exc: BaseException, job_id: str) -> None:
         """A handler raised SystemExit/KeyboardInterrupt: stop taking, finish, then exit with its status."""
