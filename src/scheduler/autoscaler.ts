@@ -262,13 +262,11 @@ export class Autoscaler {
           if (m?.stopping || this.#closed || !this.#o.endpoints.byId(endpointId)) void this.#stop(result.workerId, 'stopped while it was restarting', false);
         },
         (err: Error) => {
-          this.#o.logs.append(endpointId, freshId, 'system', `worker ${freshId} failed to start: ${err.message}`);
-          this.#o.log.warn('worker failed to start', { endpointId, workerId: freshId, reason: err.message });
           // A runtime left without room by the failure (its container engine went away, or it is
           // shutting down) failed for want of capacity, not because of the endpoint: that is no
           // crash (no unhealthy worker, no backoff); the jobs wait throttled until it is back.
           const noRoom = this.#o.runtime?.capacity(endpointId) === 0;
-          this.#exited(endpointId, freshId, { code: null, signal: null, requested: noRoom });
+          this.#exited(endpointId, freshId, { code: null, signal: null, requested: noRoom }, err.message);
         },
       );
   }
@@ -281,7 +279,8 @@ export class Autoscaler {
     this.#o.auth.revokeKeyById(kept.keyId);
   }
 
-  #exited(endpointId: string, workerId: string, info: ExitInfo): void {
+  /** `startError`: it never ran, the runtime could not start it (a bad command, a failed pull). */
+  #exited(endpointId: string, workerId: string, info: ExitInfo, startError?: string): void {
     const managed = this.#managed.get(workerId);
     this.#managed.delete(workerId);
     this.#placement.release(workerId);
@@ -293,12 +292,20 @@ export class Autoscaler {
     const how = info.signal ? `signal ${info.signal}` : `code ${info.code ?? '?'}`;
     // A job cut short by flashd's own shutdown goes back without using one of its attempts (a
     // worker that dies by itself meanwhile still uses one).
-    this.#o.queue.workerGone(endpointId, workerId, `worker ${workerId} exited (${how})`, !(this.#shuttingDown && info.requested));
+    const gone = startError === undefined ? `exited (${how})` : 'failed to start';
+    this.#o.queue.workerGone(endpointId, workerId, `worker ${workerId} ${gone}`, !(this.#shuttingDown && info.requested));
+    // One line per end, saying why: one that never ran has no exit code to show.
+    if (startError !== undefined) {
+      this.#o.logs.append(endpointId, workerId, 'system', `worker ${workerId} failed to start: ${startError}`);
+      this.#o.log.warn('worker failed to start', { endpointId, workerId, reason: startError });
+    }
     if (crashed) {
-      this.#o.logs.append(endpointId, workerId, 'system', initTimedOut
-        ? `worker ${workerId} stopped (${how}): it never asked for a job`
-        : `worker ${workerId} exited unexpectedly (${how})`);
-      this.#o.log.warn('worker exited unexpectedly', { endpointId, workerId, code: info.code, signal: info.signal });
+      if (startError === undefined) {
+        this.#o.logs.append(endpointId, workerId, 'system', initTimedOut
+          ? `worker ${workerId} stopped (${how}): it never asked for a job`
+          : `worker ${workerId} exited unexpectedly (${how})`);
+        this.#o.log.warn('worker exited unexpectedly', { endpointId, workerId, code: info.code, signal: info.signal });
+      }
       this.#o.queue.workers.markUnhealthy(endpointId, workerId);
       const mono = this.#o.clock.monotonic();
       this.#unhealthy.set(workerId, { endpointId, until: mono + UNHEALTHY_SHOWN_MS });
@@ -313,7 +320,7 @@ export class Autoscaler {
         this.#o.log.warn('crash backoff', { endpointId, crashes: crashes.streak, waitS });
       }
     } else {
-      this.#o.logs.append(endpointId, workerId, 'system', `worker ${workerId} stopped (${how})`);
+      if (startError === undefined) this.#o.logs.append(endpointId, workerId, 'system', `worker ${workerId} stopped (${how})`);
       this.#o.queue.workers.remove(endpointId, workerId);
     }
     // The capacity it held is free again: endpoints waiting for it go first, not on the next tick.

@@ -444,6 +444,24 @@ t.test('a crash loop backs off up to 60 s and stays there: the wait never falls 
   t.equal(await crashes(), 9, 'still 60 s after the ninth crash, not less');
 });
 
+t.test('a worker that cannot be started gets one log line that says why, not an exit it never had', async (t) => {
+  const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT });
+  const ep = (await a.req('POST', '/v2/serverless', {
+    body: cpuBody({ args: 'no-such-command-flashd-test --flag', workers: { min: 1, max: 1, idleTimeout: 30 } }),
+  })).json.id as string;
+  const lines = await until('the failed start in the log', async () => {
+    const l = (await a.req('GET', `/v2/serverless/${ep}/logs`)).json as { line: string; workerId: string }[];
+    return l.some((x) => /failed to start/.test(x.line)) && l;
+  }, 10_000);
+  const first = lines.find((l) => /failed to start/.test(l.line)) as { line: string; workerId: string };
+  t.match(first.line, /^worker wkr_\w+ failed to start: cannot start "no-such-command-flashd-test": .*ENOENT/, 'it says why');
+  const about = lines.filter((l) => l.workerId === first.workerId && !/^starting worker/.test(l.line)).map((l) => l.line);
+  t.same(about, [first.line], `one line for the failed start: ${about.join(' | ')}`);
+  t.notOk(lines.some((l) => /exited unexpectedly|code \?/.test(l.line)), 'no exit of a process that never ran');
+  t.ok(a.logs.some((l) => /worker failed to start/.test(l)), "flashd's log says it too");
+  t.notOk(a.logs.some((l) => /worker exited unexpectedly/.test(l)), 'once');
+});
+
 t.test('refresh_worker with concurrency above 1 stays within max: the replacement waits for the old worker to exit', async (t) => {
   const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT, takeHoldMs: 1000, leaseMs: 5000 });
   const ep = (await a.req('POST', '/v2/serverless', {
