@@ -185,7 +185,28 @@ export class Autoscaler {
       const outdated = w?.recycle === true && !w.refresh;
       void this.#stop(id, decision.stopReasons[id] ?? 'scaled down', !outdated);
     }
+    this.#trimUnhealthy(endpointId, spec.workers.max);
     return decision;
+  }
+
+  /**
+   * A crashed worker shows `unhealthy` for UNHEALTHY_SHOWN_MS or until a new worker takes its
+   * place, whichever comes first: the workers shown (crashed ones included) never outnumber
+   * workers.max, as on RunPod, where a worker that fails is restarted in its place. Without this
+   * a crash loop piled up one unhealthy worker per crash of the last minute (7 with max 1).
+   * The oldest crashes go first.
+   */
+  #trimUnhealthy(endpointId: string, max: number): void {
+    const registry = this.#o.queue.workers;
+    let over = registry.list(endpointId).filter((w) => !registry.silent(w)).length - max;
+    if (over <= 0) return;
+    for (const [workerId, u] of this.#unhealthy) {
+      if (over <= 0) break;
+      if (u.endpointId !== endpointId || registry.get(endpointId, workerId)?.phase !== 'unhealthy') continue;
+      this.#unhealthy.delete(workerId);
+      registry.remove(endpointId, workerId);
+      over--;
+    }
   }
 
   /** The launch description of one worker of an endpoint (identity apart). */

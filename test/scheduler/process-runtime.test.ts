@@ -160,10 +160,13 @@ t.test('a worker stopped for the init timeout holds its place under max until it
     body: cpuBody({ args: JSON.stringify({ cmd: ['sh', '-c', "trap '' TERM; exec sleep 60"] }), env: { RUNPOD_INIT_TIMEOUT: '1' }, workers: { min: 1, max: 1, idleTimeout: 30 } }),
   })).json.id as string;
   let most = 0;
+  let unhealthy = false;
   await until('the first silent worker to have exited and a replacement to start', async () => {
     const w = (await health(a, ep)).workers;
     most = Math.max(most, w.initializing + w.idle + w.running);
-    return w.unhealthy >= 1 && w.initializing === 1;
+    // The replacement takes the crashed worker's place in /health: one or the other is shown.
+    unhealthy ||= w.unhealthy >= 1;
+    return unhealthy && w.initializing === 1;
   }, 20_000);
   t.equal(most, 1, `never more than max (1) worker at once: ${most}`);
   const lines = (await a.req('GET', `/v2/serverless/${ep}/logs`)).json as { line: string }[];
@@ -442,6 +445,30 @@ t.test('a crash loop backs off up to 60 s and stays there: the wait never falls 
   clock.advance(30_000);
   await new Promise((r) => setTimeout(r, 2500));
   t.equal(await crashes(), 9, 'still 60 s after the ninth crash, not less');
+});
+
+t.test('a crash loop shows at most workers.max workers, the crashed ones included: unhealthy does not pile up', async (t) => {
+  const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT });
+  const ep = (await a.req('POST', '/v2/serverless', {
+    body: cpuBody({ args: 'python3 -c "import sys; sys.exit(3)"', workers: { min: 1, max: 1, idleTimeout: 30 } }),
+  })).json.id as string;
+  const crashes = async () =>
+    ((await a.req('GET', `/v2/serverless/${ep}/logs`)).json as { line: string }[]).filter((l) => /exited unexpectedly/.test(l.line)).length;
+  let most = 0;
+  let mostUnhealthy = 0;
+  const seen: string[] = [];
+  // Crashes at once, at once, then after 2 and 4 s of backoff: four within about 7 s.
+  await until('four crashes', async () => {
+    const w = (await health(a, ep)).workers;
+    most = Math.max(most, w.initializing + w.idle + w.running + w.unhealthy);
+    mostUnhealthy = Math.max(mostUnhealthy, w.unhealthy);
+    seen.push(JSON.stringify(w));
+    return (await crashes()) >= 4;
+  }, 20_000);
+  t.equal(mostUnhealthy, 1, `the crashed worker is shown unhealthy, one at a time: at most ${mostUnhealthy}`);
+  t.equal(most, 1, `never more workers shown than max (1): ${most}`);
+  await until('the last crash shown during its backoff', async () => (await health(a, ep)).workers.unhealthy === 1, 5000);
+  t.pass(`samples: ${[...new Set(seen)].join(' ')}`);
 });
 
 t.test('a worker that cannot be started gets one log line that says why, not an exit it never had', async (t) => {
