@@ -5,12 +5,13 @@
  * only.
  *
  * Workers get their own process group, so a stop reaches their children too. Their pids are
- * recorded in `<data-dir>/process-workers.pids`; after a crash of flashd the next start stops
- * the ones still running (after checking /proc that they are ours), so none leak, whichever
- * runtime that start uses (`reapOrphanProcessWorkers`, called by createAgent).
+ * recorded in `<data-dir>/process-workers.pids`, each with its start time and the boot it
+ * started in; after a crash of flashd the next start stops the ones still running (after
+ * checking /proc that they are those very processes, not others that got their pids since), so
+ * none leak, whichever runtime that start uses (`reapOrphanProcessWorkers`, called by createAgent).
  */
 import { spawn, type ChildProcess } from 'node:child_process';
-import { existsSync, readFileSync, writeFileSync } from 'node:fs';
+import { existsSync, readFileSync, statSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import type { Logger } from '../core/logger.js';
 import { lineSplitter } from './line-splitter.js';
@@ -19,20 +20,69 @@ import type { LaunchResult, LaunchSpec, WorkerEvents, WorkerRuntime } from './ty
 /** Host variables a worker inherits; nothing else of flashd's environment (it may hold secrets). */
 const INHERITED_ENV = ['PATH', 'HOME', 'LANG', 'LC_ALL', 'TZ', 'TMPDIR', 'USER'];
 const PID_FILE = 'process-workers.pids';
+/** Linux's USER_HZ, the unit of /proc/<pid>/stat times: 100 on every architecture Node supports. */
+const CLOCK_TICKS_PER_S = 100;
+
+/**
+ * When a process started, in clock ticks after boot (field 22 of /proc/<pid>/stat); undefined
+ * when there is no such process. With the boot id, it tells a process from a later one that
+ * got the same pid.
+ */
+function startTicks(pid: number): string | undefined {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    // Field 2, the command name, may hold spaces and parentheses: count from its closing one.
+    return stat.slice(stat.lastIndexOf(')') + 2).split(' ')[19];
+  } catch {
+    return undefined;
+  }
+}
+
+function bootId(): string {
+  try {
+    return readFileSync('/proc/sys/kernel/random/boot_id', 'utf8').trim();
+  } catch {
+    return '';
+  }
+}
+
+/**
+ * Whether the process now holding `pid` is the worker a line of the pid file recorded: the same
+ * start time in the same boot. A line with a pid alone (written by a flashd that did not record
+ * start times yet) matches a process that started before the file was last written, which a
+ * process that took the pid since (after a reboot, or after the worker ended) did not.
+ */
+function isRecordedWorker(pid: number, fields: string[], fileWrittenMs: number): boolean {
+  const ticks = startTicks(pid);
+  if (ticks === undefined) return false;
+  if (fields.length >= 3) return fields[1] === ticks && fields[2] === bootId();
+  const btime = /^btime (\d+)$/m.exec(readFileSync('/proc/stat', 'utf8'))?.[1];
+  if (btime === undefined) return false;
+  // btime is whole seconds: a second of slack.
+  return (Number(btime) + Number(ticks) / CLOCK_TICKS_PER_S) * 1000 <= fileWrittenMs + 1000;
+}
 
 /**
  * Stops process workers left behind by a previous run of flashd that did not shut down cleanly
- * (their process groups, after checking /proc that they are flashd workers), and empties the
- * pid file. Called at every start, whatever `--runtime` is now: an orphan would otherwise keep
- * serving jobs with a stdout nobody reads.
+ * (their process groups, after checking /proc that each is the process recorded, by start time
+ * and boot, and a flashd worker), and empties the pid file. Called at every start, whatever
+ * `--runtime` is now: an orphan would otherwise keep serving jobs with a stdout nobody reads.
+ * A recorded pid that now belongs to another process (after a reboot, or reused once the
+ * worker had ended) is left alone.
  */
 export function reapOrphanProcessWorkers(dataDir: string, log: Logger): void {
   const file = join(dataDir, PID_FILE);
   if (!existsSync(file)) return;
+  const writtenMs = statSync(file).mtimeMs;
   for (const line of readFileSync(file, 'utf8').split('\n')) {
-    const pid = Number(line.trim());
+    const fields = line.trim().split(/\s+/);
+    const pid = Number(fields[0]);
     if (!Number.isInteger(pid) || pid <= 1) continue;
     try {
+      if (!isRecordedWorker(pid, fields, writtenMs)) {
+        if (startTicks(pid) !== undefined) log.info('a recorded worker pid now belongs to another process; left alone', { pid });
+        continue;
+      }
       const environ = readFileSync(`/proc/${pid}/environ`, 'utf8');
       if (!environ.includes('VENDOR_POD_ID=wkr_')) continue;
       process.kill(-pid, 'SIGKILL');
@@ -50,6 +100,8 @@ export function reapOrphanProcessWorkers(dataDir: string, log: Logger): void {
 
 interface Running {
   child: ChildProcess;
+  /** Its start time (startTicks), read once it has spawned. */
+  startTicks?: string;
   stopping: boolean;
   exited: Promise<void>;
 }
@@ -67,10 +119,14 @@ export class ProcessRuntime implements WorkerRuntime {
     this.#log = options.log;
   }
 
+  /** One line per worker: `pid startTicks bootId` (see reapOrphanProcessWorkers). */
   #savePids(): void {
-    const pids = [...this.#workers.values()].map((w) => w.child.pid).filter((p): p is number => p !== undefined);
+    const boot = bootId();
+    const lines = [...this.#workers.values()]
+      .filter((w) => w.child.pid !== undefined && w.startTicks !== undefined)
+      .map((w) => `${w.child.pid} ${w.startTicks} ${boot}\n`);
     try {
-      writeFileSync(this.#pidFile, pids.join('\n') + (pids.length ? '\n' : ''), { mode: 0o600 });
+      writeFileSync(this.#pidFile, lines.join(''), { mode: 0o600 });
     } catch (err) {
       this.#log.warn('cannot record worker pids', { file: this.#pidFile, reason: (err as Error).message });
     }
@@ -91,6 +147,9 @@ export class ProcessRuntime implements WorkerRuntime {
       let started = false;
       child.once('spawn', () => {
         started = true;
+        const running = this.#workers.get(spec.workerId);
+        // Read while the pid is surely its own: it cannot be reused before flashd reaps the child.
+        if (running && child.pid !== undefined) running.startTicks = startTicks(child.pid);
         this.#savePids();
         resolve({ workerId: spec.workerId, reused: false });
       });

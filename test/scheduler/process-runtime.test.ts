@@ -3,7 +3,8 @@
  * the vendor_flash SDK, real HTTP. Cold start, warm reuse, scale to zero, logs and crashes.
  */
 import t, { type Test } from 'tap';
-import { readFileSync } from 'node:fs';
+import { spawn } from 'node:child_process';
+import { readFileSync, utimesSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { ManualClock } from '../../src/core/clock.js';
 import { startAgent, cpuBody, ADMIN_KEY, type TestAgent } from '../helpers/agent.js';
@@ -218,7 +219,7 @@ async function withRunningJob(t: Test, dir: string, extra: string[]) {
   await until('the job to start', async () => (await call('GET', `/v2/${ep}/status/${id}`)).status === 'IN_PROGRESS', 20_000);
   // Its claim is written once the job has run 100 ms.
   await new Promise((r) => setTimeout(r, 300));
-  const pids = readFileSync(join(dir, 'process-workers.pids'), 'utf8').split('\n').filter(Boolean).map(Number);
+  const pids = readFileSync(join(dir, 'process-workers.pids'), 'utf8').split('\n').filter(Boolean).map((l) => Number(l.split(' ')[0]));
   t.equal(pids.length, 1, 'the worker process is recorded');
   t.teardown(() => {
     for (const pid of pids) {
@@ -257,6 +258,58 @@ t.test('after a kill -9 of flashd, the next start stops its orphaned workers, re
   const live = b.agent.db.prepare("SELECT count(*) AS n FROM api_keys WHERE name LIKE 'managed worker %' AND revoked_at IS NULL").get() as { n: number };
   t.equal(live.n, 0, "the previous run's worker keys are revoked");
   t.ok(b.logs.some((l) => l.includes('workers of the previous run released')), 'the start says so');
+});
+
+/**
+ * A process that is no worker of this data directory but carries the worker marker in its
+ * environment (a worker of another flashd, or one started by hand from `flashd worker-env`), in
+ * its own process group as flashd's workers are. Killed on teardown.
+ */
+function bystander(t: Test): number {
+  const child = spawn('sleep', ['60'], { detached: true, stdio: 'ignore', env: { PATH: process.env['PATH'] ?? '', VENDOR_POD_ID: 'wkr_someoneelse' } });
+  child.unref();
+  const pid = child.pid as number;
+  t.teardown(() => {
+    try {
+      process.kill(-pid, 'SIGKILL');
+    } catch {
+      // gone
+    }
+  });
+  return pid;
+}
+
+t.test('a recorded pid that now belongs to another process is not killed at start', async (t) => {
+  t.test('a pid alone, as flashd recorded it before, written before that process started (a reboot since)', async (t) => {
+    const dir = t.testdir();
+    const pid = bystander(t);
+    const file = join(dir, 'process-workers.pids');
+    writeFileSync(file, `${pid}\n`);
+    const hourAgo = new Date(Date.now() - 3600_000);
+    utimesSync(file, hourAgo, hourAgo);
+    const a = await startAgent(t, { runtime: 'none' }, { dir });
+    await new Promise((r) => setTimeout(r, 300));
+    t.ok(alive(pid), 'the process that took the pid since is alive');
+    t.notOk(a.logs.some((l) => /stopped orphaned worker process/.test(l)), 'nothing was stopped');
+  });
+  t.test('a pid with another start time', async (t) => {
+    const dir = t.testdir();
+    const pid = bystander(t);
+    const boot = readFileSync('/proc/sys/kernel/random/boot_id', 'utf8').trim();
+    writeFileSync(join(dir, 'process-workers.pids'), `${pid} 1 ${boot}\n`);
+    await startAgent(t, { runtime: 'none' }, { dir });
+    await new Promise((r) => setTimeout(r, 300));
+    t.ok(alive(pid), 'alive');
+  });
+  t.test('a pid alone for a process that was running when the file was written is still stopped (an upgrade after a crash)', async (t) => {
+    const dir = t.testdir();
+    const pid = bystander(t);
+    await new Promise((r) => setTimeout(r, 1100));
+    writeFileSync(join(dir, 'process-workers.pids'), `${pid}\n`);
+    await startAgent(t, { runtime: 'none' }, { dir });
+    await until('the orphan to be gone', async () => !alive(pid), 5000);
+    t.pass('stopped');
+  });
 });
 
 t.test('a second flashd on a live data directory is refused before it touches anything; kill -9 frees the directory', async (t) => {
