@@ -134,6 +134,21 @@ class JobTest(IntegrationCase):
         self.assertEqual(body["status"], "FAILED", body)
         self.assertEqual(body["error"], "bad thing")
 
+    def test_result_nested_too_deeply_to_encode_fails_the_job(self):
+        # json.dumps raises RecursionError (not TypeError/ValueError) past about 1000 levels (some
+        # 10,000 on 3.13): the job ends FAILED at once instead of staying IN_PROGRESS until its
+        # lease runs out and being run again
+        body = runsync(ENDPOINTS["sync"], {"deep": 100_000}, wait_ms=10000)
+        self.assertEqual(body["status"], "FAILED", self.dump_logs())
+        info = json.loads(body["error"])
+        self.assertIn("not JSON serialisable", info["error_message"])
+        self.assertIn("nested too deeply", info["error_message"])
+
+    def test_progress_nested_too_deeply_is_dropped_and_the_job_goes_on(self):
+        body = runsync(ENDPOINTS["sync"], {"deep": 100_000, "as_progress": True}, wait_ms=10000)
+        self.assertEqual((body["status"], body.get("output")), ("COMPLETED", {"after_progress": True}),
+                         self.dump_logs())
+
     def test_async_handler(self):
         body = runsync(ENDPOINTS["async"], {})
         self.assertEqual(body["status"], "COMPLETED", body)

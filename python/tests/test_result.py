@@ -98,6 +98,13 @@ class EncodeTest(unittest.TestCase):
         with self.assertRaises(TypeError):
             r.encode_body({"output": object()})
 
+    def test_refuses_nesting_too_deep_with_value_error(self):
+        nested = []
+        for _ in range(100_000):  # past the encoder's limit on every Python from 3.10
+            nested = [nested]
+        with self.assertRaisesRegex(ValueError, "nested too deeply"):
+            r.encode_body({"output": nested})
+
     def test_unencodable_result(self):
         try:
             r.encode_body({"output": object()})

@@ -29,6 +29,14 @@ def sync_handler(job):
         sys.exit(inp["exit"])
     if "big" in inp:
         return {"data": "x" * inp["big"]}
+    if "deep" in inp:  # nested deeper than Python's JSON encoder goes
+        nested = []
+        for _ in range(inp["deep"]):
+            nested = [nested]
+        if inp.get("as_progress"):
+            runpod.serverless.progress_update(job, nested)
+            return {"after_progress": True}
+        return {"nested": nested}
     if "progress" in inp:
         runpod.serverless.progress_update(job, inp["progress"])
         wait_for_file(inp["gate"])

@@ -146,9 +146,15 @@ def stream_final_result(chunks: List[Any], aggregate: bool) -> Dict[str, Any]:
 def encode_body(body: Dict[str, Any]) -> bytes:
     """Serialise a body as strict UTF-8 JSON (``NaN``/``Infinity`` are refused).
 
-    Raises ``TypeError`` or ``ValueError`` when the body cannot be encoded.
+    Raises ``TypeError`` or ``ValueError`` when the body cannot be encoded, including a value
+    nested deeper than Python's JSON encoder goes (about 1000 levels, some 10,000 on Python 3.13:
+    the encoder raises ``RecursionError``, reported here as ``ValueError``).
     """
-    return json.dumps(body, ensure_ascii=False, allow_nan=False).encode("utf-8")
+    try:
+        text = json.dumps(body, ensure_ascii=False, allow_nan=False)
+    except RecursionError:
+        raise ValueError("nested too deeply to encode as JSON") from None
+    return text.encode("utf-8")
 
 
 def unencodable_result(exc: Exception, worker_id: str = "unknown", hostname: str = "unknown") -> Dict[str, str]:
