@@ -100,6 +100,12 @@ class LocalModeTest(unittest.TestCase):
         self.assertEqual(json.loads(last)["output"]["input"], 1)
 
 
+    def test_job_url_without_result_url_exits_2_saying_what_is_missing(self):
+        # runpod-python would post every result to the literal "JOB_DONE_URL" and lose them all
+        rc, _, out = run_local("echo", env_extra={"RUNPOD_WEBHOOK_GET_JOB": "http://127.0.0.1:9/v2/x/job-take/$ID?gpu=cpu"})
+        self.assertEqual(rc, 2, out)
+        self.assertIn("VENDOR_WEBHOOK_POST_OUTPUT (or RUNPOD_WEBHOOK_POST_OUTPUT) is not set", out)
+
 class AliasTest(unittest.TestCase):
     def test_import_as_runpod(self):
         import vendor_flash as runpod

@@ -143,6 +143,30 @@ class BasicFlowTest(WorkerTestCase):
         self.assertEqual(self.done_posts("no-input"), [])
 
 
+    def test_job_whose_thread_cannot_start_is_handed_back_and_the_take_loop_goes_on(self):
+        # threading.Thread.start raises RuntimeError at a thread or pid limit
+        real_start = threading.Thread.start
+        failed = []
+
+        def start(thread):
+            if thread.name == "job-first" and not failed:
+                failed.append(thread.name)
+                raise RuntimeError("can't start new thread")
+            return real_start(thread)
+
+        threading.Thread.start = start
+        self.addCleanup(setattr, threading.Thread, "start", real_start)
+        worker, _, _ = self.start_worker({"handler": lambda job: "fine"}, interval_ms=100)
+        self.fake.submit({}, job_id="first")
+        second = self.fake.submit({}, job_id="second")
+        self.assertEqual(self.final_post(second).json(), {"output": "fine"}, "the take loop lived on")
+        self.assertEqual(failed, ["job-first"])
+        self.assertNotIn("first", worker.jobs, "the job is not held")
+        self.fake.wait_for(lambda: [p for p in self.fake.recorded("ping") if p.at > self.done_posts(second)[-1].at])
+        last = self.fake.recorded("ping")[-1]
+        self.assertNotIn("first", last.query.get("job_id", ""), "the heartbeats stop listing it")
+        self.assertEqual(self.done_posts("first"), [], "no result: flashd queues it again")
+
     def test_job_nested_too_deep_to_decode_does_not_stop_the_take_loop(self):
         # flashd accepts any JSON; Python's decoder gives up (RecursionError) near 1000 levels
         served = []

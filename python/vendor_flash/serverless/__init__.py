@@ -68,6 +68,12 @@ def start(config: Dict[str, Any], argv: Optional[List[str]] = None) -> Optional[
     if args.rp_serve_api:
         log.warning("--rp_serve_api is not supported by vendor-flash; use --test_input or a flashd endpoint")
     if args.test_input is None and env.is_production:
+        if not env.post_output:
+            # runpod-python would post to the literal "JOB_DONE_URL" and drop every result.
+            log.error("VENDOR_WEBHOOK_POST_OUTPUT (or RUNPOD_WEBHOOK_POST_OUTPUT) is not set, so no "
+                      "result could be posted: set it too (`flashd worker-env` prints every variable "
+                      "a worker needs)")
+            sys.exit(2)
         _line_buffer_stdout()
         worker = Worker(config, env)
         status = worker.run()

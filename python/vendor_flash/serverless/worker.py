@@ -253,10 +253,13 @@ class Worker:
                 busy = bool(self.jobs)
             try:
                 jobs, delay = self._take(free, busy, backoff)
+                for job in jobs:
+                    self._start_job(job)
             except RequestAborted:
                 break
-            for job in jobs:
-                self._start_job(job)
+            except Exception as exc:  # noqa: BLE001 - the take loop is the worker: it must not die
+                delay = backoff.next()
+                self.log.error("job-take loop error (%s: %s), going on in %.1f s", type(exc).__name__, exc, delay)
             if delay > 0:
                 self.stopping.wait(delay)
 
@@ -331,7 +334,15 @@ class Worker:
             self._feed_heartbeat()
         except (OSError, ValueError):
             pass  # the heartbeat loop notices and falls back to a thread
-        thread.start()
+        try:
+            thread.start()
+        except RuntimeError as exc:  # "can't start new thread": a thread or pid limit
+            # Not run, so not held: the next heartbeat leaves it out and flashd queues it again.
+            self.log.error("cannot start a thread for the job (%s): handing it back", exc, extra=extra)
+            with self.cond:
+                self.jobs.pop(job_id, None)
+                self.cond.notify_all()
+            raise
 
     def _job_thread(self, active: ActiveJob) -> None:
         job_id = active.id
