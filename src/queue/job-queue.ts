@@ -733,7 +733,7 @@ export class JobQueue {
       // no longer runs it. Its stop is done, and a /retry fenced from it may go to it now
       // instead of after its pings drop the job (up to a ping interval later).
       if (body.status !== 'IN_PROGRESS' && (outcome === 'ended' || outcome === 'stale')) {
-        worker.stops.delete(jobId);
+        this.#stopOver(worker, jobId);
         worker.letGo.add(jobId);
         this.#unfence(worker, jobId);
       }
@@ -877,7 +877,17 @@ export class JobQueue {
     // A ping that no longer lists a job ends its stop, unless the worker took the job less than
     // a re-offer period ago: that ping may have been made before the worker registered the job
     // (and the SDK drops a stop for a job it has not registered yet), so the stop would be lost.
-    for (const [id, stop] of worker.stops) if (!listed.has(id) && now >= stop.keepUntil) worker.stops.delete(id);
+    for (const [id, stop] of worker.stops) if (!listed.has(id) && now >= stop.keepUntil) this.#stopOver(worker, id);
+  }
+
+  /**
+   * The worker no longer runs a job flashd ended: its stop is over. One left holding nothing is
+   * idle from now, not from when flashd ended the job: it was busy running it until now, and
+   * its idle timeout starts afresh (else it would be stopped at once).
+   */
+  #stopOver(worker: WorkerInfo, jobId: string): void {
+    if (!worker.stops.delete(jobId)) return;
+    if (worker.stops.size === 0 && worker.jobs.size === 0) worker.idleSince = this.#clock.monotonic();
   }
 
   /** The worker let go of a job fenced from it: the job may go to it again. */

@@ -1,0 +1,37 @@
+/**
+ * When the process runtime's workers start and stop, end to end: real flashd, real worker
+ * processes running the vendor_flash SDK, real HTTP. The loop's wake-ups (QUEUE_DELAY's
+ * deadline, a new worker's first job-take, a replaced worker's last job) and idle time.
+ */
+import t from 'tap';
+import { startAgent, cpuBody, type TestAgent } from '../helpers/agent.js';
+import { REPO_ROOT } from '../helpers/spawn-flashd.js';
+import { until } from '../helpers/wait.js';
+
+const health = async (a: TestAgent, ep: string) => (await a.req('GET', `/v2/${ep}/health`)).json;
+
+t.test('a worker freed from a job flashd ended (cancel) gets its full idleTimeout, counted from when its handler returned', async (t) => {
+  const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT, takeHoldMs: 1000, leaseMs: 3000 });
+  const ep = (await a.req('POST', '/v2/serverless', {
+    body: cpuBody({ args: 'python3 -u test/fixtures/workers/echo.py', workers: { min: 0, max: 1, idleTimeout: 3 } }),
+  })).json.id as string;
+  const id = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { sleep: 5 } } })).json.id as string;
+  await until('the job to run', async () => (await a.req('GET', `/v2/${ep}/status/${id}`)).json.status === 'IN_PROGRESS');
+  t.equal((await a.req('POST', `/v2/${ep}/cancel/${id}`)).json.status, 'CANCELLED');
+  // The sync handler cannot be interrupted: the worker is busy until it returns (about 5 s).
+  await until('the worker to be busy with the cancelled job', async () => (await health(a, ep)).workers.running === 1);
+  await until('the handler to return', async () => (await health(a, ep)).workers.idle === 1, 15_000);
+  const freed = Date.now();
+  // It was busy, not idle, for the last 5 s: no stop before its 3 s of idleness.
+  await new Promise((r) => setTimeout(r, 2000));
+  t.same(pick((await health(a, ep)).workers), { idle: 1, running: 0 }, 'still idle 2 s after its handler returned');
+  await until('the idle stop', async () => (await health(a, ep)).workers.idle === 0, 10_000);
+  t.ok(Date.now() - freed >= 2900, `stopped ${Date.now() - freed} ms after it became idle`);
+  const lines = (await a.req('GET', `/v2/serverless/${ep}/logs`)).json as { line: string }[];
+  const why = lines.map((l) => /stopping worker .*: idle for ([\d.]+) s/.exec(l.line)).find(Boolean);
+  t.ok(why && Number(why[1]) < 5, `the log counts the idle time from the handler's return: ${why?.[0]}`);
+});
+
+function pick(w: { idle: number; running: number }): { idle: number; running: number } {
+  return { idle: w.idle, running: w.running };
+}
