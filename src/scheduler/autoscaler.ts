@@ -1,8 +1,9 @@
 /**
  * The loop around `decideScale`: observe each QUEUE endpoint, decide, act through the runtime.
  * It runs every second and is woken by submits (coalesced per endpoint and event-loop turn),
- * so the first job to an idle endpoint starts a worker at once. One bad endpoint cannot stop
- * the loop: each evaluation is caught and logged.
+ * so the first job to an idle endpoint starts a worker at once, and when a QUEUE_DELAY
+ * endpoint's oldest job will have waited `queueDelay`, so its next worker starts then. One bad
+ * endpoint cannot stop the loop: each evaluation is caught and logged.
  */
 import { createHash } from 'node:crypto';
 import type { AuthService } from '../auth/index.js';
@@ -76,6 +77,8 @@ export class Autoscaler {
   readonly #crashes = new Map<string, CrashState>();
   readonly #unhealthy = new Map<string, { endpointId: string; until: number }>();
   readonly #dirty = new Set<string>();
+  /** Per endpoint: a wake-up for when its oldest job will have waited `queueDelay` (decision.recheckInMs). */
+  readonly #rechecks = new Map<string, { at: number; timer: NodeJS.Timeout }>();
   #scheduled = false;
   #timer: NodeJS.Timeout | undefined;
   #closed = false;
@@ -168,6 +171,7 @@ export class Autoscaler {
       backoff: crash !== undefined && mono < crash.backoffUntil,
     });
     registry.setThrottled(endpointId, decision.throttled);
+    if (decision.recheckInMs > 0) this.#recheckIn(endpointId, decision.recheckInMs);
     for (let i = 0; i < decision.start; i++) this.#launch(row, decision.startReason);
     for (const id of decision.unretire) {
       this.#o.queue.unretire(endpointId, id);
@@ -206,6 +210,32 @@ export class Autoscaler {
       this.#unhealthy.delete(workerId);
       registry.remove(endpointId, workerId);
       over--;
+    }
+  }
+
+  /**
+   * Decides again for this endpoint in `ms` (QUEUE_DELAY: when its oldest job will have waited
+   * `queueDelay`), so the scale-up comes then and not up to a tick later. One wake-up per
+   * endpoint, the earliest asked for.
+   */
+  #recheckIn(endpointId: string, ms: number): void {
+    const at = this.#o.clock.monotonic() + ms;
+    const pending = this.#rechecks.get(endpointId);
+    if (pending && pending.at <= at) return;
+    if (pending) clearTimeout(pending.timer);
+    const timer = setTimeout(() => {
+      this.#rechecks.delete(endpointId);
+      this.trigger(endpointId);
+    }, ms);
+    timer.unref();
+    this.#rechecks.set(endpointId, { at, timer });
+  }
+
+  #clearRechecks(endpointId?: string): void {
+    for (const [id, r] of this.#rechecks) {
+      if (endpointId !== undefined && id !== endpointId) continue;
+      clearTimeout(r.timer);
+      this.#rechecks.delete(id);
     }
   }
 
@@ -393,6 +423,7 @@ export class Autoscaler {
 
   /** The endpoint is being deleted: stop its workers now. */
   async dropEndpoint(endpointId: string): Promise<void> {
+    this.#clearRechecks(endpointId);
     const ours = [...this.#managed].filter(([, m]) => m.endpointId === endpointId);
     await Promise.all(ours.map(([id, m]) => this.#stopForGood(id, m, 'endpoint deleted')));
     await this.#o.runtime?.discardEndpoint?.(endpointId);
@@ -409,6 +440,7 @@ export class Autoscaler {
     this.#closed = true;
     this.#shuttingDown = true;
     if (this.#timer) clearInterval(this.#timer);
+    this.#clearRechecks();
     if (!this.#o.runtime || this.#managed.size === 0) return;
     const graceMs = this.#graceMs;
     this.#o.log.info('stopping workers', { count: this.#managed.size, graceMs });
@@ -427,6 +459,7 @@ export class Autoscaler {
     this.#closed = true;
     this.#shuttingDown = true;
     if (this.#timer) clearInterval(this.#timer);
+    this.#clearRechecks();
     await this.#o.runtime?.close();
   }
 }

@@ -7,7 +7,7 @@
  * - QUEUE_DELAY: with no worker at all, the first waiting job starts one at once (a cold
  *   start). Otherwise one more worker is added when the oldest waiting job has waited longer
  *   than `queueDelay` and no worker is idle, one step at a time (not while another is still
- *   starting).
+ *   starting); `recheckInMs` says when that wait will be long enough.
  * - REQUEST_COUNT: target `ceil((inQueue + inProgress) / requestCount)`.
  * - Low-priority jobs never cause a scale-up.
  * - Idle workers stop after `idleTimeout` (down to `min`, or to the REQUEST_COUNT target),
@@ -77,6 +77,11 @@ export interface ScaleDecision {
   startReason: string;
   /** Why each worker in `stop` stops, for the logs. */
   stopReasons: Record<string, string>;
+  /**
+   * QUEUE_DELAY: ms until the oldest job's wait reaches `queueDelay`, when only that wait holds
+   * the next worker back (0 otherwise). The loop decides again then, not at its next tick.
+   */
+  recheckInMs: number;
 }
 
 /** Seconds for a log line: `2`, `2.5`. */
@@ -106,6 +111,7 @@ export function decideScale(s: ScaleInput): ScaleDecision {
 
   let desired = active;
   let why = '';
+  let recheckInMs = 0;
   if (s.scaling.type === 'REQUEST_COUNT') {
     desired = Math.ceil((s.queued + s.inProgress) / s.scaling.requestCount);
     why = `REQUEST_COUNT: ${s.queued + s.inProgress} job(s) queued or running at ${s.scaling.requestCount} per worker want ${desired} worker(s)`;
@@ -116,6 +122,8 @@ export function decideScale(s: ScaleInput): ScaleDecision {
     } else if (starting === 0 && s.oldestWaitMs >= s.scaling.queueDelay * 1000) {
       desired = active + 1;
       why = `QUEUE_DELAY: the oldest job has waited ${secs(s.oldestWaitMs)} s (queueDelay ${s.scaling.queueDelay} s) and no worker is idle`;
+    } else if (starting === 0 && active < s.max) {
+      recheckInMs = Math.ceil(s.scaling.queueDelay * 1000 - s.oldestWaitMs);
     }
   }
   if (desired < s.min) why = `workers.min is ${s.min}`;
@@ -166,7 +174,7 @@ export function decideScale(s: ScaleInput): ScaleDecision {
     retire.push((busy[i] as WorkerSnapshot).id);
     remaining--;
   }
-  return { start, stop, retire, unretire, throttled, desired, startReason: start > 0 ? why : '', stopReasons };
+  return { start, stop, retire, unretire, throttled, desired, startReason: start > 0 ? why : '', stopReasons, recheckInMs };
 }
 
 /** An endpoint's crash loop: crashes in a row, the last one, and when starts may resume. */

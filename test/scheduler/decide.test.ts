@@ -172,3 +172,14 @@ t.test('crash loop: crashes of workers that had run for a minute are no loop, ho
   for (const at of [0, 1000, 2000]) loop = afterCrash(loop, at, 100);
   t.equal(afterCrash(loop, 2500, 5 * 60_000)?.backoffUntil, loop?.backoffUntil, 'the backoff of the loop stays');
 });
+
+t.test('QUEUE_DELAY says when the oldest job will have waited long enough, so the loop decides again then', async (t) => {
+  const busy = [w('a', 'running')];
+  t.equal(decideScale({ ...base, queued: 2, oldestWaitMs: 2_600, workers: busy }).recheckInMs, 1_400, 'queueDelay 4 s, waited 2.6 s');
+  t.equal(decideScale({ ...base, queued: 2, oldestWaitMs: 4_000, workers: busy }).recheckInMs, 0, 'reached: it starts one now instead');
+  t.equal(decideScale({ ...base, queued: 2, oldestWaitMs: 100, workers: [w('a', 'running'), w('b', 'initializing')] }).recheckInMs, 0, 'another still starting: its first contact is no deadline');
+  t.equal(decideScale({ ...base, queued: 2, oldestWaitMs: 100, workers: [w('a', 'running'), w('b', 'idle')] }).recheckInMs, 0, 'a worker is idle');
+  t.equal(decideScale({ ...base, queued: 2, oldestWaitMs: 100, max: 1, workers: busy }).recheckInMs, 0, 'at max');
+  t.equal(decideScale({ ...base, lowQueued: 5, oldestWaitMs: 0, workers: busy }).recheckInMs, 0, 'low-priority jobs never scale up');
+  t.equal(decideScale({ ...base, scaling: { type: 'REQUEST_COUNT', requestCount: 1 }, queued: 2, workers: busy }).recheckInMs, 0, 'REQUEST_COUNT waits for nothing');
+});

@@ -35,3 +35,28 @@ t.test('a worker freed from a job flashd ended (cancel) gets its full idleTimeou
 function pick(w: { idle: number; running: number }): { idle: number; running: number } {
   return { idle: w.idle, running: w.running };
 }
+
+t.test('QUEUE_DELAY adds the worker when the oldest job has waited queueDelay, not at the next 1 s tick after', async (t) => {
+  const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT, takeHoldMs: 1000, leaseMs: 3000 });
+  const ep = (await a.req('POST', '/v2/serverless', {
+    body: cpuBody({ args: 'python3 -u test/fixtures/workers/echo.py', workers: { min: 0, max: 4, idleTimeout: 30 }, scaling: { type: 'QUEUE_DELAY', queueDelay: 0.5 } }),
+  })).json.id as string;
+  const first = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { sleep: 10 } } })).json.id as string;
+  await until('the first worker to run its job', async () => (await a.req('GET', `/v2/${ep}/status/${first}`)).json.status === 'IN_PROGRESS');
+  // Three waits, each starting at a different point of the loop's 1 s tick: a scale-up held
+  // for the tick came 0.5–1.5 s after the submit, 1 s on average.
+  const waits: number[] = [];
+  for (let i = 0; i < 3; i++) {
+    const before = Date.now();
+    await a.req('POST', `/v2/${ep}/run`, { body: { input: { sleep: 10 } } });
+    const line = await until(`scale-up ${i + 1}`, async () => {
+      const lines = (await a.req('GET', `/v2/serverless/${ep}/logs?limit=10000`)).json as { line: string; at: string }[];
+      return lines.filter((l) => /starting worker .*: QUEUE_DELAY/.test(l.line))[i];
+    }, 5000);
+    waits.push(Date.parse(line.at) - before);
+    t.match(line.line, /the oldest job has waited 0\.[5-7] s \(queueDelay 0\.5 s\)/, line.line);
+    await until(`worker ${i + 2} to take its job`, async () => (await health(a, ep)).workers.running === i + 2, 10_000);
+    await new Promise((r) => setTimeout(r, 330));
+  }
+  t.ok(waits.every((ms) => ms >= 450 && ms < 750), `started ${waits.join(', ')} ms after the job was submitted`);
+});
