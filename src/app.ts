@@ -194,6 +194,8 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
       placement: config.runtime === 'process' ? unreservedCpu(ledgerPlacement) : ledgerPlacement,
     });
     closers.push(() => autoscaler.close());
+    // A launched worker's first job-take: the next QUEUE_DELAY step may start now, not at the next tick.
+    queue.workers.onUp = (endpointId) => autoscaler.trigger(endpointId);
     queue.on({
       jobQueued: (endpointId) => autoscaler.trigger(endpointId),
       // stopPod: the queue marked the worker (recycling); the next decision stops it once idle.

@@ -56,13 +56,15 @@ export interface WorkerInfo {
   retired: boolean;
   /** flashd is stopping it: no more jobs, and its polls are answered at once (JobQueue.stopping). */
   draining: boolean;
+  /** It has asked for a job (job-take) at least once. */
+  asked: boolean;
 }
 
 /** A new worker record: an external worker that is up, unless `init` says otherwise. */
 function record(endpointId: string, workerId: string, now: number, init: Partial<Pick<WorkerInfo, 'managed' | 'phase' | 'recycle' | 'draining'>> = {}): WorkerInfo {
   return {
     id: workerId, endpointId, managed: false, phase: 'up', jobs: new Set(), lastSeen: now, idleSince: now,
-    parked: 0, stops: new Map(), letGo: new Set(), fenced: new Set(), stopWaiters: [], recycle: false, refresh: false, retired: false, draining: false, ...init,
+    parked: 0, stops: new Map(), letGo: new Set(), fenced: new Set(), stopWaiters: [], recycle: false, refresh: false, retired: false, draining: false, asked: false, ...init,
   };
 }
 
@@ -76,6 +78,13 @@ export class WorkerRegistry {
   readonly #forgetAfterMs: number;
   /** Workers that asked to be recycled and left (`${endpointId} ${workerId}` → until when, monotonic). */
   readonly #retired = new Map<string, number>();
+  /**
+   * Called when a worker flashd launched first asks for a job (after taking one, if any was
+   * waiting): a QUEUE_DELAY endpoint adds its next worker only once the last one started is up,
+   * so the autoscaler looks again then. Not at its first ping, which may come before: it would
+   * find the worker idle and start nothing.
+   */
+  onUp: ((endpointId: string, workerId: string) => void) | null = null;
 
   constructor(clock: Clock, forgetAfterMs: number) {
     this.#clock = clock;
@@ -127,8 +136,11 @@ export class WorkerRegistry {
     if (w.phase === 'initializing' && w.jobs.size === 0) w.idleSince = now;
     // An unhealthy mark (its own ping said so, or it crashed) stays until it asks for work again:
     // a worker taking jobs is up (a restarted incarnation with the same id, a passing check).
+    const firstAsk = wantsJobs && w.managed && !w.asked;
+    if (wantsJobs) w.asked = true;
     if (w.phase !== 'unhealthy' || wantsJobs) w.phase = 'up';
     w.lastSeen = now;
+    if (firstAsk) this.onUp?.(endpointId, workerId);
     return w;
   }
 

@@ -60,3 +60,24 @@ t.test('QUEUE_DELAY adds the worker when the oldest job has waited queueDelay, n
   }
   t.ok(waits.every((ms) => ms >= 450 && ms < 750), `started ${waits.join(', ')} ms after the job was submitted`);
 });
+
+t.test('QUEUE_DELAY under a backlog: the next worker starts as soon as the last one is up, not at the next 1 s tick', async (t) => {
+  const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT, takeHoldMs: 1000, leaseMs: 3000 });
+  const ep = (await a.req('POST', '/v2/serverless', {
+    body: cpuBody({ args: 'python3 -u test/fixtures/workers/echo.py', workers: { min: 0, max: 4, idleTimeout: 30 }, scaling: { type: 'QUEUE_DELAY', queueDelay: 0.5 } }),
+  })).json.id as string;
+  for (let i = 0; i < 8; i++) await a.req('POST', `/v2/${ep}/run`, { body: { input: { sleep: 10 } } });
+  type Line = { line: string; at: string; workerId: string; stream: string };
+  const lines = await until('four workers running', async () => {
+    const all = (await a.req('GET', `/v2/serverless/${ep}/logs?limit=10000`)).json as Line[];
+    return (await health(a, ep)).workers.running === 4 && all;
+  }, 20_000);
+  const starts = lines.filter((l) => l.stream === 'system' && /^starting worker /.test(l.line));
+  t.equal(starts.length, 4);
+  // A worker is up once it takes its first job; the SDK logs "started" for it just after (the
+  // next worker may start before that line arrives). The cold-started first worker is up before
+  // the oldest job has waited queueDelay, so the steps after the second one show the wake-up.
+  const upAt = (workerId: string) => Date.parse((lines.find((l) => l.workerId === workerId && l.stream === 'stdout' && /"message": "started"/.test(l.line)) as Line).at);
+  const gaps = starts.slice(2).map((s, i) => Date.parse(s.at) - upAt((starts[i + 1] as Line).workerId));
+  t.ok(gaps.every((ms) => ms > -300 && ms < 300), `each next worker started ${gaps.join(', ')} ms after the previous one was up`);
+});
