@@ -10,9 +10,9 @@
  *   starting); `recheckInMs` says when that wait will be long enough.
  * - REQUEST_COUNT: target `ceil((inQueue + inProgress) / requestCount)`.
  * - Low-priority jobs never cause a scale-up.
- * - Idle workers stop after `idleTimeout` (down to `min`, or to the REQUEST_COUNT target),
- *   longest idle first; above `max` (a lowered `max`), starting and idle workers stop at once
- *   and busy ones are retired: they finish what they hold, take no new job and then stop, so
+ * - Idle workers stop after `idleTimeout` (down to `min`; REQUEST_COUNT, which has no
+ *   idleTimeout: down to its target, after the loop's grace), longest idle first; above `max`
+ *   (a lowered `max`), starting and idle workers stop at once and busy ones are retired: they finish what they hold, take no new job and then stop, so
  *   a backlog that keeps every worker busy cannot hold the count above `max`. A retired worker
  *   that fits under `max` again before it stops (max raised) serves again.
  * - A managed worker marked for replacement (a new configuration, stopPod) takes no more jobs:
@@ -162,7 +162,11 @@ export function decideScale(s: ScaleInput): ScaleDecision {
     const expired = w.state === 'idle' && w.idleMs >= s.idleTimeoutMs && remaining > floor;
     if (overMax || expired) {
       stop.push(w.id);
-      stopReasons[w.id] = overMax ? `above workers.max (${s.max})` : `idle for ${secs(w.idleMs)} s (idle timeout ${secs(s.idleTimeoutMs)} s)`;
+      stopReasons[w.id] = overMax
+        ? `above workers.max (${s.max})`
+        : s.scaling.type === 'REQUEST_COUNT'
+          ? `idle for ${secs(w.idleMs)} s above the REQUEST_COUNT target of ${floor} worker(s) (grace ${secs(s.idleTimeoutMs)} s; idleTimeout does not apply)`
+          : `idle for ${secs(w.idleMs)} s (idle timeout ${secs(s.idleTimeoutMs)} s)`;
       remaining--;
     }
   }

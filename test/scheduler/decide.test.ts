@@ -144,6 +144,11 @@ t.test('a decision says why its workers start and stop, for the logs', async (t)
   );
   t.same(decideScale({ ...base, workers: [w('a', 'idle', 12_000)] }).stopReasons, { a: 'idle for 12 s (idle timeout 10 s)' });
   t.same(decideScale({ ...base, max: 0, workers: [w('a', 'initializing')] }).stopReasons, { a: 'above workers.max (0)' });
+  t.same(
+    decideScale({ ...base, scaling: { type: 'REQUEST_COUNT', requestCount: 2 }, idleTimeoutMs: 5000, inProgress: 1, workers: [w('a', 'running'), w('b', 'idle', 6_000)] }).stopReasons,
+    { b: 'idle for 6 s above the REQUEST_COUNT target of 1 worker(s) (grace 5 s; idleTimeout does not apply)' },
+    'REQUEST_COUNT has no idleTimeout: the reason names the target and the grace',
+  );
   t.match(decideScale({ ...base, workers: [w('a', 'idle', 0, { recycle: true })] }).stopReasons, { a: /^recycled/ });
 });
 
