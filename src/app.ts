@@ -202,6 +202,11 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
       recycleWorker: (endpointId) => autoscaler.trigger(endpointId),
       finished: (job, body) => {
         if (job.webhook) webhooks.send(job.webhook, body(), job.id);
+        // A worker to be replaced (a new configuration, above a lowered max, stopPod) that just
+        // finished its last job stops now, not at the next tick: until then /health counted it
+        // idle though it takes no job, and a replacement waiting for its place waited too.
+        const worker = job.workerId ? queue.workers.get(job.endpointId, job.workerId) : undefined;
+        if (worker?.recycle && worker.managed && worker.jobs.size === 0) autoscaler.trigger(job.endpointId);
       },
     });
     endpoints.on({

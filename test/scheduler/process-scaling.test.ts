@@ -81,3 +81,30 @@ t.test('QUEUE_DELAY under a backlog: the next worker starts as soon as the last 
   const gaps = starts.slice(2).map((s, i) => Date.parse(s.at) - upAt((starts[i + 1] as Line).workerId));
   t.ok(gaps.every((ms) => ms > -300 && ms < 300), `each next worker started ${gaps.join(', ')} ms after the previous one was up`);
 });
+
+t.test('a worker to be replaced stops as soon as its last job is done, not at the next 1 s tick (it shows idle until then)', async (t) => {
+  const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT, takeHoldMs: 1000, leaseMs: 3000 });
+  const ep = (await a.req('POST', '/v2/serverless', {
+    body: cpuBody({ args: 'python3 -u test/fixtures/workers/echo.py', scaling: { type: 'REQUEST_COUNT', requestCount: 1 }, workers: { min: 0, max: 3 } }),
+  })).json.id as string;
+  const ids = await Promise.all([0.6, 1.0, 1.4].map(async (sleep) => (await a.req('POST', `/v2/${ep}/run`, { body: { input: { sleep } } })).json.id as string));
+  await until('three jobs running on three workers', async () => (await health(a, ep)).workers.running === 3, 20_000);
+  // A new configuration: every worker finishes its job, takes no new one and stops.
+  t.equal((await a.req('PATCH', `/v2/serverless/${ep}`, { body: { env: { X: '1' } } })).json.restartReasons[0], 'env');
+  const done = await Promise.all(ids.map((id) => until(`job ${id}`, async () => {
+    const s = (await a.req('GET', `/v2/${ep}/status/${id}`)).json;
+    return s.status === 'COMPLETED' && s;
+  }, 20_000)));
+  type Line = { line: string; at: string; workerId: string; stream: string };
+  const lines = await until('the three stops', async () => {
+    const all = (await a.req('GET', `/v2/serverless/${ep}/logs?limit=10000`)).json as Line[];
+    return all.filter((l) => /^stopping worker .*: recycled/.test(l.line)).length === 3 && all;
+  }, 10_000);
+  // The SDK logs "finished in …" after its result post got its answer.
+  const lags = done.map((j) => {
+    const finished = lines.find((l) => l.workerId === j.workerId && /finished in/.test(l.line)) as Line;
+    const stopping = lines.find((l) => l.workerId === j.workerId && /^stopping worker .*: recycled/.test(l.line)) as Line;
+    return Date.parse(stopping.at) - Date.parse(finished.at);
+  });
+  t.ok(lags.every((ms) => ms < 200), `stopped ${lags.join(', ')} ms after their last job was done`);
+});
