@@ -221,6 +221,9 @@ interface UnreadStream {
  */
 const CLAIM_SAVE_DELAY_MS = 100;
 
+/** The longest delay a Node timer holds (2^31 − 1 ms); a later deadline is looked at again then. */
+const MAX_TIMER_MS = 2_147_483_647;
+
 /**
  * A /runsync job is inserted only once it has existed this long (ms) without finishing; one
  * that finishes sooner is written once, by its final state. Nobody was told of it before its
@@ -291,6 +294,13 @@ export class JobQueue {
   readonly #counts = new Map<string, Map<JobStatus, { jobs: number; retries: number }>>();
   #countsQueued = false;
   #closing = false;
+  /**
+   * A timer for the earliest execution timeout or TTL of a running job, so a job times out at
+   * its deadline rather than at the periodic reap up to a second later (when a result posted in
+   * between would still have completed it). `#deadlineAt` is the monotonic time it is set for.
+   */
+  #deadlineTimer: NodeJS.Timeout | null = null;
+  #deadlineAt = Infinity;
   /** An expiry sweep is deleting rows (a slice per commit). */
   #expiring = false;
   /** The recovery floor as last written (see the file header). */
@@ -369,6 +379,7 @@ export class JobQueue {
         job.leaseDeadline = mono + this.settings.leaseMs;
         const elapsed = row.startedAt === null ? 0 : Math.max(0, now - row.startedAt);
         job.execDeadline = mono + Math.max(0, job.executionTimeoutMs - elapsed);
+        this.#armDeadline(Math.min(job.execDeadline, job.ttlDeadline), mono);
         if (job.workerId) this.workers.seen(job.endpointId, job.workerId).jobs.add(job.id);
         this.#running.add(job);
         q.inProgress++;
@@ -597,6 +608,7 @@ export class JobQueue {
     job.startedAt = this.#clock.now();
     job.leaseDeadline = mono + this.settings.leaseMs;
     job.execDeadline = mono + job.executionTimeoutMs;
+    this.#armDeadline(Math.min(job.execDeadline, job.ttlDeadline), mono);
     job.progress = null;
     job.fencedFrom = null;
     worker.stops.delete(job.id);
@@ -1643,11 +1655,29 @@ export class JobQueue {
 
   // Timers ------------------------------------------------------------------------------------
 
+  /**
+   * Sets the deadline timer for `at` (monotonic ms) unless it already fires by then: on the job
+   * path one comparison, as running jobs' deadlines mostly come later than the earliest.
+   */
+  #armDeadline(at: number, mono: number): void {
+    if (at >= this.#deadlineAt || this.#closing) return;
+    if (this.#deadlineTimer) clearTimeout(this.#deadlineTimer);
+    this.#deadlineAt = at;
+    // +1: fire when the deadline has passed (reap compares with >=), within a timer's range.
+    this.#deadlineTimer = setTimeout(() => {
+      this.#deadlineTimer = null;
+      this.#deadlineAt = Infinity;
+      this.reap();
+    }, Math.min(MAX_TIMER_MS, Math.max(0, at - mono) + 1)).unref();
+  }
+
   /** Leases, execution timeouts and TTLs, measured on this server's monotonic clock. */
   reap(): void {
     const mono = this.#clock.monotonic();
+    let next = Infinity;
     for (const job of [...this.#running]) {
       if (job.status !== 'IN_PROGRESS') continue;
+      if (mono < job.execDeadline && mono < job.ttlDeadline) next = Math.min(next, job.execDeadline, job.ttlDeadline);
       const worker = job.workerId ? this.workers.get(job.endpointId, job.workerId) : undefined;
       if (mono >= job.execDeadline) {
         this.#finish(job, 'TIMED_OUT', null, `Execution timed out after ${job.executionTimeoutMs} ms.`);
@@ -1664,6 +1694,7 @@ export class JobQueue {
         this.#requeueOrFail(job, why, true);
       }
     }
+    if (next < Infinity) this.#armDeadline(next, mono);
     for (const q of this.#queues.values()) {
       // A fence that ran out lets a parked worker take the job it was fenced from (workers park
       // while jobs are queued only when those jobs are fenced from them).
@@ -1744,6 +1775,7 @@ export class JobQueue {
     this.#closing = true;
     if (this.#claimTimer) clearTimeout(this.#claimTimer);
     if (this.#insertTimer) clearTimeout(this.#insertTimer);
+    if (this.#deadlineTimer) clearTimeout(this.#deadlineTimer);
     this.#saveDeferred();
     this.#saveClaims();
     this.#raiseFloor();

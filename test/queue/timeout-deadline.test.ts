@@ -1,0 +1,41 @@
+/**
+ * Execution timeouts fire at their deadline, on the real clock: not at the periodic reap, which
+ * runs once a second, so a job could run up to a second past its timeout (and a result posted
+ * then completed it).
+ */
+import t from 'tap';
+import { cpuBody, startAgent } from '../helpers/agent.js';
+import { TestWorker } from '../helpers/worker.js';
+import { until } from '../helpers/wait.js';
+
+const TIMEOUT_MS = 5000;
+// Late by more than this is the periodic reap's doing (it runs every 1000 ms with this lease).
+const SLACK_MS = 150;
+
+t.test('jobs started a quarter second apart each time out at their own deadline', async (t) => {
+  const a = await startAgent(t, { takeHoldMs: 300, leaseMs: 60_000 });
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  // Spread over one reap period: with a once-a-second reaper at most one of them is on time.
+  const ids: string[] = [];
+  for (let i = 0; i < 4; i++) {
+    const w = await TestWorker.create(a, ep);
+    const id = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { i }, policy: { executionTimeout: TIMEOUT_MS } } })).json.id as string;
+    t.equal((await w.take())?.id, id);
+    ids.push(id);
+    await new Promise((r) => setTimeout(r, 250));
+  }
+  const ended: Record<string, { status: string; executionTime: number }> = {};
+  await until('every job ended', async () => {
+    for (const id of ids) {
+      if (ended[id]) continue;
+      const s = (await a.req('GET', `/v2/${ep}/status/${id}`)).json;
+      if (s.status !== 'IN_PROGRESS') ended[id] = s;
+    }
+    return Object.keys(ended).length === ids.length;
+  }, 15_000);
+  for (const id of ids) {
+    t.equal(ended[id]?.status, 'TIMED_OUT', id);
+    t.ok((ended[id]?.executionTime ?? 0) >= TIMEOUT_MS, `not before its timeout (${ended[id]?.executionTime} ms)`);
+    t.ok((ended[id]?.executionTime ?? Infinity) <= TIMEOUT_MS + SLACK_MS, `at its deadline: ${ended[id]?.executionTime} ms for a ${TIMEOUT_MS} ms timeout`);
+  }
+});
