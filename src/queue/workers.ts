@@ -224,7 +224,14 @@ export class WorkerRegistry {
 
   counts(endpointId: string): WorkerCounts {
     const c: WorkerCounts = { idle: 0, initializing: 0, ready: 0, running: 0, throttled: this.#throttled.get(endpointId) ?? 0, unhealthy: 0 };
-    for (const w of this.list(endpointId)) if (!this.silent(w)) c[this.state(w)]++;
+    for (const w of this.list(endpointId)) {
+      if (this.silent(w)) continue;
+      const state = this.state(w);
+      // A worker flashd is stopping that holds no job takes none again: not idle, not ready,
+      // however long it takes to exit (up to the stop grace if it ignores SIGTERM).
+      if (state === 'idle' && w.draining) continue;
+      c[state]++;
+    }
     c.ready = c.idle + c.running;
     return c;
   }

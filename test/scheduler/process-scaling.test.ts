@@ -108,3 +108,22 @@ t.test('a worker to be replaced stops as soon as its last job is done, not at th
   });
   t.ok(lags.every((ms) => ms < 200), `stopped ${lags.join(', ')} ms after their last job was done`);
 });
+
+t.test('a worker flashd is stopping is not counted idle while it takes its time to exit', async (t) => {
+  const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT, takeHoldMs: 1000, leaseMs: 3000, workerStopGraceMs: 6000 });
+  const ep = (await a.req('POST', '/v2/serverless', {
+    body: cpuBody({ args: 'python3 -u test/fixtures/workers/deaf_to_sigterm.py', workers: { min: 1, max: 1, idleTimeout: 1 } }),
+  })).json.id as string;
+  await until('the warm worker to be up', async () => (await health(a, ep)).workers.idle === 1, 15_000);
+  t.equal((await a.req('PATCH', `/v2/serverless/${ep}`, { body: { workers: { min: 0, max: 1, idleTimeout: 1 } } })).status, 200);
+  await until('the idle stop', async () => {
+    const lines = (await a.req('GET', `/v2/serverless/${ep}/logs`)).json as { line: string }[];
+    return lines.some((l) => /stopping worker .*: idle/.test(l.line));
+  }, 10_000);
+  // It ignores SIGTERM and polls on for the 6 s grace: it takes no job, so it is not idle.
+  for (let i = 0; i < 5; i++) {
+    const w = (await health(a, ep)).workers;
+    t.same({ idle: w.idle, ready: w.ready }, { idle: 0, ready: 0 }, `${i * 500} ms into the grace: not idle, not ready`);
+    await new Promise((r) => setTimeout(r, 500));
+  }
+});
