@@ -143,6 +143,26 @@ class BasicFlowTest(WorkerTestCase):
         self.assertEqual(self.done_posts("no-input"), [])
 
 
+    def test_generator_stops_when_flashd_discards_its_chunk(self):
+        # flashd answers a chunk for a job it has ended (cancel, timeout) with 200 discarded,
+        # possibly before its job-stop reaches the worker
+        self.fake.hooks["job-stream"] = lambda req: (200, {"ok": True, "discarded": True, "reason": "ended"})
+        yielded = []
+
+        def gen(job):
+            for i in range(50):
+                yielded.append(i)
+                yield i
+                time.sleep(0.02)
+
+        self.start_worker({"handler": gen})
+        job_id = self.fake.submit({})
+        self.fake.wait_for(lambda: self.fake.recorded("job-stream", job_id))
+        time.sleep(0.5)
+        self.assertEqual(len(self.fake.recorded("job-stream", job_id)), 1, "no chunk after the discarded one")
+        self.assertEqual(yielded, [0], "the generator was stopped at its next yield")
+        self.assertEqual([p for p in self.done_posts(job_id) if not p.refused], [], "no result posted for an ended job")
+
     def test_job_whose_thread_cannot_start_is_handed_back_and_the_take_loop_goes_on(self):
         # threading.Thread.start raises RuntimeError at a thread or pid limit
         real_start = threading.Thread.start

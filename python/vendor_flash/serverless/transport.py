@@ -41,6 +41,17 @@ class PostOutcome(enum.Enum):
     FAILED = "failed"  # retries exhausted (or given up: the job is no longer held here)
 
 
+def _says_discarded(response: Any) -> bool:
+    """Whether a 2xx body is flashd's ``{"ok": true, "discarded": true, ...}``."""
+    if b'"discarded"' not in response.body:
+        return False
+    try:
+        body = response.json()
+    except ValueError:
+        return False
+    return isinstance(body, dict) and body.get("discarded") is True
+
+
 @dataclass
 class Delivery:
     """The fate of one post, with what is needed to explain a failure."""
@@ -53,6 +64,8 @@ class Delivery:
     elapsed: float = 0.0
     substituted: bool = False  # the body was not JSON: an error result was sent in its place
     fallback: Optional[PostOutcome] = None  # set when an error result replaced a refused one
+    #: A 2xx saying ``"discarded": true``: flashd had already ended the job (cancel, timeout).
+    discarded: bool = False
 
     @property
     def delivered(self) -> bool:
@@ -237,9 +250,9 @@ class Transport:
         status: Optional[int] = None
         detail = ""
 
-        def result(outcome: PostOutcome) -> Delivery:
+        def result(outcome: PostOutcome, discarded: bool = False) -> Delivery:
             return Delivery(outcome, size=len(data), status=status, detail=detail, attempts=attempt + 1,
-                            elapsed=max(time.monotonic() - started, slept))
+                            elapsed=max(time.monotonic() - started, slept), discarded=discarded)
 
         while True:
             retry_after: Optional[float] = None
@@ -255,7 +268,7 @@ class Transport:
             else:
                 status = response.status
                 if 200 <= status < 300:
-                    return result(PostOutcome.DELIVERED)
+                    return result(PostOutcome.DELIVERED, _says_discarded(response))
                 detail = _problem_detail(response)
                 if status == 409:
                     self.log.info("%s refused with 409: job no longer held by this worker, dropped",

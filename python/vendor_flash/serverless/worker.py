@@ -410,6 +410,11 @@ class Worker:
         if delivery.outcome is PostOutcome.STALE:
             self._mark_lost(job_id)
             raise JobCancelled(job_id)
+        if delivery.discarded:
+            # flashd ended the job (cancel, timeout) before its job-stop reached us: stop now.
+            self.log.info("stream chunk discarded: flashd has ended the job, stopping it", extra=job_extra(job_id))
+            active.run.cancel()
+            raise JobCancelled(job_id)
         if not delivery.delivered:
             if not active.held():
                 raise JobCancelled(job_id)
