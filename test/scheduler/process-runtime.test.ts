@@ -46,9 +46,13 @@ t.test('cold start, warm reuse, scale to zero, logs', async (t) => {
     const h = await health(a, ep);
     return h.workers.idle + h.workers.running + h.workers.initializing === 0;
   });
-  const after = await a.req('GET', `/v2/serverless/${ep}/logs`);
-  t.ok((after.json as { line: string }[]).some((l) => /stopped/.test(l.line)), 'the stop is logged');
-  t.ok((after.json as { line: string }[]).some((l) => /stopping worker .*: idle for [\d.]+ s \(idle timeout 1 s\)/.test(l.line)), 'and why it stopped');
+  // A worker being stopped leaves /health at once; its exit (and the line saying so) follows.
+  const after = await until('the worker to exit', async () => {
+    const lines = (await a.req('GET', `/v2/serverless/${ep}/logs`)).json as { line: string }[];
+    return lines.some((l) => /stopped/.test(l.line)) && lines;
+  }, 15_000);
+  t.ok(after.some((l) => /stopped/.test(l.line)), 'the stop is logged');
+  t.ok(after.some((l) => /stopping worker .*: idle for [\d.]+ s \(idle timeout 1 s\)/.test(l.line)), 'and why it stopped');
 });
 
 t.test('a worker that dies mid-job: the job is retried, the worker shows unhealthy', async (t) => {
