@@ -52,10 +52,10 @@ function bootId(): string {
  * start times yet) matches a process that started before the file was last written, which a
  * process that took the pid since (after a reboot, or after the worker ended) did not.
  */
-function isRecordedWorker(pid: number, fields: string[], fileWrittenMs: number): boolean {
+function isRecordedWorker(pid: number, fields: string[], fileWrittenMs: number, boot: string): boolean {
   const ticks = startTicks(pid);
   if (ticks === undefined) return false;
-  if (fields.length >= 3) return fields[1] === ticks && fields[2] === bootId();
+  if (fields.length >= 3) return fields[1] === ticks && fields[2] === boot;
   const btime = /^btime (\d+)$/m.exec(readFileSync('/proc/stat', 'utf8'))?.[1];
   if (btime === undefined) return false;
   // btime is whole seconds: a second of slack.
@@ -74,12 +74,13 @@ export function reapOrphanProcessWorkers(dataDir: string, log: Logger): void {
   const file = join(dataDir, PID_FILE);
   if (!existsSync(file)) return;
   const writtenMs = statSync(file).mtimeMs;
+  const boot = bootId();
   for (const line of readFileSync(file, 'utf8').split('\n')) {
     const fields = line.trim().split(/\s+/);
     const pid = Number(fields[0]);
     if (!Number.isInteger(pid) || pid <= 1) continue;
     try {
-      if (!isRecordedWorker(pid, fields, writtenMs)) {
+      if (!isRecordedWorker(pid, fields, writtenMs, boot)) {
         if (startTicks(pid) !== undefined) log.info('a recorded worker pid now belongs to another process; left alone', { pid });
         continue;
       }

@@ -349,14 +349,15 @@ export class Autoscaler {
     if (startError !== undefined) {
       this.#o.logs.append(endpointId, workerId, 'system', `worker ${workerId} failed to start: ${startError}`);
       this.#o.log.warn('worker failed to start', { endpointId, workerId, reason: startError });
+    } else if (crashed) {
+      this.#o.logs.append(endpointId, workerId, 'system', initTimedOut
+        ? `worker ${workerId} stopped (${how}): it never asked for a job`
+        : `worker ${workerId} exited unexpectedly (${how})`);
+      this.#o.log.warn('worker exited unexpectedly', { endpointId, workerId, code: info.code, signal: info.signal });
+    } else {
+      this.#o.logs.append(endpointId, workerId, 'system', `worker ${workerId} stopped (${how})`);
     }
     if (crashed) {
-      if (startError === undefined) {
-        this.#o.logs.append(endpointId, workerId, 'system', initTimedOut
-          ? `worker ${workerId} stopped (${how}): it never asked for a job`
-          : `worker ${workerId} exited unexpectedly (${how})`);
-        this.#o.log.warn('worker exited unexpectedly', { endpointId, workerId, code: info.code, signal: info.signal });
-      }
       this.#o.queue.workers.markUnhealthy(endpointId, workerId);
       const mono = this.#o.clock.monotonic();
       this.#unhealthy.set(workerId, { endpointId, until: mono + UNHEALTHY_SHOWN_MS });
@@ -371,7 +372,6 @@ export class Autoscaler {
         this.#o.log.warn('crash backoff', { endpointId, crashes: crashes.streak, waitS });
       }
     } else {
-      if (startError === undefined) this.#o.logs.append(endpointId, workerId, 'system', `worker ${workerId} stopped (${how})`);
       this.#o.queue.workers.remove(endpointId, workerId);
     }
     // The capacity it held is free again: endpoints waiting for it go first, not on the next tick.

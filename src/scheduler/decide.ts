@@ -12,8 +12,9 @@
  * - Low-priority jobs never cause a scale-up.
  * - Idle workers stop after `idleTimeout` (down to `min`; REQUEST_COUNT, which has no
  *   idleTimeout: down to its target, after the loop's grace), longest idle first; above `max`
- *   (a lowered `max`), starting and idle workers stop at once and busy ones are retired: they finish what they hold, take no new job and then stop, so
- *   a backlog that keeps every worker busy cannot hold the count above `max`. A retired worker
+ *   (a lowered `max`), starting and idle workers stop at once and busy ones are retired: they
+ *   finish what they hold, take no new job and then stop, so a backlog that keeps every worker
+ *   busy cannot hold the count above `max`. A retired worker
  *   that fits under `max` again before it stops (max raised) serves again.
  * - A managed worker marked for replacement (a new configuration, stopPod) takes no more jobs:
  *   it is not counted as serving and it stops as soon as it holds no job, even while it is
