@@ -407,7 +407,7 @@ export class JobQueue {
       lowPriority: row.lowPriority, executionTimeoutMs: row.executionTimeoutMs, ttlMs: row.ttlMs, retentionMs: row.retentionMs,
       attempt: row.attempt, claimSaved: row.attempt, writeSeq: 0, retries: row.retries, workerId: row.workerId,
       resultBy: row.status === 'COMPLETED' || row.status === 'FAILED' ? row.workerId : null, output: row.output, error: row.error, progress: null,
-      streamSeq: -1, createdAt: row.createdAt, queuedAt: row.queuedAt, startedAt: row.startedAt, completedAt: row.completedAt, expiresAt: row.expiresAt,
+      streamSeq: -1, createdAt: row.createdAt, queuedAt: row.queuedAt, lostMs: row.lostMs, startedAt: row.startedAt, completedAt: row.completedAt, expiresAt: row.expiresAt,
       ttlDeadline: mono + Math.max(0, row.ttlMs - (now - row.queuedAt)), fencedFrom: null, fencedUntil: 0, leaseDeadline: 0, execDeadline: 0, waiters: NO_WAITERS,
     };
   }
@@ -426,7 +426,7 @@ export class JobQueue {
     const job: Job = {
       rowid: 0, inserted: false, id: newJobId(), endpointId: input.endpointId, status: 'IN_QUEUE', input: input.input, extra: input.extra, webhook: input.webhook,
       lowPriority: input.lowPriority, executionTimeoutMs: input.executionTimeoutMs, ttlMs: input.ttlMs, retentionMs: input.retentionMs,
-      attempt: 0, claimSaved: 0, writeSeq: 0, retries: 0, workerId: null, resultBy: null, output: null, error: null, progress: null, streamSeq: 0, createdAt: now, queuedAt: now, startedAt: null,
+      attempt: 0, claimSaved: 0, writeSeq: 0, retries: 0, workerId: null, resultBy: null, output: null, error: null, progress: null, streamSeq: 0, createdAt: now, queuedAt: now, lostMs: 0, startedAt: null,
       completedAt: null, expiresAt: null, ttlDeadline: this.#clock.monotonic() + input.ttlMs, fencedFrom: null, fencedUntil: 0, leaseDeadline: 0, execDeadline: 0, waiters: NO_WAITERS,
     };
     this.#jobs.set(job.id, job);
@@ -1183,6 +1183,8 @@ export class JobQueue {
     job.status = 'IN_QUEUE';
     job.retries++;
     job.workerId = null;
+    // The lost attempt held the job from its claim until now: not queue time (delayTime).
+    if (job.startedAt !== null) job.lostMs += Math.max(0, this.#clock.now() - job.startedAt);
     job.startedAt = null;
     job.progress = null;
     if (!charged && job.attempt > 0) {
@@ -1190,13 +1192,13 @@ export class JobQueue {
       // The next claim reaches this attempt number again; it must still be written.
       job.claimSaved = -1;
     }
-    const { id, retries, attempt, queuedAt } = job;
+    const { id, retries, attempt, queuedAt, lostMs } = job;
     // The abandoned attempt's unread /stream chunks go in the same commit (as with /retry): the
     // rerun streams its own, and its late chunks are refused as stale. Chunks a client already
     // read stay read: it sees the rerun's from the start (at least once, like execution).
     this.#unread.delete(id);
     job.writeSeq = this.#batch.write(() => {
-      this.#repo.requeue(id, retries, attempt, queuedAt);
+      this.#repo.requeue(id, retries, attempt, queuedAt, lostMs);
       this.#repo.dropAllChunks(id);
     });
     this.#log.info('job requeued', { jobId: id, endpointId: job.endpointId, attempt, reason });
@@ -1438,11 +1440,12 @@ export class JobQueue {
       prev.fenced.add(jobId);
     }
     job.queuedAt = this.#clock.now();
+    job.lostMs = 0;
     (job as { ttlDeadline: number }).ttlDeadline = this.#clock.monotonic() + job.ttlMs;
     const { retries, queuedAt } = job;
     const retried = job;
     job.writeSeq = this.#batch.write(() => {
-      this.#repo.requeue(jobId, retries, 0, queuedAt);
+      this.#repo.requeue(jobId, retries, 0, queuedAt, 0);
       this.#repo.dropAllChunks(jobId);
       if (retried.rowid < this.#floor) this.#lowerFloor(retried.rowid);
     });

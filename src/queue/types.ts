@@ -50,6 +50,11 @@ export interface Job {
   createdAt: number;
   /** When the current run was queued (wall clock): `createdAt`, or the last /retry. TTL and delayTime count from it. */
   queuedAt: number;
+  /**
+   * How long the current run's lost attempts held the job, from each claim to its requeue (a
+   * lapsed lease, a dead worker). Not time in the queue, so delayTime leaves it out.
+   */
+  lostMs: number;
   startedAt: number | null;
   completedAt: number | null;
   expiresAt: number | null;

@@ -14,16 +14,19 @@ export interface JobSnapshot {
   retries: number;
   createdAt: number;
   queuedAt: number;
+  lostMs: number;
   startedAt: number | null;
   completedAt: number | null;
 }
 
 /**
  * `{id, status, delayTime, executionTime, workerId?, output?|error?, retries?}` as in RunPod's
- * /status. delayTime counts from when the current run was queued (a /retry starts a new one).
+ * /status. delayTime is the time the current run (a /retry starts a new one) waited in the queue
+ * for a worker: from when it was queued, less the time lost attempts held it, so a job requeued
+ * after its worker lost it counts both waits; executionTime is the time of its last attempt.
  */
 export function statusBody(j: JobSnapshot, now: number): string {
-  const delay = Math.max(0, (j.startedAt ?? (j.status === 'IN_QUEUE' ? now : j.completedAt ?? now)) - j.queuedAt);
+  const delay = Math.max(0, (j.startedAt ?? (j.status === 'IN_QUEUE' ? now : j.completedAt ?? now)) - j.queuedAt - j.lostMs);
   const exec = j.startedAt === null ? 0 : Math.max(0, (j.completedAt ?? now) - j.startedAt);
   let s = `{"id":${JSON.stringify(j.id)},"status":"${j.status}","delayTime":${delay},"executionTime":${exec}`;
   if (j.workerId !== null) s += `,"workerId":${JSON.stringify(j.workerId)}`;

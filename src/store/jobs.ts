@@ -26,6 +26,8 @@ export interface JobRow {
   createdAt: number;
   /** When the current run was queued: `createdAt`, or the time of the last /retry. */
   queuedAt: number;
+  /** Time the current run's lost attempts held the job (claim to requeue): not queue time (delayTime). */
+  lostMs: number;
   startedAt: number | null;
   completedAt: number | null;
   expiresAt: number | null;
@@ -53,14 +55,14 @@ interface Raw {
   rowid: number; id: string; endpoint_id: string; status: JobStatus; input: string; extra: string | null; webhook: string | null;
   low_priority: number; execution_timeout_ms: number; ttl_ms: number; retention_ms: number; attempt: number; retries: number;
   worker_id: string | null; output: string | null; error: string | null; created_at: number; queued_at: number | null; started_at: number | null;
-  completed_at: number | null; expires_at: number | null;
+  completed_at: number | null; expires_at: number | null; lost_ms: number;
 }
 
 const map = (r: Raw): JobRow => ({
   rowid: r.rowid, id: r.id, endpointId: r.endpoint_id, status: r.status, input: r.input, extra: r.extra, webhook: r.webhook,
   lowPriority: r.low_priority === 1, executionTimeoutMs: r.execution_timeout_ms, ttlMs: r.ttl_ms, retentionMs: r.retention_ms,
   attempt: r.attempt, retries: r.retries, workerId: r.worker_id, output: r.output, error: r.error, createdAt: r.created_at,
-  queuedAt: r.queued_at ?? r.created_at, startedAt: r.started_at, completedAt: r.completed_at, expiresAt: r.expires_at,
+  queuedAt: r.queued_at ?? r.created_at, lostMs: r.lost_ms, startedAt: r.started_at, completedAt: r.completed_at, expiresAt: r.expires_at,
 });
 
 /**
@@ -116,7 +118,7 @@ export class JobsRepo {
     this.#finish = db.prepare(`UPDATE jobs SET status = ?, output = ?, error = ?, completed_at = ?, expires_at = ?, worker_id = ?,
       attempt = ?, started_at = ? WHERE id = ? AND status IN ('IN_QUEUE', 'IN_PROGRESS')`);
     this.#requeue = db.prepare(`UPDATE jobs SET status = 'IN_QUEUE', worker_id = NULL, output = NULL, error = NULL, started_at = NULL,
-      completed_at = NULL, expires_at = NULL, ended_by_flashd = 0, retries = ?, attempt = ?, queued_at = ? WHERE id = ?`);
+      completed_at = NULL, expires_at = NULL, ended_by_flashd = 0, retries = ?, attempt = ?, queued_at = ?, lost_ms = ? WHERE id = ?`);
     // Migration 8: a FAILED row that flashd ended, not a worker's result (rare: attempts used up).
     this.#endedByFlashd = db.prepare("UPDATE jobs SET ended_by_flashd = 1 WHERE id = ? AND status = 'FAILED'");
     // A running job's last progress update, in `output` until its final state overwrites it (a
@@ -131,7 +133,7 @@ export class JobsRepo {
     // arrays (a restart with a long backlog makes one object per row, not two).
     this.#active = db.prepare(`SELECT rowid, id, endpoint_id, status, extra, webhook, low_priority, execution_timeout_ms, ttl_ms,
       retention_ms, attempt, retries, worker_id, created_at, started_at, coalesce(queued_at, created_at),
-      CASE WHEN status = 'IN_PROGRESS' THEN output END FROM jobs
+      CASE WHEN status = 'IN_PROGRESS' THEN output END, lost_ms FROM jobs
       WHERE rowid >= ? AND status IN ('IN_QUEUE', 'IN_PROGRESS')`).raw();
     // Its own statements rather than IdentityRepo's get/putSetting: a write there moves the
     // identity generation and so empties the key cache, and the floor moves every second.
@@ -139,7 +141,7 @@ export class JobsRepo {
     this.#setFloor = db.prepare('INSERT OR REPLACE INTO settings (key, value) VALUES (?, ?)');
     this.#input = db.prepare('SELECT input FROM jobs WHERE id = ?').pluck();
     this.#getLight = db.prepare(`SELECT rowid, id, endpoint_id, status, NULL AS input, extra, webhook, low_priority, execution_timeout_ms, ttl_ms,
-      retention_ms, attempt, retries, worker_id, output, error, created_at, queued_at, started_at, completed_at, expires_at, ended_by_flashd FROM jobs WHERE id = ?`);
+      retention_ms, attempt, retries, worker_id, output, error, created_at, queued_at, started_at, completed_at, expires_at, ended_by_flashd, lost_ms FROM jobs WHERE id = ?`);
     // At most `limit` rows a statement: results that expire together (a burst, a purge) are
     // deleted over several commits instead of one that holds the event loop.
     this.#expire = db.prepare(`DELETE FROM jobs WHERE rowid IN (SELECT rowid FROM jobs WHERE expires_at IS NOT NULL AND expires_at <= ? LIMIT ?)
@@ -242,8 +244,8 @@ export class JobsRepo {
   }
 
   /** Back to the queue (lease lost, reclaimed, or a manual retry): same id and input. */
-  requeue(id: string, retries: number, attempt: number, queuedAt: number): void {
-    this.#requeue.run(retries, attempt, queuedAt, id);
+  requeue(id: string, retries: number, attempt: number, queuedAt: number, lostMs: number): void {
+    this.#requeue.run(retries, attempt, queuedAt, lostMs, id);
   }
 
   /** How long the result of an unfinished job will be kept (`/status?ttl=`). */
@@ -292,8 +294,8 @@ export class JobsRepo {
         rowid: r[0] as number, id: r[1] as string, endpointId: r[2] as string, status: r[3] as JobStatus, input: null, extra: r[4] as string | null,
         webhook: r[5] as string | null, lowPriority: r[6] === 1, executionTimeoutMs: r[7] as number, ttlMs: r[8] as number,
         retentionMs: r[9] as number, attempt: r[10] as number, retries: r[11] as number, workerId: r[12] as string | null,
-        output: null, error: null, createdAt: r[13] as number, queuedAt: r[15] as number, startedAt: r[14] as number | null, completedAt: null, expiresAt: null,
-        progress: r[16] as string | null,
+        output: null, error: null, createdAt: r[13] as number, queuedAt: r[15] as number, lostMs: r[17] as number, startedAt: r[14] as number | null, completedAt: null,
+        expiresAt: null, progress: r[16] as string | null,
       };
       (row.status === 'IN_PROGRESS' ? running : queued).push(row);
     }

@@ -215,4 +215,10 @@ export const MIGRATIONS: readonly string[] = [
   `
   ALTER TABLE jobs ADD COLUMN ended_by_flashd INTEGER NOT NULL DEFAULT 0;
   `,
+  // 9: how long the lost attempts of a job's current run held it (a lapsed lease, a dead worker:
+  // from their claim to the requeue). delayTime is the time the job waited in the queue, so it
+  // leaves this out; TTL still counts from `queued_at`. A /retry starts it at 0 again.
+  `
+  ALTER TABLE jobs ADD COLUMN lost_ms INTEGER NOT NULL DEFAULT 0;
+  `,
 ];
