@@ -19,6 +19,8 @@ export interface JobRouteServices {
 }
 
 const MB = 1024 * 1024;
+/** Longest `/status?ttl=`: 7 days, as `policy.ttl`. */
+const MAX_STATUS_TTL_MS = 7 * 86_400_000;
 
 interface SubmitBody {
   input: Record<string, unknown>;
@@ -121,10 +123,10 @@ export function jobRoutes(s: JobRouteServices): RouteDef[] {
     {
       method: 'GET', path: `${P}/status/{jobId}`, operationId: 'jobStatus', jobRateGroup: 'status', summary: 'Job status and result (?ttl ms sets how long the result is kept)',
       tag: 'Jobs', auth: 'user', scope: 'jobs:read', successStatus: 200, responseSchema: 'JobStatus', problems: READ,
-      query: [{ name: 'ttl', description: 'Keep the result this many ms from now (or from completion).', schema: { type: 'integer', minimum: 1000 } }],
+      query: [{ name: 'ttl', description: 'Keep the result this many ms from now (or from completion), 1000 to 604800000 (7 days).', schema: { type: 'integer', minimum: 1000, maximum: MAX_STATUS_TTL_MS } }],
       handle: async ({ req, principal, params }) => {
         const ep = queueEndpoint(endpointFor(principal, params['endpointId'] as string));
-        const ttl = intQuery(req.query, 'ttl', 1000, 7 * 86_400_000);
+        const ttl = intQuery(req.query, 'ttl', 1000, MAX_STATUS_TTL_MS);
         const jobId = params['jobId'] as string;
         const snap = await s.queue.findDurable(ep.id, jobId);
         if (!snap) throw new AgentError('NOT_FOUND', `Job ${jobId} not found (unknown, or its result expired).`);

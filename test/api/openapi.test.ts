@@ -5,7 +5,7 @@
  */
 import t from 'tap';
 import { compileAllSchemas, SCHEMA_DOCUMENTS } from '../../src/core/schemas.js';
-import { startAgent } from '../helpers/agent.js';
+import { cpuBody, startAgent } from '../helpers/agent.js';
 
 const METHODS = ['get', 'post', 'patch', 'put', 'delete'];
 
@@ -144,4 +144,28 @@ t.test('uniqueItems only on arrays of scalars', async (t) => {
   };
   for (const [file, doc] of Object.entries(SCHEMA_DOCUMENTS)) walk(doc, file);
   t.ok(found.length > 10, `${found.length} uniqueItems arrays checked`);
+});
+
+t.test('the documented bounds of ?wait and ?ttl are the ones the job routes enforce', async (t) => {
+  const a = await startAgent(t);
+  const doc = (await a.req('GET', '/v2/openapi.json', { key: null })).json;
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  const cases: [string, string, string, string][] = [
+    // No such endpoint: ?wait is checked first, so a valid one gets its 404 without waiting.
+    ['/v2/{endpointId}/runsync', 'post', 'wait', '/v2/no-such-endpoint/runsync'],
+    ['/v2/{endpointId}/status/{jobId}', 'get', 'ttl', `/v2/${ep}/status/no-such-job`],
+  ];
+  for (const [path, method, name, url] of cases) {
+    const p = (doc.paths[path][method].parameters as { name: string; schema: { minimum?: number; maximum?: number } }[]).find((x) => x.name === name);
+    const { minimum, maximum } = p?.schema ?? {};
+    t.type(minimum, 'number', `?${name} documents a minimum`);
+    t.type(maximum, 'number', `?${name} documents a maximum`);
+    if (typeof minimum !== 'number' || typeof maximum !== 'number') continue;
+    // Out of the documented range: 400; at its ends: accepted (404 once the query passed).
+    const call = (v: number) => a.req(method.toUpperCase(), `${url}?${name}=${v}`, method === 'post' ? { body: { input: {} } } : {});
+    t.equal((await call(minimum - 1)).status, 400, `?${name}=${minimum - 1} refused`);
+    t.equal((await call(maximum + 1)).status, 400, `?${name}=${maximum + 1} refused`);
+    t.equal((await call(minimum)).status, 404, `?${name}=${minimum} accepted`);
+    t.equal((await call(maximum)).status, 404, `?${name}=${maximum} accepted`);
+  }
 });
