@@ -257,6 +257,24 @@ class LifecycleTest(IntegrationCase):
         wait_until(lambda: worker.proc.poll() is not None, 15, what="the worker to exit")
         self.assertEqual(worker.proc.returncode, 0, worker.log())
 
+    def test_refresh_worker_recycles_after_a_cancelled_job_too(self):
+        # A cancelled job's result is not posted, but refresh_worker still holds: flashd is told
+        # (so a managed worker's exit is a recycle, not a crash) and the worker exits.
+        endpoint = SERVER.create_endpoint("refresh-cancel")
+        worker = WorkerProcess(SERVER.worker_env(endpoint), "handlers.py", "sync", "refresh", log_dir=TMP).start()
+        self.addCleanup(worker.stop)
+        ref = run(endpoint, {"sleep": 1.5, "return": "too late"})
+        wait_status(endpoint, ref["id"], lambda b: b["status"] == "IN_PROGRESS", what="IN_PROGRESS")
+        status, body = SERVER.call("POST", f"/v2/{endpoint}/cancel/{ref['id']}")
+        self.assertEqual((status, body["status"]), (200, "CANCELLED"))
+        wait_until(lambda: worker.proc.poll() is not None, 15, what="the worker to exit")
+        self.assertEqual(worker.proc.returncode, 0, worker.log())
+        self.assertIn("asking flashd to recycle this worker", worker.log())
+        status, body = SERVER.call("GET", f"/v2/{endpoint}/health")
+        self.assertEqual(body["workers"], {"idle": 0, "initializing": 0, "ready": 0, "running": 0,
+                                           "throttled": 0, "unhealthy": 0}, worker.log())
+        self.assertEqual(status_of(endpoint, ref["id"])["status"], "CANCELLED")
+
     def test_sigterm_finishes_the_job_in_flight(self):
         endpoint = SERVER.create_endpoint("drain")
         worker = WorkerProcess(SERVER.worker_env(endpoint), "handlers.py", "sync", log_dir=TMP).start()

@@ -749,6 +749,12 @@ export class JobQueue {
         worker.letGo.add(jobId);
         this.#unfence(worker, jobId);
       }
+      // A recycle request stands whatever became of the job: runpod-python's refresh_worker
+      // exits the worker after a late result too, and unasked that exit would count as a crash.
+      if (body.status !== 'IN_PROGRESS' && body.stopPod === true) {
+        this.#recycleAsked(endpointId, workerId);
+        this.#retireIfIdle(endpointId, workerId, worker);
+      }
       return outcome as DoneOutcome;
     }
     job.leaseDeadline = this.#clock.monotonic() + this.settings.leaseMs;
@@ -762,10 +768,7 @@ export class JobQueue {
       await this.#batch.committed();
       return 'accepted';
     }
-    if (body.stopPod === true) {
-      this.recycling(endpointId, workerId, true);
-      for (const l of this.#listeners) l.recycleWorker?.(endpointId, workerId);
-    }
+    if (body.stopPod === true) this.#recycleAsked(endpointId, workerId);
     const output = body.output === undefined ? null : body.outputJson ?? JSON.stringify(body.output);
     job.resultBy = workerId;
     if (truthy(body.error)) {
@@ -774,13 +777,24 @@ export class JobQueue {
     } else {
       await this.#finishCommitted(job, 'COMPLETED', output, null);
     }
-    // An external worker that asked to be recycled exits by itself (runpod-python's
-    // refresh_worker): once it holds nothing it leaves /health at once, not 60 s later.
-    if (body.stopPod === true && !worker.managed && worker.jobs.size === 0 && this.workers.get(endpointId, workerId) === worker) {
-      this.stopping(endpointId, workerId);
-      this.workers.retire(endpointId, workerId);
-    }
+    if (body.stopPod === true) this.#retireIfIdle(endpointId, workerId, worker);
     return 'accepted';
+  }
+
+  /** The worker asked to be recycled (stopPod, runpod-python's refresh_worker). */
+  #recycleAsked(endpointId: string, workerId: string): void {
+    this.recycling(endpointId, workerId, true);
+    for (const l of this.#listeners) l.recycleWorker?.(endpointId, workerId);
+  }
+
+  /**
+   * An external worker that asked to be recycled exits by itself: once it holds nothing it
+   * leaves /health at once, not 60 s later.
+   */
+  #retireIfIdle(endpointId: string, workerId: string, worker: WorkerInfo): void {
+    if (worker.managed || worker.jobs.size > 0 || this.workers.get(endpointId, workerId) !== worker) return;
+    this.stopping(endpointId, workerId);
+    this.workers.retire(endpointId, workerId);
   }
 
   /**

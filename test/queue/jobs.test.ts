@@ -546,6 +546,23 @@ t.test('an external worker that posts stopPod leaves /health at once', async (t)
   t.equal((await w.done(id2, { output: 2 })).status, 200);
 });
 
+t.test('stopPod on a late result for a job flashd ended still recycles the worker', async (t) => {
+  const a = await startAgent(t, { takeHoldMs: 5000 });
+  const ep = await endpoint(a);
+  const w = await TestWorker.create(a, ep);
+  const cancelled = (await run(a, ep)).json.id;
+  t.equal((await w.take())?.id, cancelled);
+  t.equal((await a.req('POST', `/v2/${ep}/cancel/${cancelled}`)).json.status, 'CANCELLED');
+  // runpod-python knows no job-stop: its handler runs on, posts with refresh_worker, then exits.
+  const late = await w.done(cancelled, { output: 1, stopPod: true });
+  t.equal(late.status, 200);
+  t.equal(late.json.discarded, true, 'the result is discarded');
+  t.same((await a.req('GET', `/v2/${ep}/health`)).json.workers, { idle: 0, initializing: 0, ready: 0, running: 0, throttled: 0, unhealthy: 0 },
+    'the recycle request stands: the worker is gone from the counts');
+  t.equal(a.agent.queue.workers.get(ep, w.workerId)?.recycle ?? true, true, 'and is not kept as a worker to hand jobs to');
+  t.equal((await a.req('GET', `/v2/${ep}/status/${cancelled}`)).json.status, 'CANCELLED', 'the job stays cancelled');
+});
+
 t.test('a ping made before the worker registered its job does not cancel a fresh stop', async (t) => {
   const a = await startAgent(t, { takeHoldMs: 300 });
   const ep = await endpoint(a);

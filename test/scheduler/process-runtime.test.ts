@@ -570,6 +570,29 @@ t.test('refresh_worker with concurrency above 1 stays within max: the replacemen
   t.ok(workersSeen.size >= 2, `the worker was refreshed: ${workersSeen.size} workers ran the jobs`);
 });
 
+t.test('refresh_worker after a cancelled job: the worker is recycled, not counted as a crash', async (t) => {
+  const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT, takeHoldMs: 1000, leaseMs: 5000 });
+  const ep = (await a.req('POST', '/v2/serverless', {
+    body: cpuBody({ args: 'python3 -u test/fixtures/workers/echo.py', env: { ECHO_REFRESH: '1' }, workers: { min: 0, max: 1, idleTimeout: 30 } }),
+  })).json.id as string;
+  const id = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { sleep: 1.5 } } })).json.id as string;
+  const first = await until('the job to start', async () => {
+    const s = (await a.req('GET', `/v2/${ep}/status/${id}`)).json;
+    return s.status === 'IN_PROGRESS' && (s.workerId as string);
+  }, 30_000);
+  t.equal((await a.req('POST', `/v2/${ep}/cancel/${id}`)).json.status, 'CANCELLED');
+  const lines = await until('the worker to exit', async () => {
+    const l = (await a.req('GET', `/v2/serverless/${ep}/logs`)).json as { line: string; workerId: string }[];
+    return l.some((x) => x.workerId === first && /^worker \S+ (stopped|exited)/.test(x.line)) && l;
+  }, 20_000);
+  const end = lines.find((x) => x.workerId === first && /^worker \S+ (stopped|exited)/.test(x.line))?.line ?? '';
+  t.match(end, /stopped \(code 0\)/, `a recycle, not a crash: ${end}`);
+  t.equal((await health(a, ep)).workers.unhealthy, 0, 'no unhealthy worker');
+  const next = await a.req('POST', `/v2/${ep}/runsync`, { body: { input: { n: 2 } } });
+  t.equal(next.json.status, 'COMPLETED', next.text);
+  t.not(next.json.workerId, first, 'a fresh worker runs the next job');
+});
+
 t.test('a worker whose boot takes longer than idleTimeout is idle from its first contact, not from its launch', async (t) => {
   const clock = new ManualClock();
   const a = await startAgent(t, { takeHoldMs: 300 }, { clock });

@@ -180,6 +180,8 @@ class JobRun:
         self._future: Optional[concurrent.futures.Future] = None
         #: The SystemExit or KeyboardInterrupt the handler raised, if it did.
         self.exit_exception: Optional[BaseException] = None
+        #: The job-done body the handler came to after its job was cancelled (not posted).
+        self.cancelled_body: Optional[Dict[str, Any]] = None
 
     @property
     def cancelled(self) -> bool:
@@ -204,6 +206,7 @@ class JobRun:
         else:
             result = self._run_single()
         if self.cancelled:
+            self.cancelled_body = result
             raise JobCancelled(self.job.get("id"))
         return result
 

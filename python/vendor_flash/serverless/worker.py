@@ -352,7 +352,11 @@ class Worker:
             try:
                 body = active.run.run()
             except JobCancelled:
-                self.log.info("cancelled: no result posted", extra=extra)
+                cancelled = active.run.cancelled_body or {}
+                if self.refresh_always or cancelled.get("stopPod"):
+                    self._recycle_anyway(job_id, "cancelled")
+                else:
+                    self.log.info("cancelled: no result posted", extra=extra)
                 return
             finally:
                 if active.run.exit_exception is not None:
@@ -361,7 +365,10 @@ class Worker:
                 body["stopPod"] = True
             progress.wait_pending(job_id)
             if not active.held():
-                self.log.info("job no longer held here: result dropped", extra=extra)
+                if body.get("stopPod"):
+                    self._recycle_anyway(job_id, "no longer held here")
+                else:
+                    self.log.info("job no longer held here: result dropped", extra=extra)
                 return
             if body.get("stopPod"):
                 self.request_shutdown("refresh_worker")
@@ -389,6 +396,19 @@ class Worker:
                 # a stopped job's handler has returned: tell flashd now (its pings listed the
                 # job until here, so flashd still counts this worker busy)
                 self._ping_now.set()
+
+    def _recycle_anyway(self, job_id: str, why: str) -> None:
+        """refresh_worker for a job whose result is not wanted: flashd is still told (a result
+        body of just ``stopPod``, which it discards), so the exit that follows is a recycle and
+        not a crash, and the worker shuts down."""
+        extra = job_extra(job_id)
+        self.log.info("%s: no result posted; refresh_worker: asking flashd to recycle this worker", why, extra=extra)
+        self.request_shutdown("refresh_worker")
+        delivery = self.transport.send(self.env.job_done_url(job_id),
+                                       results.encode_body({"stopPod": True}), job_id, "recycle request")
+        if delivery.outcome is not PostOutcome.DELIVERED and delivery.outcome is not PostOutcome.STALE:
+            self.log.warning("recycle request not delivered (%s): the exit may be reported as a crash",
+                             delivery.outcome.value, extra=extra)
 
     def _exit_after_jobs(self, exc: BaseException, job_id: str) -> None:
         """A handler raised SystemExit/KeyboardInterrupt: stop taking, finish, then exit with its status."""
