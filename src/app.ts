@@ -160,7 +160,7 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
     }
     if (leftovers.length) log.info('workers of the previous run released', { count: leftovers.length });
     const webhooks = new WebhookSender({
-      allowPrivate: config.webhookAllowPrivate, retryDelayMs: config.webhookRetryDelayMs, attempts: 3, timeoutMs: 10_000,
+      allowPrivate: config.webhookAllowPrivate, retryDelayMs: config.webhookRetryDelayMs, attempts: 3, timeoutMs: 10_000, deadlineMs: 60_000,
       log: log.child({ component: 'webhook' }),
       onSettled: (jobId) => queue.webhookSettled(jobId),
     });

@@ -1,6 +1,6 @@
 /**
  * Webhooks: the final status body is POSTed to the job's `webhook` URL, with 2 more tries
- * 10 s apart (RunPod's documented behaviour). Addresses are resolved, checked and pinned
+ * 10 s apart (RunPod's documented behaviour). A try fails after 10 s idle or 60 s in all. Addresses are resolved, checked and pinned
  * before connecting, so a name that resolves to a private or loopback address is refused
  * unless the operator allowed private targets (`--webhook-allow-private`).
  */
@@ -14,7 +14,15 @@ export interface WebhookOptions {
   allowPrivate: boolean;
   retryDelayMs: number;
   attempts: number;
+  /** A try fails after this long without a byte sent or received. */
   timeoutMs: number;
+  /**
+   * A try fails after this long in all (connect, request body, answer), however busy the
+   * connection: a receiver dripping its answer, or reading the body a byte at a time, would
+   * otherwise hold the delivery, and its outbox row, for ever. An answer whose status came in
+   * time is cut here too, its status kept.
+   */
+  deadlineMs: number;
   log: Logger;
   /** The delivery of `jobId` is over: a 2xx, or its tries ran out (not called after close). */
   onSettled?(jobId: string): void;
@@ -142,10 +150,15 @@ export class WebhookSender {
           timeout: this.#o.timeoutMs,
         },
         (res) => {
+          // Cut at the deadline (below) after the status is taken: an error then is no failure.
+          res.on('error', () => undefined);
           res.resume();
           resolve(res.statusCode ?? 0);
         },
       );
+      const deadline = setTimeout(() => req.destroy(new Error(`deadline: no complete answer within ${this.#o.deadlineMs} ms`)), this.#o.deadlineMs);
+      deadline.unref();
+      req.on('close', () => clearTimeout(deadline));
       req.on('timeout', () => req.destroy(new Error('timeout')));
       req.on('error', reject);
       req.end(body);
