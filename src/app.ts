@@ -144,6 +144,19 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
       endpointExists: (id) => endpoints.byId(id) !== undefined,
       settings: { leaseMs: config.leaseMs, takeHoldMs: config.takeHoldMs, maxAttempts: config.maxAttempts },
     });
+    // Webhooks before recovery: it can end jobs (a worker of the previous run released below,
+    // whose attempt was the job's last), and their webhooks are sent by this run.
+    const webhooks = new WebhookSender({
+      allowPrivate: config.webhookAllowPrivate, retryDelayMs: config.webhookRetryDelayMs, attempts: 3, timeoutMs: 10_000, deadlineMs: 60_000,
+      log: log.child({ component: 'webhook' }),
+      onSettled: (jobId) => queue.webhookSettled(jobId),
+    });
+    closers.push(() => webhooks.close());
+    queue.on({
+      finished: (job, body) => {
+        if (job.webhook) webhooks.send(job.webhook, body(), job.id);
+      },
+    });
     // The hardware probe waits on nvidia-smi and /proc; it runs while recovery reads the backlog.
     const hardwareProbe = probeHost({ dataCenterId: config.dataCenterId, log: log.child({ component: 'gpu' }) });
     hardwareProbe.catch(() => undefined);
@@ -159,12 +172,6 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
       queue.workers.remove(w.endpointId, w.workerId);
     }
     if (leftovers.length) log.info('workers of the previous run released', { count: leftovers.length });
-    const webhooks = new WebhookSender({
-      allowPrivate: config.webhookAllowPrivate, retryDelayMs: config.webhookRetryDelayMs, attempts: 3, timeoutMs: 10_000, deadlineMs: 60_000,
-      log: log.child({ component: 'webhook' }),
-      onSettled: (jobId) => queue.webhookSettled(jobId),
-    });
-    closers.push(() => webhooks.close());
     // Webhooks the last run had not delivered (a stop or a crash between a job's end and its 2xx).
     const owed = queue.webhooksOwed();
     for (const w of owed) webhooks.send(w.url, w.body, w.jobId);
@@ -200,8 +207,7 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
       jobQueued: (endpointId) => autoscaler.trigger(endpointId),
       // stopPod: the queue marked the worker (recycling); the next decision stops it once idle.
       recycleWorker: (endpointId) => autoscaler.trigger(endpointId),
-      finished: (job, body) => {
-        if (job.webhook) webhooks.send(job.webhook, body(), job.id);
+      finished: (job) => {
         // A worker to be replaced (a new configuration, above a lowered max, stopPod) that just
         // finished its last job stops now, not at the next tick: until then /health counted it
         // idle though it takes no job, and a replacement waiting for its place waited too.

@@ -1291,6 +1291,8 @@ export class JobQueue {
     const owed: { jobId: string; url: string; body: string }[] = [];
     const gone: string[] = [];
     for (const jobId of this.#repo.webhooksOwed()) {
+      // Ended by this start's recovery (a released worker's last attempt): its delivery is under way.
+      if (this.#webhooksPending.has(jobId)) continue;
       const row = this.#repo.getWithoutInput(jobId);
       const url = row && TERMINAL.has(row.status) ? row.webhook : null;
       // find() leaves out a result that has expired.

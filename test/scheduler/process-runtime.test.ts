@@ -4,6 +4,7 @@
  */
 import t, { type Test } from 'tap';
 import { spawn } from 'node:child_process';
+import { createServer } from 'node:http';
 import { readFileSync, utimesSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { ManualClock } from '../../src/core/clock.js';
@@ -208,7 +209,7 @@ t.test('lowering max or replacing the configuration stops a worker that is still
  * flashd as its own process (`--runtime process`) with one worker process running a 60 s job:
  * the setup of the crash, lock and signal tests. The worker's process group is killed on teardown.
  */
-async function withRunningJob(t: Test, dir: string, extra: string[]) {
+async function withRunningJob(t: Test, dir: string, extra: string[], job: Record<string, unknown> = {}) {
   const flashd = await startFlashd(t, process.execPath, [
     'dist/flashd.mjs', '--port', '0', '--data-dir', dir, '--runtime', 'process', '--process-workdir', REPO_ROOT, ...extra,
   ], cleanEnv({ FLASHD_ADMIN_API_KEY: ADMIN_KEY }));
@@ -219,7 +220,7 @@ async function withRunningJob(t: Test, dir: string, extra: string[]) {
     return r.json() as Promise<any>;
   };
   const ep = (await call('POST', '/v2/serverless', cpuBody({ args: 'python3 -u test/fixtures/workers/echo.py', workers: { min: 0, max: 1, idleTimeout: 30 } }))).id as string;
-  const id = (await call('POST', `/v2/${ep}/run`, { input: { sleep: 60 } })).id as string;
+  const id = (await call('POST', `/v2/${ep}/run`, { input: { sleep: 60 }, ...job })).id as string;
   await until('the job to start', async () => (await call('GET', `/v2/${ep}/status/${id}`)).status === 'IN_PROGRESS', 20_000);
   // Its claim is written once the job has run 100 ms.
   await new Promise((r) => setTimeout(r, 300));
@@ -262,6 +263,80 @@ t.test('after a kill -9 of flashd, the next start stops its orphaned workers, re
   const live = b.agent.db.prepare("SELECT count(*) AS n FROM api_keys WHERE name LIKE 'managed worker %' AND revoked_at IS NULL").get() as { n: number };
   t.equal(live.n, 0, "the previous run's worker keys are revoked");
   t.ok(b.logs.some((l) => l.includes('workers of the previous run released')), 'the start says so');
+});
+
+t.test("a job the next start fails (its orphaned worker's attempt was the last) has its webhook sent in that run", async (t) => {
+  const received: { status: string }[] = [];
+  const hook = createServer((req, res) => {
+    let body = '';
+    req.on('data', (c) => (body += c));
+    req.on('end', () => {
+      received.push(JSON.parse(body));
+      res.end();
+    });
+  });
+  await new Promise<void>((resolve) => hook.listen(0, '127.0.0.1', resolve));
+  t.teardown(() => hook.close());
+  const webhook = `http://127.0.0.1:${(hook.address() as { port: number }).port}/hook`;
+  const dir = t.testdir();
+  const { flashd, ep, id } = await withRunningJob(t, dir, ['--lease-ms', '30000', '--max-attempts', '1', '--webhook-allow-private'], { webhook });
+  await flashd.stop('SIGKILL');
+  const b = await startAgent(t, { runtime: 'none', leaseMs: 30_000, maxAttempts: 1, webhookAllowPrivate: true }, { dir });
+  t.equal((await b.req('GET', `/v2/${ep}/status/${id}`)).json.status, 'FAILED', 'its one attempt was used');
+  await until('the webhook', async () => received.length > 0, 5000);
+  t.match(received, [{ id, status: 'FAILED' }], 'sent once, by this run, not by the next start');
+});
+
+t.test("a retried job the next start fails keeps the first run's owed webhook row until its own delivery ends", async (t) => {
+  // The receiver fails every try, so each delivery stays owed (the next try is a minute away).
+  const received: { status: string }[] = [];
+  const hook = createServer((req, res) => {
+    let body = '';
+    req.on('data', (c) => (body += c));
+    req.on('end', () => {
+      received.push(JSON.parse(body));
+      res.statusCode = 503;
+      res.end();
+    });
+  });
+  await new Promise<void>((resolve) => hook.listen(0, '127.0.0.1', resolve));
+  t.teardown(() => hook.close());
+  const webhook = `http://127.0.0.1:${(hook.address() as { port: number }).port}/hook`;
+  const dir = t.testdir();
+  const flashd = await startFlashd(t, process.execPath, [
+    'dist/flashd.mjs', '--port', '0', '--data-dir', dir, '--runtime', 'process', '--process-workdir', REPO_ROOT, '--lease-ms', '3000',
+    '--max-attempts', '1', '--webhook-allow-private', '--webhook-retry-delay-ms', '60000',
+  ], cleanEnv({ FLASHD_ADMIN_API_KEY: ADMIN_KEY }));
+  const call = async (method: string, path: string, body?: unknown) => {
+    const r = await fetch(flashd.url + path, {
+      method, headers: { authorization: `Bearer ${ADMIN_KEY}`, 'content-type': 'application/json' }, ...(body ? { body: JSON.stringify(body) } : {}),
+    });
+    return r.json() as Promise<any>;
+  };
+  const ep = (await call('POST', '/v2/serverless', cpuBody({ args: 'python3 -u test/fixtures/workers/echo.py', workers: { min: 0, max: 1, idleTimeout: 30 } }))).id as string;
+  // The first run times out (its webhook is owed: the receiver fails); the retried run is running at the crash.
+  const id = (await call('POST', `/v2/${ep}/run`, { input: { sleep: 6 }, webhook, policy: { executionTimeout: 5000 } })).id as string;
+  await until('the first run to time out', async () => received.length === 1, 20_000);
+  t.equal((await call('POST', `/v2/${ep}/retry/${id}`)).status, 'IN_QUEUE');
+  await until('the retried run to start', async () => (await call('GET', `/v2/${ep}/status/${id}`)).status === 'IN_PROGRESS', 20_000);
+  await new Promise((r) => setTimeout(r, 300));
+  const pids = readFileSync(join(dir, 'process-workers.pids'), 'utf8').split('\n').filter(Boolean).map((l) => Number(l.split(' ')[0]));
+  t.teardown(() => {
+    for (const pid of pids) {
+      try {
+        process.kill(-pid, 'SIGKILL');
+      } catch {
+        // gone
+      }
+    }
+  });
+  await flashd.stop('SIGKILL');
+  const b = await startAgent(t, { runtime: 'none', leaseMs: 30_000, maxAttempts: 1, webhookAllowPrivate: true, webhookRetryDelayMs: 60_000 }, { dir });
+  await until("the retried run's webhook", async () => received.length === 2, 5000);
+  t.match(received[1], { id, status: 'FAILED', retries: 1 });
+  await new Promise((r) => setTimeout(r, 200));
+  await b.agent.queue.durable();
+  t.same(b.agent.db.prepare('SELECT job_id FROM webhook_outbox').pluck().all(), [id], 'still owed: its delivery has tries left');
 });
 
 /**
