@@ -246,7 +246,7 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
       services: { endpoints, auth, urls, dataCenters: () => dataCenters, inventory: () => ledger.inventory(), version: VERSION },
       auth, rateLimiter, jobRateLimiter, log: log.child({ component: 'api' }), maxBodyBytes: config.maxBodyBytes,
       extraRoutes: [
-        ...jobRoutes({ queue, endpoints, now: () => clock.now() }),
+        ...jobRoutes({ queue, endpoints, now: () => clock.now(), webhookAllowPrivate: config.webhookAllowPrivate }),
         ...workerRoutes({
           queue, endpoints, auth, logs, baseUrl: urls.queueBaseUrl, pingIntervalMs,
         }),

@@ -16,6 +16,8 @@ export interface JobRouteServices {
   queue: JobQueue;
   endpoints: EndpointService;
   now(): number;
+  /** --webhook-allow-private: without it, a webhook to a private address is refused at submit. */
+  webhookAllowPrivate: boolean;
 }
 
 const MB = 1024 * 1024;
@@ -66,7 +68,7 @@ export function jobRoutes(s: JobRouteServices): RouteDef[] {
     const ep = queueEndpoint(endpointFor(principal, endpointId));
     const b = assertSchema<SubmitBody>('JobSubmit', body);
     if (b.webhook !== undefined) {
-      const problem = checkWebhookUrl(b.webhook);
+      const problem = checkWebhookUrl(b.webhook, s.webhookAllowPrivate);
       if (problem) throw new AgentError('VALIDATION_FAILED', problem, { errors: [`/webhook: ${problem}`] });
     }
     return s.queue.submit({

@@ -365,21 +365,16 @@ t.test('webhook receives the final status body', async (t) => {
   t.match(received[1], { id: idNamed, status: 'COMPLETED', output: { named: true } });
   received.length = 1;
 
+  // Without --webhook-allow-private these are refused at submit (and at connect time, for a name
+  // or a URL stored before: test/queue/webhook-ssrf.test.ts).
   const strict = await startAgent(t, { takeHoldMs: 1000, webhookRetryDelayMs: 0 });
   const ep2 = await endpoint(strict);
-  const w2 = await TestWorker.create(strict, ep2);
   // The same loopback listener, spelled as IPv4 and as IPv4 inside IPv6 (the URL parser writes
   // [::ffff:127.0.0.1] as [::ffff:7f00:1]); a dual-stack connect to either reaches it.
   const hosts = ['127.0.0.1', '[::ffff:127.0.0.1]', '[::ffff:7f00:1]', '[0:0:0:0:0:ffff:7f00:1]', '[::1]', 'localhost'];
-  for (const host of hosts) {
-    const id2 = (await run(strict, ep2, { input: {}, webhook: `http://${host}:${port}/hook` })).json.id;
-    await w2.take();
-    await w2.done(id2, { output: 1 });
-  }
-  const refusals = () => strict.logs.filter((l) => l.includes('webhook gave up') && l.includes('private')).length;
-  for (let i = 0; i < 200 && refusals() < hosts.length; i++) await new Promise((r) => setTimeout(r, 20));
+  for (const host of hosts) assertProblem(t, await run(strict, ep2, { input: {}, webhook: `http://${host}:${port}/hook` }), 400);
+  await new Promise((r) => setTimeout(r, 200));
   t.equal(received.length, 1, 'private addresses are refused by default, in every spelling');
-  t.equal(refusals(), hosts.length, 'each refusal is logged as such');
 });
 
 t.test('isPrivateAddress judges every spelling of an address', async (t) => {

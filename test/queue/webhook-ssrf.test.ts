@@ -1,0 +1,60 @@
+/**
+ * Webhook targets that are loopback, private or link-local by their spelling alone (an IP
+ * address in any form, `localhost`) are refused at submit with a 400 unless the operator
+ * allowed private targets; names are judged again at connect time, as are URLs stored before.
+ */
+import t from 'tap';
+import { createServer } from 'node:http';
+import { startAgent, assertProblem, cpuBody } from '../helpers/agent.js';
+import { WebhookSender } from '../../src/queue/webhook.js';
+import { createLogger } from '../../src/core/logger.js';
+import { until } from '../helpers/wait.js';
+
+const SPELLINGS = [
+  '127.0.0.1', '127.1', '2130706433', '0x7f000001', '0177.0.0.1', '0', '[::1]', '[::]', '[::ffff:127.0.0.1]', '[::ffff:7f00:1]',
+  '[0:0:0:0:0:ffff:7f00:1]', '169.254.169.254', '[::ffff:10.0.0.1]', '10.0.0.1', '192.168.1.1', 'localhost', 'LOCALHOST', 'a.localhost', 'localhost.',
+];
+
+t.test('a private target written as an address or as localhost is refused at submit', async (t) => {
+  const a = await startAgent(t, {});
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  for (const host of SPELLINGS) {
+    for (const path of ['run', 'runsync']) {
+      const r = await a.req('POST', `/v2/${ep}/${path}${path === 'runsync' ? '?wait=1000' : ''}`, { body: { input: {}, webhook: `http://${host}:9/hook` } });
+      assertProblem(t, r, 400, `${host} (${path}): ${r.status}`);
+      t.match(r.json?.detail, /private/, 'the detail says why');
+      t.match(r.json?.errors, [/^\/webhook: /], 'the errors name the member');
+    }
+  }
+  // A public address and a name pass; so does a private one when allowed.
+  t.equal((await a.req('POST', `/v2/${ep}/run`, { body: { input: {}, webhook: 'http://93.184.216.34/hook' } })).status, 200);
+  t.equal((await a.req('POST', `/v2/${ep}/run`, { body: { input: {}, webhook: 'https://hooks.example.com/x' } })).status, 200);
+  const open = await startAgent(t, { webhookAllowPrivate: true });
+  const ep2 = (await open.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  t.equal((await open.req('POST', `/v2/${ep2}/run`, { body: { input: {}, webhook: 'http://127.0.0.1:9/hook' } })).status, 200);
+});
+
+t.test('at connect time every spelling is refused too (URLs stored before, names)', async (t) => {
+  let hits = 0;
+  const canary = createServer((req, res) => {
+    hits++;
+    req.resume();
+    res.end();
+  });
+  await new Promise<void>((resolve) => canary.listen(0, '127.0.0.1', resolve));
+  t.teardown(() => canary.close());
+  const port = (canary.address() as { port: number }).port;
+  const settled: string[] = [];
+  const lines: string[] = [];
+  const w = new WebhookSender({
+    allowPrivate: false, retryDelayMs: 0, attempts: 1, timeoutMs: 1000, deadlineMs: 2000,
+    log: createLogger({ level: 'warn', sink: { write: (line) => lines.push(line) } }),
+    onSettled: (jobId) => settled.push(jobId),
+  });
+  t.teardown(() => w.close());
+  const hosts = SPELLINGS.filter((h) => h !== 'localhost.' && h !== 'a.localhost');
+  for (const host of hosts) w.send(`http://${host}:${port}/hook`, '{}', host);
+  await until('every delivery to end', async () => settled.length === hosts.length, 5000);
+  t.equal(hits, 0, 'the loopback canary saw nothing');
+  t.equal(lines.filter((l) => l.includes('refused private address')).length, hosts.length, 'each refused as private');
+});
