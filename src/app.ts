@@ -156,6 +156,8 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
       finished: (job, body) => {
         if (job.webhook) webhooks.send(job.webhook, body(), job.id);
       },
+      // The earlier run's webhook tries still to come would land after the new run's.
+      retried: (job) => webhooks.supersede(job.id),
     });
     // The hardware probe waits on nvidia-smi and /proc; it runs while recovery reads the backlog.
     const hardwareProbe = probeHost({ dataCenterId: config.dataCenterId, log: log.child({ component: 'gpu' }) });

@@ -82,6 +82,8 @@ export interface QueueListener {
   recycleWorker?(endpointId: string, workerId: string): void;
   /** A job reached a final state, after commit; `body()` renders its final status body. */
   finished?(job: Job, body: () => string): void;
+  /** A finished job began a new run (/retry): its final status is no longer final. */
+  retried?(job: Job): void;
 }
 
 /** A job handed to a worker: its input is in memory. */
@@ -1467,6 +1469,7 @@ export class JobQueue {
     });
     // Queued behind newer jobs with its old rowid: out of the deque's rowid order.
     this.#outOfOrder.add(job);
+    for (const l of this.#listeners) l.retried?.(job);
     this.#enqueue(this.#queue(endpointId), job, false);
     await this.#batch.committed();
     return job;

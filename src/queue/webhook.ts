@@ -107,39 +107,87 @@ export function checkWebhookUrl(raw: string, allowPrivate = true): string | unde
   return undefined;
 }
 
+/** One delivery: a job's final status body, sent until a 2xx or its tries run out. */
+interface Delivery {
+  readonly url: string;
+  readonly body: string;
+  readonly jobId: string;
+  attempt: number;
+  /** Its next try, while one is waiting. */
+  timer: NodeJS.Timeout | undefined;
+  /** The job began a new run (/retry): this status is no longer final, so no more tries. */
+  superseded: boolean;
+}
+
 export class WebhookSender {
   readonly #o: WebhookOptions;
-  readonly #timers = new Set<NodeJS.Timeout>();
+  /** Deliveries not yet over, per job (a /retry's run can finish while the first one's retries). */
+  readonly #live = new Map<string, Set<Delivery>>();
   #closed = false;
 
   constructor(options: WebhookOptions) {
     this.#o = options;
   }
 
-  send(url: string, body: string, jobId: string, attempt = 1): void {
+  send(url: string, body: string, jobId: string): void {
     if (this.#closed) return;
-    this.#post(url, body).then(
+    const d: Delivery = { url, body, jobId, attempt: 1, timer: undefined, superseded: false };
+    let set = this.#live.get(jobId);
+    if (!set) this.#live.set(jobId, (set = new Set()));
+    set.add(d);
+    this.#try(d);
+  }
+
+  /**
+   * `jobId` began a new run (/retry): the deliveries of its earlier final status make no more
+   * tries, so a receiver never gets that status after the new run's. A try in flight ends as
+   * it will (a 2xx or not, it is the last).
+   */
+  supersede(jobId: string): void {
+    for (const d of this.#live.get(jobId) ?? []) {
+      d.superseded = true;
+      if (d.timer) {
+        clearTimeout(d.timer);
+        d.timer = undefined;
+        this.#settle(d);
+      }
+    }
+  }
+
+  #try(d: Delivery): void {
+    this.#post(d.url, d.body).then(
       (status) => {
-        if (status < 200 || status >= 300) this.#again(url, body, jobId, attempt, `status ${status}`);
-        else if (!this.#closed) this.#o.onSettled?.(jobId);
+        if (status < 200 || status >= 300) this.#again(d, `status ${status}`);
+        else this.#settle(d);
       },
-      (err: Error) => this.#again(url, body, jobId, attempt, err.message),
+      (err: Error) => this.#again(d, err.message),
     );
   }
 
-  #again(url: string, body: string, jobId: string, attempt: number, why: string): void {
+  #settle(d: Delivery): void {
+    const set = this.#live.get(d.jobId);
+    set?.delete(d);
+    if (set?.size === 0) this.#live.delete(d.jobId);
     // Closed: still owed, so the next start sends it again.
+    if (!this.#closed) this.#o.onSettled?.(d.jobId);
+  }
+
+  #again(d: Delivery, why: string): void {
     if (this.#closed) return;
-    if (attempt >= this.#o.attempts) {
-      this.#o.log.warn('webhook gave up', { jobId, attempts: attempt, reason: why });
-      this.#o.onSettled?.(jobId);
+    if (d.superseded) {
+      this.#settle(d);
       return;
     }
-    const t = setTimeout(() => {
-      this.#timers.delete(t);
-      this.send(url, body, jobId, attempt + 1);
+    if (d.attempt >= this.#o.attempts) {
+      this.#o.log.warn('webhook gave up', { jobId: d.jobId, attempts: d.attempt, reason: why });
+      this.#settle(d);
+      return;
+    }
+    d.timer = setTimeout(() => {
+      d.timer = undefined;
+      d.attempt++;
+      this.#try(d);
     }, this.#o.retryDelayMs);
-    this.#timers.add(t);
   }
 
   async #post(raw: string, body: string): Promise<number> {
@@ -179,7 +227,7 @@ export class WebhookSender {
 
   close(): void {
     this.#closed = true;
-    for (const t of this.#timers) clearTimeout(t);
-    this.#timers.clear();
+    for (const set of this.#live.values()) for (const d of set) clearTimeout(d.timer);
+    this.#live.clear();
   }
 }

@@ -110,3 +110,35 @@ t.test("a retried job's webhook stays owed when the first run's delivery ends af
   await a.agent.queue.durable();
   t.same(owed(a.dir), [id], 'still owed: the retried run has not been delivered');
 });
+
+t.test("a /retry drops the first run's tries still to come: the receiver's last word is the new run's", async (t) => {
+  const received: { code: number; status: string }[] = [];
+  const server = createServer((req, res) => {
+    let body = '';
+    req.on('data', (c) => (body += c));
+    req.on('end', () => {
+      // The first delivery fails, so the first run's next try is due after the retried run ends.
+      res.statusCode = received.length === 0 ? 503 : 200;
+      received.push({ code: res.statusCode, status: JSON.parse(body).status });
+      res.end();
+    });
+  });
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  t.teardown(() => server.close());
+  const hook = `http://127.0.0.1:${(server.address() as { port: number }).port}/hook`;
+  const a = await startAgent(t, { takeHoldMs: 500, webhookAllowPrivate: true, webhookRetryDelayMs: 1000 });
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  const w = await TestWorker.create(a, ep);
+  const id = (await a.req('POST', `/v2/${ep}/run`, { body: { input: {}, webhook: hook } })).json.id as string;
+  await w.take();
+  await w.done(id, { error: 'first run fails' });
+  await until('the first try', async () => received.length === 1);
+  t.equal((await a.req('POST', `/v2/${ep}/retry/${id}`)).status, 200);
+  t.equal((await w.take())?.id, id);
+  t.equal((await w.done(id, { output: 'second run' })).status, 200);
+  await until('the second run delivered', async () => received.length === 2);
+  // Past the first run's next try.
+  await new Promise((resolve) => setTimeout(resolve, 1500));
+  t.same(received, [{ code: 503, status: 'FAILED' }, { code: 200, status: 'COMPLETED' }], 'no FAILED after the COMPLETED');
+  await until('settled', async () => (await a.agent.queue.durable(), owed(a.dir).length === 0));
+});
