@@ -1286,8 +1286,8 @@ export class JobQueue {
 
   /**
    * Webhooks a stop or a crash left undelivered (read at start): each job's URL and final
-   * status body. Owed webhooks of jobs that are gone (result expired, endpoint deleted) are
-   * dropped.
+   * status body. A result that expired meanwhile is still there for it (the expiry sweep keeps
+   * rows owed a webhook); owed webhooks of jobs that are gone (endpoint deleted) are dropped.
    */
   webhooksOwed(): { jobId: string; url: string; body: string }[] {
     const owed: { jobId: string; url: string; body: string }[] = [];
@@ -1297,13 +1297,11 @@ export class JobQueue {
       if (this.#webhooksPending.has(jobId)) continue;
       const row = this.#repo.getWithoutInput(jobId);
       const url = row && TERMINAL.has(row.status) ? row.webhook : null;
-      // find() leaves out a result that has expired.
-      const snap = url !== null && row ? this.find(row.endpointId, jobId) : undefined;
-      if (url === null || !snap) {
+      if (url === null || !row) {
         gone.push(jobId);
         continue;
       }
-      owed.push({ jobId, url, body: statusBody(snap, this.#clock.now()) });
+      owed.push({ jobId, url, body: statusBody({ ...row, progress: null }, this.#clock.now()) });
       this.#webhooksPending.set(jobId, 1);
     }
     if (gone.length) this.#batch.write(() => { for (const id of gone) this.#repo.webhookSettled(id); });

@@ -144,7 +144,10 @@ export class JobsRepo {
       retention_ms, attempt, retries, worker_id, output, error, created_at, queued_at, started_at, completed_at, expires_at, ended_by_flashd, lost_ms FROM jobs WHERE id = ?`);
     // At most `limit` rows a statement: results that expire together (a burst, a purge) are
     // deleted over several commits instead of one that holds the event loop.
-    this.#expire = db.prepare(`DELETE FROM jobs WHERE rowid IN (SELECT rowid FROM jobs WHERE expires_at IS NOT NULL AND expires_at <= ? LIMIT ?)
+    // A result still owed a webhook outlives its expiry until the webhook settles, so a restart
+    // can still send it (the row answers no /status: find() leaves expired rows out).
+    this.#expire = db.prepare(`DELETE FROM jobs WHERE rowid IN (SELECT rowid FROM jobs WHERE expires_at IS NOT NULL AND expires_at <= ?
+      AND NOT EXISTS (SELECT 1 FROM webhook_outbox WHERE job_id = jobs.id) LIMIT ?)
       RETURNING id, endpoint_id AS endpointId, status, retries`);
     this.#counts = db.prepare('SELECT status, jobs, retries FROM job_counts WHERE endpoint_id = ?');
     this.#addCount = db.prepare(`INSERT INTO job_counts (endpoint_id, status, jobs, retries) VALUES (?, ?, ?, ?)
@@ -152,7 +155,8 @@ export class JobsRepo {
     this.#dropCounts = db.prepare('DELETE FROM job_counts WHERE endpoint_id = ?');
     this.#rowidRange = db.prepare('SELECT min(rowid) AS lo, max(rowid) AS hi FROM jobs');
     this.#deleteSlice = db.prepare('DELETE FROM jobs WHERE rowid >= ? AND rowid < ? AND endpoint_id = ?');
-    this.#anyExpired = db.prepare('SELECT 1 FROM jobs WHERE expires_at IS NOT NULL AND expires_at <= ? LIMIT 1').pluck();
+    this.#anyExpired = db.prepare(`SELECT 1 FROM jobs WHERE expires_at IS NOT NULL AND expires_at <= ?
+      AND NOT EXISTS (SELECT 1 FROM webhook_outbox WHERE job_id = jobs.id) LIMIT 1`).pluck();
     this.#outboxAdd = db.prepare('INSERT OR IGNORE INTO webhook_outbox (job_id) VALUES (?)');
     this.#outboxDelete = db.prepare('DELETE FROM webhook_outbox WHERE job_id = ?');
     this.#outboxAll = db.prepare('SELECT job_id FROM webhook_outbox').pluck();

@@ -10,6 +10,7 @@ import { join } from 'node:path';
 import { startAgent, cpuBody, type TestAgent } from '../helpers/agent.js';
 import { TestWorker } from '../helpers/worker.js';
 import { until } from '../helpers/wait.js';
+import { ManualClock } from '../../src/core/clock.js';
 
 async function receiver(t: Parameters<typeof startAgent>[0]) {
   const state = { status: 503, received: [] as { status: number; body: any }[] };
@@ -64,6 +65,37 @@ t.test('a webhook still owed at a stop is delivered by the next start, once', as
   await startAgent(t, { takeHoldMs: 500, webhookAllowPrivate: true }, { dir });
   await new Promise((resolve) => setTimeout(resolve, 300));
   t.equal(hook.state.received.length, 2, 'a delivered webhook is not sent again');
+});
+
+const jobRows = (dir: string, id: string) => {
+  const db = new Database(join(dir, 'flashd.db'), { readonly: true });
+  try {
+    return db.prepare('SELECT count(*) FROM jobs WHERE id = ?').pluck().get(id);
+  } finally {
+    db.close();
+  }
+};
+
+t.test('a result that expires while its webhook is owed is kept for it: a restart still sends it', async (t) => {
+  const hook = await receiver(t);
+  const dir = t.testdir();
+  const clock = new ManualClock();
+  const first = await startAgent(t, { takeHoldMs: 500, webhookAllowPrivate: true, webhookRetryDelayMs: 60_000 }, { dir, clock });
+  const id = await finishOne(first, hook.url, { n: 2 });
+  await until('the first try', async () => hook.state.received.length === 1);
+  clock.advance(31 * 60_000); // past the 30 min retention of a /run result
+  first.agent.queue.expire();
+  await first.agent.queue.durable();
+  t.equal(jobRows(dir, id), 1, 'the expired row stays while its webhook is owed');
+  await first.agent.close();
+  hook.state.status = 200;
+  const second = await startAgent(t, { takeHoldMs: 500, webhookAllowPrivate: true, webhookRetryDelayMs: 60_000 }, { dir, clock: new ManualClock(clock.now()) });
+  await until('the delivery after the restart', async () => hook.state.received.length === 2);
+  t.match(hook.state.received[1], { status: 200, body: { id, status: 'COMPLETED', output: { n: 2 } } });
+  await until('settled', async () => (await second.agent.queue.durable(), owed(dir).length === 0));
+  second.agent.queue.expire();
+  await second.agent.queue.durable();
+  t.equal(jobRows(dir, id), 0, 'delivered, the expired row goes');
 });
 
 t.test('a webhook whose tries ran out is no longer owed', async (t) => {
