@@ -48,6 +48,13 @@ interface CachedKey {
 }
 
 const KEY_CACHE_MAX = 10_000;
+/**
+ * How long a revoked worker key's row stays (readable by id, and a request with it is told it
+ * was revoked) before the next worker key made deletes it. flashd makes a key per worker it
+ * launches and revokes it when the worker exits, so without this api_keys grew by a row per
+ * launch for as long as flashd ran.
+ */
+export const REVOKED_WORKER_KEY_KEEP_MS = 86_400_000;
 /** Names the keys of workers flashd launches: `managed worker <worker id>`. */
 const MANAGED_KEY_PREFIX = 'managed worker ';
 
@@ -263,8 +270,13 @@ export class AuthService {
     return this.createWorkerKey('usr_admin', null, endpointId, `${MANAGED_KEY_PREFIX}${workerId}`);
   }
 
-  /** A worker key: scope `worker`, bound to one endpoint, acting for the endpoint's owner. */
+  /**
+   * A worker key: scope `worker`, bound to one endpoint, acting for the endpoint's owner. Worker
+   * keys revoked more than REVOKED_WORKER_KEY_KEEP_MS ago go first: rows are added here, so
+   * the table holds the live keys plus a day of revoked ones however many workers ran.
+   */
   createWorkerKey(userId: string, teamId: string | null, endpointId: string, name: string): IssuedKey {
+    this.#repo.deleteRevokedWorkerKeys(this.#clock.now() - REVOKED_WORKER_KEY_KEEP_MS);
     const key = generateApiKey('wkr');
     const row = this.#insertKey(key, { name, scopes: ['worker'], teamId }, userId, 'worker', endpointId);
     return { row, key };

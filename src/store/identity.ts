@@ -78,6 +78,7 @@ export class IdentityRepo {
       revokeKey: db.prepare('UPDATE api_keys SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL'),
       setExempt: db.prepare('UPDATE api_keys SET exempt = ? WHERE id = ?'),
       revokeEndpointKeys: db.prepare('UPDATE api_keys SET revoked_at = ? WHERE endpoint_id = ? AND revoked_at IS NULL'),
+      deleteRevokedWorkerKeys: db.prepare("DELETE FROM api_keys WHERE kind = 'worker' AND revoked_at IS NOT NULL AND revoked_at <= ?"),
       liveWorkerKeysNamed: db.prepare("SELECT id, endpoint_id, name FROM api_keys WHERE kind = 'worker' AND revoked_at IS NULL AND substr(name, 1, length(?)) = ?"),
       renameKey: db.prepare('UPDATE api_keys SET name = ? WHERE id = ?'),
       getSetting: db.prepare('SELECT value FROM settings WHERE key = ?'),
@@ -158,7 +159,8 @@ export class IdentityRepo {
   }
   /**
    * Unrevoked worker keys (worker-env's and managed workers'), of one user or (null) of everyone.
-   * Revoked ones are left out: flashd makes a key per worker it launches, so they pile up.
+   * Revoked ones are left out: flashd makes a key per worker it launches (their rows are deleted
+   * a day after they were revoked, AuthService.createWorkerKey).
    */
   workerKeys(userId: string | null): ApiKeyRow[] {
     const rows = (userId === null ? this.#s['allWorkerKeys']!.all() : this.#s['workerKeysOfUser']!.all(userId)) as RawKey[];
@@ -174,6 +176,10 @@ export class IdentityRepo {
   liveWorkerKeysNamed(prefix: string): { id: string; endpointId: string | null; name: string }[] {
     const rows = this.#s['liveWorkerKeysNamed']!.all(prefix, prefix) as { id: string; endpoint_id: string | null; name: string }[];
     return rows.map((r) => ({ id: r.id, endpointId: r.endpoint_id, name: r.name }));
+  }
+  /** Deletes worker keys revoked at or before `before`; returns how many. */
+  deleteRevokedWorkerKeys(before: number): number {
+    return this.#write('deleteRevokedWorkerKeys', before).changes;
   }
   revokeEndpointKeys(endpointId: string, now: number): number {
     return this.#write('revokeEndpointKeys', now, endpointId).changes;

@@ -2,7 +2,10 @@
  * Worker keys handed out by worker-env can be found and revoked like API keys, and replies that
  * carry a credential are never cached.
  */
+import { join } from 'node:path';
+import Database from 'better-sqlite3';
 import t from 'tap';
+import { ManualClock } from '../../src/core/clock.js';
 import { assertProblem, cpuBody, startAgent } from '../helpers/agent.js';
 import { TestWorker } from '../helpers/worker.js';
 
@@ -47,4 +50,26 @@ t.test('replies carrying a credential say Cache-Control: no-store', async (t) =>
   t.equal(session.status, 201);
   t.equal(session.headers.get('cache-control'), 'no-store', 'a session token');
   t.equal((await a.req('GET', '/v2/api-keys')).headers.get('cache-control'), null, 'lists of key metadata need not say it');
+});
+
+t.test('revoked worker keys are deleted a day after their revocation, so a key per launch does not pile up', async (t) => {
+  const clock = new ManualClock(Date.now());
+  const a = await startAgent(t, {}, { clock });
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  const envKey = async () => (await a.req('GET', `/v2/serverless/${ep}/worker-env`)).json.keyId as string;
+  const first = await envKey();
+  t.equal((await a.req('DELETE', `/v2/api-keys/${first}`)).status, 204);
+  const user = (await a.req('POST', '/v2/api-keys', { body: { name: 'u', scopes: ['endpoints:read'] } })).json.id as string;
+  t.equal((await a.req('DELETE', `/v2/api-keys/${user}`)).status, 204);
+  const live = await envKey();
+  t.equal((await a.req('GET', `/v2/api-keys/${first}`)).status, 200, 'within a day a revoked worker key can still be read');
+
+  clock.advance(86_400_000 + 1000);
+  await envKey();
+  assertProblem(t, await a.req('GET', `/v2/api-keys/${first}`), 404);
+  t.equal((await a.req('GET', `/v2/api-keys/${live}`)).status, 200, 'an unrevoked worker key stays');
+  t.match((await a.req('GET', `/v2/api-keys/${user}`)).json, { revokedAt: /^\d{4}-/ }, 'a revoked API key stays (its owner lists it)');
+  const db = new Database(join(a.dir, 'flashd.db'), { readonly: true });
+  t.teardown(() => db.close());
+  t.equal(db.prepare("SELECT count(*) FROM api_keys WHERE kind = 'worker' AND revoked_at IS NOT NULL").pluck().get(), 0, 'no revoked worker key row is left');
 });
