@@ -227,7 +227,7 @@ export function workerRoutes(s: WorkerRouteServices): RouteDef[] {
             status: 200,
             headers: { 'content-type': 'application/x-ndjson', 'cache-control': 'no-store' },
             stream: (w) => {
-              for (const l of lines) w.write(JSON.stringify(logView(l)) + '\n');
+              for (const l of lines) w.write(JSON.stringify(logView(l)) + '\n'); // at most 10,000 lines
               const after = lines.length ? (lines[lines.length - 1] as LogLine).seq : since ?? 0;
               // The stream outlives the request's authentication: each new line is sent only
               // while the credential that opened it is still good (a key revoked or expired since,
@@ -239,15 +239,32 @@ export function workerRoutes(s: WorkerRouteServices): RouteDef[] {
                   return false;
                 }
               };
-              const off = s.logs.follow(ep.id, after, (l) => {
-                if (!stillAllowed()) {
-                  off();
-                  w.end();
-                  return;
-                }
-                w.write(JSON.stringify(logView(l)) + '\n');
-              }, () => w.end());
-              w.signal.addEventListener('abort', off, { once: true });
+              // A client that stops reading (a paused `curl | less`) must not make flashd buffer
+              // every new line for it: once a write is held back, the follow lets go of the hub
+              // and picks up after the last line sent when the socket drains (the lines wait in
+              // SQLite, up to the retention per endpoint). One that never reads again meets the
+              // idle timeout, since nothing more is written to it.
+              let last = after;
+              let off = (): void => undefined;
+              const follow = (): void => {
+                let paused = false;
+                const unfollow = s.logs.follow(ep.id, last, (l) => {
+                  if (paused) return;
+                  if (!stillAllowed()) {
+                    unfollow();
+                    w.end();
+                    return;
+                  }
+                  last = l.seq;
+                  if (w.write(JSON.stringify(logView(l)) + '\n')) return;
+                  paused = true;
+                  unfollow();
+                  w.drained(follow);
+                }, () => w.end());
+                off = unfollow;
+              };
+              follow();
+              w.signal.addEventListener('abort', () => off(), { once: true });
             },
           },
         };

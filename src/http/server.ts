@@ -34,8 +34,17 @@ export interface IncomingRequest {
 
 /** A reply streamed in pieces (log follow, server-sent data). */
 export interface StreamWriter {
-  write(chunk: string | Buffer): void;
+  /**
+   * Sends a chunk. False when the client is not keeping up (uWS buffered the chunk in memory):
+   * write nothing more until `drained` calls back, or the buffer grows without bound.
+   */
+  write(chunk: string | Buffer): boolean;
   end(): void;
+  /**
+   * `cb` runs once the socket takes data again (the last call's callback only). A client that
+   * takes nothing for STREAM_STALL_MS is disconnected (`signal` aborts).
+   */
+  drained(cb: () => void): void;
   readonly signal: AbortSignal;
 }
 
@@ -139,6 +148,9 @@ const SMALL_BODY = 64 * 1024;
  * changes nothing: uWS answers `100 Continue` itself before flashd sees the request.)
  */
 const DRAIN_MAX_BYTES = 64 * 1024 * 1024;
+
+/** A streamed reply whose client takes no data for this long (ms) after a held-back write is closed. */
+const STREAM_STALL_MS = 60_000;
 
 /** Sends a complete body, continuing through onWritable when the socket is backed up. */
 function sendWhole(res: HttpResponse, state: { aborted: boolean; done: boolean }, body: Buffer, closeConnection: boolean, sent: () => void): void {
@@ -340,16 +352,46 @@ export function createHttpServer(options: HttpServerOptions): HttpServer {
         res.cork(() => writeHead(res, reply, this.id, this.echoId));
         const ex = this;
         let wrote = false;
+        let onDrain: (() => void) | null = null;
+        let hooked = false;
+        let stall: NodeJS.Timeout | null = null;
         const writer: StreamWriter = {
           get signal() {
             return ex.signal;
           },
           write: (chunk) => {
-            if (this.aborted || this.done || chunk.length === 0) return;
+            if (this.aborted || this.done || chunk.length === 0) return true;
             wrote = true;
-            res.cork(() => res.write(chunk));
+            let ok = true;
+            res.cork(() => {
+              ok = res.write(chunk);
+            });
+            return ok;
+          },
+          drained: (cb) => {
+            if (this.aborted || this.done) return;
+            onDrain = cb;
+            // uWS resets the idle timeout on every write, and nothing is written while waiting
+            // here, but a client that keeps its connection open without reading (a stopped
+            // pager) would hold it for ever: it gets STREAM_STALL_MS, then the connection closes.
+            stall ??= setTimeout(() => {
+              stall = null;
+              if (!this.aborted && !this.done) res.close();
+            }, STREAM_STALL_MS).unref();
+            if (hooked) return;
+            hooked = true;
+            res.onWritable(() => {
+              if (stall) clearTimeout(stall);
+              stall = null;
+              const f = onDrain;
+              onDrain = null;
+              if (f && !this.aborted && !this.done) f();
+              return true;
+            });
           },
           end: () => {
+            if (stall) clearTimeout(stall);
+            stall = null;
             if (this.aborted || this.done) return;
             this.done = true;
             res.cork(() => res.end(undefined, closing));

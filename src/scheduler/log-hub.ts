@@ -70,7 +70,8 @@ export class LogHub {
    * repeats nothing.
    */
   follow(endpointId: string, afterSeq: number, line: (line: LogLine) => void, end: () => void): () => void {
-    if (this.#closed) {
+    // A deleted endpoint's log has ended (a follow that paused for a slow client comes back here).
+    if (this.#closed || this.#dropped.has(endpointId)) {
       end();
       return NOOP;
     }

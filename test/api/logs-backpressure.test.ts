@@ -1,0 +1,57 @@
+/**
+ * A log follower that stops reading (a paused `curl | less`) while workers keep printing: flashd
+ * must not buffer every new line for it in memory. Runs flashd as its own process so its memory
+ * is its own; the worker is a shell that prints 40 MB of lines once told to.
+ */
+import { existsSync, readFileSync, writeFileSync } from 'node:fs';
+import { connect } from 'node:net';
+import { join } from 'node:path';
+import t from 'tap';
+import { ADMIN_KEY, cpuBody } from '../helpers/agent.js';
+import { cleanEnv, REPO_ROOT, startFlashd } from '../helpers/spawn-flashd.js';
+import { until } from '../helpers/wait.js';
+
+const LINES = 200_000;
+const LINE = 'L'.repeat(400);
+
+const rssBytes = (pid: number): number => Number(/VmRSS:\s+(\d+)/.exec(readFileSync(`/proc/${pid}/status`, 'utf8'))?.[1]) * 1024;
+
+t.test('a follower that stops reading does not make flashd buffer the log for it', { skip: !existsSync('/proc/self/status') && 'needs /proc' }, async (t) => {
+  const dir = t.testdir();
+  const go = join(dir, 'go');
+  const flashd = await startFlashd(t, process.execPath, [
+    'dist/flashd.mjs', '--port', '0', '--data-dir', dir, '--runtime', 'process', '--process-workdir', REPO_ROOT, '--worker-stop-grace-ms', '1000',
+  ], cleanEnv({ FLASHD_ADMIN_API_KEY: ADMIN_KEY }));
+  t.teardown(() => flashd.stop());
+  const call = async (method: string, path: string, body?: unknown) => {
+    const r = await fetch(flashd.url + path, {
+      method, headers: { authorization: `Bearer ${ADMIN_KEY}`, 'content-type': 'application/json' }, ...(body ? { body: JSON.stringify(body) } : {}),
+    });
+    return r.json() as Promise<any>;
+  };
+  const script = `while [ ! -e '${go}' ]; do sleep 0.05; done; yes '${LINE}' | head -n ${LINES}; exec sleep 600`;
+  const ep = (await call('POST', '/v2/serverless', cpuBody({ args: JSON.stringify({ entrypoint: ['sh', '-c', script], cmd: [] }), workers: { min: 1, max: 1 } }))).id as string;
+  await until('the worker to start', async () => ((await call('GET', `/v2/serverless/${ep}/logs?limit=10`)) as unknown[]).length > 0, 20_000);
+
+  // The follower reads the reply's head, then nothing more.
+  const { port } = new URL(flashd.url);
+  const sock = connect(Number(port), '127.0.0.1');
+  t.teardown(() => sock.destroy());
+  await new Promise<void>((resolve) => {
+    sock.once('data', () => {
+      sock.pause();
+      resolve();
+    });
+    sock.write(`GET /v2/serverless/${ep}/logs?follow=true&limit=1 HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${ADMIN_KEY}\r\n\r\n`);
+  });
+  const pid = flashd.child.pid as number;
+  const lastSeq = async (): Promise<number> => ((await call('GET', `/v2/serverless/${ep}/logs?limit=1`)) as { seq: number }[])[0]?.seq ?? 0;
+  const start = await lastSeq();
+  const before = rssBytes(pid);
+  writeFileSync(go, '');
+  await until('every line to be stored', async () => (await lastSeq()) >= start + LINES, 60_000);
+  await new Promise((r) => setTimeout(r, 1000));
+  const grown = rssBytes(pid) - before;
+  const printed = LINES * (LINE.length + 1);
+  t.ok(grown < printed / 2, `flashd grew ${(grown / 1048576).toFixed(1)} MB while ${(printed / 1048576).toFixed(1)} MB of log went to a follower that reads nothing`);
+});
