@@ -900,6 +900,13 @@ export class JobQueue {
         if (!worker.stops.has(id)) this.#requestStop(worker, id);
         // Still running a job it was fenced from: the fence lasts while its pings list the job.
         if (job?.fencedFrom === workerId) job.fencedUntil = lease;
+        // A queued job it still runs, with no fence (a restart forgot the one its lost lease set):
+        // fenced from it the same way, or the old run's late result would complete the next attempt.
+        else if (job?.status === 'IN_QUEUE' && job.fencedFrom === null) {
+          job.fencedFrom = workerId;
+          job.fencedUntil = lease;
+          worker.fenced.add(id);
+        }
       }
     }
     // A ping that no longer lists a job ends its stop, unless the worker took the job less than
