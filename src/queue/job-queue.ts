@@ -1355,7 +1355,11 @@ export class JobQueue {
       if (job.completedAt !== null) {
         job.expiresAt = now + ms;
         const exp = job.expiresAt;
-        job.writeSeq = this.#batch.write(() => this.#repo.setExpiry(jobId, exp));
+        // The row's retention too: a /retry's run keeps it, also when read back from the row after a restart.
+        job.writeSeq = this.#batch.write(() => {
+          this.#repo.setExpiry(jobId, exp);
+          this.#repo.setRetention(jobId, ms);
+        });
       } else if (job.inserted && (changed || this.#batch.hasFailed(job.writeSeq))) {
         // Not finished yet: its final write reads retentionMs, but a restart reads the row (a
         // client polling with the same ?ttl= writes it once, not once a poll; again when the
@@ -1366,7 +1370,10 @@ export class JobQueue {
     }
     const row = this.#repo.getWithoutInput(jobId);
     if (!row || row.endpointId !== endpointId || row.completedAt === null) return Promise.resolve();
-    this.#batch.write(() => this.#repo.setExpiry(jobId, now + ms));
+    this.#batch.write(() => {
+      this.#repo.setExpiry(jobId, now + ms);
+      this.#repo.setRetention(jobId, ms);
+    });
     return this.#batch.committed();
   }
 
