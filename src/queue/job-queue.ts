@@ -316,6 +316,11 @@ export class JobQueue {
   /** Queued jobs a purge has taken off their queue and not yet ended (see purge). */
   readonly #purging = new Set<Job>();
   #floorQueued = false;
+  /**
+   * Fences read back from queued rows at start (`${endpointId} ${workerId}` → job ids), until
+   * that worker's first ping takes them into its record (#adoptFences).
+   */
+  readonly #restoredFences = new Map<string, Set<string>>();
 
   readonly #endpointExists: (id: string) => boolean;
 
@@ -372,6 +377,9 @@ export class JobQueue {
       this.#jobs.set(job.id, job);
       const q = this.#queue(job.endpointId);
       if (job.status === 'IN_QUEUE') {
+        // Fenced from a worker that may still run an old attempt (migration 10): its record comes
+        // with its first call, which takes the fence over (#adoptFences).
+        if (job.fencedFrom !== null) this.#addRestoredFence(job.endpointId, job.fencedFrom, job.id);
         // Requeued after it ran (a lost lease, a dead worker): at the front, as before the stop.
         // A manual /retry is out of rowid order (queueOrder), which the floor walk must know.
         if (manuallyRetried(row)) this.#outOfOrder.add(job);
@@ -404,13 +412,17 @@ export class JobQueue {
   }
 
   #fromRow(row: Omit<JobRow, 'input'> & { input: string | null }, mono: number, now: number): Job {
+    // A queued row's fence (migration 10) lasts a lease from this start: how long the fence had
+    // left is not known (a ping listing the job extends it in memory only), and the worker's pings
+    // from now on extend it or end it as before a restart.
+    const fencedFrom = row.status === 'IN_QUEUE' ? row.fencedFrom : null;
     return {
       rowid: row.rowid, inserted: true, id: row.id, endpointId: row.endpointId, status: row.status, input: row.input, extra: row.extra, webhook: row.webhook,
       lowPriority: row.lowPriority, executionTimeoutMs: row.executionTimeoutMs, ttlMs: row.ttlMs, retentionMs: row.retentionMs,
       attempt: row.attempt, claimSaved: row.attempt, writeSeq: 0, retries: row.retries, workerId: row.workerId,
       resultBy: row.status === 'COMPLETED' || row.status === 'FAILED' ? row.workerId : null, output: row.output, error: row.error, progress: null,
       streamSeq: -1, createdAt: row.createdAt, queuedAt: row.queuedAt, lostMs: row.lostMs, startedAt: row.startedAt, completedAt: row.completedAt, expiresAt: row.expiresAt,
-      ttlDeadline: mono + Math.max(0, row.ttlMs - (now - row.queuedAt)), fencedFrom: null, fencedUntil: 0, leaseDeadline: 0, execDeadline: 0, waiters: NO_WAITERS,
+      ttlDeadline: mono + Math.max(0, row.ttlMs - (now - row.queuedAt)), fencedFrom, fencedUntil: fencedFrom === null ? 0 : mono + this.settings.leaseMs, leaseDeadline: 0, execDeadline: 0, waiters: NO_WAITERS,
     };
   }
 
@@ -882,6 +894,7 @@ export class JobQueue {
     const listed = new Set(jobIds);
     const now = this.#clock.monotonic();
     const lease = now + this.settings.leaseMs;
+    if (this.#restoredFences.size > 0) this.#adoptFences(worker);
     // A job taken away from this worker that it no longer lists may go back to it.
     for (const id of worker.fenced) if (!listed.has(id)) this.#unfence(worker, id);
     for (const id of worker.letGo) if (!listed.has(id)) worker.letGo.delete(id);
@@ -900,12 +913,16 @@ export class JobQueue {
         if (!worker.stops.has(id)) this.#requestStop(worker, id);
         // Still running a job it was fenced from: the fence lasts while its pings list the job.
         if (job?.fencedFrom === workerId) job.fencedUntil = lease;
-        // A queued job it still runs, with no fence (a restart forgot the one its lost lease set):
-        // fenced from it the same way, or the old run's late result would complete the next attempt.
+        // A queued job it still runs, with no fence (its row predates migration 10, or the fence
+        // ended while the old run went on): fenced from it the same way, or the old run's late
+        // result would complete the next attempt. Written too, so a restart keeps it (a /runsync
+        // job whose insert is deferred is inserted first).
         else if (job?.status === 'IN_QUEUE' && job.fencedFrom === null) {
           job.fencedFrom = workerId;
           job.fencedUntil = lease;
           worker.fenced.add(id);
+          this.#insertDeferred(job);
+          job.writeSeq = this.#batch.write(() => this.#repo.setFence(id, workerId));
         }
       }
     }
@@ -931,7 +948,32 @@ export class JobQueue {
     const job = this.#jobs.get(jobId);
     if (job?.fencedFrom !== worker.id) return;
     job.fencedFrom = null;
-    if (job.status === 'IN_QUEUE') this.#dispatch(this.#queue(job.endpointId));
+    if (job.status !== 'IN_QUEUE') return;
+    // The row's fence goes too, or a restart would fence the job from this worker again.
+    if (job.inserted) job.writeSeq = this.#batch.write(() => this.#repo.setFence(jobId, null));
+    this.#dispatch(this.#queue(job.endpointId));
+  }
+
+  /** A fence read back from a queued row at start, for the worker's record once it calls (#adoptFences). */
+  #addRestoredFence(endpointId: string, workerId: string, jobId: string): void {
+    const key = `${endpointId} ${workerId}`;
+    let ids = this.#restoredFences.get(key);
+    if (!ids) this.#restoredFences.set(key, (ids = new Set()));
+    ids.add(jobId);
+  }
+
+  /**
+   * A worker's first ping since the start: the fences restored for it join its record, so a
+   * ping that no longer lists the job ends the fence at once (the fence itself is on the job,
+   * which job-take checks whether or not the worker has called yet). Not a detached record (a
+   * retired worker's last ping): the fences wait for its record.
+   */
+  #adoptFences(worker: WorkerInfo): void {
+    const key = `${worker.endpointId} ${worker.id}`;
+    const ids = this.#restoredFences.get(key);
+    if (!ids || this.workers.get(worker.endpointId, worker.id) !== worker) return;
+    this.#restoredFences.delete(key);
+    for (const id of ids) if (this.#jobs.get(id)?.fencedFrom === worker.id) worker.fenced.add(id);
   }
 
   /**
@@ -1215,13 +1257,14 @@ export class JobQueue {
       // The next claim reaches this attempt number again; it must still be written.
       job.claimSaved = -1;
     }
-    const { id, retries, attempt, queuedAt, lostMs } = job;
+    const { id, retries, attempt, queuedAt, lostMs, fencedFrom } = job;
     // The abandoned attempt's unread /stream chunks go in the same commit (as with /retry): the
     // rerun streams its own, and its late chunks are refused as stale. Chunks a client already
     // read stay read: it sees the rerun's from the start (at least once, like execution).
     this.#unread.delete(id);
     job.writeSeq = this.#batch.write(() => {
-      this.#repo.requeue(id, retries, attempt, queuedAt, lostMs);
+      // The fence goes in the same statement: a restart keeps it (migration 10).
+      this.#repo.requeue(id, retries, attempt, queuedAt, lostMs, fencedFrom);
       this.#repo.dropAllChunks(id);
     });
     this.#log.info('job requeued', { jobId: id, endpointId: job.endpointId, attempt, reason });
@@ -1472,10 +1515,10 @@ export class JobQueue {
     job.queuedAt = this.#clock.now();
     job.lostMs = 0;
     (job as { ttlDeadline: number }).ttlDeadline = this.#clock.monotonic() + job.ttlMs;
-    const { retries, queuedAt } = job;
+    const { retries, queuedAt, fencedFrom } = job;
     const retried = job;
     job.writeSeq = this.#batch.write(() => {
-      this.#repo.requeue(jobId, retries, 0, queuedAt, 0);
+      this.#repo.requeue(jobId, retries, 0, queuedAt, 0, fencedFrom);
       this.#repo.dropAllChunks(jobId);
       if (retried.rowid < this.#floor) this.#lowerFloor(retried.rowid);
     });
@@ -1754,6 +1797,12 @@ export class JobQueue {
       q.normal.forEach(expire);
       q.low.forEach(expire);
       q.ttlFloor = floor;
+    }
+    // Restored fences of workers that have not called since the start, once no job holds them.
+    for (const [key, ids] of this.#restoredFences) {
+      const workerId = key.slice(key.indexOf(' ') + 1);
+      for (const id of ids) if (this.#jobs.get(id)?.fencedFrom !== workerId) ids.delete(id);
+      if (ids.size === 0) this.#restoredFences.delete(key);
     }
     this.workers.sweep();
     this.#evict();

@@ -31,6 +31,8 @@ export interface JobRow {
   startedAt: number | null;
   completedAt: number | null;
   expiresAt: number | null;
+  /** A queued job: the worker it is fenced from (it may still run an old attempt), or null. */
+  fencedFrom: string | null;
 }
 
 /**
@@ -55,7 +57,7 @@ interface Raw {
   rowid: number; id: string; endpoint_id: string; status: JobStatus; input: string; extra: string | null; webhook: string | null;
   low_priority: number; execution_timeout_ms: number; ttl_ms: number; retention_ms: number; attempt: number; retries: number;
   worker_id: string | null; output: string | null; error: string | null; created_at: number; queued_at: number | null; started_at: number | null;
-  completed_at: number | null; expires_at: number | null; lost_ms: number;
+  completed_at: number | null; expires_at: number | null; lost_ms: number; fenced_from: string | null;
 }
 
 const map = (r: Raw): JobRow => ({
@@ -63,6 +65,7 @@ const map = (r: Raw): JobRow => ({
   lowPriority: r.low_priority === 1, executionTimeoutMs: r.execution_timeout_ms, ttlMs: r.ttl_ms, retentionMs: r.retention_ms,
   attempt: r.attempt, retries: r.retries, workerId: r.worker_id, output: r.output, error: r.error, createdAt: r.created_at,
   queuedAt: r.queued_at ?? r.created_at, lostMs: r.lost_ms, startedAt: r.started_at, completedAt: r.completed_at, expiresAt: r.expires_at,
+  fencedFrom: r.fenced_from,
 });
 
 /**
@@ -105,6 +108,7 @@ export class JobsRepo {
   readonly #chunksDropAll: Statement;
   readonly #chunkedJobs: Statement;
   readonly #endedByFlashd: Statement;
+  readonly #setFence: Statement;
 
   constructor(db: Db) {
     this.#db = db;
@@ -118,7 +122,9 @@ export class JobsRepo {
     this.#finish = db.prepare(`UPDATE jobs SET status = ?, output = ?, error = ?, completed_at = ?, expires_at = ?, worker_id = ?,
       attempt = ?, started_at = ? WHERE id = ? AND status IN ('IN_QUEUE', 'IN_PROGRESS')`);
     this.#requeue = db.prepare(`UPDATE jobs SET status = 'IN_QUEUE', worker_id = NULL, output = NULL, error = NULL, started_at = NULL,
-      completed_at = NULL, expires_at = NULL, ended_by_flashd = 0, retries = ?, attempt = ?, queued_at = ?, lost_ms = ? WHERE id = ?`);
+      completed_at = NULL, expires_at = NULL, ended_by_flashd = 0, retries = ?, attempt = ?, queued_at = ?, lost_ms = ?, fenced_from = ? WHERE id = ?`);
+    // Migration 10: a queued job's fence set or ended outside a requeue (a ping, a worker letting go).
+    this.#setFence = db.prepare("UPDATE jobs SET fenced_from = ? WHERE id = ? AND status = 'IN_QUEUE'");
     // Migration 8: a FAILED row that flashd ended, not a worker's result (rare: attempts used up).
     this.#endedByFlashd = db.prepare("UPDATE jobs SET ended_by_flashd = 1 WHERE id = ? AND status = 'FAILED'");
     // A running job's last progress update, in `output` until its final state overwrites it (a
@@ -133,7 +139,7 @@ export class JobsRepo {
     // arrays (a restart with a long backlog makes one object per row, not two).
     this.#active = db.prepare(`SELECT rowid, id, endpoint_id, status, extra, webhook, low_priority, execution_timeout_ms, ttl_ms,
       retention_ms, attempt, retries, worker_id, created_at, started_at, coalesce(queued_at, created_at),
-      CASE WHEN status = 'IN_PROGRESS' THEN output END, lost_ms FROM jobs
+      CASE WHEN status = 'IN_PROGRESS' THEN output END, lost_ms, fenced_from FROM jobs
       WHERE rowid >= ? AND status IN ('IN_QUEUE', 'IN_PROGRESS')`).raw();
     // Its own statements rather than IdentityRepo's get/putSetting: a write there moves the
     // identity generation and so empties the key cache, and the floor moves every second.
@@ -141,7 +147,7 @@ export class JobsRepo {
     this.#setFloor = db.prepare('INSERT OR REPLACE INTO settings (key, value) VALUES (?, ?)');
     this.#input = db.prepare('SELECT input FROM jobs WHERE id = ?').pluck();
     this.#getLight = db.prepare(`SELECT rowid, id, endpoint_id, status, NULL AS input, extra, webhook, low_priority, execution_timeout_ms, ttl_ms,
-      retention_ms, attempt, retries, worker_id, output, error, created_at, queued_at, started_at, completed_at, expires_at, ended_by_flashd, lost_ms FROM jobs WHERE id = ?`);
+      retention_ms, attempt, retries, worker_id, output, error, created_at, queued_at, started_at, completed_at, expires_at, ended_by_flashd, lost_ms, fenced_from FROM jobs WHERE id = ?`);
     // At most `limit` rows a statement: results that expire together (a burst, a purge) are
     // deleted over several commits instead of one that holds the event loop.
     // A result still owed a webhook outlives its expiry until the webhook settles, so a restart
@@ -247,9 +253,17 @@ export class JobsRepo {
     return this.#outboxAll.all() as string[];
   }
 
-  /** Back to the queue (lease lost, reclaimed, or a manual retry): same id and input. */
-  requeue(id: string, retries: number, attempt: number, queuedAt: number, lostMs: number): void {
-    this.#requeue.run(retries, attempt, queuedAt, lostMs, id);
+  /**
+   * Back to the queue (lease lost, reclaimed, or a manual retry): same id and input.
+   * `fencedFrom`: the worker that may still run the lost attempt (see Job.fencedFrom), or null.
+   */
+  requeue(id: string, retries: number, attempt: number, queuedAt: number, lostMs: number, fencedFrom: string | null): void {
+    this.#requeue.run(retries, attempt, queuedAt, lostMs, fencedFrom, id);
+  }
+
+  /** A queued job's fence: the worker it is fenced from, or null when none (a no-op once not queued). */
+  setFence(id: string, fencedFrom: string | null): void {
+    this.#setFence.run(fencedFrom, id);
   }
 
   /** How long the result of an unfinished job will be kept (`/status?ttl=`). */
@@ -299,7 +313,7 @@ export class JobsRepo {
         webhook: r[5] as string | null, lowPriority: r[6] === 1, executionTimeoutMs: r[7] as number, ttlMs: r[8] as number,
         retentionMs: r[9] as number, attempt: r[10] as number, retries: r[11] as number, workerId: r[12] as string | null,
         output: null, error: null, createdAt: r[13] as number, queuedAt: r[15] as number, lostMs: r[17] as number, startedAt: r[14] as number | null, completedAt: null,
-        expiresAt: null, progress: r[16] as string | null,
+        expiresAt: null, fencedFrom: r[18] as string | null, progress: r[16] as string | null,
       };
       (row.status === 'IN_PROGRESS' ? running : queued).push(row);
     }

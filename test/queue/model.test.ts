@@ -84,6 +84,8 @@ interface SimWorker {
   zombie: boolean;
   /** Server-side WorkerInfo.fenced, as far as the model knows it. */
   fenced: Set<string>;
+  /** Fences a restart read back from queued rows, joining `fenced` at its next ping (JobQueue.#adoptFences). */
+  restored: Set<string>;
   /** When it last called (the registry forgets a silent external worker that holds nothing after 2 leases). */
   lastSeen: number;
   /** Server-side WorkerInfo.stops: jobs it is to stop (keepUntil: claim + 1 s; offered: last offered on job-stop, -1 not yet). */
@@ -414,6 +416,8 @@ async function opPing(c: Ctx, sw: SimWorker, ids: string[]) {
   const listed = new Set(ids);
   const wid = sw.w.workerId;
   if (real) {
+    for (const id of sw.restored) if (c.jobs.get(id)?.fence?.w === wid) sw.fenced.add(id);
+    sw.restored.clear();
     for (const id of [...sw.fenced]) if (!listed.has(id)) unfenceModel(c, sw, c.jobs.get(id));
     for (const id of [...sw.letGo]) if (!listed.has(id)) sw.letGo.delete(id);
   }
@@ -783,6 +787,7 @@ async function restart(c: Ctx) {
     sw.w = sw.w.rebase(from, c.a.url);
     // The registry starts empty (fences, stops and retirements are gone), but for the workers of running jobs; leases are fresh.
     forget(sw);
+    sw.restored.clear();
     sw.retiredUntil = 0;
     if ([...c.jobs.values()].some((j) => j.status === 'IN_PROGRESS' && j.workerId === sw.w.workerId)) {
       sw.registered = true;
@@ -791,7 +796,13 @@ async function restart(c: Ctx) {
   }
   for (const j of c.jobs.values()) {
     if (j.status === 'IN_PROGRESS') j.leaseAt = now(c) + LEASE;
-    j.fence = null;
+    // A queued job's fence is in its row (migration 10): back for a lease from the start, and
+    // taken into its worker's record at that worker's next ping. Other jobs' rows hold none.
+    if (j.status === 'IN_QUEUE' && j.fence) {
+      const fenced = j.fence.w;
+      j.fence = { w: fenced, until: now(c) + LEASE };
+      c.workers.find((x) => x.w.workerId === fenced)?.restored.add(j.id);
+    } else j.fence = null;
   }
 }
 
@@ -810,7 +821,7 @@ async function runSeed(t: Test, seed: number, steps: number) {
   const eps: string[] = [];
   for (let i = 0; i < 2; i++) eps.push((await a.req('POST', '/v2/serverless', { body: cpuBody({ name: `ep${i}`, workers: { min: 0, max: 0 } }) })).json.id);
   const c: Ctx = { t, seed, r: rng(seed), clock, a, dir, eps, workers: [], jobs: new Map(), log: [], counter: 0, epoch: 0 };
-  for (const ep of eps) for (let i = 0; i < 3; i++) c.workers.push({ w: await TestWorker.create(a, ep), ep, held: new Set(), deadFor: 0, zombie: false, fenced: new Set(), lastSeen: 0, stops: new Map(), letGo: new Set(), registered: false, retiredUntil: 0 });
+  for (const ep of eps) for (let i = 0; i < 3; i++) c.workers.push({ w: await TestWorker.create(a, ep), ep, held: new Set(), deadFor: 0, zombie: false, fenced: new Set(), restored: new Set(), lastSeen: 0, stops: new Map(), letGo: new Set(), registered: false, retiredUntil: 0 });
   const ops: [number, () => Promise<void>][] = [
     [12, () => opRun(c)],
     [12, async () => { const sw = c.r.pick(live(c)); if (sw) await opTake(c, sw, false); }],

@@ -1,8 +1,10 @@
 /**
  * A job whose lease lapsed is fenced from the worker that lost it (it may still run the old
- * attempt). The fence lives in memory: after a restart the job came back queued and unfenced,
- * so that worker could take it again and its old run's late result completed the new attempt.
- * A ping that lists a queued job its worker does not hold now fences it again.
+ * attempt). The fence lived in memory only: after a restart the job came back queued and
+ * unfenced, so that worker could take it again and its old run's late result completed the new
+ * attempt. A ping that lists a queued job its worker does not hold fences it again, and the
+ * fenced worker is kept in the job's row (migration 10), so a job-take before any ping is
+ * refused too.
  */
 import t from 'tap';
 import { ManualClock } from '../../src/core/clock.js';
@@ -40,4 +42,64 @@ t.test("after a restart, a worker still running a requeued job's old attempt is 
   // Once it let go (its result came back refused), the job may go to it again.
   t.equal(await w.ping([]), 200);
   t.equal((await w.take())?.id, id, 'it may take the next attempt once it dropped the old one');
+});
+
+t.test("after a restart, the old worker's first job-take (no ping before it) is not handed the job while the fence lasts", async (t) => {
+  const clock = new ManualClock();
+  const dir = t.testdir();
+  const config = { takeHoldMs: 100, leaseMs: 3000 };
+  let a = await startAgent(t, config, { clock, dir });
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  let old = await TestWorker.create(a, ep);
+  let other = await TestWorker.create(a, ep);
+  const id = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { n: 1 } } })).json.id as string;
+  t.equal((await old.take())?.id, id);
+  clock.advance(3001);
+  a.agent.queue.reap();
+  t.equal((await a.req('GET', `/v2/${ep}/status/${id}`)).json.status, 'IN_QUEUE', 'the lease lapsed: requeued and fenced from its worker');
+
+  const from = a.url;
+  await a.agent.close();
+  a = await startAgent(t, config, { clock, dir });
+  old = old.rebase(from, a.url);
+  other = other.rebase(from, a.url);
+  t.equal(await old.take(), null, "the old worker's first call after the restart, a job-take, does not get the job");
+  clock.advance(2000);
+  t.equal(await old.take(), null, 'nor a little later, while the fence lasts');
+  t.equal((await other.take())?.id, id, 'another worker takes it');
+  const late = await old.done(id, { output: 'old run' });
+  t.equal(late.status, 409, "the old run's late result is refused as stale");
+  t.equal((await other.done(id, { output: 'new run' })).status, 200);
+  const s = (await a.req('GET', `/v2/${ep}/status/${id}`)).json;
+  t.equal(s.status, 'COMPLETED');
+  t.equal(s.output, 'new run', "the new attempt's output, not the old run's");
+});
+
+t.test('a restored fence ends at once when its worker pings without the job, and lasts a lease from the start without word from it', async (t) => {
+  const clock = new ManualClock();
+  const dir = t.testdir();
+  const config = { takeHoldMs: 100, leaseMs: 3000 };
+  let a = await startAgent(t, config, { clock, dir });
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  let w1 = await TestWorker.create(a, ep);
+  let w2 = await TestWorker.create(a, ep);
+  const r1 = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { n: 1 } } })).json.id as string;
+  const r2 = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { n: 2 } } })).json.id as string;
+  t.equal((await w1.take())?.id, r1);
+  t.equal((await w2.take())?.id, r2);
+  clock.advance(3001);
+  a.agent.queue.reap();
+
+  const from = a.url;
+  await a.agent.close();
+  a = await startAgent(t, config, { clock, dir });
+  w1 = w1.rebase(from, a.url);
+  w2 = w2.rebase(from, a.url);
+  // w1 says it let go (a ping without its old job): the fence ends, and the job may go to it.
+  t.equal(await w1.ping([]), 200);
+  t.equal((await w1.take())?.id, r1, 'a ping without the job ends the restored fence');
+  // w2 says nothing: fenced from r2 for a lease from the start, then free to take it.
+  t.equal(await w2.take(), null, 'still fenced from its old job');
+  clock.advance(3001);
+  t.equal((await w2.take())?.id, r2, 'after a lease without a ping listing it, it may take the job');
 });

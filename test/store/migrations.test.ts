@@ -36,8 +36,8 @@ t.test('a version-2 database keeps its jobs and gets job_counts', (t) => {
   const db = openDb({ dataDir: dir, synchronous: 'full', log: quiet });
   t.teardown(() => db.close());
   t.equal(db.pragma('user_version', { simple: true }), MIGRATIONS.length);
-  t.same(db.prepare('SELECT rowid, * FROM jobs ORDER BY rowid').all(), before.map((r) => ({ ...(r as object), queued_at: null, ended_by_flashd: 0, lost_ms: 0 })),
-    'every row, rowid and value kept (migration 5 adds queued_at, null: queued when created; migration 8 ended_by_flashd, 0; migration 9 lost_ms, 0)');
+  t.same(db.prepare('SELECT rowid, * FROM jobs ORDER BY rowid').all(), before.map((r) => ({ ...(r as object), queued_at: null, ended_by_flashd: 0, lost_ms: 0, fenced_from: null })),
+    'every row, rowid and value kept (migration 5 adds queued_at, null: queued when created; migration 8 ended_by_flashd, 0; migration 9 lost_ms, 0; migration 10 fenced_from, null)');
   t.same(db.prepare('SELECT endpoint_id AS ep, status, jobs, retries FROM job_counts ORDER BY ep, status').all(), [
     { ep: 'epa', status: 'COMPLETED', jobs: 2, retries: 1 },
     { ep: 'epa', status: 'FAILED', jobs: 1, retries: 2 },
