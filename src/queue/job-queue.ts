@@ -906,9 +906,10 @@ export class JobQueue {
       if (job && job.status === 'IN_PROGRESS' && job.workerId === workerId) {
         job.leaseDeadline = lease;
         worker.stops.delete(id);
-      } else if (job?.resultBy === workerId || worker.letGo.has(id)) {
+      } else if (job?.resultBy === workerId || worker.letGo.has(id) || (found === undefined && this.#postedBy(endpointId, workerId, id))) {
         // It posted its final result for the job: this heartbeat was made before the post
         // (runpod-python drops a job from its pings only after posting); nothing to stop.
+        // A finished job may be out of memory (a restart, eviction): its row says who posted.
       } else {
         if (!worker.stops.has(id)) this.#requestStop(worker, id);
         // Still running a job it was fenced from: the fence lasts while its pings list the job.
@@ -930,6 +931,17 @@ export class JobQueue {
     // a re-offer period ago: that ping may have been made before the worker registered the job
     // (and the SDK drops a stop for a job it has not registered yet), so the stop would be lost.
     for (const [id, stop] of worker.stops) if (!listed.has(id) && now >= stop.keepUntil) this.#stopOver(worker, id);
+  }
+
+  /**
+   * Whether the row of a job not in memory holds this worker's own posted result: COMPLETED, or
+   * FAILED by its result rather than by flashd (migration 8). A job flashd ended while the worker
+   * held it (cancelled, timed out, attempts used up), or one that is gone, is not.
+   */
+  #postedBy(endpointId: string, workerId: string, jobId: string): boolean {
+    const row = this.#repo.getWithoutInput(jobId);
+    if (row?.endpointId !== endpointId || row.workerId !== workerId) return false;
+    return row.status === 'COMPLETED' || (row.status === 'FAILED' && !row.endedByFlashd);
   }
 
   /**

@@ -4,7 +4,8 @@
  * unfenced, so that worker could take it again and its old run's late result completed the new
  * attempt. A ping that lists a queued job its worker does not hold fences it again, and the
  * fenced worker is kept in the job's row (migration 10), so a job-take before any ping is
- * refused too.
+ * refused too. A ping listing a job whose result the same worker posted before the restart
+ * asks for no stop: its row says who posted it.
  */
 import t from 'tap';
 import { ManualClock } from '../../src/core/clock.js';
@@ -102,4 +103,51 @@ t.test('a restored fence ends at once when its worker pings without the job, and
   t.equal(await w2.take(), null, 'still fenced from its old job');
   clock.advance(3001);
   t.equal((await w2.take())?.id, r2, 'after a lease without a ping listing it, it may take the job');
+});
+
+t.test('after a restart, a ping listing a job whose result this same worker posted brings no stop', async (t) => {
+  const clock = new ManualClock();
+  const dir = t.testdir();
+  const config = { takeHoldMs: 100, leaseMs: 3000 };
+  let a = await startAgent(t, config, { clock, dir });
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  let w = await TestWorker.create(a, ep);
+  const ok = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { n: 1 } } })).json.id as string;
+  const bad = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { n: 2 } } })).json.id as string;
+  t.equal((await w.take())?.id, ok);
+  t.equal((await w.take())?.id, bad);
+  t.equal((await w.done(ok, { output: 'done' })).status, 200);
+  t.equal((await w.done(bad, { error: 'handler raised' })).status, 200);
+
+  const from = a.url;
+  await a.agent.close();
+  a = await startAgent(t, config, { clock, dir });
+  w = w.rebase(from, a.url);
+  // A heartbeat made before the posts (runpod-python drops a job from its pings only after
+  // posting it), answered after the restart: the finished jobs are no longer in memory.
+  t.equal(await w.ping([ok, bad]), 200);
+  t.same(await w.stops(), [], 'no stop for jobs it finished itself');
+  const health = (await a.req('GET', `/v2/${ep}/health`)).json;
+  t.equal(health.workers.running, 0, 'not shown running');
+  t.equal(health.workers.idle, 1, 'idle');
+  t.equal((await a.req('GET', `/v2/${ep}/status/${ok}`)).json.output, 'done', 'its result stands');
+});
+
+t.test('after a restart, a ping listing a job flashd ended while the worker held it still brings a stop', async (t) => {
+  const clock = new ManualClock();
+  const dir = t.testdir();
+  const config = { takeHoldMs: 100, leaseMs: 3000 };
+  let a = await startAgent(t, config, { clock, dir });
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  let w = await TestWorker.create(a, ep);
+  const id = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { n: 1 } } })).json.id as string;
+  t.equal((await w.take())?.id, id);
+  t.equal((await a.req('POST', `/v2/${ep}/cancel/${id}`)).json.status, 'CANCELLED');
+
+  const from = a.url;
+  await a.agent.close();
+  a = await startAgent(t, config, { clock, dir });
+  w = w.rebase(from, a.url);
+  t.equal(await w.ping([id]), 200);
+  t.same(await w.stops(), [id], 'it still runs a cancelled job: told to stop it');
 });
