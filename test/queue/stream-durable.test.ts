@@ -270,6 +270,9 @@ t.test('a progress update is stored with the running job and cleared when it goe
   await a.agent.close();
   const b = await startAgent(t, { takeHoldMs: 300, leaseMs: 3000 }, { clock, dir });
   const w2 = w.rebase(a.url, b.url);
+  // The job is fenced from the worker that lost it, across the restart too, until a ping
+  // shows that worker no longer runs it.
+  t.equal(await w2.ping([]), 200);
   t.equal((await w2.take())?.id, id);
   t.notOk('output' in (await b.req('GET', `/v2/${ep}/status/${id}`)).json, 'nor after a restart');
 });
