@@ -48,6 +48,12 @@ export interface QueueSettings {
    * then promoted, which cost more than the SQLite reads it saves.
    */
   finishedInMemory: number;
+  /**
+   * Also at most this many characters of output and error over the finished jobs kept in
+   * memory: results may be 64 MiB each, and 2,000 of them would hold gigabytes. Past it, the
+   * oldest finished jobs whose final write is durable leave memory and are read from SQLite.
+   */
+  finishedBytesInMemory: number;
 }
 
 export const DEFAULT_QUEUE_SETTINGS: QueueSettings = {
@@ -60,6 +66,7 @@ export const DEFAULT_QUEUE_SETTINGS: QueueSettings = {
   defaultTtlMs: 24 * 3_600_000,
   streamChunkBytes: 1024 * 1024,
   finishedInMemory: 2_000,
+  finishedBytesInMemory: 64 * 1024 * 1024,
 };
 
 export interface SubmitInput {
@@ -174,6 +181,11 @@ function truthy(v: unknown): boolean {
   return true;
 }
 
+/** What a finished job holds in memory for /status: its output and error (unchanged once final). */
+function heldChars(j: Job): number {
+  return (j.output?.length ?? 0) + (j.error?.length ?? 0);
+}
+
 /** Wakes the /runsync calls waiting on `job` (each once). */
 function wakeWaiters(job: Job): void {
   if (job.waiters === NO_WAITERS) return;
@@ -277,6 +289,8 @@ export class JobQueue {
   readonly #log: Logger;
   readonly #jobs = new Map<string, Job>();
   readonly #finishedOrder = new Deque<Job>();
+  /** Characters of output and error held by the jobs in #finishedOrder (see heldChars). */
+  #finishedChars = 0;
   /** Jobs with acknowledged /stream chunks not yet read, by job id (see UnreadStream). */
   readonly #unread = new Map<string, UnreadStream>();
   /** Webhook deliveries in flight per job (see webhookSettled). */
@@ -1140,6 +1154,8 @@ export class JobQueue {
     job.status = status;
     job.output = output;
     job.error = error;
+    // Shown only while IN_PROGRESS (a last progress update may be as large as a result).
+    job.progress = null;
     // Not shown once final; a /retry reads it back from SQLite.
     const input = job.input;
     job.input = null;
@@ -1179,10 +1195,14 @@ export class JobQueue {
         let body: string | undefined;
         const render = () => (body ??= statusBody(job, this.#clock.now()));
         for (const l of this.#listeners) l.finished?.(job, render);
+        // Durable now: it may leave memory if finished jobs hold too many bytes (the /runsync
+        // reply and the webhook above keep their own reference).
+        if (this.#finishedChars > this.settings.finishedBytesInMemory) this.#evict();
       },
       () => undefined,
     );
     this.#finishedOrder.push(job);
+    this.#finishedChars += heldChars(job);
     this.#evict();
   }
 
@@ -1224,14 +1244,18 @@ export class JobQueue {
 
   /**
    * Drops finished jobs from memory past the cap or their expiry (SQLite still has them, and
-   * their unread stream chunks: a /stream poll reads those by id).
+   * their unread stream chunks: a /stream poll reads those by id). Past the byte budget only
+   * a job whose final write is durable goes, so a /status read of it from SQLite finds it
+   * (a deferred /runsync job has no row before that commit); #finish calls again after it.
    */
   #evict(): void {
     const now = this.#clock.now();
     for (let j = this.#finishedOrder.peek(); j; j = this.#finishedOrder.peek()) {
-      const over = this.#finishedOrder.size > this.settings.finishedInMemory;
+      const over = this.#finishedOrder.size > this.settings.finishedInMemory
+        || (this.#finishedChars > this.settings.finishedBytesInMemory && this.#batch.isDurable(j.writeSeq));
       if (!over && (j.expiresAt ?? 0) > now) break;
       this.#finishedOrder.shift();
+      this.#finishedChars = Math.max(0, this.#finishedChars - heldChars(j));
       if (TERMINAL.has(j.status) && this.#jobs.get(j.id) === j) this.#jobs.delete(j.id);
     }
   }
