@@ -7,38 +7,60 @@
  * refused too. A ping listing a job whose result the same worker posted before the restart
  * asks for no stop: its row says who posted it.
  */
-import t from 'tap';
+import t, { type Test } from 'tap';
 import { ManualClock } from '../../src/core/clock.js';
-import { startAgent, cpuBody } from '../helpers/agent.js';
+import { startAgent, cpuBody, type TestAgent } from '../helpers/agent.js';
 import { TestWorker } from '../helpers/worker.js';
 
-t.test("after a restart, a worker still running a requeued job's old attempt is not handed it again", async (t) => {
+/**
+ * One agent on a data dir with a manual clock (lease 3 s), an endpoint without managed workers,
+ * and `restart()`: close and start again on the same dir, the given workers moved to it.
+ */
+async function scene(t: Test) {
   const clock = new ManualClock();
   const dir = t.testdir();
   const config = { takeHoldMs: 100, leaseMs: 3000 };
-  let a = await startAgent(t, config, { clock, dir });
-  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
-  let w = await TestWorker.create(a, ep);
-  const id = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { n: 1 } } })).json.id as string;
+  const s = {
+    clock,
+    a: (await startAgent(t, config, { clock, dir })) as TestAgent,
+    ep: '',
+    worker: () => TestWorker.create(s.a, s.ep),
+    run: async (input: unknown) => (await s.a.req('POST', `/v2/${s.ep}/run`, { body: { input } })).json.id as string,
+    /** Past the lease of every job taken so far: they go back to the queue, fenced from their workers. */
+    lapse: () => {
+      clock.advance(3001);
+      s.a.agent.queue.reap();
+    },
+    restart: async (...workers: TestWorker[]): Promise<TestWorker[]> => {
+      const from = s.a.url;
+      await s.a.agent.close();
+      s.a = await startAgent(t, config, { clock, dir });
+      return workers.map((w) => w.rebase(from, s.a.url));
+    },
+  };
+  s.ep = (await s.a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  return s;
+}
+
+t.test("after a restart, a worker still running a requeued job's old attempt is not handed it again", async (t) => {
+  const s = await scene(t);
+  let w = await s.worker();
+  const id = await s.run({ n: 1 });
   t.equal((await w.take())?.id, id);
-  clock.advance(3001);
-  a.agent.queue.reap();
-  t.equal((await a.req('GET', `/v2/${ep}/status/${id}`)).json.status, 'IN_QUEUE', 'the lease lapsed: requeued');
+  s.lapse();
+  t.equal((await s.a.req('GET', `/v2/${s.ep}/status/${id}`)).json.status, 'IN_QUEUE', 'the lease lapsed: requeued');
   t.equal(await w.ping([id]), 200);
   t.equal(await w.take(), null, 'fenced from the worker that still runs it');
 
-  const from = a.url;
-  await a.agent.close();
-  a = await startAgent(t, config, { clock, dir });
-  w = w.rebase(from, a.url);
+  [w] = (await s.restart(w)) as [TestWorker];
   t.equal(await w.ping([id]), 200, 'its heartbeat still lists the job');
   t.equal(await w.take(), null, 'not handed back to it after the restart either');
   t.same(await w.stops(), [id], 'and it is told to stop the old run');
   const late = await w.done(id, { output: 'old run' });
   t.equal(late.status, 409, "the old run's late result is refused");
-  const s = (await a.req('GET', `/v2/${ep}/status/${id}`)).json;
-  t.equal(s.status, 'IN_QUEUE', 'the job waits for its next attempt');
-  t.notOk('output' in s, 'no output recorded from the old run');
+  const st = (await s.a.req('GET', `/v2/${s.ep}/status/${id}`)).json;
+  t.equal(st.status, 'IN_QUEUE', 'the job waits for its next attempt');
+  t.notOk('output' in st, 'no output recorded from the old run');
 
   // Once it let go (its result came back refused), the job may go to it again.
   t.equal(await w.ping([]), 200);
@@ -46,108 +68,76 @@ t.test("after a restart, a worker still running a requeued job's old attempt is 
 });
 
 t.test("after a restart, the old worker's first job-take (no ping before it) is not handed the job while the fence lasts", async (t) => {
-  const clock = new ManualClock();
-  const dir = t.testdir();
-  const config = { takeHoldMs: 100, leaseMs: 3000 };
-  let a = await startAgent(t, config, { clock, dir });
-  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
-  let old = await TestWorker.create(a, ep);
-  let other = await TestWorker.create(a, ep);
-  const id = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { n: 1 } } })).json.id as string;
+  const s = await scene(t);
+  let old = await s.worker();
+  let other = await s.worker();
+  const id = await s.run({ n: 1 });
   t.equal((await old.take())?.id, id);
-  clock.advance(3001);
-  a.agent.queue.reap();
-  t.equal((await a.req('GET', `/v2/${ep}/status/${id}`)).json.status, 'IN_QUEUE', 'the lease lapsed: requeued and fenced from its worker');
+  s.lapse();
+  t.equal((await s.a.req('GET', `/v2/${s.ep}/status/${id}`)).json.status, 'IN_QUEUE', 'the lease lapsed: requeued and fenced from its worker');
 
-  const from = a.url;
-  await a.agent.close();
-  a = await startAgent(t, config, { clock, dir });
-  old = old.rebase(from, a.url);
-  other = other.rebase(from, a.url);
+  [old, other] = (await s.restart(old, other)) as [TestWorker, TestWorker];
   t.equal(await old.take(), null, "the old worker's first call after the restart, a job-take, does not get the job");
-  clock.advance(2000);
+  s.clock.advance(2000);
   t.equal(await old.take(), null, 'nor a little later, while the fence lasts');
   t.equal((await other.take())?.id, id, 'another worker takes it');
   const late = await old.done(id, { output: 'old run' });
   t.equal(late.status, 409, "the old run's late result is refused as stale");
   t.equal((await other.done(id, { output: 'new run' })).status, 200);
-  const s = (await a.req('GET', `/v2/${ep}/status/${id}`)).json;
-  t.equal(s.status, 'COMPLETED');
-  t.equal(s.output, 'new run', "the new attempt's output, not the old run's");
+  const st = (await s.a.req('GET', `/v2/${s.ep}/status/${id}`)).json;
+  t.equal(st.status, 'COMPLETED');
+  t.equal(st.output, 'new run', "the new attempt's output, not the old run's");
 });
 
 t.test('a restored fence ends at once when its worker pings without the job, and lasts a lease from the start without word from it', async (t) => {
-  const clock = new ManualClock();
-  const dir = t.testdir();
-  const config = { takeHoldMs: 100, leaseMs: 3000 };
-  let a = await startAgent(t, config, { clock, dir });
-  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
-  let w1 = await TestWorker.create(a, ep);
-  let w2 = await TestWorker.create(a, ep);
-  const r1 = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { n: 1 } } })).json.id as string;
-  const r2 = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { n: 2 } } })).json.id as string;
+  const s = await scene(t);
+  let w1 = await s.worker();
+  let w2 = await s.worker();
+  const r1 = await s.run({ n: 1 });
+  const r2 = await s.run({ n: 2 });
   t.equal((await w1.take())?.id, r1);
   t.equal((await w2.take())?.id, r2);
-  clock.advance(3001);
-  a.agent.queue.reap();
+  s.lapse();
 
-  const from = a.url;
-  await a.agent.close();
-  a = await startAgent(t, config, { clock, dir });
-  w1 = w1.rebase(from, a.url);
-  w2 = w2.rebase(from, a.url);
+  [w1, w2] = (await s.restart(w1, w2)) as [TestWorker, TestWorker];
   // w1 says it let go (a ping without its old job): the fence ends, and the job may go to it.
   t.equal(await w1.ping([]), 200);
   t.equal((await w1.take())?.id, r1, 'a ping without the job ends the restored fence');
   // w2 says nothing: fenced from r2 for a lease from the start, then free to take it.
   t.equal(await w2.take(), null, 'still fenced from its old job');
-  clock.advance(3001);
+  s.clock.advance(3001);
   t.equal((await w2.take())?.id, r2, 'after a lease without a ping listing it, it may take the job');
 });
 
 t.test('after a restart, a ping listing a job whose result this same worker posted brings no stop', async (t) => {
-  const clock = new ManualClock();
-  const dir = t.testdir();
-  const config = { takeHoldMs: 100, leaseMs: 3000 };
-  let a = await startAgent(t, config, { clock, dir });
-  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
-  let w = await TestWorker.create(a, ep);
-  const ok = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { n: 1 } } })).json.id as string;
-  const bad = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { n: 2 } } })).json.id as string;
+  const s = await scene(t);
+  let w = await s.worker();
+  const ok = await s.run({ n: 1 });
+  const bad = await s.run({ n: 2 });
   t.equal((await w.take())?.id, ok);
   t.equal((await w.take())?.id, bad);
   t.equal((await w.done(ok, { output: 'done' })).status, 200);
   t.equal((await w.done(bad, { error: 'handler raised' })).status, 200);
 
-  const from = a.url;
-  await a.agent.close();
-  a = await startAgent(t, config, { clock, dir });
-  w = w.rebase(from, a.url);
+  [w] = (await s.restart(w)) as [TestWorker];
   // A heartbeat made before the posts (runpod-python drops a job from its pings only after
   // posting it), answered after the restart: the finished jobs are no longer in memory.
   t.equal(await w.ping([ok, bad]), 200);
   t.same(await w.stops(), [], 'no stop for jobs it finished itself');
-  const health = (await a.req('GET', `/v2/${ep}/health`)).json;
+  const health = (await s.a.req('GET', `/v2/${s.ep}/health`)).json;
   t.equal(health.workers.running, 0, 'not shown running');
   t.equal(health.workers.idle, 1, 'idle');
-  t.equal((await a.req('GET', `/v2/${ep}/status/${ok}`)).json.output, 'done', 'its result stands');
+  t.equal((await s.a.req('GET', `/v2/${s.ep}/status/${ok}`)).json.output, 'done', 'its result stands');
 });
 
 t.test('after a restart, a ping listing a job flashd ended while the worker held it still brings a stop', async (t) => {
-  const clock = new ManualClock();
-  const dir = t.testdir();
-  const config = { takeHoldMs: 100, leaseMs: 3000 };
-  let a = await startAgent(t, config, { clock, dir });
-  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
-  let w = await TestWorker.create(a, ep);
-  const id = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { n: 1 } } })).json.id as string;
+  const s = await scene(t);
+  let w = await s.worker();
+  const id = await s.run({ n: 1 });
   t.equal((await w.take())?.id, id);
-  t.equal((await a.req('POST', `/v2/${ep}/cancel/${id}`)).json.status, 'CANCELLED');
+  t.equal((await s.a.req('POST', `/v2/${s.ep}/cancel/${id}`)).json.status, 'CANCELLED');
 
-  const from = a.url;
-  await a.agent.close();
-  a = await startAgent(t, config, { clock, dir });
-  w = w.rebase(from, a.url);
+  [w] = (await s.restart(w)) as [TestWorker];
   t.equal(await w.ping([id]), 200);
   t.same(await w.stops(), [id], 'it still runs a cancelled job: told to stop it');
 });
