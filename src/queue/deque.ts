@@ -50,10 +50,14 @@ export class Deque<T> {
     return this.#head < this.#items.length ? this.#items[this.#head] : undefined;
   }
 
-  /** Calls `fn` on every item, front to back (a plain loop: reap scans long backlogs with it). */
-  forEach(fn: (item: T) => void): void {
+  /**
+   * Calls `fn` on every item, front to back, until it returns false (a plain loop: reap scans
+   * long backlogs with it). True when it went through every item.
+   */
+  forEach(fn: (item: T) => boolean | void): boolean {
     const items = this.#items;
-    for (let i = this.#head; i < items.length; i++) fn(items[i] as T);
+    for (let i = this.#head; i < items.length; i++) if (fn(items[i] as T) === false) return false;
+    return true;
   }
 
   *[Symbol.iterator](): IterableIterator<T> {

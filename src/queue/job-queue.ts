@@ -258,6 +258,13 @@ const DEAD_QUEUED_COMPACT = 1024;
 /** Jobs ended per commit by a purge (see purge): the event loop runs between slices. */
 export const PURGE_SLICE_JOBS = 2_000;
 
+/**
+ * Queued jobs the reaper expires (policy.ttl) per pass: a backlog whose TTLs ran out together
+ * (a weekend without workers, a restart after them) is ended a slice per commit, the next pass
+ * once that commit is in, rather than in one pass and one commit holding the event loop.
+ */
+export const EXPIRE_QUEUED_SLICE_JOBS = 2_000;
+
 /** Queued jobs of an endpoint beyond this many keep their input in SQLite only, until taken. */
 const HOT_QUEUE_DEPTH = 64;
 
@@ -319,6 +326,8 @@ export class JobQueue {
   #deadlineAt = Infinity;
   /** An expiry sweep is deleting rows (a slice per commit). */
   #expiring = false;
+  /** A reap pass is due after the current commit: the last one stopped at EXPIRE_QUEUED_SLICE_JOBS. */
+  #reapAgain = false;
   /** The recovery floor as last written (see the file header). */
   #floor = 0;
   /** Highest rowid inserted or recovered: the floor when nothing is active. */
@@ -1808,32 +1817,42 @@ export class JobQueue {
       }
     }
     if (next < Infinity) this.#armDeadline(next, mono);
+    let budget = EXPIRE_QUEUED_SLICE_JOBS;
+    let more = false;
     for (const q of this.#queues.values()) {
       // A fence that ran out lets a parked worker take the job it was fenced from (workers park
       // while jobs are queued only when those jobs are fenced from them).
       if (q.takers.length > 0 && q.queued + q.lowQueued > 0) this.#dispatch(q);
+      let cut = false;
+      if (mono >= q.ttlFloor) {
+        let floor = Infinity;
+        const expire = (job: Job): boolean => {
+          if (job.status !== 'IN_QUEUE') return true;
+          if (mono < job.ttlDeadline) {
+            if (job.ttlDeadline < floor) floor = job.ttlDeadline;
+            return true;
+          }
+          // This pass's slice is used up: the walk stops, and the next pass starts it again.
+          if (budget === 0) return false;
+          budget--;
+          q.left(job);
+          this.#finish(job, 'TIMED_OUT', null, 'Job expired in the queue before a worker took it (policy.ttl).');
+          return true;
+        };
+        cut = budget === 0 || !(q.retry.forEach(expire) && q.normal.forEach(expire) && q.low.forEach(expire));
+        // Cut short, the floor is not known: the next pass walks again.
+        q.ttlFloor = cut ? mono : floor;
+        if (cut) more = true;
+      }
       // Jobs ended while queued (cancelled, expired) stay on their deque until a take passes
-      // them; with no worker taking, they would hold their memory past their retention.
+      // them; with no worker taking, they would hold their memory past their retention. Not
+      // while an expiry goes on in slices: once, after its last pass.
       const ended = q.retry.size + q.normal.size + q.low.size - (q.queued + q.lowQueued);
-      if (ended > DEAD_QUEUED_COMPACT && ended > q.queued + q.lowQueued) {
+      if (!cut && ended > DEAD_QUEUED_COMPACT && ended > q.queued + q.lowQueued) {
         for (const d of [q.retry, q.normal, q.low]) d.retain((job) => job.status === 'IN_QUEUE');
       }
-      if (mono < q.ttlFloor) continue;
-      let floor = Infinity;
-      const expire = (job: Job): void => {
-        if (job.status !== 'IN_QUEUE') return;
-        if (mono < job.ttlDeadline) {
-          if (job.ttlDeadline < floor) floor = job.ttlDeadline;
-          return;
-        }
-        q.left(job);
-        this.#finish(job, 'TIMED_OUT', null, 'Job expired in the queue before a worker took it (policy.ttl).');
-      };
-      q.retry.forEach(expire);
-      q.normal.forEach(expire);
-      q.low.forEach(expire);
-      q.ttlFloor = floor;
     }
+    if (more) this.#reapAfterCommit();
     // Restored fences of workers that have not called since the start, once no job holds them.
     for (const [key, ids] of this.#restoredFences) {
       const workerId = key.slice(key.indexOf(' ') + 1);
@@ -1843,6 +1862,20 @@ export class JobQueue {
     this.workers.sweep();
     this.#evict();
     this.#raiseFloor();
+  }
+
+  /** The next reap pass once this turn's writes are committed, with the event loop turning in between. */
+  #reapAfterCommit(): void {
+    if (this.#reapAgain || this.#closing) return;
+    this.#reapAgain = true;
+    const again = (): void => {
+      setImmediate(() => {
+        this.#reapAgain = false;
+        if (!this.#closing) this.reap();
+      });
+    };
+    // After a failed commit too: the expiry goes on as the interval reaper's would.
+    this.#batch.committed().then(again, again);
   }
 
   /**
