@@ -103,9 +103,12 @@ interface Taker {
 }
 
 class EndpointQueue {
-  readonly retry = new Deque<Job>();
-  readonly normal = new Deque<Job>();
-  readonly low = new Deque<Job>();
+  // Replaced whole by a purge (it takes the old ones).
+  retry = new Deque<Job>();
+  normal = new Deque<Job>();
+  low = new Deque<Job>();
+  /** Raised by each purge (see Job.queueGen); unique across queues, so a queue made anew never reuses one. */
+  gen: number;
   queued = 0;
   lowQueued = 0;
   /** Sum of `retries` over the queued jobs (`/health` reads it; walking a backlog per call would not scale). */
@@ -120,6 +123,10 @@ class EndpointQueue {
   /** Of inProgress, the low-priority ones (they never count toward a scale-up). */
   lowInProgress = 0;
   takers: Taker[] = [];
+
+  constructor(gen: number) {
+    this.gen = gen;
+  }
 
   /** Counts a job that leaves the queue (taken, cancelled, expired, dropped). */
   left(job: Job): void {
@@ -337,7 +344,8 @@ export class JobQueue {
   /** Endpoint deletions still deleting rows, and purges still ending jobs: the floor does not rise meanwhile. */
   #floorHeld = 0;
   /** Queued jobs a purge has taken off their queue and not yet ended (see purge). */
-  readonly #purging = new Set<Job>();
+  /** The last queue generation handed out (EndpointQueue.gen). */
+  #queueGens = 0;
   #floorQueued = false;
   /**
    * Fences read back from queued rows at start (`${endpointId} ${workerId}` → job ids), until
@@ -367,7 +375,7 @@ export class JobQueue {
 
   #queue(endpointId: string): EndpointQueue {
     let q = this.#queues.get(endpointId);
-    if (!q) this.#queues.set(endpointId, (q = new EndpointQueue()));
+    if (!q) this.#queues.set(endpointId, (q = new EndpointQueue(++this.#queueGens)));
     return q;
   }
 
@@ -445,7 +453,7 @@ export class JobQueue {
       attempt: row.attempt, claimSaved: row.attempt, writeSeq: 0, retries: row.retries, workerId: row.workerId,
       resultBy: row.status === 'COMPLETED' || row.status === 'FAILED' ? row.workerId : null, output: row.output, error: row.error, progress: null,
       streamSeq: -1, createdAt: row.createdAt, queuedAt: row.queuedAt, lostMs: row.lostMs, startedAt: row.startedAt, completedAt: row.completedAt, expiresAt: row.expiresAt,
-      ttlDeadline: mono + Math.max(0, row.ttlMs - (now - row.queuedAt)), fencedFrom, fencedUntil: fencedFrom === null ? 0 : mono + this.settings.leaseMs, leaseDeadline: 0, execDeadline: 0, waiters: NO_WAITERS,
+      ttlDeadline: mono + Math.max(0, row.ttlMs - (now - row.queuedAt)), fencedFrom, fencedUntil: fencedFrom === null ? 0 : mono + this.settings.leaseMs, queueGen: 0, leaseDeadline: 0, execDeadline: 0, waiters: NO_WAITERS,
     };
   }
 
@@ -464,7 +472,7 @@ export class JobQueue {
       rowid: 0, inserted: false, id: newJobId(), endpointId: input.endpointId, status: 'IN_QUEUE', input: input.input, extra: input.extra, webhook: input.webhook,
       lowPriority: input.lowPriority, executionTimeoutMs: input.executionTimeoutMs, ttlMs: input.ttlMs, retentionMs: input.retentionMs,
       attempt: 0, claimSaved: 0, writeSeq: 0, retries: 0, workerId: null, resultBy: null, output: null, error: null, progress: null, streamSeq: 0, createdAt: now, queuedAt: now, lostMs: 0, startedAt: null,
-      completedAt: null, expiresAt: null, ttlDeadline: this.#clock.monotonic() + input.ttlMs, fencedFrom: null, fencedUntil: 0, leaseDeadline: 0, execDeadline: 0, waiters: NO_WAITERS,
+      completedAt: null, expiresAt: null, ttlDeadline: this.#clock.monotonic() + input.ttlMs, fencedFrom: null, fencedUntil: 0, queueGen: 0, leaseDeadline: 0, execDeadline: 0, waiters: NO_WAITERS,
     };
     this.#jobs.set(job.id, job);
     const q = this.#queue(job.endpointId);
@@ -579,10 +587,12 @@ export class JobQueue {
    * queue's counts, unless a purge holding it took it off them already (the purge skips it now).
    */
   #leave(job: Job): void {
-    if (!this.#purging.delete(job)) this.#queue(job.endpointId).left(job);
+    const q = this.#queue(job.endpointId);
+    if (job.queueGen === q.gen) q.left(job);
   }
 
   #enqueue(q: EndpointQueue, job: Job, front: boolean): void {
+    job.queueGen = q.gen;
     if (front) q.retry.push(job);
     else if (job.lowPriority) q.low.push(job);
     else q.normal.push(job);
@@ -1585,34 +1595,42 @@ export class JobQueue {
    */
   async purge(endpointId: string): Promise<number> {
     const q = this.#queue(endpointId);
-    const taken: Job[] = [];
-    for (const d of [q.retry, q.normal, q.low]) {
-      for (let job = d.shift(); job; job = d.shift()) {
-        if (job.status !== 'IN_QUEUE' || this.#purging.has(job)) continue;
-        this.#purging.add(job);
-        taken.push(job);
-      }
-    }
+    // The queue's deques change hands whole (no walk here: a million jobs would hold the loop);
+    // jobs of this generation still IN_QUEUE in them are the purge's, ended slice by slice.
+    const taken = [q.retry, q.normal, q.low];
+    const gen = q.gen;
+    q.retry = new Deque();
+    q.normal = new Deque();
+    q.low = new Deque();
+    q.gen = ++this.#queueGens;
+    const count = q.queued + q.lowQueued;
     q.queued = 0;
     q.lowQueued = 0;
     q.queuedRetries = 0;
-    if (taken.length === 0) {
+    const mine = (job: Job): boolean => job.status === 'IN_QUEUE' && job.queueGen === gen;
+    if (count === 0) {
       // Nothing to end (or a purge under way holds it all): still answer after what is pending.
       await this.#batch.committed();
       return 0;
     }
     let removed = 0;
-    let i = 0;
+    let d = 0;
     this.#floorHeld++;
     try {
-      while (i < taken.length) {
+      while (d < taken.length) {
         // The endpoint was deleted meanwhile: its rows are being deleted, nothing left to end.
         if (this.#queues.get(endpointId) !== q) break;
-        for (const end = Math.min(taken.length, i + PURGE_SLICE_JOBS); i < end; i++) {
-          const job = taken[i] as Job;
-          if (!this.#purging.delete(job) || job.status !== 'IN_QUEUE') continue; // cancelled meanwhile
+        for (let n = 0; n < PURGE_SLICE_JOBS && d < taken.length;) {
+          const job = (taken[d] as Deque<Job>).peek();
+          if (!job) {
+            d++;
+            continue;
+          }
+          (taken[d] as Deque<Job>).shift();
+          if (!mine(job)) continue; // cancelled meanwhile, or ended before the purge
           this.#finish(job, 'CANCELLED', null, null);
           removed++;
+          n++;
         }
         await this.#batch.committed();
       }
@@ -1621,11 +1639,12 @@ export class JobQueue {
       // Only after a failed commit (or a deleted endpoint): what was not ended goes back on its
       // queue, behind jobs submitted meanwhile, so out of rowid order (the floor walk reads them).
       const current = this.#queues.get(endpointId);
-      for (; i < taken.length; i++) {
-        const job = taken[i] as Job;
-        if (!this.#purging.delete(job) || job.status !== 'IN_QUEUE' || current !== q) continue;
-        this.#outOfOrder.add(job);
-        this.#enqueue(q, job, false);
+      for (; d < taken.length; d++) {
+        for (let job = (taken[d] as Deque<Job>).shift(); job; job = (taken[d] as Deque<Job>).shift()) {
+          if (!mine(job) || current !== q) continue;
+          this.#outOfOrder.add(job);
+          this.#enqueue(q, job, false);
+        }
       }
     }
     return removed;

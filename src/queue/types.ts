@@ -65,6 +65,11 @@ export interface Job {
    */
   fencedFrom: string | null;
   fencedUntil: number;
+  /**
+   * Its queue's generation when it was last queued: a purge starts a new one, so a queued job
+   * of an older generation is the purge's to end, no longer counted in the queue.
+   */
+  queueGen: number;
   /** Monotonic deadlines. */
   readonly ttlDeadline: number;
   leaseDeadline: number;

@@ -76,6 +76,25 @@ t.test('a purge ends a long backlog a slice per commit, the event loop turning b
   t.equal((await w.take())?.id, after, 'the queue works on after a purge');
 });
 
+t.test('a purge does not walk the backlog before it answers its first slice: its call touches one slice of jobs', async (t) => {
+  const a = await startAgent(t, { sqliteSynchronous: 'normal' });
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  const jobs = [];
+  for (let i = 0; i < N; i++) jobs.push(submitOne(a, ep, `{"i":${i}}`, i % 5 === 0));
+  // Counts the reads of each job's status (the real job objects, watched from outside).
+  let reads = 0;
+  for (const job of await Promise.all(jobs)) {
+    let status = job.status;
+    Object.defineProperty(job, 'status', { get: () => (reads++, status), set: (v) => (status = v), configurable: true, enumerable: true });
+  }
+  const purge = a.agent.queue.purge(ep);
+  const synchronous = reads;
+  t.ok(synchronous <= 4 * PURGE_SLICE_JOBS, `the call itself touched ${synchronous} job statuses for a backlog of ${N}, not every job`);
+  t.equal(a.agent.queue.health(ep).jobs.inQueue, 0, 'the whole backlog left the queue at once all the same');
+  t.equal(await purge, N);
+  t.equal(count(a, ep, 'CANCELLED'), N);
+});
+
 t.test('a purge started twice ends each job once', async (t) => {
   const a = await startAgent(t);
   const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
