@@ -147,6 +147,13 @@ export type DoneOutcome = 'accepted' | 'duplicate' | 'ended' | 'stale' | 'unknow
 
 const ENDED_BY_FLASHD: ReadonlySet<JobStatus> = new Set(['CANCELLED', 'TIMED_OUT', 'FAILED']);
 
+/**
+ * Whether a finished row holds this worker's own posted result: COMPLETED, or FAILED by its
+ * result rather than by flashd (migration 8; a job flashd ended while the worker held it is not).
+ */
+const postedByRow = (row: Omit<JobRow, 'input'> & { endedByFlashd: boolean }, workerId: string): boolean =>
+  row.workerId === workerId && (row.status === 'COMPLETED' || (row.status === 'FAILED' && !row.endedByFlashd));
+
 /** Queued again by `/retry` (a new run: attempts start again, queued_at is the retry's time). */
 const manuallyRetried = (row: ActiveJobRow): boolean => row.attempt === 0 && row.queuedAt > row.createdAt;
 
@@ -343,7 +350,6 @@ export class JobQueue {
   readonly #outOfOrder = new Set<Job>();
   /** Endpoint deletions still deleting rows, and purges still ending jobs: the floor does not rise meanwhile. */
   #floorHeld = 0;
-  /** Queued jobs a purge has taken off their queue and not yet ended (see purge). */
   /** The last queue generation handed out (EndpointQueue.gen). */
   #queueGens = 0;
   #floorQueued = false;
@@ -778,8 +784,7 @@ export class JobQueue {
     const row = this.#repo.getWithoutInput(jobId);
     if (!row || row.endpointId !== endpointId) return { outcome: 'unknown' };
     if (row.workerId !== workerId) return { outcome: 'stale' };
-    // A FAILED row flashd ended itself (attempts used up) holds no result of this worker's.
-    if (row.status === 'COMPLETED' || (row.status === 'FAILED' && !row.endedByFlashd)) return { outcome: 'duplicate' };
+    if (postedByRow(row, workerId)) return { outcome: 'duplicate' };
     return { outcome: ENDED_BY_FLASHD.has(row.status) ? 'ended' : 'stale' };
   }
 
@@ -966,15 +971,10 @@ export class JobQueue {
     for (const [id, stop] of worker.stops) if (!listed.has(id) && now >= stop.keepUntil) this.#stopOver(worker, id);
   }
 
-  /**
-   * Whether the row of a job not in memory holds this worker's own posted result: COMPLETED, or
-   * FAILED by its result rather than by flashd (migration 8). A job flashd ended while the worker
-   * held it (cancelled, timed out, attempts used up), or one that is gone, is not.
-   */
+  /** Whether the row of a job not in memory holds this worker's own posted result (postedByRow). */
   #postedBy(endpointId: string, workerId: string, jobId: string): boolean {
     const row = this.#repo.getWithoutInput(jobId);
-    if (row?.endpointId !== endpointId || row.workerId !== workerId) return false;
-    return row.status === 'COMPLETED' || (row.status === 'FAILED' && !row.endedByFlashd);
+    return row?.endpointId === endpointId && postedByRow(row, workerId);
   }
 
   /**
@@ -1453,11 +1453,8 @@ export class JobQueue {
       if (job.completedAt !== null) {
         job.expiresAt = now + ms;
         const exp = job.expiresAt;
-        // The row's retention too: a /retry's run keeps it, also when read back from the row after a restart.
-        job.writeSeq = this.#batch.write(() => {
-          this.#repo.setExpiry(jobId, exp);
-          this.#repo.setRetention(jobId, ms);
-        });
+        // With the retention it came from: a /retry's run keeps it, also when read back from the row after a restart.
+        job.writeSeq = this.#batch.write(() => this.#repo.setExpiry(jobId, exp, ms));
       } else if (job.inserted && (changed || this.#batch.hasFailed(job.writeSeq))) {
         // Not finished yet: its final write reads retentionMs, but a restart reads the row (a
         // client polling with the same ?ttl= writes it once, not once a poll; again when the
@@ -1468,10 +1465,7 @@ export class JobQueue {
     }
     const row = this.#repo.getWithoutInput(jobId);
     if (!row || row.endpointId !== endpointId || row.completedAt === null) return Promise.resolve();
-    this.#batch.write(() => {
-      this.#repo.setExpiry(jobId, now + ms);
-      this.#repo.setRetention(jobId, ms);
-    });
+    this.#batch.write(() => this.#repo.setExpiry(jobId, now + ms, ms));
     return this.#batch.committed();
   }
 
@@ -1621,12 +1615,11 @@ export class JobQueue {
         // The endpoint was deleted meanwhile: its rows are being deleted, nothing left to end.
         if (this.#queues.get(endpointId) !== q) break;
         for (let n = 0; n < PURGE_SLICE_JOBS && d < taken.length;) {
-          const job = (taken[d] as Deque<Job>).peek();
+          const job = (taken[d] as Deque<Job>).shift();
           if (!job) {
             d++;
             continue;
           }
-          (taken[d] as Deque<Job>).shift();
           if (!mine(job)) continue; // cancelled meanwhile, or ended before the purge
           this.#finish(job, 'CANCELLED', null, null);
           removed++;

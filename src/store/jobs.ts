@@ -131,7 +131,7 @@ export class JobsRepo {
     // requeue NULLs it); never after the job left IN_PROGRESS.
     this.#progress = db.prepare("UPDATE jobs SET output = ? WHERE id = ? AND status = 'IN_PROGRESS'");
     this.#lease = db.prepare('UPDATE jobs SET attempt = ? WHERE id = ?');
-    this.#setExpiry = db.prepare('UPDATE jobs SET expires_at = ? WHERE id = ?');
+    this.#setExpiry = db.prepare('UPDATE jobs SET expires_at = ?, retention_ms = ? WHERE id = ?');
     this.#setRetention = db.prepare('UPDATE jobs SET retention_ms = ? WHERE id = ?');
     this.#get = db.prepare('SELECT rowid, * FROM jobs WHERE id = ?');
     // Recovery reads only the small columns (inputs are loaded when taken, inputOf), in rowid
@@ -276,8 +276,9 @@ export class JobsRepo {
     this.#lease.run(attempt, id);
   }
 
-  setExpiry(id: string, expiresAt: number): void {
-    this.#setExpiry.run(expiresAt, id);
+  /** A finished job's expiry and the retention it came from (`/status?ttl=`; a /retry's run keeps it). */
+  setExpiry(id: string, expiresAt: number, retentionMs: number): void {
+    this.#setExpiry.run(expiresAt, retentionMs, id);
   }
 
   get(id: string): JobRow | undefined {
