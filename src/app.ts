@@ -162,8 +162,9 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
     // The hardware probe waits on nvidia-smi and /proc; it runs while recovery reads the backlog.
     const hardwareProbe = probeHost({ dataCenterId: config.dataCenterId, log: log.child({ component: 'gpu' }) });
     hardwareProbe.catch(() => undefined);
+    const recoveryStart = performance.now();
     const recovered = queue.recover();
-    if (recovered.queued || recovered.running) log.info('jobs recovered', recovered);
+    if (recovered.queued || recovered.running) log.info('jobs recovered', { ...recovered, ms: Math.round(performance.now() - recoveryStart) });
     // Workers this flashd launched before a crash are gone or going (process workers are stopped
     // here whatever the runtime is now; containers when the engine connects): their keys are
     // revoked, and their jobs go back to the queue now instead of after a lease.

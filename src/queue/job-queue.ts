@@ -159,22 +159,29 @@ const manuallyRetried = (row: ActiveJobRow): boolean => row.attempt === 0 && row
 
 /**
  * Recovered queued rows in the order they were queued. They come in rowid (insert) order, but a
- * `/retry` queues an old row again behind newer ones: those are merged in by their queued_at,
- * so a restart does not move a retried job to the front (without any, the rows as they are).
+ * `/retry` queues an old row again behind newer ones: such a row waits here and is let out, by
+ * its queued_at, before the first later row created after it was retried (or at the end), so a
+ * restart does not move a retried job to the front. Rows stream through (`take`), a slice of
+ * the backlog in memory at a time.
  */
-function queueOrder(rows: ActiveJobRow[]): ActiveJobRow[] {
-  const retried = rows.filter(manuallyRetried);
-  if (retried.length === 0) return rows;
-  retried.sort((a, b) => a.queuedAt - b.queuedAt);
-  const out: ActiveJobRow[] = [];
-  let i = 0;
-  for (const row of rows) {
-    if (manuallyRetried(row)) continue;
-    while (i < retried.length && (retried[i] as ActiveJobRow).queuedAt < row.createdAt) out.push(retried[i++] as ActiveJobRow);
-    out.push(row);
+class QueueOrder {
+  readonly #waiting: ActiveJobRow[] = [];
+
+  /** The rows that go in line before `row` (a queued row that is not a manual retry), oldest first. */
+  *before(row: ActiveJobRow): Generator<ActiveJobRow> {
+    while (this.#waiting.length > 0 && (this.#waiting[0] as ActiveJobRow).queuedAt < row.createdAt) yield this.#waiting.shift() as ActiveJobRow;
   }
-  while (i < retried.length) out.push(retried[i++] as ActiveJobRow);
-  return out;
+
+  hold(row: ActiveJobRow): void {
+    let i = this.#waiting.length;
+    while (i > 0 && (this.#waiting[i - 1] as ActiveJobRow).queuedAt > row.queuedAt) i--;
+    this.#waiting.splice(i, 0, row);
+  }
+
+  /** The retried rows still waiting once every row was read. */
+  rest(): ActiveJobRow[] {
+    return this.#waiting.splice(0);
+  }
 }
 
 /**
@@ -400,14 +407,11 @@ export class JobQueue {
     const orphaned = new Set<string>();
     this.#floor = this.#repo.floor();
     this.#maxRowid = this.#repo.rowidRange()?.hi ?? 0;
-    const active = this.#repo.active(this.#floor);
-    const runningRows = active.running;
-    const queuedRows = queueOrder(active.queued);
-    for (const rows of [runningRows, queuedRows]) for (const row of rows) {
-      if (orphaned.has(row.endpointId)) continue;
+    const restore = (row: ActiveJobRow): void => {
+      if (orphaned.has(row.endpointId)) return;
       if (!this.#endpointExists(row.endpointId)) {
         orphaned.add(row.endpointId);
-        continue;
+        return;
       }
       const job = this.#fromRow(row, mono, now);
       job.progress = row.progress;
@@ -418,7 +422,7 @@ export class JobQueue {
         // with its first call, which takes the fence over (#adoptFences).
         if (job.fencedFrom !== null) this.#addRestoredFence(job.endpointId, job.fencedFrom, job.id);
         // Requeued after it ran (a lost lease, a dead worker): at the front, as before the stop.
-        // A manual /retry is out of rowid order (queueOrder), which the floor walk must know.
+        // A manual /retry is out of rowid order (QueueOrder), which the floor walk must know.
         if (manuallyRetried(row)) this.#outOfOrder.add(job);
         this.#enqueue(q, job, row.attempt > 0);
         queued++;
@@ -433,7 +437,20 @@ export class JobQueue {
         if (job.lowPriority) q.lowInProgress++;
         running++;
       }
+    };
+    // Row by row as they are read, so a long backlog is never twice in memory.
+    const order = new QueueOrder();
+    for (const row of this.#repo.active(this.#floor)) {
+      if (row.status === 'IN_QUEUE') {
+        if (manuallyRetried(row)) {
+          order.hold(row);
+          continue;
+        }
+        for (const retried of order.before(row)) restore(retried);
+      }
+      restore(row);
     }
+    for (const retried of order.rest()) restore(retried);
     for (const id of orphaned) {
       this.#log.info('deleting jobs of a deleted endpoint', { endpointId: id });
       this.#repo.dropCounts(id);

@@ -50,6 +50,14 @@ const INSERT_ROW = "(?, ?, 'IN_QUEUE', ?, ?, ?, ?, ?, ?, ?, 0, 0, ?)";
 /** Rows per multi-row insert: 320 parameters, well under SQLite's limit of 32766. */
 const INSERT_CHUNK = 32;
 
+/** Active rows recovery reads per statement (see JobsRepo.active): about 2 MB of JSON. */
+const ACTIVE_SLICE_ROWS = 8192;
+
+const ascending = (rows: unknown[][]): boolean => {
+  for (let i = 1; i < rows.length; i++) if ((rows[i - 1]![0] as number) > (rows[i]![0] as number)) return false;
+  return true;
+};
+
 /** The settings key of the recovery floor (see JobsRepo.active). */
 const FLOOR_KEY = 'jobs.recovery_floor';
 
@@ -135,12 +143,18 @@ export class JobsRepo {
     this.#setRetention = db.prepare('UPDATE jobs SET retention_ms = ? WHERE id = ?');
     this.#get = db.prepare('SELECT rowid, * FROM jobs WHERE id = ?');
     // Recovery reads only the small columns (inputs are loaded when taken, inputOf), in rowid
-    // order from the recovery floor (no index of active jobs: the range scan finds them), as
-    // arrays (a restart with a long backlog makes one object per row, not two).
-    this.#active = db.prepare(`SELECT rowid, id, endpoint_id, status, extra, webhook, low_priority, execution_timeout_ms, ttl_ms,
-      retention_ms, attempt, retries, worker_id, created_at, started_at, coalesce(queued_at, created_at),
-      CASE WHEN status = 'IN_PROGRESS' THEN output END, lost_ms, fenced_from FROM jobs
-      WHERE rowid >= ? AND status IN ('IN_QUEUE', 'IN_PROGRESS')`).raw();
+    // order from the recovery floor (no index of active jobs: the range scan finds them), a
+    // slice of rows at a time as one JSON array that SQLite builds: SQLite's JSON and JSON.parse
+    // make a row's array about three times faster than better-sqlite3 returning it as a row
+    // (about 1.8 s against 5.4 s for 600k queued jobs), and a slice is garbage before the next
+    // one is read. The aggregate keeps the subquery's rowid order (checked in active(); an
+    // ORDER BY inside it would sort each slice again, a quarter of the read).
+    this.#active = db.prepare(`SELECT json_group_array(json_array(rid, id, endpoint_id, status, extra, webhook, low_priority,
+      execution_timeout_ms, ttl_ms, retention_ms, attempt, retries, worker_id, created_at, started_at, queued, progress, lost_ms,
+      fenced_from)), max(rid) FROM (SELECT rowid AS rid, id, endpoint_id, status, extra, webhook, low_priority,
+      execution_timeout_ms, ttl_ms, retention_ms, attempt, retries, worker_id, created_at, started_at,
+      coalesce(queued_at, created_at) AS queued, CASE WHEN status = 'IN_PROGRESS' THEN output END AS progress, lost_ms, fenced_from
+      FROM jobs WHERE rowid >= ? AND status IN ('IN_QUEUE', 'IN_PROGRESS') ORDER BY rowid LIMIT ?)`).raw();
     // Its own statements rather than IdentityRepo's get/putSetting: a write there moves the
     // identity generation and so empties the key cache, and the floor moves every second.
     this.#getFloor = db.prepare('SELECT value FROM settings WHERE key = ?').pluck();
@@ -302,23 +316,26 @@ export class JobsRepo {
 
   /**
    * Queued and running jobs (restart recovery), with `input` and `output` null, in rowid
-   * (insertion) order: running jobs first, then queued ones. Only rows at or above the recovery
-   * floor are read; the queue keeps every active row there (`floor`, `setFloor`).
+   * (insertion) order, read `sliceRows` at a time as the caller goes. Only rows at or above the
+   * recovery floor are read; the queue keeps every active row there (`floor`, `setFloor`).
    */
-  active(floor: number): { running: ActiveJobRow[]; queued: ActiveJobRow[] } {
-    const running: ActiveJobRow[] = [];
-    const queued: ActiveJobRow[] = [];
-    for (const r of this.#active.all(floor) as unknown[][]) {
-      const row: ActiveJobRow = {
-        rowid: r[0] as number, id: r[1] as string, endpointId: r[2] as string, status: r[3] as JobStatus, input: null, extra: r[4] as string | null,
-        webhook: r[5] as string | null, lowPriority: r[6] === 1, executionTimeoutMs: r[7] as number, ttlMs: r[8] as number,
-        retentionMs: r[9] as number, attempt: r[10] as number, retries: r[11] as number, workerId: r[12] as string | null,
-        output: null, error: null, createdAt: r[13] as number, queuedAt: r[15] as number, lostMs: r[17] as number, startedAt: r[14] as number | null, completedAt: null,
-        expiresAt: null, fencedFrom: r[18] as string | null, progress: r[16] as string | null,
-      };
-      (row.status === 'IN_PROGRESS' ? running : queued).push(row);
+  *active(floor: number, sliceRows = ACTIVE_SLICE_ROWS): Generator<ActiveJobRow> {
+    for (let from = floor; ;) {
+      const [json, last] = this.#active.get(from, sliceRows) as [string, number | null];
+      if (last === null) return;
+      from = last + 1;
+      const rows = JSON.parse(json) as unknown[][];
+      if (!ascending(rows)) rows.sort((a, b) => (a[0] as number) - (b[0] as number));
+      for (const r of rows) {
+        yield {
+          rowid: r[0] as number, id: r[1] as string, endpointId: r[2] as string, status: r[3] as JobStatus, input: null, extra: r[4] as string | null,
+          webhook: r[5] as string | null, lowPriority: r[6] === 1, executionTimeoutMs: r[7] as number, ttlMs: r[8] as number,
+          retentionMs: r[9] as number, attempt: r[10] as number, retries: r[11] as number, workerId: r[12] as string | null,
+          output: null, error: null, createdAt: r[13] as number, queuedAt: r[15] as number, lostMs: r[17] as number, startedAt: r[14] as number | null, completedAt: null,
+          expiresAt: null, fencedFrom: r[18] as string | null, progress: r[16] as string | null,
+        };
+      }
     }
-    return { running, queued };
   }
 
   /** The recovery floor: no queued or running job has a lower rowid (0 when never set: read all). */

@@ -6,6 +6,7 @@
  */
 import t, { type Test } from 'tap';
 import { ManualClock } from '../../src/core/clock.js';
+import { JobsRepo } from '../../src/store/index.js';
 import { startAgent, cpuBody, type TestAgent } from '../helpers/agent.js';
 import { TestWorker } from '../helpers/worker.js';
 
@@ -272,4 +273,42 @@ t.test('polling /status with the same ?ttl= on a queued job writes it once', asy
   t.equal((await a.req('GET', `/v2/${ep}/status/${id}?ttl=20000`)).status, 200);
   await settle();
   t.equal(changes() - before, 2, 'a different ttl is written');
+});
+
+t.test('recovery reads the backlog a slice at a time: every row comes back, in order, with its text intact', async (t) => {
+  const clock = new ManualClock();
+  const dir = t.testdir();
+  const a = await startAgent(t, { takeHoldMs: 200, leaseMs: 3000, jobRateLimitPercent: 0 }, { clock, dir });
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  const w = await TestWorker.create(a, ep);
+  const tricky = 'quote " backslash \\ newline \n tab \t control \u0001 line-sep \u2028 emoji 🚀 é';
+  const run = async (body: Record<string, unknown>) => (await a.req('POST', `/v2/${ep}/run`, { body })).json.id as string;
+  const failed = await run({ input: { n: 'R' } });
+  t.equal((await w.take())?.id, failed);
+  t.equal((await w.done(failed, { error: 'boom' })).status, 200);
+  const held = await run({ input: { n: 'P' } });
+  t.equal((await w.take())?.id, held);
+  t.equal((await w.done(held, { status: 'IN_PROGRESS', output: tricky })).status, 200, 'a progress update');
+  const total = 300;
+  for (let i = 0; i < total; i += 50) await Promise.all(Array.from({ length: 50 }, (_, k) => run({ input: { i: i + k } })));
+  const lastNew = await run({ input: { n: 'Q' }, s3Config: { note: tricky } });
+  clock.advance(10);
+  t.equal((await a.req('POST', `/v2/${ep}/retry/${failed}`)).json.status, 'IN_QUEUE', 'an old row queued again last');
+  await a.agent.queue.durable();
+  const active = a.agent.db.prepare("SELECT rowid FROM jobs WHERE status IN ('IN_QUEUE', 'IN_PROGRESS') ORDER BY rowid").pluck().all() as number[];
+  // The store's read in slices of 7 rows (recovery's are 8192), every boundary crossed.
+  t.same([...new JobsRepo(a.agent.db).active(0, 7)].map((r) => r.rowid), active, 'every active row once, in rowid order');
+  const expected = a.agent.db.prepare("SELECT id FROM jobs WHERE status = 'IN_QUEUE' AND id <> ? ORDER BY rowid").pluck().all(failed) as string[];
+  expected.push(failed);
+
+  await a.agent.close();
+  const b = await startAgent(t, { takeHoldMs: 200, leaseMs: 3000, jobRateLimitPercent: 0 }, { clock, dir });
+  t.equal((await b.req('GET', `/v2/${ep}/health`)).json.jobs.inQueue, total + 2, 'every queued row is back');
+  const status = (await b.req('GET', `/v2/${ep}/status/${held}`)).json;
+  t.same([status.status, status.output], ['IN_PROGRESS', tricky], 'the running job and its progress, byte for byte');
+  const w2 = await TestWorker.create(b, ep);
+  const seen: { id: string; [k: string]: unknown }[] = [];
+  for (let r = await w2.takeBatch(256); r.jobs.length > 0; r = await w2.takeBatch(256)) seen.push(...(r.jobs as { id: string }[]));
+  t.same(seen.map((j) => j.id), expected, 'in the order they were queued, the retried one last');
+  t.same(seen.find((j) => j.id === lastNew)?.s3Config, { note: tricky }, 'extra keys intact');
 });
