@@ -160,7 +160,8 @@ export function parseFlags(argv: readonly string[]): { values: Record<string, un
   return configFile === undefined ? { values } : { values, configFile };
 }
 
-const ajv = new Ajv2020({ useDefaults: true, allErrors: true, strict: true, allowUnionTypes: true });
+// No meta-schema check at start (see core/schemas.ts; the test checks config.schema.json too).
+const ajv = new Ajv2020({ useDefaults: true, allErrors: true, strict: true, allowUnionTypes: true, validateSchema: false });
 ajv.addVocabulary(['x-flag', 'x-env', 'x-secret']);
 const validateConfig = ajv.compile(configSchema);
 
