@@ -149,6 +149,16 @@ class JobTest(IntegrationCase):
         self.assertEqual((body["status"], body.get("output")), ("COMPLETED", {"after_progress": True}),
                          self.dump_logs())
 
+    def test_sync_handler_runs_on_the_main_thread(self):
+        # runpod-python calls sync handlers on its main thread: signal.signal() works there, and
+        # thread-local state set at import (a decimal context, torch.set_grad_enabled) applies
+        body = runsync(ENDPOINTS["sync"], {"alarm": 0.2})
+        self.assertEqual((body["status"], body.get("output")), ("COMPLETED", {"alarm": "fired", "prec": 50}), body)
+
+    def test_generator_runs_on_the_main_thread(self):
+        body = runsync(ENDPOINTS["gen_agg"], {"prec": True, "n": 0})
+        self.assertEqual((body["status"], body.get("output")), ("COMPLETED", [50]), body)
+
     def test_async_handler(self):
         body = runsync(ENDPOINTS["async"], {})
         self.assertEqual(body["status"], "COMPLETED", body)

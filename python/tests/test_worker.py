@@ -312,6 +312,61 @@ class ConcurrencyTest(WorkerTestCase):
         self.final_post(first)
 
 
+class MainThreadTest(WorkerTestCase):
+    """runpod-python runs sync handlers and sync generators on its main thread (its event loop)."""
+
+    def test_sync_handler_runs_on_the_thread_that_runs_the_worker(self):
+        seen = []
+        worker, thread, _ = self.start_worker({"handler": lambda job: seen.append(threading.current_thread()) or "ok"})
+        for _ in range(2):
+            self.final_post(self.fake.submit({}))
+        self.assertEqual(seen, [thread, thread])
+
+    def test_sync_generator_steps_run_on_the_thread_that_runs_the_worker(self):
+        seen = []
+
+        def gen(job):
+            seen.append(threading.current_thread())
+            yield 1
+            seen.append(threading.current_thread())
+            yield 2
+
+        worker, thread, _ = self.start_worker({"handler": gen, "return_aggregate_stream": True})
+        self.assertEqual(self.final_post(self.fake.submit({})).json(), {"output": [1, 2]})
+        self.assertEqual(seen, [thread, thread])
+
+    def test_sync_jobs_still_run_in_parallel_with_a_concurrency_modifier(self):
+        both = threading.Barrier(2, timeout=10)
+        seen = []
+
+        def handler(job):
+            seen.append(threading.current_thread())
+            both.wait()  # returns only once both jobs run at the same time
+            return "ok"
+
+        worker, thread, _ = self.start_worker({"handler": handler, "concurrency_modifier": lambda c: 2})
+        ids = [self.fake.submit({}) for _ in range(2)]
+        for job_id in ids:
+            self.assertEqual(self.final_post(job_id).json(), {"output": "ok"})
+        self.assertEqual(seen.count(thread), 1, seen)  # one on the worker's thread, one on its own
+
+    def test_shutdown_while_a_sync_handler_runs_on_the_main_thread(self):
+        started = threading.Event()
+
+        def handler(job):
+            started.set()
+            time.sleep(0.5)
+            return threading.current_thread().name
+
+        worker, thread, result = self.start_worker({"handler": handler})
+        job_id = self.fake.submit({})
+        self.assertTrue(started.wait(10))
+        worker.request_shutdown("test")
+        thread.join(10)
+        self.assertEqual(result.get("rc"), 0)
+        self.assertEqual(self.final_post(job_id, timeout=0.1).json(), {"output": thread.name})
+
+
 class StopTest(WorkerTestCase):
     def test_stop_cancels_async_handler_without_result(self):
         cancelled = threading.Event()

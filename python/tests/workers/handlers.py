@@ -4,13 +4,16 @@ It imports the SDK the way existing RunPod workers import ``runpod``.
 """
 
 import asyncio
+import decimal
 import os
+import signal
 import sys
 import time
 
 import vendor_flash as runpod
 
 MODE = sys.argv[1]
+decimal.getcontext().prec = 50  # thread-local state set at import, as handlers do
 FLAGS = set(sys.argv[2:])
 
 
@@ -49,6 +52,21 @@ def sync_handler(job):
         if os.fork() == 0:
             time.sleep(inp["fork"])
             os._exit(0)
+    if "alarm" in inp:  # signal.signal() only works on the main thread, where runpod runs sync handlers
+        def on_alarm(signum, frame):
+            raise TimeoutError("alarm")
+
+        previous = signal.signal(signal.SIGALRM, on_alarm)
+        try:
+            signal.setitimer(signal.ITIMER_REAL, inp["alarm"])
+            try:
+                time.sleep(10)
+            except TimeoutError:
+                return {"alarm": "fired", "prec": decimal.getcontext().prec}
+            return {"alarm": "not fired"}
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
     if "print" in inp:
         print(inp["print"])
         wait_for_file(inp["gate"])
@@ -85,6 +103,8 @@ async def async_handler(job):
 
 
 def gen_handler(job):
+    if "prec" in job["input"]:  # the decimal context set at import (main thread only)
+        yield decimal.getcontext().prec
     for i in range(job["input"].get("n", 3)):
         if i == 1 and "big" in job["input"]:
             yield "x" * job["input"]["big"]

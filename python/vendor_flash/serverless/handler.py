@@ -3,17 +3,20 @@
 Handlers may be a sync function, an ``async def``, a generator or an async generator.
 Async code runs on one shared event loop in a background thread (:class:`LoopThread`); the
 calling thread waits for it, so a job can be run from any thread and cancelled from another.
-Sync handlers run in the calling thread (the worker gives each job its own thread, so a
-blocking handler does not stop job-take, job-stop or heartbeats).
+Sync handlers and generators run in the calling thread, or, when the job was given a
+:class:`MainThreadRunner` call, on the thread that serves it (the worker's main thread, where
+runpod-python runs them: ``signal.signal()`` and thread-local state set at import work there).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import enum
 import inspect
 import threading
+import time
 from typing import Any, Callable, Dict, List, Optional
 
 from . import result as results
@@ -131,6 +134,102 @@ class LoopThread:
         self._thread.join(timeout=5)
 
 
+class MainThreadRunner:
+    """Runs the code of sync handlers and generators on one thread, the one calling :meth:`serve`.
+
+    runpod-python calls a sync handler (and steps a sync generator) on its event loop, in the
+    main thread: a handler may call ``signal.signal()`` (a ``SIGALRM`` timeout), and state set
+    on the main thread at import (``torch.set_grad_enabled(False)``, ``torch.cuda.set_device``,
+    a ``decimal`` context) applies to it. The worker serves this runner from its main thread.
+    One job holds it at a time (:meth:`acquire`); a job that finds it held runs in its own
+    thread, so sync jobs still run in parallel when a ``concurrency_modifier`` allows it.
+    """
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._items: collections.deque = collections.deque()
+        self._held = False
+        self._open = False
+
+    def open(self) -> None:
+        """Accept jobs (the caller is about to :meth:`serve`)."""
+        with self._cond:
+            self._open = True
+
+    def acquire(self) -> bool:
+        """Reserve the thread for one job; False when another job holds it or it is not served."""
+        with self._cond:
+            if self._held or not self._open:
+                return False
+            self._held = True
+            return True
+
+    def release(self) -> None:
+        """End the reservation made by :meth:`acquire`."""
+        with self._cond:
+            self._held = False
+
+    def call(self, fn: Callable, *args: Any) -> Any:
+        """Run ``fn(*args)`` on the serving thread and return its result or raise its exception.
+
+        Once the runner is closed, ``fn`` runs in the calling thread instead.
+        """
+        item = [fn, args, threading.Event(), None, None]  # fn, args, done, value, error
+        with self._cond:
+            queued = self._open
+            if queued:
+                self._items.append(item)
+                self._cond.notify_all()
+        if not queued:
+            return fn(*args)
+        item[2].wait()
+        if item[4] is not None:
+            error, item[4] = item[4], None
+            raise error
+        return item[3]
+
+    def wake(self) -> None:
+        """Make :meth:`serve` check its condition now."""
+        with self._cond:
+            self._cond.notify_all()
+
+    def serve(self, until: Callable[[], bool], timeout: Optional[float] = None) -> None:
+        """Run queued calls until ``until()`` is true (checked at least every 0.5 s) or ``timeout``."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not until():
+            wait = 0.5
+            if deadline is not None:
+                wait = min(wait, deadline - time.monotonic())
+                if wait <= 0:
+                    return
+            with self._cond:
+                if not self._items:
+                    self._cond.wait(wait)
+                item = self._items.popleft() if self._items else None
+            if item is not None:
+                self._run(item)
+
+    @staticmethod
+    def _run(item: list) -> None:
+        fn, args, done = item[0], item[1], item[2]
+        try:
+            item[3] = fn(*args)
+        except BaseException as exc:  # noqa: BLE001 - handed to the job's thread, which reports it
+            item[4] = exc
+        finally:
+            done.set()
+
+    def close(self) -> None:
+        """Stop serving: later calls run in their caller's thread; queued ones are refused."""
+        with self._cond:
+            self._open = False
+            items = list(self._items)
+            self._items.clear()
+        for item in items:  # jobs still waiting after the drain are stopped ones: not run
+            item[4] = RuntimeError("the worker stopped before this handler could run")
+            item[2].set()
+
+
 class JobCancelled(Exception):
     """Raised by :class:`JobRun` when the job was cancelled while running."""
 
@@ -182,6 +281,8 @@ class JobRun:
         self.exit_exception: Optional[BaseException] = None
         #: The job-done body the handler came to after its job was cancelled (not posted).
         self.cancelled_body: Optional[Dict[str, Any]] = None
+        #: Runs the handler's sync code elsewhere (:meth:`MainThreadRunner.call`); None: here.
+        self.call: Optional[Callable[..., Any]] = None
 
     @property
     def cancelled(self) -> bool:
@@ -212,6 +313,10 @@ class JobRun:
 
     # -- internals --------------------------------------------------------------------------
 
+    def _sync(self, fn: Callable, *args: Any) -> Any:
+        """Run sync handler code: through :attr:`call` when set, else in this thread."""
+        return fn(*args) if self.call is None else self.call(fn, *args)
+
     def _await(self, coro) -> Any:
         """Run ``coro`` on the loop and wait for it, honouring cancellation."""
         future = self.loop.submit(coro)
@@ -233,7 +338,7 @@ class JobRun:
 
     def _run_single(self) -> Dict[str, Any]:
         try:
-            output = self.handler(self.job)
+            output = self._sync(self.handler, self.job)
             if inspect.isawaitable(output):
                 output = self._await(output)
             return results.normalize_output(output)
@@ -257,7 +362,7 @@ class JobRun:
             if self.kind is HandlerKind.ASYNC_GENERATOR:
                 terminal = self._drain_async(self.handler(self.job), chunks)
             else:
-                terminal = self._drain_sync(self.handler(self.job), chunks)
+                terminal = self._drain_sync(self._sync(self.handler, self.job), chunks)
         except JobCancelled:
             raise
         except ChunkNotDelivered as exc:
@@ -291,7 +396,12 @@ class JobRun:
 
     def _drain_sync(self, gen, chunks: List[Any]) -> Optional[Dict[str, Any]]:
         try:
-            for value in gen:
+            iterator = iter(gen)
+            while True:
+                try:
+                    value = self._sync(next, iterator)
+                except StopIteration:
+                    return None
                 if self.cancelled:
                     raise JobCancelled(self.job.get("id"))
                 terminal = self._emit(value, chunks)
@@ -299,12 +409,11 @@ class JobRun:
                     return terminal
                 if self.cancelled:
                     raise JobCancelled(self.job.get("id"))
-            return None
         finally:
             close = getattr(gen, "close", None)
             if close is not None:
                 try:
-                    close()
+                    self._sync(close)
                 except Exception:  # noqa: BLE001 - closing must not mask the outcome
                     pass
 

@@ -9,9 +9,10 @@ Threads:
 * **stop** – long-polls job-stop and cancels the listed jobs.
 * **heartbeat** – feeds the ids of the jobs in progress to the heartbeat process, which pings
   every interval (renews leases) even while a handler holds the GIL (:mod:`.heartbeat`).
-* **main** – waits for a shutdown request (SIGTERM/SIGINT, ``refresh_worker``, or a handler
-  that raised SystemExit/KeyboardInterrupt), then stops taking, lets in-flight jobs finish and
-  post, and returns the exit status.
+* **main** – runs the code of sync handlers and generators (one job at a time, as runpod-python
+  runs them on its main thread; see :class:`~.handler.MainThreadRunner`) until a shutdown request
+  (SIGTERM/SIGINT, ``refresh_worker``, or a handler that raised SystemExit/KeyboardInterrupt),
+  then stops taking, lets in-flight jobs finish and post, and returns the exit status.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from . import progress
 from . import result as results
 from .env import WorkerEnv
-from .handler import ChunkNotDelivered, HandlerKind, JobCancelled, JobRun, LoopThread, handler_kind
+from .handler import ChunkNotDelivered, HandlerKind, JobCancelled, JobRun, LoopThread, MainThreadRunner, handler_kind
 from .http import TRANSPORT_ERRORS, HttpClient, HttpResponse, RequestAborted
 from .log import get_logger, job_extra
 from .ping import ping, ping_client
@@ -138,6 +139,8 @@ class Worker:
         self.stopping = threading.Event()  # no more takes
         self.finished = threading.Event()  # drained, background loops end
         self.loop: Optional[LoopThread] = None
+        #: Runs sync handler code on the thread that calls :meth:`run` (the main thread).
+        self.main = MainThreadRunner()
         self._ping_now = threading.Event()  # wakes the heartbeat early
         self._signals = 0
         self._feed_lock = threading.Lock()
@@ -158,6 +161,7 @@ class Worker:
         self.log.info("vendor-flash %s worker %s starting (handler: %s, endpoint: %s)",
                       __version__, self.env.worker_id, self.kind.value, self.env.endpoint_id or "-")
         previous = self._install_signal_handlers()
+        self.main.open()
         self.loop = LoopThread()
         progress.set_transport(self.transport, on_stale=self._mark_lost)
         try:
@@ -169,11 +173,12 @@ class Worker:
             self._spawn(self._stop_loop, "stop")
             if not self.env.ping_enabled:
                 self.log.warning("heartbeat disabled: needs the ping URL, the worker key and the pod id")
-            while not self.stopping.wait(0.5):
-                pass
-            take.join(30)  # a take answered during shutdown still registers its jobs
+            self.main.serve(self.stopping.is_set)  # sync handlers run here meanwhile
+            # a take answered during shutdown still registers its jobs
+            self.main.serve(lambda: not take.is_alive(), timeout=30)
             self._drain()
         finally:
+            self.main.close()
             self.finished.set()
             self._ping_now.set()
             self.take_client.abort()
@@ -348,6 +353,10 @@ class Worker:
         job_id = active.id
         extra = job_extra(job_id)
         started = time.monotonic()
+        # sync code on the main thread, as runpod-python runs it, when no other job holds it
+        on_main = self.kind in (HandlerKind.SYNC, HandlerKind.GENERATOR) and self.main.acquire()
+        if on_main:
+            active.run.call = self.main.call
         try:
             try:
                 body = active.run.run()
@@ -359,6 +368,9 @@ class Worker:
                     self.log.info("cancelled: no result posted", extra=extra)
                 return
             finally:
+                if on_main:
+                    self.main.release()
+                    on_main = False
                 if active.run.exit_exception is not None:
                     self._exit_after_jobs(active.run.exit_exception, job_id)
             if self.refresh_always:
@@ -389,9 +401,12 @@ class Worker:
         except BaseException:  # noqa: BLE001 - never let a job thread die silently
             self.log.exception("internal error while running the job", extra=extra)
         finally:
+            if on_main:  # an internal error before the reservation was ended
+                self.main.release()
             with self.cond:
                 self.jobs.pop(job_id, None)
                 self.cond.notify_all()
+            self.main.wake()  # the drain checks again
             if not active.held():
                 # a stopped job's handler has returned: tell flashd now (its pings listed the
                 # job until here, so flashd still counts this worker busy)
@@ -452,10 +467,13 @@ class Worker:
             active.run.cancel()
 
     def _drain(self) -> None:
-        """Wait until every job that will post a result has done so."""
-        with self.cond:
-            while any(not (j.run.cancelled or j.lost) for j in self.jobs.values()):
-                self.cond.wait(timeout=0.5)
+        """Wait until every job that will post a result has done so (running sync handler code
+        meanwhile)."""
+        def drained() -> bool:
+            with self.cond:
+                return not any(not (j.run.cancelled or j.lost) for j in self.jobs.values())
+
+        self.main.serve(drained)
 
     # -- stop channel -----------------------------------------------------------------------
 
