@@ -24,6 +24,7 @@ import { newJobId } from '../core/ids.js';
 import type { Logger } from '../core/logger.js';
 import type { ActiveJobRow, JobRow, JobsRepo, WriteBatch } from '../store/index.js';
 import { Deque } from './deque.js';
+import { MinHeap } from './min-heap.js';
 import { TERMINAL, type Job, type JobStatus, type WorkerCounts } from './types.js';
 import { statusBody, type JobSnapshot } from './views.js';
 import type { WorkerInfo, WorkerRegistry } from './workers.js';
@@ -114,11 +115,13 @@ class EndpointQueue {
   /** Sum of `retries` over the queued jobs (`/health` reads it; walking a backlog per call would not scale). */
   queuedRetries = 0;
   /**
-   * At or below the earliest TTL deadline of any queued job (lowered on enqueue, recomputed by
-   * the reaper's walk): until the clock reaches it no queued job can have expired, so the
-   * reaper does not walk a backlog every second.
+   * Ids of the queued jobs by TTL deadline, an entry per enqueue, so the reaper looks only at
+   * the jobs that expire (a walk of the backlog whenever a lower bound was due made a few
+   * short-TTL jobs among a long backlog a walk of all of it every second). Entries go lazily
+   * (see reap): ids, not jobs, so an entry left behind holds no finished job (and its output)
+   * in memory. Replaced whole by a purge; rebuilt from the deques once stale entries dominate.
    */
-  ttlFloor = Infinity;
+  ttls = new MinHeap<string>();
   inProgress = 0;
   /** Of inProgress, the low-priority ones (they never count toward a scale-up). */
   lowInProgress = 0;
@@ -285,6 +288,12 @@ export const PURGE_SLICE_JOBS = 2_000;
  * once that commit is in, rather than in one pass and one commit holding the event loop.
  */
 export const EXPIRE_QUEUED_SLICE_JOBS = 2_000;
+
+/**
+ * Stale TTL-heap entries (of jobs no longer queued) the reaper drops per pass, each a heap pop
+ * and no write: a pass that reaches this many among due entries goes on after its commit.
+ */
+const SKIP_TTL_ENTRIES = 8 * EXPIRE_QUEUED_SLICE_JOBS;
 
 /** Queued jobs of an endpoint beyond this many keep their input in SQLite only, until taken. */
 const HOT_QUEUE_DEPTH = 64;
@@ -622,7 +631,7 @@ export class JobQueue {
     if (job.lowPriority) q.lowQueued++;
     else q.queued++;
     q.queuedRetries += job.retries;
-    if (job.ttlDeadline < q.ttlFloor) q.ttlFloor = job.ttlDeadline;
+    q.ttls.push(job.id, job.ttlDeadline);
     this.#dispatch(q);
     for (const l of this.#listeners) l.jobQueued?.(job.endpointId);
   }
@@ -1613,6 +1622,8 @@ export class JobQueue {
     q.retry = new Deque();
     q.normal = new Deque();
     q.low = new Deque();
+    // Every entry is of the purged generation (a job put back after a failed commit gets a new one).
+    q.ttls = new MinHeap();
     q.gen = ++this.#queueGens;
     const count = q.queued + q.lowQueued;
     q.queued = 0;
@@ -1847,32 +1858,54 @@ export class JobQueue {
     }
     if (next < Infinity) this.#armDeadline(next, mono);
     let budget = EXPIRE_QUEUED_SLICE_JOBS;
+    let skips = SKIP_TTL_ENTRIES;
     let more = false;
     for (const q of this.#queues.values()) {
       // A fence that ran out lets a parked worker take the job it was fenced from (workers park
       // while jobs are queued only when those jobs are fenced from them).
       if (q.takers.length > 0 && q.queued + q.lowQueued > 0) this.#dispatch(q);
       let cut = false;
-      if (mono >= q.ttlFloor) {
-        let floor = Infinity;
-        const expire = (job: Job): boolean => {
-          if (job.status !== 'IN_QUEUE') return true;
-          if (mono < job.ttlDeadline) {
-            if (job.ttlDeadline < floor) floor = job.ttlDeadline;
-            return true;
-          }
-          // This pass's slice is used up: the walk stops, and the next pass starts it again.
-          if (budget === 0) return false;
-          budget--;
-          q.left(job);
-          this.#finish(job, 'TIMED_OUT', null, 'Job expired in the queue before a worker took it (policy.ttl).');
-          return true;
+      const live = q.queued + q.lowQueued;
+      // Mostly entries of jobs taken or cancelled: rebuilt from the live jobs, O(live) once per
+      // as many stale entries, so the heap stays within about twice the backlog.
+      if (q.ttls.size > DEAD_QUEUED_COMPACT && q.ttls.size > 2 * live) {
+        const ids: string[] = [];
+        const keys: number[] = [];
+        const keep = (job: Job): void => {
+          if (job.status !== 'IN_QUEUE' || job.queueGen !== q.gen) return;
+          ids.push(job.id);
+          keys.push(job.ttlDeadline);
         };
-        cut = budget === 0 || !(q.retry.forEach(expire) && q.normal.forEach(expire) && q.low.forEach(expire));
-        // Cut short, the floor is not known: the next pass walks again.
-        q.ttlFloor = cut ? mono : floor;
-        if (cut) more = true;
+        q.retry.forEach(keep);
+        q.normal.forEach(keep);
+        q.low.forEach(keep);
+        q.ttls.reset(ids, keys);
       }
+      // The top entry is stale when its job left the queue (taken, cancelled, expired at a take,
+      // evicted once finished) or its generation (purged): dropped, due or not, so a backlog
+      // taken in order leaves none behind. A requeue leaves the job a second entry (stale once
+      // it ends); a /retry's new record keeps the id with a later deadline, so an entry due
+      // before it is its earlier run's. A live job not due ends the look: nothing after it is.
+      for (let id = q.ttls.peek(); id !== undefined; id = q.ttls.peek()) {
+        const job = this.#jobs.get(id);
+        const at = q.ttls.peekKey();
+        const queued = job !== undefined && job.status === 'IN_QUEUE' && job.queueGen === q.gen;
+        if (queued && mono < at) break;
+        // This pass's slice is used up: the next pass, after its commit, goes on.
+        if (budget === 0 || skips === 0) {
+          if (mono >= at) cut = true;
+          break;
+        }
+        q.ttls.pop();
+        if (!queued || job.ttlDeadline !== at) {
+          skips--;
+          continue;
+        }
+        budget--;
+        q.left(job);
+        this.#finish(job, 'TIMED_OUT', null, 'Job expired in the queue before a worker took it (policy.ttl).');
+      }
+      if (cut) more = true;
       // Jobs ended while queued (cancelled, expired) stay on their deque until a take passes
       // them; with no worker taking, they would hold their memory past their retention. Not
       // while an expiry goes on in slices: once, after its last pass.
