@@ -1707,6 +1707,15 @@ export class JobQueue {
     return { queued: q.queued, lowQueued: q.lowQueued, inProgress: q.inProgress - q.lowInProgress, oldestWaitMs: oldest };
   }
 
+  /**
+   * Whether a worker runs a job that `load` counts (a normal-priority one): one busy only with
+   * low-priority jobs, or with jobs flashd ended that its handler still runs, serves none of them.
+   */
+  runsCountedJob(worker: WorkerInfo): boolean {
+    for (const id of worker.jobs) if (this.#jobs.get(id)?.lowPriority !== true) return true;
+    return false;
+  }
+
   /** The endpoint is being deleted: wake everything parked on it and forget its jobs. */
   dropEndpoint(endpointId: string): void {
     const q = this.#queues.get(endpointId);

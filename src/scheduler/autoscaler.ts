@@ -160,6 +160,7 @@ export class Autoscaler {
       oldestWaitMs: load.oldestWaitMs,
       workers: listed.filter((w) => !registry.silent(w) && !this.#managed.get(w.id)?.stopping).map((w) => ({
         id: w.id, state: registry.state(w), idleMs: mono - w.idleSince, managed: w.managed, recycle: w.recycle, refresh: w.refresh, retired: w.retired,
+        uncounted: registry.state(w) === 'running' && !this.#o.queue.runsCountedJob(w),
       })),
       // A worker that asked to be recycled, or one stopped for the init timeout (it was never
       // idle, so nothing else replaces it), holds its place under max until it has exited.

@@ -8,7 +8,9 @@
  *   start). Otherwise one more worker is added when the oldest waiting job has waited longer
  *   than `queueDelay` and no worker is idle, one step at a time (not while another is still
  *   starting); `recheckInMs` says when that wait will be long enough.
- * - REQUEST_COUNT: target `ceil((inQueue + inProgress) / requestCount)`.
+ * - REQUEST_COUNT: target `ceil((inQueue + inProgress) / requestCount)`, beside the workers busy
+ *   only with work that leaves out (low-priority jobs, jobs flashd ended that a handler still
+ *   runs): they serve none of the jobs counted, so they do not stand for the target.
  * - Low-priority jobs never cause a scale-up.
  * - Idle workers stop after `idleTimeout` (down to `min`; REQUEST_COUNT, which has no
  *   idleTimeout: down to its target, after the loop's grace), longest idle first; above `max`
@@ -38,6 +40,11 @@ export interface WorkerSnapshot {
   refresh?: boolean;
   /** Recycled for being busy above a lowered max (with `recycle` and `refresh`): it serves again once max has room for it. */
   retired?: boolean;
+  /**
+   * Running, but none of its jobs is counted in `inProgress` (only low-priority jobs, or jobs
+   * flashd ended that its handler still runs): REQUEST_COUNT's target does not count on it.
+   */
+  uncounted?: boolean;
 }
 
 export interface ScaleInput {
@@ -114,8 +121,14 @@ export function decideScale(s: ScaleInput): ScaleDecision {
   let why = '';
   let recheckInMs = 0;
   if (s.scaling.type === 'REQUEST_COUNT') {
-    desired = Math.ceil((s.queued + s.inProgress) / s.scaling.requestCount);
-    why = `REQUEST_COUNT: ${s.queued + s.inProgress} job(s) queued or running at ${s.scaling.requestCount} per worker want ${desired} worker(s)`;
+    // A worker busy with work the target leaves out serves none of the jobs counted: counted
+    // toward the target, it would keep a normal job waiting behind a low-priority one (or a
+    // cancelled one a sync handler still runs) for as long as that one runs.
+    const occupied = serving.filter((w) => w.uncounted === true && w.state === 'running').length;
+    const wanted = Math.ceil((s.queued + s.inProgress) / s.scaling.requestCount);
+    desired = wanted + occupied;
+    why = `REQUEST_COUNT: ${s.queued + s.inProgress} job(s) queued or running at ${s.scaling.requestCount} per worker want ${wanted} worker(s)`
+      + (occupied > 0 && wanted > 0 ? ` beside the ${occupied} busy with low-priority or ended jobs` : '');
   } else if (s.queued > 0 && idle.length === 0) {
     if (active === 0) {
       desired = 1;

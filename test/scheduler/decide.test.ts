@@ -29,6 +29,22 @@ const cases: { name: string; input: Partial<ScaleInput>; start: number; stop?: s
     name: 'REQUEST_COUNT ignores low-priority jobs',
     input: { scaling: { type: 'REQUEST_COUNT', requestCount: 1 }, lowQueued: 9, max: 10 }, start: 0,
   },
+  {
+    name: 'REQUEST_COUNT: a worker busy only with work the target leaves out (low-priority jobs, a job flashd ended) serves none of the jobs counted',
+    input: { scaling: { type: 'REQUEST_COUNT', requestCount: 1 }, queued: 1, workers: [w('a', 'running', 0, { uncounted: true })] }, start: 1, stop: [],
+  },
+  {
+    name: 'REQUEST_COUNT: and it is not replaced by an idle one once the job is done (the idle one stops after the grace)',
+    input: { scaling: { type: 'REQUEST_COUNT', requestCount: 1 }, idleTimeoutMs: 5000, workers: [w('a', 'running', 0, { uncounted: true }), w('b', 'idle', 6000)] }, start: 0, stop: ['b'],
+  },
+  {
+    name: 'REQUEST_COUNT: busy with uncounted work it still counts toward max',
+    input: { scaling: { type: 'REQUEST_COUNT', requestCount: 1 }, max: 1, queued: 1, workers: [w('a', 'running', 0, { uncounted: true })] }, start: 0, retire: [],
+  },
+  {
+    name: 'REQUEST_COUNT: with nothing counted queued, a worker busy with a low-priority job starts nobody',
+    input: { scaling: { type: 'REQUEST_COUNT', requestCount: 1 }, lowQueued: 4, workers: [w('a', 'running', 0, { uncounted: true })] }, start: 0, stop: [],
+  },
   { name: 'REQUEST_COUNT clamps to max', input: { scaling: { type: 'REQUEST_COUNT', requestCount: 1 }, queued: 50 }, start: 3 },
   { name: 'idle past idleTimeout stops, down to zero', input: { workers: [w('a', 'idle', 10_001)] }, start: 0, stop: ['a'] },
   { name: 'idle below idleTimeout stays', input: { workers: [w('a', 'idle', 9_999)] }, start: 0, stop: [] },
@@ -141,6 +157,10 @@ t.test('a decision says why its workers start and stop, for the logs', async (t)
   t.equal(
     decideScale({ ...base, scaling: { type: 'REQUEST_COUNT', requestCount: 2 }, queued: 3, inProgress: 2, max: 10 }).startReason,
     'REQUEST_COUNT: 5 job(s) queued or running at 2 per worker want 3 worker(s)',
+  );
+  t.equal(
+    decideScale({ ...base, scaling: { type: 'REQUEST_COUNT', requestCount: 1 }, queued: 1, workers: [w('a', 'running', 0, { uncounted: true })] }).startReason,
+    'REQUEST_COUNT: 1 job(s) queued or running at 1 per worker want 1 worker(s) beside the 1 busy with low-priority or ended jobs',
   );
   t.same(decideScale({ ...base, workers: [w('a', 'idle', 12_000)] }).stopReasons, { a: 'idle for 12 s (idle timeout 10 s)' });
   t.same(decideScale({ ...base, max: 0, workers: [w('a', 'initializing')] }).stopReasons, { a: 'above workers.max (0)' });

@@ -127,3 +127,26 @@ t.test('a worker flashd is stopping is not counted idle while it takes its time 
     await new Promise((r) => setTimeout(r, 500));
   }
 });
+
+t.test('REQUEST_COUNT: a job waiting behind a worker busy with a low-priority job or a cancelled one gets a worker of its own', async (t) => {
+  const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT, takeHoldMs: 1000, leaseMs: 3000, workerStopGraceMs: 1000 });
+  const ep = (await a.req('POST', '/v2/serverless', {
+    body: cpuBody({ args: 'python3 -u test/fixtures/workers/echo.py', scaling: { type: 'REQUEST_COUNT', requestCount: 1 }, workers: { min: 1, max: 3 } }),
+  })).json.id as string;
+  await until('the warm worker to be up', async () => (await health(a, ep)).workers.idle === 1, 15_000);
+  const status = async (id: string) => (await a.req('GET', `/v2/${ep}/status/${id}`)).json.status as string;
+  // The warm worker takes a long low-priority job; a normal job submitted then is counted, the
+  // worker running the low-priority one serves none of the counted jobs.
+  const low = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { sleep: 15 }, policy: { lowPriority: true } } })).json.id as string;
+  await until('the low-priority job to run', async () => (await status(low)) === 'IN_PROGRESS', 10_000);
+  const first = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { sleep: 15 } } })).json.id as string;
+  await until('a second worker to run the normal job', async () => (await status(first)) === 'IN_PROGRESS', 10_000);
+  t.equal((await health(a, ep)).workers.running, 2, 'two workers running');
+  // The same for a job flashd ended that the worker still runs (a sync handler cannot be
+  // interrupted): it counts as running, so a queued job gets another worker.
+  t.equal((await a.req('POST', `/v2/${ep}/cancel/${first}`)).json.status, 'CANCELLED');
+  const second = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { sleep: 1 } } })).json.id as string;
+  await until('a third worker to run the next job', async () => (await status(second)) === 'COMPLETED', 10_000);
+  t.equal(await status(low), 'IN_PROGRESS', 'the low-priority job is still running');
+  await a.req('POST', `/v2/${ep}/cancel/${low}`);
+});
