@@ -45,6 +45,22 @@ const cases: { name: string; input: Partial<ScaleInput>; start: number; stop?: s
     name: 'REQUEST_COUNT: with nothing counted queued, a worker busy with a low-priority job starts nobody',
     input: { scaling: { type: 'REQUEST_COUNT', requestCount: 1 }, lowQueued: 4, workers: [w('a', 'running', 0, { uncounted: true })] }, start: 0, stop: [],
   },
+  {
+    name: 'REQUEST_COUNT: workers still starting count toward the target (no second start while they boot)',
+    input: { scaling: { type: 'REQUEST_COUNT', requestCount: 1 }, queued: 2, workers: [w('a', 'initializing'), w('b', 'initializing')] }, start: 0, stop: [],
+  },
+  {
+    name: 'REQUEST_COUNT: idle workers above the target stop after the grace, down to the target',
+    input: { scaling: { type: 'REQUEST_COUNT', requestCount: 1 }, idleTimeoutMs: 5000, inProgress: 1, workers: [w('a', 'running'), w('b', 'idle', 6000), w('c', 'idle', 7000)] }, start: 0, stop: ['c', 'b'],
+  },
+  {
+    name: 'REQUEST_COUNT: and not below min',
+    input: { scaling: { type: 'REQUEST_COUNT', requestCount: 1 }, idleTimeoutMs: 5000, min: 1, workers: [w('a', 'idle', 6000), w('b', 'idle', 7000)] }, start: 0, stop: ['b'],
+  },
+  {
+    name: 'REQUEST_COUNT: an idle worker within the grace stays',
+    input: { scaling: { type: 'REQUEST_COUNT', requestCount: 1 }, idleTimeoutMs: 5000, workers: [w('a', 'idle', 4000)] }, start: 0, stop: [],
+  },
   { name: 'REQUEST_COUNT clamps to max', input: { scaling: { type: 'REQUEST_COUNT', requestCount: 1 }, queued: 50 }, start: 3 },
   { name: 'idle past idleTimeout stops, down to zero', input: { workers: [w('a', 'idle', 10_001)] }, start: 0, stop: ['a'] },
   { name: 'idle below idleTimeout stays', input: { workers: [w('a', 'idle', 9_999)] }, start: 0, stop: [] },
@@ -130,6 +146,8 @@ const cases: { name: string; input: Partial<ScaleInput>; start: number; stop?: s
   },
   { name: 'no capacity: throttled, not started', input: { queued: 2, capacity: 0 }, start: 0, throttled: 1 },
   { name: 'some capacity: the rest is throttled', input: { scaling: { type: 'REQUEST_COUNT', requestCount: 1 }, queued: 3, capacity: 1 }, start: 1, throttled: 2 },
+  { name: 'crash-loop backoff holds back the warm workers of min too', input: { min: 2, backoff: true }, start: 0 },
+  { name: 'a warm idle worker takes the first job: no cold start beside it', input: { min: 1, queued: 1, workers: [w('a', 'idle', 60_000)] }, start: 0, stop: [] },
   { name: 'crash-loop backoff holds starts back without throttling', input: { queued: 2, backoff: true }, start: 0, throttled: 0 },
   { name: 'unhealthy workers do not count as capacity', input: { queued: 1, workers: [w('a', 'unhealthy')] }, start: 1 },
 ];
