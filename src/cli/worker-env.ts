@@ -38,6 +38,16 @@ function isLoopback(raw: string): boolean {
   }
 }
 
+/** Whether `raw` is an absolute http(s) URL that fetch can ask. */
+function isHttpUrl(raw: string): boolean {
+  try {
+    const u = new URL(raw);
+    return (u.protocol === 'http:' || u.protocol === 'https:') && u.hostname !== '';
+  } catch {
+    return false;
+  }
+}
+
 const shellQuote = (v: string) => `'${v.replace(/'/g, `'\\''`)}'`;
 
 /**
@@ -97,7 +107,14 @@ export async function workerEnvCommand(args: string[], env: NodeJS.ProcessEnv): 
     process.stderr.write(`flashd worker-env: ${positional.length !== 1 ? 'name exactly one endpoint id' : `unknown format ${format}`}\n\n${WORKER_ENV_USAGE}`);
     return 2;
   }
-  const url = (opts['url'] ?? env['FLASHD_URL'] ?? `http://127.0.0.1:${env['FLASHD_PORT'] ?? '8000'}`).replace(/\/+$/, '');
+  // An empty FLASHD_URL or FLASHD_PORT counts as unset, as the server's FLASHD_* settings do.
+  const url = (opts['url'] ?? (env['FLASHD_URL'] || `http://127.0.0.1:${env['FLASHD_PORT'] || '8000'}`)).replace(/\/+$/, '');
+  // `--url localhost:8000` (no scheme) would otherwise be reported as flashd not answering there.
+  if (!isHttpUrl(url)) {
+    const source = opts['url'] !== undefined ? '--url' : env['FLASHD_URL'] ? 'FLASHD_URL' : 'FLASHD_PORT';
+    process.stderr.write(`flashd worker-env: ${source} must give an http:// or https:// URL such as http://127.0.0.1:8000, got ${JSON.stringify(url)}\n`);
+    return 2;
+  }
   let key = opts['api-key'] ?? env['FLASHD_API_KEY'];
   if (!key) {
     const file = join(opts['data-dir'] ?? env['FLASHD_DATA_DIR'] ?? './data', 'admin-api-key');

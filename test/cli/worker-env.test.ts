@@ -109,6 +109,21 @@ t.test('worker-env fails clearly', async (t) => {
   t.match(help.stdout, /--format/);
 });
 
+t.test('worker-env refuses a --url or FLASHD_URL without http(s)://, instead of saying flashd is unreachable', async (t) => {
+  const a = await startAgent(t);
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  const hostPort = a.url.replace(/^http:\/\//, '');
+  const bare = await run(process.execPath, [BUNDLE, 'worker-env', ep, '--url', hostPort, '--api-key', ADMIN_KEY], cleanEnv());
+  t.equal(bare.status, 2, 'bad usage');
+  t.equal(bare.stderr, `flashd worker-env: --url must give an http:// or https:// URL such as http://127.0.0.1:8000, got "${hostPort}"\n`);
+  t.equal(bare.stdout, '');
+  const ftp = await run(process.execPath, [BUNDLE, 'worker-env', ep, '--api-key', ADMIN_KEY], cleanEnv({ FLASHD_URL: `ftp://${hostPort}` }));
+  t.equal(ftp.status, 2);
+  t.match(ftp.stderr, /^flashd worker-env: FLASHD_URL must give an http:\/\/ or https:\/\/ URL/);
+  const unset = await run(process.execPath, [BUNDLE, 'worker-env', ep, '--api-key', ADMIN_KEY], cleanEnv({ FLASHD_URL: '', FLASHD_PORT: String(new URL(a.url).port) }));
+  t.equal(unset.status, 0, `an empty FLASHD_URL counts as unset: ${unset.stderr}`);
+});
+
 /** Listens on a free loopback port until the test ends; returns its URL. */
 async function listen(t: Test, server: HttpServer | NetServer): Promise<string> {
   const sockets = new Set<Socket>();
