@@ -93,11 +93,18 @@ export async function workerEnvCommand(args: string[], env: NodeJS.ProcessEnv): 
     if (a.startsWith('--')) {
       const eq = a.indexOf('=');
       const name = eq > 0 ? a.slice(2, eq) : a.slice(2);
-      const value = eq > 0 ? a.slice(eq + 1) : args[++i];
-      if (!['url', 'api-key', 'data-dir', 'format', 'gpu'].includes(name) || value === undefined) {
+      if (!['url', 'api-key', 'data-dir', 'format', 'gpu'].includes(name)) {
         process.stderr.write(`flashd worker-env: bad option ${a}\n\n${WORKER_ENV_USAGE}`);
         return 2;
       }
+      // `--api-key $KEY --format shell` with KEY unset: taking --format as the key would end in
+      // a confusing "name exactly one endpoint id" about the now stray `shell`.
+      const next = args[i + 1];
+      if (eq < 0 && (next === undefined || next.startsWith('--'))) {
+        process.stderr.write(`flashd worker-env: option --${name} needs a value\n\n${WORKER_ENV_USAGE}`);
+        return 2;
+      }
+      const value = eq > 0 ? a.slice(eq + 1) : (args[++i] as string);
       opts[name] = value;
     } else positional.push(a);
   }

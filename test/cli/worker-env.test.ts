@@ -104,6 +104,13 @@ t.test('worker-env fails clearly', async (t) => {
   const noKey = await run(process.execPath, [BUNDLE, 'worker-env', 'x', '--url', a.url, '--data-dir', t.testdir()], cleanEnv());
   t.equal(noKey.status, 2);
   t.match(noKey.stderr, /no API key/);
+  // README's `worker-env $EP --api-key $KEY --format shell` with KEY unset.
+  const emptyKey = await run(process.execPath, [BUNDLE, 'worker-env', 'ep', '--api-key', '--format', 'shell'], cleanEnv());
+  t.equal(emptyKey.status, 2);
+  t.match(emptyKey.stderr, /^flashd worker-env: option --api-key needs a value\n/, 'names the option left without a value');
+  const last = await run(process.execPath, [BUNDLE, 'worker-env', 'ep', '--format'], cleanEnv());
+  t.equal(last.status, 2);
+  t.match(last.stderr, /^flashd worker-env: option --format needs a value\n/);
   const help = await run(process.execPath, [BUNDLE, 'worker-env', '--help'], cleanEnv());
   t.equal(help.status, 0);
   t.match(help.stdout, /--format/);
