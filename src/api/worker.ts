@@ -216,7 +216,8 @@ export function workerRoutes(s: WorkerRouteServices): RouteDef[] {
         if (sinceRaw !== null && !/^\d+$/.test(sinceRaw)) errors.push('?since: must be a non-negative integer');
         if (limitRaw !== null && (!/^\d+$/.test(limitRaw) || Number(limitRaw) < 1 || Number(limitRaw) > 10_000)) errors.push('?limit: must be an integer from 1 to 10000');
         if (followRaw !== null && !['true', 'false', '1', '0'].includes(followRaw)) errors.push('?follow: must be true or false');
-        if (errors.length) throw new AgentError('VALIDATION_FAILED', '?since must be a non-negative integer, ?limit an integer from 1 to 10000 and ?follow true or false.', { errors });
+        // The detail names only the parameters that are wrong, as every other validation error does.
+        if (errors.length) throw new AgentError('VALIDATION_FAILED', `${errors.join('; ')}.`, { errors });
         const limit = limitRaw === null ? 500 : Number(limitRaw);
         const since = sinceRaw === null ? undefined : Number(sinceRaw);
         const lines = s.logs.read(ep.id, since, limit);

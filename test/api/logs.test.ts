@@ -12,9 +12,12 @@ t.test('endpoint logs: tail, since, follow, and gone with the endpoint', async (
   t.match(tail[0], { workerId: 'wkr_a', stream: 'stdout', at: /^\d{4}-/ });
   const since = (await a.req('GET', `/v2/serverless/${ep}/logs?since=${tail[0].seq}`)).json;
   t.same(since.map((l: { line: string }) => l.line), ['line 4']);
-  assertProblem(t, await a.req('GET', `/v2/serverless/${ep}/logs?limit=0`), 400);
+  const zero = await a.req('GET', `/v2/serverless/${ep}/logs?limit=0`);
+  assertProblem(t, zero, 400);
+  t.equal(zero.json.detail, '?limit: must be an integer from 1 to 10000.', 'the detail names the bad parameter only');
   const both = await a.req('GET', `/v2/serverless/${ep}/logs?limit=abc&since=-1`);
   t.same(both.json.errors, ['?since: must be a non-negative integer', '?limit: must be an integer from 1 to 10000'], 'each bad parameter named');
+  t.equal(both.json.detail, '?since: must be a non-negative integer; ?limit: must be an integer from 1 to 10000.');
   // A misspelt follow must not quietly answer a snapshot to a caller that waits for a stream.
   for (const bad of ['yes', 'TRUE', '']) {
     const r = await a.req('GET', `/v2/serverless/${ep}/logs?follow=${bad}`);
