@@ -1,0 +1,81 @@
+/**
+ * The job API's limits as README "Running jobs" states them, pinned at both edges: bodies up
+ * to 10 MiB on /run and 20 MiB on /runsync, ?wait 1000–300000, ?ttl 1000–604800000, and
+ * results kept 30 min after /run, 1 min after /runsync, up to 5 min with ?wait.
+ */
+import t from 'tap';
+import { ManualClock } from '../../src/core/clock.js';
+import { assertProblem, cpuBody, startAgent, type TestAgent } from '../helpers/agent.js';
+import { TestWorker } from '../helpers/worker.js';
+
+const MiB = 1024 * 1024;
+
+/** A submit body of exactly `bytes` bytes. */
+function bodyOf(bytes: number): string {
+  const empty = '{"input":{"pad":""}}';
+  return `{"input":{"pad":"${'x'.repeat(bytes - empty.length)}"}}`;
+}
+
+const submit = (a: TestAgent, path: string, raw: string) => a.req('POST', path, { raw, headers: { 'content-type': 'application/json' } });
+
+t.test('bodies: /run takes 10 MiB, /runsync 20 MiB; a byte more is a 413', async (t) => {
+  const a = await startAgent(t);
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  t.equal((await submit(a, `/v2/${ep}/run`, bodyOf(10 * MiB))).status, 200, '/run: 10 MiB accepted');
+  assertProblem(t, await submit(a, `/v2/${ep}/run`, bodyOf(10 * MiB + 1)), 413, '/run: 10 MiB + 1 refused');
+  t.equal((await submit(a, `/v2/${ep}/runsync?wait=1000`, bodyOf(20 * MiB))).status, 200, '/runsync: 20 MiB accepted');
+  assertProblem(t, await submit(a, `/v2/${ep}/runsync?wait=1000`, bodyOf(20 * MiB + 1)), 413, '/runsync: 20 MiB + 1 refused');
+});
+
+t.test('?wait is 1000–300000 and ?ttl 1000–604800000, both ends included', async (t) => {
+  const a = await startAgent(t, { takeHoldMs: 2000 });
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  const w = await TestWorker.create(a, ep);
+  const serve = async () => {
+    const job = await w.take();
+    if (job) await w.done(job.id, { output: 'ok' });
+  };
+  for (const wait of [1000, 300_000]) {
+    const [r] = await Promise.all([a.req('POST', `/v2/${ep}/runsync?wait=${wait}`, { body: { input: {} } }), serve()]);
+    t.equal(r.json.status, 'COMPLETED', `wait=${wait} accepted`);
+  }
+  for (const wait of [999, 300_001]) assertProblem(t, await a.req('POST', `/v2/${ep}/runsync?wait=${wait}`, { body: { input: {} } }), 400, `wait=${wait} refused`);
+  const id = (await a.req('POST', `/v2/${ep}/run`, { body: { input: {} } })).json.id as string;
+  await serve();
+  for (const ttl of [1000, 604_800_000]) t.equal((await a.req('GET', `/v2/${ep}/status/${id}?ttl=${ttl}`)).status, 200, `ttl=${ttl} accepted`);
+  for (const ttl of [999, 604_800_001]) assertProblem(t, await a.req('GET', `/v2/${ep}/status/${id}?ttl=${ttl}`), 400, `ttl=${ttl} refused`);
+});
+
+t.test('retention: /run 30 min, /runsync 1 min, /runsync?wait=300000 5 min', async (t) => {
+  const clock = new ManualClock();
+  const a = await startAgent(t, { takeHoldMs: 2000 }, { clock });
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  const w = await TestWorker.create(a, ep);
+  const serve = async () => {
+    const job = await w.take();
+    if (job) await w.done(job.id, { output: 'ok' });
+  };
+  const step = (ms: number) => {
+    clock.advance(ms);
+    a.agent.queue.reap();
+  };
+  const kept = async (id: string) => (await a.req('GET', `/v2/${ep}/status/${id}`)).status === 200;
+  const run = (await a.req('POST', `/v2/${ep}/run`, { body: { input: {} } })).json.id as string;
+  await serve();
+  const [sync] = await Promise.all([a.req('POST', `/v2/${ep}/runsync`, { body: { input: {} } }), serve()]);
+  const [short] = await Promise.all([a.req('POST', `/v2/${ep}/runsync?wait=1000`, { body: { input: {} } }), serve()]);
+  const [long] = await Promise.all([a.req('POST', `/v2/${ep}/runsync?wait=300000`, { body: { input: {} } }), serve()]);
+  step(59_000);
+  t.ok(await kept(sync.json.id) && await kept(short.json.id), '/runsync results kept just under 1 min');
+  step(2_000);
+  t.notOk(await kept(sync.json.id), '/runsync: gone after 1 min');
+  t.notOk(await kept(short.json.id), '/runsync?wait=1000: 1 min too (a shorter wait keeps the minute)');
+  step(5 * 60_000 - 61_000 - 1000);
+  t.ok(await kept(long.json.id), '/runsync?wait=300000 kept just under 5 min');
+  step(2_000);
+  t.notOk(await kept(long.json.id), 'and gone after 5 min');
+  step(30 * 60_000 - 5 * 60_000 - 2_000);
+  t.ok(await kept(run), '/run kept just under 30 min');
+  step(2_000);
+  t.notOk(await kept(run), 'and gone after 30 min');
+});
