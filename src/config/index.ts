@@ -228,8 +228,12 @@ export function configHelp(): string {
     const flag = schema['x-flag'];
     const envName = schema['x-env'];
     const def = schema.default === null || schema.default === undefined ? '' : ` (default: ${JSON.stringify(schema.default)})`;
-    const choices = schema.enum ? ` One of: ${schema.enum.join(', ')}.` : '';
-    const head = flag ? `  ${flag} <${isIntegerOption(schema) ? 'n' : 'value'}>` : `  (env only) ${key}`;
+    // A boolean flag may stand alone (collectFlags): `<value>` would say it needs one.
+    const choices = schema.enum
+      ? ` One of: ${schema.enum.join(', ')}.`
+      : schema.type === 'boolean' ? ' The flag alone means true; values: true or false (also 1/0, yes/no, on/off).' : '';
+    const arg = schema.type === 'boolean' ? '[true|false]' : `<${isIntegerOption(schema) ? 'n' : 'value'}>`;
+    const head = flag ? `  ${flag} ${arg}` : `  (env only) ${key}`;
     lines.push(head);
     lines.push(`      ${schema.description}${choices}${def}`);
     if (envName) lines.push(`      env: ${envName}`);

@@ -23,9 +23,11 @@ t.test('--help describes every flag and env variable of the config schema', asyn
   const r = run(node, [BUNDLE, '--help']);
   t.equal(r.status, 0, 'exit 0');
   t.match(r.stdout, /Usage:/);
-  const options = Object.entries(configSchema.properties) as [string, { 'x-flag'?: string; 'x-env'?: string }][];
+  const options = Object.entries(configSchema.properties) as [string, { 'x-flag'?: string; 'x-env'?: string; type?: unknown }][];
   for (const [key, o] of options) {
-    if (o['x-flag']) t.match(r.stdout, new RegExp(`^\\s+${o['x-flag']} <`, 'm'), `${key}: flag ${o['x-flag']}`);
+    // A boolean flag may stand alone, so its value is shown optional.
+    const arg = o.type === 'boolean' ? '\\[true\\|false\\]$' : '<';
+    if (o['x-flag']) t.match(r.stdout, new RegExp(`^\\s+${o['x-flag']} ${arg}`, 'm'), `${key}: flag ${o['x-flag']}`);
     if (o['x-env']) t.ok(r.stdout.includes(o['x-env']), `${key}: env ${o['x-env']}`);
   }
   t.match(r.stdout, /--config <file>/);

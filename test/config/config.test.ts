@@ -9,7 +9,7 @@ import configSchema from '../../schema/config.schema.json' with { type: 'json' }
 import { configHelp, loadConfig, parseFlags } from '../../src/config/index.js';
 import { AgentError } from '../../src/core/errors.js';
 
-type Option = { 'x-flag'?: string; 'x-env'?: string; default?: unknown; description: string };
+type Option = { 'x-flag'?: string; 'x-env'?: string; default?: unknown; description: string; type?: unknown };
 const OPTIONS = Object.entries(configSchema.properties) as [string, Option][];
 
 function failure(fn: () => unknown): AgentError {
@@ -144,7 +144,9 @@ t.test('every time setting has a cap a Node timer can hold', async (t) => {
 t.test('configHelp describes every option', async (t) => {
   const help = configHelp();
   for (const [key, o] of OPTIONS) {
-    if (o['x-flag']) t.match(help, new RegExp(`^\\s+${o['x-flag']} <`, 'm'), `${key}: ${o['x-flag']}`);
+    // A boolean flag may stand alone: its value is shown optional, with the values it takes.
+    const arg = o.type === 'boolean' ? '\\[true\\|false\\]$' : '<';
+    if (o['x-flag']) t.match(help, new RegExp(`^\\s+${o['x-flag']} ${arg}`, 'm'), `${key}: ${o['x-flag']}`);
     if (o['x-env']) t.match(help, new RegExp(`env: ${o['x-env']}$`, 'm'), `${key}: ${o['x-env']}`);
     t.ok(help.includes(o.description), `${key}: description`);
     if (o.default !== undefined && o.default !== null) t.ok(help.includes(`(default: ${JSON.stringify(o.default)})`), `${key}: default shown`);
