@@ -23,6 +23,7 @@ Options:
                        for a shell); shell: export KEY='value', for . ./worker.env (sh, bash) and
                        for docker compose's env_file (single quotes keep $ID); json
   --gpu <name>         GPU name the worker reports in its URLs (default: gpu or cpu from the endpoint)
+  -h, --help           show this help
 
 Example:
   flashd worker-env abc123def456gh --format shell > worker.env && . ./worker.env && python3 handler.py

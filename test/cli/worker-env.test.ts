@@ -114,6 +114,8 @@ t.test('worker-env fails clearly', async (t) => {
   const help = await run(process.execPath, [BUNDLE, 'worker-env', '--help'], cleanEnv());
   t.equal(help.status, 0);
   t.match(help.stdout, /--format/);
+  t.match(help.stdout, /^ {2}-h, --help +show this help$/m, 'lists itself, as flashd --help does');
+  t.equal((await run(process.execPath, [BUNDLE, 'worker-env', '-h'], cleanEnv())).stdout, help.stdout, '-h is the same');
 });
 
 t.test('worker-env refuses a --url or FLASHD_URL without http(s)://, instead of saying flashd is unreachable', async (t) => {
