@@ -4,15 +4,30 @@ import type { FlashdConfig } from '../config/index.js';
 /**
  * Runs until SIGINT/SIGTERM, then closes every component in reverse order. A second signal
  * during that (Ctrl-C pressed again) stops at once: process workers are killed, and the exit
- * code is 1.
+ * code is 1. A signal while flashd is still starting stops it as soon as it has started.
  */
 export async function serve(config: FlashdConfig): Promise<number> {
+  // Listened for before the start, which takes a while (migrations, recovery, hardware): a
+  // signal then would otherwise take Node's default action, exit 143 with nothing closed. It
+  // stops flashd once it has started; a second one during the start exits 1 at once.
+  let early: string | undefined;
+  const onEarly = (signal: string) => {
+    if (early !== undefined) process.exit(1);
+    early = signal;
+  };
+  const onEarlyInt = () => onEarly('SIGINT');
+  const onEarlyTerm = () => onEarly('SIGTERM');
+  process.on('SIGINT', onEarlyInt);
+  process.on('SIGTERM', onEarlyTerm);
   let agent: Agent;
   try {
     agent = await createAgent({ config });
   } catch (err) {
     process.stderr.write(`flashd: cannot start: ${(err as Error).message}\n`);
     return 1;
+  } finally {
+    process.off('SIGINT', onEarlyInt);
+    process.off('SIGTERM', onEarlyTerm);
   }
   return new Promise((resolve) => {
     let stopping = false;
@@ -33,5 +48,6 @@ export async function serve(config: FlashdConfig): Promise<number> {
     };
     process.on('SIGINT', () => stop('SIGINT'));
     process.on('SIGTERM', () => stop('SIGTERM'));
+    if (early !== undefined) stop(early);
   });
 }

@@ -5,6 +5,8 @@
  */
 import t, { type Test } from 'tap';
 import { readFileSync, statSync, existsSync } from 'node:fs';
+import { spawn } from 'node:child_process';
+import { once } from 'node:events';
 import { createServer } from 'node:net';
 import { join } from 'node:path';
 import configSchema from '../../schema/config.schema.json' with { type: 'json' };
@@ -122,6 +124,26 @@ t.test('starts on --port 0, answers /healthz, prints the first admin key once, e
   t.notOk(again.stdout().includes('fd_usr_'), 'no key printed on a second start');
   t.equal((await fetch(`${again.url}/v2/serverless`, { headers: { authorization: `Bearer ${key}` } })).status, 200, 'the key survives a restart');
   t.equal(await again.stop('SIGINT'), 0, 'SIGINT exits 0 too');
+});
+
+t.test('a SIGTERM while flashd is still starting stops it cleanly once started (exit 0, not 143)', async (t) => {
+  const dir = t.testdir();
+  const child = spawn(node, [BUNDLE, '--port', '0', '--data-dir', dir, '--runtime', 'none'], { env: cleanEnv(), stdio: ['ignore', 'ignore', 'pipe'] });
+  let stderr = '';
+  let first = '';
+  // The first log line (the store's migrations) comes from inside the start, before it listens.
+  child.stderr.on('data', (chunk: Buffer) => {
+    if (stderr === '') {
+      first = chunk.toString();
+      child.kill('SIGTERM');
+    }
+    stderr += chunk.toString();
+  });
+  const [code, signal] = (await once(child, 'exit')) as [number | null, NodeJS.Signals | null];
+  t.notMatch(first, /flashd listening/, 'the signal was sent before it listened');
+  t.equal(signal, null, 'not killed by the signal');
+  t.equal(code, 0, 'exit 0, as a SIGTERM after the start');
+  t.match(stderr, /shutting down signal=SIGTERM/);
 });
 
 t.test('FLASHD_* env configures the server without flags', async (t) => {
