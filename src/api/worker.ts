@@ -123,7 +123,18 @@ export function workerRoutes(s: WorkerRouteServices): RouteDef[] {
       const endpointId = params['endpointId'] as string;
       checkWorker(s, principal, endpointId);
       const size = batch ? Math.min(256, Math.max(1, Number(req.query.get('batch_size') ?? '1') || 1)) : 1;
-      const jobs = await s.queue.take(endpointId, params['workerId'] as string, size, req.cancel);
+      // The take may wait up to --take-hold-ms: a job that arrives after the key was revoked
+      // (or expired) must not go to it. Each hand-out checks the key again (a cache hit).
+      const stillAllowed = (): boolean => {
+        try {
+          return s.auth.authenticate(req.headers).keyId === principal.keyId;
+        } catch {
+          return false;
+        }
+      };
+      const jobs = await s.queue.take(endpointId, params['workerId'] as string, size, req.cancel, stillAllowed);
+      // Refused during the hold: the 401 (revoked, expired) a new poll would get.
+      if (jobs.length === 0 && !req.cancel.aborted) s.auth.authenticate(req.headers);
       const reply = jobsReply(jobs, batch);
       return reply ? { status: 200, reply } : { status: 204 };
     },

@@ -100,6 +100,8 @@ export type ClaimedJob = Job & { input: string };
 interface Taker {
   worker: WorkerInfo;
   max: number;
+  /** Whether the credential that parked this take may still be handed jobs (see take). */
+  allowed: (() => boolean) | undefined;
   resolve(jobs: ClaimedJob[]): void;
 }
 
@@ -741,6 +743,12 @@ export class JobQueue {
     // A taker that gets nothing stays parked: what is left may be fenced from its worker only.
     for (let i = 0; i < q.takers.length && q.queued + q.lowQueued > 0; ) {
       const taker = q.takers[i] as Taker;
+      if (taker.allowed !== undefined && !taker.allowed()) {
+        // Its key was revoked (or expired) while it waited: no job, and it is parked no more.
+        q.takers.splice(i, 1);
+        taker.resolve([]);
+        continue;
+      }
       const jobs = this.#claimUpTo(q, taker.worker, taker.max);
       if (jobs.length === 0) {
         i++;
@@ -753,9 +761,11 @@ export class JobQueue {
 
   /**
    * job-take: returns up to `max` jobs at once, or holds the request until one arrives (woken
-   * by submit, never by a timer) and gives [] after `holdMs`.
+   * by submit, never by a timer) and gives [] after `holdMs`. A held take is handed jobs only
+   * while `allowed` says so (the caller's credential, checked when it was parked, may be
+   * revoked during the hold); when it says no, the take gets [] at once.
    */
-  take(endpointId: string, workerId: string, max: number, cancel: Cancellation, holdMs = this.settings.takeHoldMs): Promise<ClaimedJob[]> {
+  take(endpointId: string, workerId: string, max: number, cancel: Cancellation, allowed?: () => boolean, holdMs = this.settings.takeHoldMs): Promise<ClaimedJob[]> {
     const worker = this.workers.seen(endpointId, workerId, true);
     // Being stopped, or a worker flashd launched that is to be replaced (recycling()): no job.
     // Its parked polls were answered at once so its SDK sees the SIGTERM and exits; a poll
@@ -778,7 +788,7 @@ export class JobQueue {
         worker.lastSeen = this.#clock.monotonic();
         resolve(result);
       };
-      const taker: Taker = { worker, max: Math.max(1, max), resolve: settle };
+      const taker: Taker = { worker, max: Math.max(1, max), allowed, resolve: settle };
       const drop = () => {
         const i = q.takers.indexOf(taker);
         if (i >= 0) q.takers.splice(i, 1);

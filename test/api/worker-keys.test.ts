@@ -73,3 +73,23 @@ t.test('revoked worker keys are deleted a day after their revocation, so a key p
   t.teardown(() => db.close());
   t.equal(db.prepare("SELECT count(*) FROM api_keys WHERE kind = 'worker' AND revoked_at IS NOT NULL").pluck().get(), 0, 'no revoked worker key row is left');
 });
+
+t.test('a job-take parked before its key was revoked is handed no job; the job waits for a worker with a good key', async (t) => {
+  const a = await startAgent(t);
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  const r = await a.req('GET', `/v2/serverless/${ep}/worker-env`);
+  const revoked = new TestWorker(r.json);
+  const takeUrl = (r.json.env.RUNPOD_WEBHOOK_GET_JOB as string).replace('$ID', revoked.workerId);
+  const parked = fetch(`${takeUrl}&job_in_progress=0`, { headers: { authorization: revoked.key } });
+  await new Promise((resolve) => setTimeout(resolve, 200));
+  t.equal((await a.req('DELETE', `/v2/api-keys/${r.json.keyId}`)).status, 204);
+  const job = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { secret: 'for good keys only' } } })).json.id as string;
+  const answer = await parked;
+  const text = await answer.text();
+  t.equal(answer.status, 401, 'the parked poll of the revoked key is refused');
+  t.notOk(text.includes('for good keys only'), 'without the job input');
+  t.match(JSON.parse(text), { detail: /revoked/ });
+  t.match((await a.req('GET', `/v2/${ep}/status/${job}`)).json, { status: 'IN_QUEUE' }, 'the job stays queued');
+  const good = await TestWorker.create(a, ep);
+  t.match(await good.take(), { id: job }, 'and goes to a worker whose key is valid');
+});
