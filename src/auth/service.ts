@@ -313,8 +313,23 @@ export class AuthService {
     return row;
   }
 
-  updateKey(caller: Principal, id: string, patch: { name?: string; exempt?: boolean }): ApiKeyRow {
+  /**
+   * A key the caller may revoke or change: keyFor's, and, for a caller without `admin`, one
+   * whose every scope the caller holds (as createKey grants none it lacks). Otherwise any key of
+   * a user, a read-only one on a dashboard included, could revoke that user's admin key (a
+   * FLASHD_ADMIN_API_KEY revoked so keeps flashd from starting) or the keys of running workers.
+   */
+  #keyToManage(caller: Principal, id: string): ApiKeyRow {
     const row = this.keyFor(caller, id);
+    if (!caller.scopes.has('admin')) {
+      const missing = row.scopes.filter((s) => !caller.scopes.has(s as Scope));
+      if (missing.length) throw new AgentError('FORBIDDEN', `A key cannot revoke or change a key with scopes it lacks: ${missing.join(', ')}.`);
+    }
+    return row;
+  }
+
+  updateKey(caller: Principal, id: string, patch: { name?: string; exempt?: boolean }): ApiKeyRow {
+    const row = this.#keyToManage(caller, id);
     // A managed worker's key is found by its name after a crash (revokeLeftoverManagedKeys), and
     // worker routes are never rate limited: neither field means anything for a worker key.
     if (row.kind === 'worker') throw new AgentError('CONFLICT', `API key ${id} is a worker key: it can be read and revoked, not changed.`);
@@ -327,7 +342,7 @@ export class AuthService {
   }
 
   revokeKey(caller: Principal, id: string): void {
-    const row = this.keyFor(caller, id);
+    const row = this.#keyToManage(caller, id);
     this.#repo.revokeKey(id, this.#clock.now());
     this.#log.info('api key revoked', { keyId: id, kind: row.kind, endpointId: row.endpointId });
   }

@@ -279,6 +279,27 @@ t.test('admins manage every user key; others only their own', async (t) => {
   assertProblem(t, await a.req('GET', '/v2/api-keys/key_unknown'), 404);
 });
 
+t.test('a key cannot revoke or change a key of its user that holds scopes it lacks', async (t) => {
+  const a = await startAgent(t);
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  const reader = await a.req('POST', '/v2/api-keys', { body: { name: 'dashboard', scopes: ['jobs:read'] } });
+  const ro = reader.json.key as string;
+  const mine = (await a.req('GET', '/v2/api-keys', { key: ro })).json as { id: string; scopes: string[] }[];
+  const adminKey = mine.find((k) => k.scopes.includes('admin'));
+  t.ok(adminKey, "a key of the admin user lists the user's admin key");
+  const adminId = (adminKey as { id: string }).id;
+  assertProblem(t, await a.req('DELETE', `/v2/api-keys/${adminId}`, { key: ro }), 403, 'a jobs:read key cannot revoke the admin key');
+  assertProblem(t, await a.req('PATCH', `/v2/api-keys/${adminId}`, { key: ro, body: { name: 'x' } }), 403, 'nor rename it');
+  const worker = (await a.req('GET', `/v2/serverless/${ep}/worker-env`)).json as { keyId: string; env: Record<string, string> };
+  assertProblem(t, await a.req('DELETE', `/v2/api-keys/${worker.keyId}`, { key: ro }), 403, 'nor revoke a worker key');
+  t.equal((await a.req('GET', '/v2/serverless')).status, 200, 'the admin key still works');
+  t.equal((await a.req('GET', `/v2/api-keys/${worker.keyId}`)).json.revokedAt, null, 'the worker key too');
+  const narrower = await a.req('POST', '/v2/api-keys', { key: ro, body: { name: 'narrower', scopes: ['jobs:read'] } });
+  t.equal((await a.req('PATCH', `/v2/api-keys/${narrower.json.id}`, { key: ro, body: { name: 'renamed' } })).status, 200, 'a key with its scopes can be renamed');
+  t.equal((await a.req('DELETE', `/v2/api-keys/${narrower.json.id}`, { key: ro })).status, 204, 'and revoked');
+  t.equal((await a.req('DELETE', `/v2/api-keys/${reader.json.id}`, { key: ro })).status, 204, 'a key may revoke itself');
+});
+
 t.test('a revoked FLASHD_ADMIN_API_KEY is not revived by a restart', async (t) => {
   const dir = t.testdir();
   const first = await startAgent(t, { adminApiKey: 'automation-key-to-revoke-0001' }, { dir });
