@@ -7,7 +7,7 @@ import { AgentError } from '../core/errors.js';
 import { rawMember } from '../core/json-raw.js';
 import { assertSchema } from '../core/schemas.js';
 import type { EndpointService, EndpointSpec } from '../endpoints/index.js';
-import { checkWebhookUrl, statusBody, type JobQueue, type JobSnapshot } from '../queue/index.js';
+import { TERMINAL, checkWebhookUrl, statusBody, type JobQueue, type JobSnapshot } from '../queue/index.js';
 import type { ResourceRow } from '../store/index.js';
 import type { Principal } from '../auth/index.js';
 import type { ApiResult, RouteDef } from './route.js';
@@ -134,6 +134,24 @@ export function jobRoutes(s: JobRouteServices): RouteDef[] {
         if (!snap) throw new AgentError('NOT_FOUND', `Job ${jobId} not found (unknown, or its result expired).`);
         // Answered once the ttl is durable: a crash after the reply keeps it.
         if (ttl !== undefined) await s.queue.setRetention(ep.id, jobId, ttl);
+        return json(200, statusBody(snap, s.now()));
+      },
+    },
+    {
+      // runpod-sdk (npm) polls this after a /runsync that was not done within its wait.
+      method: 'GET', path: `${P}/status-sync/{jobId}`, operationId: 'jobStatusSync', jobRateGroup: 'status',
+      summary: 'Job status, waiting up to ?wait ms (1000–300000, default 90000) for the job to end',
+      tag: 'Jobs', auth: 'user', scope: 'jobs:read', successStatus: 200, responseSchema: 'JobStatus', problems: READ,
+      query: [{ name: 'wait', description: 'ms to wait for the job to end, 1000–300000 (default 90000).', schema: { type: 'integer', minimum: 1000, maximum: 300000 } }],
+      handle: async ({ req, principal, params }) => {
+        const ep = queueEndpoint(endpointFor(principal, params['endpointId'] as string));
+        const wait = intQuery(req.query, 'wait', 1000, 300_000);
+        const jobId = params['jobId'] as string;
+        const live = s.queue.live(jobId);
+        // A client that goes away stops waiting; the job goes on.
+        if (live && live.endpointId === ep.id && !TERMINAL.has(live.status)) await s.queue.waitFinal(live, wait ?? 90_000, req.cancel);
+        const snap = await s.queue.findDurable(ep.id, jobId);
+        if (!snap) throw new AgentError('NOT_FOUND', `Job ${jobId} not found (unknown, or its result expired).`);
         return json(200, statusBody(snap, s.now()));
       },
     },

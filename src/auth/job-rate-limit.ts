@@ -4,7 +4,7 @@
  *
  *   run      /run (and /retry, which queues a job again)      1000
  *   runsync  /runsync                                          2000
- *   status   /status, /stream (and /health, a read)            2000
+ *   status   /status, /status-sync, /stream (and /health, a read)  2000
  *   cancel   /cancel                                            100
  *   purge-queue  /purge-queue                                     2
  *
@@ -40,7 +40,7 @@ export const JOB_RATE_WINDOW_SECONDS = 10;
 export const JOB_RATE_QUOTAS: readonly JobRateQuota[] = Object.freeze([
   { group: 'run', quota: 1000, operations: '/run, /retry' },
   { group: 'runsync', quota: 2000, operations: '/runsync' },
-  { group: 'status', quota: 2000, operations: '/status, /stream, /health' },
+  { group: 'status', quota: 2000, operations: '/status, /status-sync, /stream, /health' },
   { group: 'cancel', quota: 100, operations: '/cancel' },
   { group: 'purge-queue', quota: 2, operations: '/purge-queue' },
 ] as const);

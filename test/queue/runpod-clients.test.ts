@@ -1,0 +1,64 @@
+/**
+ * Requests exactly as RunPod's own clients send them (runpod-python's `runpod.Endpoint`, the
+ * `runpod-sdk` npm package, curl as RunPod's docs show), against a real flashd.
+ */
+import t from 'tap';
+import { startAgent, assertProblem, cpuBody, ADMIN_KEY, type TestAgent } from '../helpers/agent.js';
+import { TestWorker } from '../helpers/worker.js';
+
+async function endpoint(a: TestAgent): Promise<string> {
+  const r = await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) });
+  if (r.status !== 201) throw new Error(r.text);
+  return r.json.id as string;
+}
+
+/** runpod-sdk 1.1.2's headers (src/index.ts getAuthHeader). */
+const SDK_HEADERS = { authorization: `Bearer ${ADMIN_KEY}`, 'content-type': 'application/json', 'user-agent': 'RunPod-JS-SDK/1.1.2 (Unknown Environment)' };
+
+t.test('runpod-sdk runSync: a job not done within ?wait is polled on GET /status-sync/{id}?wait=', async (t) => {
+  const a = await startAgent(t, { takeHoldMs: 2000 });
+  const ep = await endpoint(a);
+  const w = await TestWorker.create(a, ep);
+  // runSync(request, 1500): POST /runsync?wait=1500, then GET /status-sync/{id}?wait=<1000–90000>.
+  const first = await fetch(`${a.url}/v2/${ep}/runsync?wait=1000`, { method: 'POST', headers: SDK_HEADERS, body: JSON.stringify({ input: { n: 1 } }) });
+  t.equal(first.status, 200);
+  const { id, status } = (await first.json()) as { id: string; status: string };
+  t.equal(status, 'IN_QUEUE', 'no worker took it within the wait');
+
+  const queued = await fetch(`${a.url}/v2/${ep}/status-sync/${id}?wait=1000`, { headers: SDK_HEADERS });
+  t.equal(queued.status, 200, 'status-sync is served');
+  t.equal(queued.headers.get('content-type'), 'application/json');
+  const q = (await queued.json()) as Record<string, unknown>;
+  t.equal(q.id, id);
+  t.equal(q.status, 'IN_QUEUE', 'still queued after the wait');
+
+  // A poll that is parked when the result arrives answers at once with it.
+  const started = Date.now();
+  const parked = fetch(`${a.url}/v2/${ep}/status-sync/${id}?wait=60000`, { headers: SDK_HEADERS });
+  const job = await w.take();
+  t.equal(job?.id, id);
+  t.equal((await w.done(id, { output: { text: 'hi' } })).status, 200);
+  const done = await parked;
+  t.equal(done.status, 200);
+  const d = (await done.json()) as Record<string, unknown>;
+  t.ok(Date.now() - started < 30_000, 'answered when the job ended, not after the 60 s wait');
+  t.equal(d.status, 'COMPLETED');
+  t.same(d.output, { text: 'hi' });
+  t.equal(d.workerId, w.workerId);
+  t.type(d.delayTime, 'number');
+  t.type(d.executionTime, 'number');
+
+  const again = await fetch(`${a.url}/v2/${ep}/status-sync/${id}`, { headers: SDK_HEADERS });
+  t.equal(again.status, 200, 'a finished job answers at once; wait is optional');
+  t.equal(((await again.json()) as { status: string }).status, 'COMPLETED');
+});
+
+t.test('status-sync: unknown job, bad wait, another endpoint', async (t) => {
+  const a = await startAgent(t);
+  const ep = await endpoint(a);
+  const other = await endpoint(a);
+  assertProblem(t, await a.req('GET', `/v2/${ep}/status-sync/nope?wait=1000`), 404);
+  assertProblem(t, await a.req('GET', `/v2/${ep}/status-sync/nope?wait=10`), 400);
+  const r = await a.req('POST', `/v2/${ep}/run`, { body: { input: {} } });
+  assertProblem(t, await a.req('GET', `/v2/${other}/status-sync/${r.json.id}?wait=1000`), 404, 'a job of another endpoint is not found');
+});
