@@ -84,7 +84,7 @@ export function jobRoutes(s: JobRouteServices): RouteDef[] {
     }, deferInsert);
   };
 
-  return [
+  const routes: RouteDef[] = [
     {
       method: 'POST', path: `${P}/run`, operationId: 'runJob', jobRateGroup: 'run', summary: 'Queue a job; replies at once with its id', tag: 'Jobs',
       auth: 'user', scope: 'jobs:run', body: 'json', requestSchema: 'JobSubmit', successStatus: 200, responseSchema: 'JobAccepted',
@@ -204,4 +204,10 @@ export function jobRoutes(s: JobRouteServices): RouteDef[] {
       },
     },
   ];
+  // RunPod's Go SDK (runpod/go-sdk) POSTs, with an empty body, what the other clients GET.
+  for (const id of ['jobStatus', 'jobStatusSync', 'jobStream']) {
+    const get = routes.find((r) => r.operationId === id) as RouteDef;
+    routes.push({ ...get, method: 'POST', operationId: `${id}Post`, summary: `${get.summary} (POST, as RunPod's Go SDK sends it)`, body: 'optional-json' });
+  }
+  return routes;
 }

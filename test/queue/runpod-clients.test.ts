@@ -62,3 +62,40 @@ t.test('status-sync: unknown job, bad wait, another endpoint', async (t) => {
   const r = await a.req('POST', `/v2/${ep}/run`, { body: { input: {} } });
   assertProblem(t, await a.req('GET', `/v2/${other}/status-sync/${r.json.id}?wait=1000`), 404, 'a job of another endpoint is not found');
 });
+
+/** runpod/go-sdk's getApiResponse: every call has these headers, and an empty body where none is given. */
+const GO_HEADERS = { authorization: `Bearer ${ADMIN_KEY}`, 'content-type': 'application/json', 'user-agent': 'Go-http-client/1.1' };
+
+t.test('go-sdk: Status, StatusSync and Stream are POSTs with an empty JSON body', async (t) => {
+  const a = await startAgent(t, { takeHoldMs: 2000 });
+  const ep = await endpoint(a);
+  const w = await TestWorker.create(a, ep);
+  const go = (path: string) => fetch(`${a.url}/v2/${ep}/${path}`, { method: 'POST', headers: GO_HEADERS, body: '' });
+  const run = await fetch(`${a.url}/v2/${ep}/run`, { method: 'POST', headers: GO_HEADERS, body: JSON.stringify({ input: { n: 1 } }) });
+  const { id } = (await run.json()) as { id: string };
+
+  const queued = await go(`status/${id}`);
+  t.equal(queued.status, 200, 'POST /status is served');
+  t.equal(queued.headers.get('content-type'), 'application/json');
+  t.match(await queued.json(), { id, status: 'IN_QUEUE' });
+
+  t.equal((await w.take())?.id, id);
+  t.equal(await w.stream(id, 'tok-1'), 200);
+  const stream = await go(`stream/${id}?wait=1000`);
+  t.equal(stream.status, 200, 'POST /stream is served');
+  t.same(await stream.json(), { status: 'IN_PROGRESS', stream: [{ output: 'tok-1' }] });
+
+  const parked = go(`status-sync/${id}?wait=30000`);
+  t.equal((await w.done(id, { output: 'done' })).status, 200);
+  const done = await parked;
+  t.equal(done.status, 200, 'POST /status-sync is served');
+  t.match(await done.json(), { id, status: 'COMPLETED', output: 'done', workerId: w.workerId });
+
+  t.match(await (await go(`status/${id}`)).json(), { id, status: 'COMPLETED', output: 'done' });
+  const missing = await go('status/nope');
+  t.equal(missing.status, 404, 'an unknown job is a 404 on POST too');
+  t.equal(missing.headers.get('content-type'), 'application/problem+json');
+  await missing.arrayBuffer();
+  // Still no other method on these paths.
+  t.equal((await fetch(`${a.url}/v2/${ep}/status/${id}`, { method: 'DELETE', headers: GO_HEADERS })).status, 405);
+});
