@@ -158,11 +158,23 @@ export function jobRoutes(s: JobRouteServices): RouteDef[] {
     {
       method: 'GET', path: `${P}/stream/{jobId}`, operationId: 'jobStream', jobRateGroup: 'status', summary: 'Stream chunks posted since the last poll',
       tag: 'Jobs', auth: 'user', scope: 'jobs:read', successStatus: 200, responseSchema: 'JobStream', problems: READ,
-      handle: async ({ principal, params }) => {
+      query: [{ name: 'wait', description: 'ms to hold a poll that has no chunks yet, until one comes or the job ends (at most 300000; RunPod\'s Go SDK sends it). Without it, or when it is not a positive integer, the poll answers at once.', schema: { type: 'integer', minimum: 0, maximum: 300000 } }],
+      handle: async ({ req, principal, params }) => {
         const ep = queueEndpoint(endpointFor(principal, params['endpointId'] as string));
         const jobId = params['jobId'] as string;
+        // Lenient, unlike /runsync's: /stream had no ?wait before, and a client may send anything.
+        const rawWait = req.query.get('wait');
+        const wait = rawWait !== null && /^\d+$/.test(rawWait) ? Math.min(Number(rawWait), 300_000) : 0;
         await s.queue.durable();
-        const drained = s.queue.drainStream(ep.id, jobId);
+        let drained = s.queue.drainStream(ep.id, jobId);
+        const live = wait > 0 && drained?.stream.length === 0 && !TERMINAL.has(drained.status) ? s.queue.live(jobId) : undefined;
+        if (live && live.endpointId === ep.id) {
+          await s.queue.waitStream(live, wait, req.cancel);
+          // Gone: the chunks stay for its next poll.
+          if (req.cancel.aborted) return json(200, `{"status":"${live.status}","stream":[]}`);
+          await s.queue.durable();
+          drained = s.queue.drainStream(ep.id, jobId);
+        }
         if (!drained) throw new AgentError('NOT_FOUND', `Job ${jobId} not found (unknown, or its result expired).`);
         // Each chunk is stored as the JSON text of its element.
         return json(200, `{"status":"${drained.status}","stream":[${drained.stream.join(',')}]}`);

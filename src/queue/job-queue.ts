@@ -332,6 +332,8 @@ export class JobQueue {
   #finishedChars = 0;
   /** Jobs with acknowledged /stream chunks not yet read, by job id (see UnreadStream). */
   readonly #unread = new Map<string, UnreadStream>();
+  /** /stream `?wait=` polls parked on a job, woken by its next acknowledged chunk (waitStream). */
+  readonly #streamWaiters = new Map<string, Set<() => void>>();
   /** Webhook deliveries in flight per job (see webhookSettled). */
   readonly #webhooksPending = new Map<string, number>();
   readonly #queues = new Map<string, EndpointQueue>();
@@ -955,6 +957,8 @@ export class JobQueue {
     const unread = this.#unread.get(jobId);
     if (!unread) this.#unread.set(jobId, { endpointId, upTo: last, read: -1 });
     else if (last > unread.upTo) unread.upTo = last;
+    const parked = this.#streamWaiters.get(jobId);
+    if (parked) for (const w of [...parked]) w();
     return 'accepted';
   }
 
@@ -1470,6 +1474,37 @@ export class JobQueue {
         resolve();
       };
       const timer = setTimeout(settle, ms);
+      (job.waiters === NO_WAITERS ? (job.waiters = []) : job.waiters).push(settle);
+      unhook = cancel.onAbort(settle);
+    });
+  }
+
+  /**
+   * /stream `?wait=` (RunPod's Go SDK polls /stream in a loop with no pause of its own): resolves
+   * when a chunk of the job can be read, the job ends, `ms` pass or the client goes away.
+   */
+  waitStream(job: Job, ms: number, cancel: Cancellation): Promise<void> {
+    if (TERMINAL.has(job.status)) return Promise.resolve();
+    return new Promise((resolve) => {
+      let settled = false;
+      let unhook = NOOP;
+      let parked = this.#streamWaiters.get(job.id);
+      if (!parked) this.#streamWaiters.set(job.id, (parked = new Set()));
+      const chunks = parked;
+      const settle = () => {
+        if (settled) return;
+        settled = true;
+        clearTimeout(timer);
+        unhook();
+        const i = job.waiters.indexOf(settle);
+        if (i >= 0) job.waiters.splice(i, 1);
+        chunks.delete(settle);
+        if (chunks.size === 0 && this.#streamWaiters.get(job.id) === chunks) this.#streamWaiters.delete(job.id);
+        resolve();
+      };
+      const timer = setTimeout(settle, ms);
+      chunks.add(settle);
+      // The job's end (and a cancel, the endpoint's deletion, shutdown) wakes it as it wakes /runsync.
       (job.waiters === NO_WAITERS ? (job.waiters = []) : job.waiters).push(settle);
       unhook = cancel.onAbort(settle);
     });

@@ -99,3 +99,61 @@ t.test('go-sdk: Status, StatusSync and Stream are POSTs with an empty JSON body'
   // Still no other method on these paths.
   t.equal((await fetch(`${a.url}/v2/${ep}/status/${id}`, { method: 'DELETE', headers: GO_HEADERS })).status, 405);
 });
+
+t.test('go-sdk Stream: /stream?wait= holds an empty poll until a chunk comes, the job ends or wait passes', async (t) => {
+  // Stream() loops on POST /stream/{id}?wait=<ms> with no pause of its own: an empty reply at once
+  // makes it spin until the endpoint's /stream quota (2000 per 10 s) answers 429 and Stream fails.
+  const a = await startAgent(t, { takeHoldMs: 2000 });
+  const ep = await endpoint(a);
+  const w = await TestWorker.create(a, ep);
+  const go = (path: string) => fetch(`${a.url}/v2/${ep}/${path}`, { method: 'POST', headers: GO_HEADERS, body: '' });
+  const run = await fetch(`${a.url}/v2/${ep}/run`, { method: 'POST', headers: GO_HEADERS, body: JSON.stringify({ input: {} }) });
+  const { id } = (await run.json()) as { id: string };
+  t.equal((await w.take())?.id, id);
+
+  let started = Date.now();
+  const empty = await go(`stream/${id}?wait=1500`);
+  t.same(await empty.json(), { status: 'IN_PROGRESS', stream: [] });
+  t.ok(Date.now() - started >= 1400, `an empty poll waited (${Date.now() - started} ms)`);
+
+  started = Date.now();
+  const parked = go(`stream/${id}?wait=60000`);
+  await new Promise((r) => setTimeout(r, 200));
+  t.equal(await w.stream(id, 'tok-1'), 200);
+  t.same(await (await parked).json(), { status: 'IN_PROGRESS', stream: [{ output: 'tok-1' }] }, 'woken by the chunk');
+  t.ok(Date.now() - started < 30_000, 'answered when the chunk came, not after the wait');
+
+  t.equal(await w.stream(id, 'tok-2'), 200);
+  started = Date.now();
+  t.same(await (await go(`stream/${id}?wait=60000`)).json(), { status: 'IN_PROGRESS', stream: [{ output: 'tok-2' }] }, 'chunks already there: at once');
+  t.ok(Date.now() - started < 30_000);
+
+  const last = go(`stream/${id}?wait=60000`);
+  await new Promise((r) => setTimeout(r, 200));
+  t.equal((await w.done(id, { output: [] }, true)).status, 200);
+  t.same(await (await last).json(), { status: 'COMPLETED', stream: [] }, 'woken by the end of the job');
+  t.ok(Date.now() - started < 30_000);
+
+  started = Date.now();
+  t.same(await (await go(`stream/${id}?wait=60000`)).json(), { status: 'COMPLETED', stream: [] }, 'a finished job: at once');
+  t.ok(Date.now() - started < 30_000);
+  // Without ?wait, as runpod-python and runpod-sdk poll: at once, as before.
+  started = Date.now();
+  t.same((await a.req('GET', `/v2/${ep}/stream/${id}`)).json, { status: 'COMPLETED', stream: [] });
+});
+
+t.test('/stream?wait=: a client that goes away leaves the chunks for the next poll', async (t) => {
+  const a = await startAgent(t, { takeHoldMs: 2000 });
+  const ep = await endpoint(a);
+  const w = await TestWorker.create(a, ep);
+  const { id } = (await a.req('POST', `/v2/${ep}/run`, { body: { input: {} } })).json as { id: string };
+  t.equal((await w.take())?.id, id);
+  const ac = new AbortController();
+  const gone = fetch(`${a.url}/v2/${ep}/stream/${id}?wait=60000`, { headers: SDK_HEADERS, signal: ac.signal }).catch(() => 'aborted');
+  await new Promise((r) => setTimeout(r, 200));
+  ac.abort();
+  t.equal(await gone, 'aborted');
+  await new Promise((r) => setTimeout(r, 200));
+  t.equal(await w.stream(id, 'kept'), 200);
+  t.same((await a.req('GET', `/v2/${ep}/stream/${id}`)).json, { status: 'IN_PROGRESS', stream: [{ output: 'kept' }] });
+});
