@@ -39,7 +39,7 @@ export interface RouteDef {
   operationId: string;
   summary: string;
   tag: string;
-  /** `none`: public. `user`: API key or session. `worker`: worker key of the endpoint in the path. */
+  /** `none`: public. `user`: API key or session. `worker`: worker key of the endpoint and worker id in the path (or an admin). */
   auth: 'none' | 'user' | 'worker';
   scope?: Scope;
   /** `json`: the body must be JSON (415 otherwise). `raw`: any content type, parsed as JSON anyway. */

@@ -29,12 +29,22 @@ const W = '/v2/{endpointId}';
 /** How long a job-take's error reply waits (RouteDef.holdErrorsMs). */
 export const POLL_ERROR_HOLD_MS = 1000;
 
-/** A worker key may act only for its own endpoint; admins may act for endpoints they own. */
-function checkWorker(s: WorkerRouteServices, principal: Principal, endpointId: string): void {
+/**
+ * A worker key may act only for its own endpoint and as its own worker (the id in the path:
+ * runpod-python puts RUNPOD_POD_ID there, the id the key was made for), so one worker's key
+ * cannot take, renew, stop or post the jobs of another. Admins may act as any worker of the
+ * endpoints they own.
+ */
+function checkWorker(s: WorkerRouteServices, principal: Principal, endpointId: string, workerId: string): void {
   const row = s.endpoints.byId(endpointId);
   if (principal.scopes.has('worker')) {
     if (principal.endpointId !== endpointId) throw new AgentError('FORBIDDEN', 'This worker key belongs to another endpoint.');
     if (!row) throw new AgentError('NOT_FOUND', `Endpoint ${endpointId} not found.`);
+    if (principal.workerId !== workerId) {
+      throw new AgentError('FORBIDDEN', principal.workerId === null
+        ? 'This worker key is bound to no worker id, so it cannot act as any worker.'
+        : `This worker key belongs to worker ${principal.workerId}, not to worker ${workerId} named in the path.`);
+    }
   } else if (!row || row.ownerId !== principal.ownerId) {
     throw new AgentError('NOT_FOUND', `Endpoint ${endpointId} not found.`);
   }
@@ -47,7 +57,7 @@ function checkWorker(s: WorkerRouteServices, principal: Principal, endpointId: s
  */
 async function failTooLarge(s: WorkerRouteServices, { req, principal, params }: { req: IncomingRequest; principal: Principal; params: Record<string, string> }, limit: number, what: string): Promise<void> {
   const endpointId = params['endpointId'] as string;
-  checkWorker(s, principal, endpointId);
+  checkWorker(s, principal, endpointId, params['workerId'] as string);
   const declared = Number(req.headers['content-length']);
   const size = Number.isFinite(declared) && declared > limit ? `${declared} bytes` : `more than ${limit} bytes`;
   const error = `The worker's ${what} was ${size}, over the ${limit}-byte limit of a worker post (HTTP 413); the job cannot be recorded.`;
@@ -121,7 +131,7 @@ export function workerRoutes(s: WorkerRouteServices): RouteDef[] {
     problems: [401, 403, 404],
     handle: async ({ req, principal, params }) => {
       const endpointId = params['endpointId'] as string;
-      checkWorker(s, principal, endpointId);
+      checkWorker(s, principal, endpointId, params['workerId'] as string);
       const size = batch ? Math.min(256, Math.max(1, Number(req.query.get('batch_size') ?? '1') || 1)) : 1;
       // The take may wait up to --take-hold-ms: a job that arrives after the key was revoked
       // (or expired) must not go to it. Each hand-out checks the key again (a cache hit).
@@ -150,7 +160,7 @@ export function workerRoutes(s: WorkerRouteServices): RouteDef[] {
       onTooLarge: (ctx, limit) => failTooLarge(s, ctx, limit, 'result'),
       handle: async ({ req, principal, params }) => {
         const endpointId = params['endpointId'] as string;
-        checkWorker(s, principal, endpointId);
+        checkWorker(s, principal, endpointId, params['workerId'] as string);
         const jobId = params['jobId'] as string;
         return outcomeReply(await s.queue.done(endpointId, params['workerId'] as string, jobId, parseRaw(req.body)), jobId);
       },
@@ -162,7 +172,7 @@ export function workerRoutes(s: WorkerRouteServices): RouteDef[] {
       onTooLarge: (ctx, limit) => failTooLarge(s, ctx, limit, 'stream chunk'),
       handle: async ({ req, principal, params }) => {
         const endpointId = params['endpointId'] as string;
-        checkWorker(s, principal, endpointId);
+        checkWorker(s, principal, endpointId, params['workerId'] as string);
         const jobId = params['jobId'] as string;
         // Answered once the chunk is durable in SQLite (job_chunks).
         return outcomeReply(await s.queue.stream(endpointId, params['workerId'] as string, jobId, parseRaw(req.body)), jobId);
@@ -173,7 +183,7 @@ export function workerRoutes(s: WorkerRouteServices): RouteDef[] {
       tag: 'Worker protocol', auth: 'worker', skipRateLimit: true, successStatus: 200, responseSchema: 'JobsToStop', problems: [401, 403, 404],
       handle: async ({ req, principal, params }) => {
         const endpointId = params['endpointId'] as string;
-        checkWorker(s, principal, endpointId);
+        checkWorker(s, principal, endpointId, params['workerId'] as string);
         const ids = await s.queue.stopSignals(endpointId, params['workerId'] as string, req.signal);
         return ids.length ? { status: 200, body: { jobsToStop: ids } } : { status: 204 };
       },
@@ -183,7 +193,7 @@ export function workerRoutes(s: WorkerRouteServices): RouteDef[] {
       tag: 'Worker protocol', auth: 'worker', skipRateLimit: true, successStatus: 200, responseSchema: null, problems: [401, 403, 404],
       handle: ({ req, principal, params }) => {
         const endpointId = params['endpointId'] as string;
-        checkWorker(s, principal, endpointId);
+        checkWorker(s, principal, endpointId, params['workerId'] as string);
         const ids = (req.query.get('job_id') ?? '').split(',').map((x) => x.trim()).filter(Boolean);
         s.queue.ping(endpointId, params['workerId'] as string, ids, req.query.get('status') === 'unhealthy');
         return { status: 200, body: { ok: true } };
@@ -200,7 +210,7 @@ export function workerRoutes(s: WorkerRouteServices): RouteDef[] {
           throw new AgentError('CONFLICT', `Endpoint ${ep.id} is a LOAD_BALANCER endpoint: its workers serve HTTP themselves (PORT, PORT_HEALTH, HEALTH_CHECK_PATH) and take no jobs from the queue, so there is no queue worker environment for it. flashd does not route load-balancing traffic yet.`);
         }
         const workerId = newId('wkr');
-        const { key, row } = s.auth.createWorkerKey(principal.userId, principal.teamId, ep.id, `worker ${workerId}`);
+        const { key, row } = s.auth.createEnvWorkerKey(principal.userId, principal.teamId, ep.id, workerId);
         const gpu = req.query.get('gpu') ?? (ep.data.gpu ? 'gpu' : 'cpu');
         return {
           status: 200,

@@ -1,6 +1,6 @@
 /**
  * Permission scopes. `admin` implies every other scope and adds user, team and key
- * administration. Worker keys carry only `worker` and are bound to one endpoint.
+ * administration. Worker keys carry only `worker` and are bound to one endpoint and one worker id.
  */
 export const USER_SCOPES = ['admin', 'endpoints:read', 'endpoints:write', 'jobs:run', 'jobs:read'] as const;
 export type UserScope = (typeof USER_SCOPES)[number];
@@ -12,7 +12,7 @@ export const SCOPE_DESCRIPTIONS: Record<Scope, string> = {
   'endpoints:write': 'Create, update and delete endpoints, templates, volumes and registry credentials.',
   'jobs:run': 'Submit, cancel and retry jobs; purge queues.',
   'jobs:read': 'Read job status, streams and endpoint health.',
-  worker: 'Take jobs and post results for one endpoint (worker keys only).',
+  worker: 'Take jobs and post results as one worker of one endpoint (worker keys only).',
 };
 
 export function isUserScope(value: string): value is UserScope {

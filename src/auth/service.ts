@@ -18,6 +18,11 @@ export interface Principal {
   readonly keyId: string;
   /** Worker keys are bound to one endpoint. */
   readonly endpointId: string | null;
+  /**
+   * Worker keys are bound to one worker id too, the one their worker's URLs name: null for any
+   * other credential (an admin acts as any worker).
+   */
+  readonly workerId: string | null;
   readonly exempt: boolean;
 }
 
@@ -57,6 +62,21 @@ const KEY_CACHE_MAX = 10_000;
 export const REVOKED_WORKER_KEY_KEEP_MS = 86_400_000;
 /** Names the keys of workers flashd launches: `managed worker <worker id>`. */
 const MANAGED_KEY_PREFIX = 'managed worker ';
+/** Names the keys worker-env hands out: `worker <worker id>`. */
+const WORKER_KEY_PREFIX = 'worker ';
+
+/**
+ * The worker a worker key may act as, from its name (`managed worker <id>` or `worker <id>`,
+ * set when the key is made and never changed: updateKey refuses worker keys). Null for a name
+ * of neither form, which then acts as no worker at all.
+ */
+function workerIdOfKey(row: ApiKeyRow): string | null {
+  if (row.kind !== 'worker') return null;
+  for (const prefix of [MANAGED_KEY_PREFIX, WORKER_KEY_PREFIX]) {
+    if (row.name.startsWith(prefix) && row.name.length > prefix.length) return row.name.slice(prefix.length);
+  }
+  return null;
+}
 
 /**
  * The token in an Authorization value, without the regexes of the full parse: what follows a
@@ -182,6 +202,7 @@ export class AuthService {
       scopes: new Set(row.scopes as Scope[]),
       keyId: row.id,
       endpointId: row.endpointId,
+      workerId: workerIdOfKey(row),
       exempt: row.exempt,
     });
     if (this.#keys.size >= KEY_CACHE_MAX) this.#keys.clear();
@@ -213,6 +234,7 @@ export class AuthService {
       scopes: new Set(key.scopes as Scope[]),
       keyId: key.id,
       endpointId: null,
+      workerId: null,
       exempt: key.exempt,
     };
   }
@@ -267,15 +289,21 @@ export class AuthService {
 
   /** The key of a worker flashd launches (see revokeLeftoverManagedKeys). */
   createManagedWorkerKey(endpointId: string, workerId: string): IssuedKey {
-    return this.createWorkerKey('usr_admin', null, endpointId, `${MANAGED_KEY_PREFIX}${workerId}`);
+    return this.#createWorkerKey('usr_admin', null, endpointId, `${MANAGED_KEY_PREFIX}${workerId}`);
+  }
+
+  /** The key of a worker given out by worker-env (see workerIdOfKey). */
+  createEnvWorkerKey(userId: string, teamId: string | null, endpointId: string, workerId: string): IssuedKey {
+    return this.#createWorkerKey(userId, teamId, endpointId, `${WORKER_KEY_PREFIX}${workerId}`);
   }
 
   /**
-   * A worker key: scope `worker`, bound to one endpoint, acting for the endpoint's owner. Worker
+   * A worker key: scope `worker`, bound to one endpoint and to the worker id its name ends with
+   * (workerIdOfKey), acting for the endpoint's owner. Worker
    * keys revoked more than REVOKED_WORKER_KEY_KEEP_MS ago go first: rows are added here, so
    * the table holds the live keys plus a day of revoked ones however many workers ran.
    */
-  createWorkerKey(userId: string, teamId: string | null, endpointId: string, name: string): IssuedKey {
+  #createWorkerKey(userId: string, teamId: string | null, endpointId: string, name: string): IssuedKey {
     this.#repo.deleteRevokedWorkerKeys(this.#clock.now() - REVOKED_WORKER_KEY_KEEP_MS);
     const key = generateApiKey('wkr');
     const row = this.#insertKey(key, { name, scopes: ['worker'], teamId }, userId, 'worker', endpointId);

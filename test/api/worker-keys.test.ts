@@ -1,7 +1,8 @@
 /**
- * Worker keys handed out by worker-env can be found and revoked like API keys, and replies that
- * carry a credential are never cached.
+ * Worker keys handed out by worker-env can be found and revoked like API keys, act only as the
+ * worker they were made for, and replies that carry a credential are never cached.
  */
+import { connect } from 'node:net';
 import { join } from 'node:path';
 import Database from 'better-sqlite3';
 import t from 'tap';
@@ -92,4 +93,56 @@ t.test('a job-take parked before its key was revoked is handed no job; the job w
   t.match((await a.req('GET', `/v2/${ep}/status/${job}`)).json, { status: 'IN_QUEUE' }, 'the job stays queued');
   const good = await TestWorker.create(a, ep);
   t.match(await good.take(), { id: job }, 'and goes to a worker whose key is valid');
+});
+
+/** POSTs headers declaring a body over the 64 MiB limit of a worker post; resolves with the status line. */
+function postOversized(url: string, key: string): Promise<string> {
+  const u = new URL(url);
+  return new Promise((resolve, reject) => {
+    const socket = connect(Number(u.port), u.hostname, () => {
+      socket.write(`POST ${u.pathname}${u.search} HTTP/1.1\r\nHost: x\r\nAuthorization: ${key}\r\nContent-Length: ${64 * 1024 * 1024 + 10}\r\n\r\n{"output":"`);
+    });
+    let got = '';
+    socket.on('data', (d) => {
+      got += d.toString();
+      if (got.includes('\r\n')) {
+        resolve(got.slice(0, got.indexOf('\r\n')));
+        socket.destroy();
+      }
+    });
+    socket.on('error', reject);
+  });
+}
+
+t.test("a worker key acts only as its own worker: another worker's id in the path is a 403", async (t) => {
+  const a = await startAgent(t, { takeHoldMs: 300 });
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  const wa = await TestWorker.create(a, ep);
+  const wb = await TestWorker.create(a, ep);
+  const job = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { n: 1 } } })).json.id as string;
+  t.match(await wb.take(), { id: job }, 'worker B holds the job');
+
+  // Worker A's key with worker B's URLs, as a compromised worker A would send them.
+  const asB = (method: string, path: string, raw?: string) =>
+    a.req(method, `/v2/${ep}/${path}`, { key: wa.key, headers: { 'content-type': 'application/x-www-form-urlencoded' }, ...(raw === undefined ? {} : { raw }) });
+  const forged = [
+    await asB('GET', `job-take/${wb.workerId}?gpu=cpu&job_in_progress=0`),
+    await asB('GET', `job-take-batch/${wb.workerId}?gpu=cpu&batch_size=2&job_in_progress=0`),
+    await asB('GET', `ping/${wb.workerId}?gpu=cpu&job_id=${job}`),
+    await asB('GET', `job-stop/${wb.workerId}?gpu=cpu`),
+    await asB('POST', `job-stream/${wb.workerId}/${job}?gpu=cpu&isStream=false`, JSON.stringify({ output: 'forged chunk' })),
+    await asB('POST', `job-done/${wb.workerId}/${job}?gpu=cpu&isStream=false`, JSON.stringify({ output: 'forged by A' })),
+  ];
+  for (const r of forged) {
+    assertProblem(t, r, 403);
+    t.equal(r.json.detail, `This worker key belongs to worker ${wa.workerId}, not to worker ${wb.workerId} named in the path.`);
+  }
+  t.match(await postOversized(wb.postUrl('done', job), wa.key), /^HTTP\/1\.1 413/, 'an oversized post as B gets its 413');
+  t.match((await a.req('GET', `/v2/${ep}/status/${job}`)).json, { status: 'IN_PROGRESS', workerId: wb.workerId }, 'and fails nothing: B still holds the job');
+
+  t.equal(await wa.ping(), 200, "A's key still works as A");
+  const admin = await a.req('GET', `/v2/${ep}/ping/${wb.workerId}?gpu=cpu&job_id=${job}`);
+  t.equal(admin.status, 200, 'an admin key acts as any worker');
+  t.equal((await wb.done(job, { output: 'by B' })).status, 200, "B's own result is taken");
+  t.match((await a.req('GET', `/v2/${ep}/status/${job}`)).json, { status: 'COMPLETED', output: 'by B' });
 });
