@@ -173,6 +173,10 @@ export class Autoscaler {
     });
     registry.setThrottled(endpointId, decision.throttled);
     if (decision.recheckInMs > 0) this.#recheckIn(endpointId, decision.recheckInMs);
+    // A crash backoff holds starts back: decide again when it ends, not at the next 1 s tick
+    // after (armed at every decision during it, so an earlier wake-up that finds the backoff
+    // still on does not lose this one).
+    if (crash !== undefined && mono < crash.backoffUntil) this.#recheckIn(endpointId, crash.backoffUntil - mono);
     for (let i = 0; i < decision.start; i++) this.#launch(row, decision.startReason);
     for (const id of decision.unretire) {
       this.#o.queue.unretire(endpointId, id);
@@ -216,8 +220,8 @@ export class Autoscaler {
 
   /**
    * Decides again for this endpoint in `ms` (QUEUE_DELAY: when its oldest job will have waited
-   * `queueDelay`), so the scale-up comes then and not up to a tick later. One wake-up per
-   * endpoint, the earliest asked for.
+   * `queueDelay`; a crash backoff: when it ends), so the start comes then and not up to a tick
+   * later. One wake-up per endpoint, the earliest asked for.
    */
   #recheckIn(endpointId: string, ms: number): void {
     const at = this.#o.clock.monotonic() + ms;

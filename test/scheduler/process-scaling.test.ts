@@ -1,8 +1,10 @@
 /**
  * When the process runtime's workers start and stop, end to end: real flashd, real worker
  * processes running the vendor_flash SDK, real HTTP. The loop's wake-ups (QUEUE_DELAY's
- * deadline, a new worker's first job-take, a replaced worker's last job) and idle time.
+ * deadline, a new worker's first job-take, a replaced worker's last job, the end of a crash
+ * backoff) and idle time.
  */
+import { mock } from 'node:test';
 import t from 'tap';
 import { startAgent, cpuBody, type TestAgent } from '../helpers/agent.js';
 import { REPO_ROOT } from '../helpers/spawn-flashd.js';
@@ -149,4 +151,25 @@ t.test('REQUEST_COUNT: a job waiting behind a worker busy with a low-priority jo
   await until('a third worker to run the next job', async () => (await status(second)) === 'COMPLETED', 10_000);
   t.equal(await status(low), 'IN_PROGRESS', 'the low-priority job is still running');
   await a.req('POST', `/v2/${ep}/cancel/${low}`);
+});
+
+t.test("the end of a crash backoff wakes the loop: the next start does not wait for the 1 s tick", async (t) => {
+  // flashd's setInterval timers (the loop's 1 s tick among them) are made inert for this agent,
+  // so only the loop's own wake-ups can start a worker once the backoff is over.
+  mock.timers.enable({ apis: ['setInterval'] });
+  let a: TestAgent;
+  try {
+    a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT });
+  } finally {
+    mock.timers.reset();
+  }
+  const ep = (await a.req('POST', '/v2/serverless', {
+    body: cpuBody({ args: 'python3 -c "import sys; sys.exit(1)"', workers: { min: 1, max: 1, idleTimeout: 30 } }),
+  })).json.id as string;
+  const lines = async () => (await a.req('GET', `/v2/serverless/${ep}/logs?limit=10000`)).json as { line: string; at: string }[];
+  const backoff = await until('three crashes and the 2 s backoff', async () =>
+    (await lines()).find((l) => /^3 workers crashed in a row: no new worker for 2 s \(crash backoff\)$/.test(l.line)), 20_000);
+  const fourth = await until('a fourth start once the backoff is over', async () => (await lines()).filter((l) => /^starting worker /.test(l.line))[3], 15_000);
+  const after = Date.parse(fourth.at) - Date.parse(backoff.at);
+  t.ok(after >= 1900, `not before the backoff ended: ${after} ms after it began`);
 });
