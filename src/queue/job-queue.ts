@@ -1461,22 +1461,7 @@ export class JobQueue {
   /** Waits until the job is final or `ms` passes (runsync). The job goes on either way. */
   waitFinal(job: Job, ms: number, cancel: Cancellation): Promise<void> {
     if (TERMINAL.has(job.status) && job.waiters.length === 0) return Promise.resolve();
-    return new Promise((resolve) => {
-      let settled = false;
-      let unhook = NOOP;
-      const settle = () => {
-        if (settled) return;
-        settled = true;
-        clearTimeout(timer);
-        unhook();
-        const i = job.waiters.indexOf(settle);
-        if (i >= 0) job.waiters.splice(i, 1);
-        resolve();
-      };
-      const timer = setTimeout(settle, ms);
-      (job.waiters === NO_WAITERS ? (job.waiters = []) : job.waiters).push(settle);
-      unhook = cancel.onAbort(settle);
-    });
+    return this.#park(job, ms, cancel);
   }
 
   /**
@@ -1485,26 +1470,40 @@ export class JobQueue {
    */
   waitStream(job: Job, ms: number, cancel: Cancellation): Promise<void> {
     if (TERMINAL.has(job.status)) return Promise.resolve();
+    let parked = this.#streamWaiters.get(job.id);
+    if (!parked) this.#streamWaiters.set(job.id, (parked = new Set()));
+    const chunks = parked;
+    return this.#park(job, ms, cancel, (wake) => {
+      chunks.add(wake);
+      return () => {
+        chunks.delete(wake);
+        if (chunks.size === 0 && this.#streamWaiters.get(job.id) === chunks) this.#streamWaiters.delete(job.id);
+      };
+    });
+  }
+
+  /**
+   * Resolves when the job's end wakes its waiters (a cancel, the endpoint's deletion and shutdown
+   * do too), `ms` pass or the client goes away; `also` registers one more wake-up and returns
+   * its removal.
+   */
+  #park(job: Job, ms: number, cancel: Cancellation, also?: (wake: () => void) => () => void): Promise<void> {
     return new Promise((resolve) => {
       let settled = false;
       let unhook = NOOP;
-      let parked = this.#streamWaiters.get(job.id);
-      if (!parked) this.#streamWaiters.set(job.id, (parked = new Set()));
-      const chunks = parked;
+      let unpark = NOOP;
       const settle = () => {
         if (settled) return;
         settled = true;
         clearTimeout(timer);
         unhook();
+        unpark();
         const i = job.waiters.indexOf(settle);
         if (i >= 0) job.waiters.splice(i, 1);
-        chunks.delete(settle);
-        if (chunks.size === 0 && this.#streamWaiters.get(job.id) === chunks) this.#streamWaiters.delete(job.id);
         resolve();
       };
       const timer = setTimeout(settle, ms);
-      chunks.add(settle);
-      // The job's end (and a cancel, the endpoint's deletion, shutdown) wakes it as it wakes /runsync.
+      if (also) unpark = also(settle);
       (job.waiters === NO_WAITERS ? (job.waiters = []) : job.waiters).push(settle);
       unhook = cancel.onAbort(settle);
     });
