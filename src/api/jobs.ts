@@ -7,7 +7,7 @@ import { AgentError } from '../core/errors.js';
 import { rawMember } from '../core/json-raw.js';
 import { assertSchema } from '../core/schemas.js';
 import type { EndpointService, EndpointSpec } from '../endpoints/index.js';
-import { TERMINAL, checkWebhookUrl, statusBody, type JobQueue, type JobSnapshot } from '../queue/index.js';
+import { TERMINAL, checkWebhookUrl, jobNotFound, statusBody, type JobQueue, type JobSnapshot } from '../queue/index.js';
 import type { ResourceRow } from '../store/index.js';
 import type { Principal } from '../auth/index.js';
 import type { ApiResult, RouteDef } from './route.js';
@@ -131,7 +131,7 @@ export function jobRoutes(s: JobRouteServices): RouteDef[] {
         const ttl = intQuery(req.query, 'ttl', 1000, MAX_STATUS_TTL_MS);
         const jobId = params['jobId'] as string;
         const snap = await s.queue.findDurable(ep.id, jobId);
-        if (!snap) throw new AgentError('NOT_FOUND', `Job ${jobId} not found (unknown, or its result expired).`);
+        if (!snap) throw jobNotFound(jobId);
         // Answered once the ttl is durable: a crash after the reply keeps it.
         if (ttl !== undefined) await s.queue.setRetention(ep.id, jobId, ttl);
         return json(200, statusBody(snap, s.now()));
@@ -151,7 +151,7 @@ export function jobRoutes(s: JobRouteServices): RouteDef[] {
         // A client that goes away stops waiting; the job goes on.
         if (live && live.endpointId === ep.id && !TERMINAL.has(live.status)) await s.queue.waitFinal(live, wait ?? 90_000, req.cancel);
         const snap = await s.queue.findDurable(ep.id, jobId);
-        if (!snap) throw new AgentError('NOT_FOUND', `Job ${jobId} not found (unknown, or its result expired).`);
+        if (!snap) throw jobNotFound(jobId);
         return json(200, statusBody(snap, s.now()));
       },
     },
@@ -175,7 +175,7 @@ export function jobRoutes(s: JobRouteServices): RouteDef[] {
           await s.queue.durable();
           drained = s.queue.drainStream(ep.id, jobId);
         }
-        if (!drained) throw new AgentError('NOT_FOUND', `Job ${jobId} not found (unknown, or its result expired).`);
+        if (!drained) throw jobNotFound(jobId);
         // Each chunk is stored as the JSON text of its element.
         return json(200, `{"status":"${drained.status}","stream":[${drained.stream.join(',')}]}`);
       },

@@ -50,14 +50,10 @@ export class Deque<T> {
     return this.#head < this.#items.length ? this.#items[this.#head] : undefined;
   }
 
-  /**
-   * Calls `fn` on every item, front to back, until it returns false (a plain loop: reap scans
-   * long backlogs with it). True when it went through every item.
-   */
-  forEach(fn: (item: T) => boolean | void): boolean {
+  /** Calls `fn` on every item, front to back (a plain loop: the TTL heap's rebuild walks long backlogs with it). */
+  forEach(fn: (item: T) => void): void {
     const items = this.#items;
-    for (let i = this.#head; i < items.length; i++) if (fn(items[i] as T) === false) return false;
-    return true;
+    for (let i = this.#head; i < items.length; i++) fn(items[i] as T);
   }
 
   *[Symbol.iterator](): IterableIterator<T> {

@@ -166,7 +166,7 @@ const manuallyRetried = (row: ActiveJobRow): boolean => row.attempt === 0 && row
  * Recovered queued rows in the order they were queued. They come in rowid (insert) order, but a
  * `/retry` queues an old row again behind newer ones: such a row waits here and is let out, by
  * its queued_at, before the first later row created after it was retried (or at the end), so a
- * restart does not move a retried job to the front. Rows stream through (`take`), a slice of
+ * restart does not move a retried job to the front. Rows stream through (`before`), a slice of
  * the backlog in memory at a time.
  */
 class QueueOrder {
@@ -210,6 +210,11 @@ function truthy(v: unknown): boolean {
 /** What a finished job holds in memory for /status: its output and error (unchanged once final). */
 function heldChars(j: Job): number {
   return (j.output?.length ?? 0) + (j.error?.length ?? 0);
+}
+
+/** The 404 of a job id that names no job of the endpoint, or one whose result expired. */
+export function jobNotFound(jobId: string): AgentError {
+  return new AgentError('NOT_FOUND', `Job ${jobId} not found (unknown, or its result expired).`);
 }
 
 /** Wakes the /runsync calls waiting on `job` (each once). */
@@ -1570,7 +1575,7 @@ export class JobQueue {
   async cancel(endpointId: string, jobId: string): Promise<JobSnapshot> {
     // An expired result may still be in memory (eviction goes in completion order): find() says 404 for it.
     const snap = this.find(endpointId, jobId);
-    if (!snap) throw new AgentError('NOT_FOUND', `Job ${jobId} not found (unknown, or its result expired).`);
+    if (!snap) throw jobNotFound(jobId);
     const job = this.#jobs.get(jobId);
     if (!job || job.endpointId !== endpointId) return snap;
     if (job.status === 'IN_QUEUE') {
@@ -1589,7 +1594,7 @@ export class JobQueue {
     // the fresh record below copies it, so wait for that write first.
     if (this.#jobs.get(jobId)?.rowid === 0) await this.#batch.committed().catch(() => undefined);
     const snap = this.find(endpointId, jobId);
-    if (!snap) throw new AgentError('NOT_FOUND', `Job ${jobId} not found (unknown, or its result expired).`);
+    if (!snap) throw jobNotFound(jobId);
     if (snap.status !== 'FAILED' && snap.status !== 'TIMED_OUT') {
       throw new AgentError('JOB_NOT_IN_STATE', `Only FAILED or TIMED_OUT jobs can be retried; job ${jobId} is ${snap.status}.`);
     }

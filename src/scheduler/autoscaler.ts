@@ -158,10 +158,13 @@ export class Autoscaler {
       lowQueued: load.lowQueued,
       inProgress: load.inProgress,
       oldestWaitMs: load.oldestWaitMs,
-      workers: listed.filter((w) => !registry.silent(w) && !this.#managed.get(w.id)?.stopping).map((w) => ({
-        id: w.id, state: registry.state(w), idleMs: mono - w.idleSince, managed: w.managed, recycle: w.recycle, refresh: w.refresh, retired: w.retired,
-        uncounted: registry.state(w) === 'running' && !this.#o.queue.runsCountedJob(w),
-      })),
+      workers: listed.filter((w) => !registry.silent(w) && !this.#managed.get(w.id)?.stopping).map((w) => {
+        const state = registry.state(w);
+        return {
+          id: w.id, state, idleMs: mono - w.idleSince, managed: w.managed, recycle: w.recycle, refresh: w.refresh, retired: w.retired,
+          uncounted: state === 'running' && !this.#o.queue.runsCountedJob(w),
+        };
+      }),
       // A worker that asked to be recycled, or one stopped for the init timeout (it was never
       // idle, so nothing else replaces it), holds its place under max until it has exited.
       exiting: listed.filter((w) => {
