@@ -495,6 +495,13 @@ async function opRetry(c: Ctx, j: MJob) {
   if (res.status !== 200 || res.json.status !== 'IN_QUEUE') fail(c, `retry of a ${j.status} job: ${res.status} ${res.text}`);
   const prev = j.workerId !== null && j.resultBy !== j.workerId ? holderOf(c, j) : undefined;
   const holder = prev?.registered && prev.stops.has(j.id) ? prev : undefined;
+  // Fenced from the worker that ran it while its stop is pending.
+  queuedByRetry(c, j, holder ? { w: holder.w.workerId, until: now(c) + LEASE } : null);
+  if (holder) holder.fenced.add(j.id);
+}
+
+/** What a /retry answered 200 does to the model's job: a new run, queued, fenced or not. */
+function queuedByRetry(c: Ctx, j: MJob, fence: MJob['fence']) {
   j.status = 'IN_QUEUE';
   j.output = null;
   j.error = null;
@@ -507,9 +514,7 @@ async function opRetry(c: Ctx, j: MJob) {
   j.attempt = 0;
   j.retried++;
   j.ttlAt = now(c) + j.ttl;
-  // Fenced from the worker that ran it while its stop is pending.
-  j.fence = holder ? { w: holder.w.workerId, until: now(c) + LEASE } : null;
-  if (holder) holder.fenced.add(j.id);
+  j.fence = fence;
 }
 
 async function opPurge(c: Ctx) {
@@ -759,18 +764,7 @@ async function opRace(c: Ctx) {
     finish(c, j, 'FAILED', null, `e${n}`);
     if (x.status === 200) {
       // The retry came after the result: a new run, not fenced (the worker posted the result itself).
-      j.status = 'IN_QUEUE';
-      j.error = null;
-      j.output = null;
-      j.workerId = null;
-      j.resultBy = null;
-      j.expiresAt = null;
-      j.retries++;
-      j.attempt = 0;
-      j.retried++;
-      j.unread = [];
-      j.fence = null;
-      j.ttlAt = now(c) + j.ttl;
+      queuedByRetry(c, j, null);
     } else if (x.status !== 409) {
       fail(c, `race error/retry: retry ${x.status} ${x.text}`);
     }
