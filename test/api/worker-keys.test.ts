@@ -2,13 +2,12 @@
  * Worker keys handed out by worker-env can be found and revoked like API keys, act only as the
  * worker they were made for, and replies that carry a credential are never cached.
  */
-import { connect } from 'node:net';
 import { join } from 'node:path';
 import Database from 'better-sqlite3';
 import t from 'tap';
 import { ManualClock } from '../../src/core/clock.js';
 import { assertProblem, cpuBody, startAgent } from '../helpers/agent.js';
-import { TestWorker } from '../helpers/worker.js';
+import { TestWorker, postOversized } from '../helpers/worker.js';
 
 t.test('a worker-env key is listed, read and revoked through /v2/api-keys', async (t) => {
   const a = await startAgent(t);
@@ -95,24 +94,6 @@ t.test('a job-take parked before its key was revoked is handed no job; the job w
   t.match(await good.take(), { id: job }, 'and goes to a worker whose key is valid');
 });
 
-/** POSTs headers declaring a body over the 64 MiB limit of a worker post; resolves with the status line. */
-function postOversized(url: string, key: string): Promise<string> {
-  const u = new URL(url);
-  return new Promise((resolve, reject) => {
-    const socket = connect(Number(u.port), u.hostname, () => {
-      socket.write(`POST ${u.pathname}${u.search} HTTP/1.1\r\nHost: x\r\nAuthorization: ${key}\r\nContent-Length: ${64 * 1024 * 1024 + 10}\r\n\r\n{"output":"`);
-    });
-    let got = '';
-    socket.on('data', (d) => {
-      got += d.toString();
-      if (got.includes('\r\n')) {
-        resolve(got.slice(0, got.indexOf('\r\n')));
-        socket.destroy();
-      }
-    });
-    socket.on('error', reject);
-  });
-}
 
 t.test("a worker key acts only as its own worker: another worker's id in the path is a 403", async (t) => {
   const a = await startAgent(t, { takeHoldMs: 300 });

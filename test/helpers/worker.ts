@@ -2,6 +2,7 @@
  * A protocol-level worker for tests: speaks RunPod's worker protocol to a real flashd over
  * HTTP, exactly as runpod-python does (raw key, form content type on results).
  */
+import { connect } from 'node:net';
 import type { TestAgent } from './agent.js';
 
 export interface WorkerEnv {
@@ -96,4 +97,29 @@ export class TestWorker {
     if (res.status === 204) return [];
     return ((await res.json()) as { jobsToStop: string[] }).jobsToStop;
   }
+}
+
+/** The largest body of a worker's result or stream chunk post (64 MiB). */
+export const WORKER_POST_LIMIT = 64 * 1024 * 1024;
+
+/**
+ * POSTs headers declaring a body 10 bytes over the worker-post limit, and a little of it;
+ * resolves with the status line.
+ */
+export function postOversized(url: string, key: string): Promise<string> {
+  const u = new URL(url);
+  return new Promise((resolve, reject) => {
+    const socket = connect(Number(u.port), u.hostname, () => {
+      socket.write(`POST ${u.pathname}${u.search} HTTP/1.1\r\nHost: x\r\nAuthorization: ${key}\r\nContent-Type: application/json\r\nContent-Length: ${WORKER_POST_LIMIT + 10}\r\n\r\n{"output":"`);
+    });
+    let got = '';
+    socket.on('data', (d) => {
+      got += d.toString();
+      if (got.includes('\r\n')) {
+        resolve(got.slice(0, got.indexOf('\r\n')));
+        socket.destroy();
+      }
+    });
+    socket.on('error', reject);
+  });
 }

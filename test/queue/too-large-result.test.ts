@@ -4,30 +4,8 @@
  * would otherwise run again after its lease and end with a wrong reason.
  */
 import t from 'tap';
-import { connect } from 'node:net';
 import { startAgent, cpuBody, type TestAgent } from '../helpers/agent.js';
-import { TestWorker } from '../helpers/worker.js';
-
-const LIMIT = 64 * 1024 * 1024;
-
-/** POSTs headers declaring a body over the limit and a little of it; resolves with the status line. */
-function postOversized(url: string, key: string): Promise<string> {
-  const u = new URL(url);
-  return new Promise((resolve, reject) => {
-    const socket = connect(Number(u.port), u.hostname, () => {
-      socket.write(`POST ${u.pathname}${u.search} HTTP/1.1\r\nHost: x\r\nAuthorization: ${key}\r\nContent-Type: application/json\r\nContent-Length: ${LIMIT + 10}\r\n\r\n{"output":"`);
-    });
-    let got = '';
-    socket.on('data', (d) => {
-      got += d.toString();
-      if (got.includes('\r\n')) {
-        resolve(got.slice(0, got.indexOf('\r\n')));
-        socket.destroy();
-      }
-    });
-    socket.on('error', reject);
-  });
-}
+import { TestWorker, WORKER_POST_LIMIT as LIMIT, postOversized } from '../helpers/worker.js';
 
 async function setup(t: Parameters<typeof startAgent>[0]) {
   const a = await startAgent(t, { takeHoldMs: 500 });
