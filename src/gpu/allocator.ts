@@ -7,7 +7,7 @@
  */
 import { AgentError } from '../core/errors.js';
 import { placeCpuWorker, placeGpuWorker, type CpuNoFitReason, type GpuNoFitReason } from './placement.js';
-import type { CpuResources, DiscoveredGpu, InventoryGpuRow, PlacementGpu, WorkerRequirement } from './types.js';
+import type { CpuResources, DiscoveredGpu, GpuDiscovery, InventoryGpuRow, PlacementGpu, WorkerRequirement } from './types.js';
 
 /** The host as the ledger sees it. */
 export interface LedgerHost {
@@ -16,6 +16,8 @@ export interface LedgerHost {
   dataCenterId: string;
   gpus: readonly Pick<DiscoveredGpu, 'uuid' | 'name' | 'gpuTypeId' | 'cudaVersion'>[];
   cpu: CpuResources;
+  /** Why discovery found no GPU, for {@link ResourceLedger.whyNot}'s explanation. */
+  discovery?: Pick<GpuDiscovery, 'noGpuReason' | 'detail'>;
 }
 
 /** What one worker holds. */
@@ -145,7 +147,21 @@ export class ResourceLedger {
   /** Why a worker with this requirement would not fit now, or null when it would. */
   whyNot(req: WorkerRequirement): LedgerNoFit | null {
     const d = this.#decide(req, this.heldGpuUuids(), this.reservedCpu());
-    return 'ok' in d ? d : null;
+    if (!('ok' in d)) return null;
+    // The host side of the story: what discovery found, so the reason can be acted on.
+    const found = this.#host.discovery;
+    if (d.reason === 'no-gpus' && found?.noGpuReason) {
+      return { ...d, detail: `${d.detail} (GPU discovery: ${found.noGpuReason}${found.detail ? `, ${found.detail}` : ''})` };
+    }
+    if (d.reason === 'no-allowed-type') {
+      const have = new Map<string, number>();
+      for (const g of this.#host.gpus) {
+        const label = g.gpuTypeId === null ? `${g.name} (not in the GPU catalog)` : g.gpuTypeId;
+        have.set(label, (have.get(label) ?? 0) + 1);
+      }
+      return { ...d, detail: `${d.detail}; this host has ${[...have].map(([label, n]) => `${n}× ${label}`).join(', ')}` };
+    }
+    return d;
   }
 
   /** One row per GPU for the catalogs' availability. */
@@ -170,6 +186,7 @@ export interface LedgerPlacement<S> {
   capacity(endpointId: string, spec: S): number;
   reserve(endpointId: string, workerId: string, spec: S): { gpuDeviceIds: string[]; gpuName: string } | undefined;
   release(workerId: string): void;
+  whyNot(endpointId: string, spec: S): string | null;
 }
 
 /**
@@ -186,5 +203,6 @@ export function createLedgerPlacement<S>(ledger: ResourceLedger, toRequirement: 
     release: (workerId) => {
       ledger.release(workerId);
     },
+    whyNot: (_endpointId, spec) => ledger.whyNot(toRequirement(spec))?.detail ?? null,
   };
 }

@@ -76,6 +76,8 @@ export class Autoscaler {
   readonly #kept = new Map<string, { endpointId: string; keyId: string }>();
   readonly #crashes = new Map<string, CrashState>();
   readonly #unhealthy = new Map<string, { endpointId: string; until: number }>();
+  /** Per endpoint: why no worker could start, as last logged (see #noteHeldBack). */
+  readonly #heldBack = new Map<string, string>();
   readonly #dirty = new Set<string>();
   /** Per endpoint: a wake-up for when its oldest job will have waited `queueDelay` (decision.recheckInMs). */
   readonly #rechecks = new Map<string, { at: number; timer: NodeJS.Timeout }>();
@@ -149,6 +151,8 @@ export class Autoscaler {
       void this.#stop(w.id, `it did not ask for a job within ${Math.round(initTimeoutMs / 1000)} s of starting (RUNPOD_INIT_TIMEOUT)`, false);
     }
     const listed = registry.list(endpointId);
+    const runtimeRoom = this.#o.runtime ? this.#o.runtime.capacity(endpointId) : 0;
+    const capacity = this.#o.runtime ? Math.min(runtimeRoom, this.#placement.capacity(endpointId, spec)) : 0;
     const decision = decideScale({
       min: spec.workers.min,
       max: spec.workers.max,
@@ -171,10 +175,11 @@ export class Autoscaler {
         const m = this.#managed.get(w.id);
         return m?.stopping === true && (w.refresh || m.initTimedOut === true);
       }).length,
-      capacity: this.#o.runtime ? Math.min(this.#o.runtime.capacity(endpointId), this.#placement.capacity(endpointId, spec)) : 0,
+      capacity,
       backoff: crash !== undefined && mono < crash.backoffUntil,
     });
     registry.setThrottled(endpointId, decision.throttled);
+    this.#noteHeldBack(endpointId, spec, decision.throttled > 0 && capacity <= 0, runtimeRoom);
     if (decision.recheckInMs > 0) this.#recheckIn(endpointId, decision.recheckInMs);
     // A crash backoff holds starts back: decide again when it ends, not at the next 1 s tick
     // after (armed at every decision during it, so an earlier wake-up that finds the backoff
@@ -330,6 +335,27 @@ export class Autoscaler {
       );
   }
 
+  /**
+   * Says once, in the endpoint log and flashd's, why jobs wait with no worker able to start (no
+   * GPU of an allowed type, the host's CUDA too old, too few GPUs, all of them held, the engine
+   * unreachable), and again only when the reason changes: without it an endpoint whose GPUs
+   * cannot be placed only showed `throttled` in /health.
+   */
+  #noteHeldBack(endpointId: string, spec: EndpointSpec, heldBack: boolean, runtimeRoom: number): void {
+    const runtime = this.#o.runtime;
+    const reason = !heldBack || !runtime ? undefined
+      : runtimeRoom <= 0 ? `the ${runtime.name} runtime has no room (is the container engine reachable? see flashd's log)`
+      : (this.#placement.whyNot(endpointId, spec) ?? undefined);
+    if (reason === this.#heldBack.get(endpointId)) return;
+    if (reason === undefined) {
+      this.#heldBack.delete(endpointId);
+      return;
+    }
+    this.#heldBack.set(endpointId, reason);
+    this.#o.logs.append(endpointId, null, 'system', `no worker can start: ${reason}; jobs wait in the queue (throttled)`);
+    this.#o.log.warn('worker start held back', { endpointId, reason });
+  }
+
   /** A kept worker is gone for good: its key goes too. */
   #discard(workerId: string): void {
     const kept = this.#kept.get(workerId);
@@ -432,6 +458,7 @@ export class Autoscaler {
   /** The endpoint is being deleted: stop its workers now. */
   async dropEndpoint(endpointId: string): Promise<void> {
     this.#clearRechecks(endpointId);
+    this.#heldBack.delete(endpointId);
     const ours = [...this.#managed].filter(([, m]) => m.endpointId === endpointId);
     await Promise.all(ours.map(([id, m]) => this.#stopForGood(id, m, 'endpoint deleted')));
     await this.#o.runtime?.discardEndpoint?.(endpointId);

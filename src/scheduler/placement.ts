@@ -18,6 +18,8 @@ export interface Placement {
   reserve(endpointId: string, workerId: string, spec: EndpointSpec): Reservation | undefined;
   /** Frees what a worker held. */
   release(workerId: string): void;
+  /** Why no worker of this endpoint could start now, or null when one could (for the endpoint log). */
+  whyNot(endpointId: string, spec: EndpointSpec): string | null;
 }
 
 /** Without a placement component: CPU workers everywhere, GPU workers nowhere. */
@@ -25,6 +27,7 @@ export const CPU_ONLY_PLACEMENT: Placement = {
   capacity: (_id, spec) => (spec.gpu ? 0 : Number.POSITIVE_INFINITY),
   reserve: (_id, _w, spec) => (spec.gpu ? undefined : { gpuDeviceIds: [], gpuName: 'cpu' }),
   release: () => undefined,
+  whyNot: (_id, spec) => (spec.gpu ? 'this flashd places no GPU workers' : null),
 };
 
 /**
@@ -37,5 +40,6 @@ export function unreservedCpu(placement: Placement): Placement {
     capacity: (id, spec) => (spec.gpu ? placement.capacity(id, spec) : CPU_ONLY_PLACEMENT.capacity(id, spec)),
     reserve: (id, workerId, spec) => (spec.gpu ? placement.reserve(id, workerId, spec) : CPU_ONLY_PLACEMENT.reserve(id, workerId, spec)),
     release: (workerId) => placement.release(workerId),
+    whyNot: (id, spec) => (spec.gpu ? placement.whyNot(id, spec) : null),
   };
 }

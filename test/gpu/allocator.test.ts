@@ -81,6 +81,20 @@ t.test('capacity: how many more workers fit', async (t) => {
   t.equal(ledger.whyNot(gpuReq(1)), null);
 });
 
+t.test('whyNot says what the host has: the types it holds, or why discovery found no GPU', async (t) => {
+  const mixed = new ResourceLedger(mixedHost());
+  t.match(mixed.whyNot(gpuReq(1, ['NVIDIA H100 80GB HBM3'])), {
+    reason: 'no-allowed-type',
+    detail: 'no GPU of an allowed type (NVIDIA H100 80GB HBM3); this host has 1× NVIDIA L4, 2× NVIDIA A100-SXM4-80GB, 1× GeForce RTX 2070 (not in the GPU catalog)',
+  });
+  const none = new ResourceLedger({ ...mixedHost(), gpus: [], discovery: { noGpuReason: 'driver-not-loaded', detail: 'NVIDIA-SMI has failed because it couldn\'t communicate with the NVIDIA driver.' } });
+  t.match(none.whyNot(gpuReq(1)), {
+    reason: 'no-gpus',
+    detail: 'this installation has no GPUs (GPU discovery: driver-not-loaded, NVIDIA-SMI has failed because it couldn\'t communicate with the NVIDIA driver.)',
+  });
+  t.match(new ResourceLedger({ ...mixedHost(), gpus: [] }).whyNot(gpuReq(1)), { detail: 'this installation has no GPUs' }, 'no discovery detail given: the bare reason');
+});
+
 t.test('CPU workers: vCPUs and memory from the flavor, entries in order', async (t) => {
   const ledger = new ResourceLedger(mixedHost());
   t.equal(ledger.capacity(cpuReq('cpu3g', 4)), 4, '16 vCPU / 64 GiB holds four cpu3g-4 (16 GB each)');

@@ -2,7 +2,7 @@
  * Placement through the whole agent on a host that the fake nvidia-smi (output recorded from
  * a real RTX 4090 machine, CUDA 12.4) describes: the catalogs show the GPU, a GPU endpoint
  * whose pools or CUDA constraints this host cannot meet waits throttled, and one that fits
- * gets the GPU, which it holds alone.
+ * gets the GPU, which it holds alone. A held-back endpoint's log says why, once per reason.
  */
 import t from 'tap';
 import { join } from 'node:path';
@@ -13,6 +13,9 @@ import { until } from '../helpers/wait.js';
 process.env['PATH'] = `${join(REPO_ROOT, 'test/fixtures/nvidia-smi/bin')}:${process.env['PATH'] ?? ''}`;
 process.env['FAKE_NVIDIA_SMI_SCENARIO'] = 'rtx4090-single';
 const UUID = 'GPU-8ee5f1e0-e705-aac5-6d6e-b97ad59601ef';
+
+const systemLines = async (a: TestAgent, ep: string) =>
+  ((await a.req('GET', `/v2/serverless/${ep}/logs`)).json as { line: string; stream: string }[]).filter((l) => l.stream === 'system').map((l) => l.line);
 
 const gpuEndpoint = async (a: TestAgent, gpu: Record<string, unknown>) => {
   const r = await a.req('POST', '/v2/serverless', {
@@ -44,6 +47,18 @@ t.test('GPU inventory, throttling and exclusive placement', async (t) => {
     t.equal(h.jobs.inQueue, 1, 'the job waits in the queue');
     t.equal((await a.req('GET', `/v2/${ep}/status/${id}`)).json.status, 'IN_QUEUE', 'never failed');
   }
+  // Each says why in its log, once, though the loop decided again every second since.
+  const why = {
+    [h100]: /^no worker can start: no GPU of an allowed type \(NVIDIA H100 80GB HBM3, .*\); this host has 1× NVIDIA GeForce RTX 4090; jobs wait in the queue \(throttled\)$/,
+    [wrongCuda]: /^no worker can start: host CUDA 12\.4, endpoint needs >= 12\.8; jobs wait/,
+    [exactCuda]: /^no worker can start: host CUDA 12\.4, endpoint needs one of 12\.1; jobs wait/,
+  };
+  await new Promise((r) => setTimeout(r, 2100));
+  for (const { ep } of waiting) {
+    const said = (await systemLines(a, ep)).filter((l) => l.startsWith('no worker can start'));
+    t.equal(said.length, 1, `one line for ${ep}: ${JSON.stringify(said)}`);
+    t.match(said[0], why[ep]!);
+  }
 
   const fits = await gpuEndpoint(a, { pools: ['ADA_24'], minCudaVersion: '12.2' });
   const r = await a.req('POST', `/v2/${fits}/runsync`, { body: { input: { vars: ['CUDA_VISIBLE_DEVICES', 'RUNPOD_WEBHOOK_GET_JOB'] } } });
@@ -59,4 +74,6 @@ t.test('GPU inventory, throttling and exclusive placement', async (t) => {
     return body.workers.throttled >= 1 && body;
   });
   t.equal(h.workers.running + h.workers.idle, 0, 'a GPU belongs to one worker at a time');
+  t.match(await systemLines(a, second), ['no worker can start: every matching GPU is held by another worker; jobs wait in the queue (throttled)'],
+    'the log says the GPU is taken');
 });
