@@ -185,7 +185,7 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
     const hardware = await hardwareProbe;
     log.info('hardware', {
       gpus: hardware.gpus.length, cuda: hardware.discovery.cudaVersion ?? undefined, noGpu: hardware.discovery.noGpuReason ?? undefined,
-      vcpus: hardware.cpu.vcpus, memoryGb: hardware.cpu.memoryGb,
+      vcpus: hardware.cpu.vcpus, memoryGb: Math.round(hardware.cpu.memoryGb * 10) / 10,
     });
     const ledger = new ResourceLedger(hardware);
     const ledgerPlacement = createLedgerPlacement<EndpointSpec>(ledger, (spec) => workerRequirement({

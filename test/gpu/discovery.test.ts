@@ -60,6 +60,17 @@ t.test('8x H100 SXM', async (t) => {
   t.match(lines.find((l) => l['msg'] === 'gpus discovered'), { count: 8, driverVersion: '565.57.01', cudaVersion: '12.7' });
 });
 
+t.test('1x H100 SXM, recorded by us (driver 580, CUDA 13.0)', async (t) => {
+  const { log, lines } = capture();
+  const d = await discoverGpus({ env: fakeEnv('h100-x1'), log });
+  t.equal(d.noGpuReason, null);
+  t.same(d.gpus.map((g) => [g.index, g.uuid, g.name, g.gpuTypeId, g.pool, g.memoryMiB, g.driverVersion, g.cudaVersion]), [
+    [0, 'GPU-0c0897e4-f928-b148-fe48-db553d9a9976', 'NVIDIA H100 80GB HBM3', 'NVIDIA H100 80GB HBM3', 'ADA_80_PRO', 81559, '580.159.04', '13.0'],
+  ]);
+  t.equal(d.cudaVersion, '13.0', 'the summary table of a 580 driver (CUDA 13) gives the CUDA version too');
+  t.match(lines.find((l) => l['msg'] === 'gpus discovered'), { count: 1, driverVersion: '580.159.04', cudaVersion: '13.0' });
+});
+
 t.test('mixed A100 and L4', async (t) => {
   const d = await discover('a100-l4-mixed');
   t.same(
