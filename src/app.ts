@@ -17,7 +17,7 @@ import { createHttpServer, type HttpServer } from './http/index.js';
 import { JobQueue, WebhookSender, WorkerRegistry } from './queue/index.js';
 import { ContainerRuntime, ProcessRuntime, findEngineSocket, reapOrphanProcessWorkers, type WorkerRuntime } from './runtime/index.js';
 import { Autoscaler, LogHub, unreservedCpu } from './scheduler/index.js';
-import { ResourceLedger, createLedgerPlacement, probeHost, workerRequirement } from './gpu/index.js';
+import { GpuWatch, ResourceLedger, createLedgerPlacement, probeHost, workerRequirement } from './gpu/index.js';
 import type { EndpointSpec } from './endpoints/index.js';
 import { IdentityRepo, JobsRepo, LogsRepo, WriteBatch, lockDataDir, openDb, walPathOf, type Db } from './store/index.js';
 
@@ -188,6 +188,9 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
       vcpus: hardware.cpu.vcpus, memoryGb: Math.round(hardware.cpu.memoryGb * 10) / 10,
     });
     const ledger = new ResourceLedger(hardware);
+    const gpuWatch = new GpuWatch({ ledger, intervalMs: config.gpuRediscoverMs, log: log.child({ component: 'gpu' }) });
+    gpuWatch.start();
+    closers.push(() => gpuWatch.close());
     const ledgerPlacement = createLedgerPlacement<EndpointSpec>(ledger, (spec) => workerRequirement({
       gpu: spec.gpu, cpu: spec.cpu, dataCenterIds: spec.dataCenterIds, ...(spec.gpuTypePriority ? { gpuTypePriority: spec.gpuTypePriority } : {}),
     }));

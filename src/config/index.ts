@@ -30,6 +30,7 @@ export interface FlashdConfig {
   readonly takeHoldMs: number;
   readonly pollSpinUs: number;
   readonly maxAttempts: number;
+  readonly gpuRediscoverMs: number;
   readonly workerStopGraceMs: number;
   readonly workerInitTimeoutMs: number;
   readonly webhookAllowPrivate: boolean;
