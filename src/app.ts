@@ -81,7 +81,7 @@ function createContainerRuntime(config: FlashdConfig, dataDir: string, log: Logg
     log.info('no container engine socket found: runtime none, flashd starts no workers', { looked });
     return null;
   }
-  return new ContainerRuntime({ socketPath, dataDir, workerUrl: config.workerUrl, log: log.child({ component: 'runtime' }) });
+  return new ContainerRuntime({ socketPath, dataDir, workerUrl: config.workerUrl, gpuDriver: config.containerGpuDriver, log: log.child({ component: 'runtime' }) });
 }
 
 export async function createAgent(options: AgentOptions): Promise<Agent> {

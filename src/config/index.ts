@@ -31,6 +31,7 @@ export interface FlashdConfig {
   readonly pollSpinUs: number;
   readonly maxAttempts: number;
   readonly gpuRediscoverMs: number;
+  readonly containerGpuDriver: 'auto' | 'nvidia' | 'cdi';
   readonly workerStopGraceMs: number;
   readonly workerInitTimeoutMs: number;
   readonly webhookAllowPrivate: boolean;

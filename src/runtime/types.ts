@@ -68,6 +68,8 @@ export interface WorkerRuntime {
   stop(workerId: string, graceMs: number, options?: { keep?: boolean }): Promise<void>;
   /** Workers this runtime could start now for an endpoint (Infinity when unbounded). */
   capacity(endpointId: string): number;
+  /** Why this runtime cannot start GPU workers (an engine that cannot attach GPUs), or null. */
+  gpuBlocked?(): string | null;
   /** Forgets everything kept for an endpoint (deleted endpoint). */
   discardEndpoint?(endpointId: string, reason?: string): Promise<void>;
   /** Stops every worker (shutdown). */

@@ -151,7 +151,8 @@ export class Autoscaler {
       void this.#stop(w.id, `it did not ask for a job within ${Math.round(initTimeoutMs / 1000)} s of starting (RUNPOD_INIT_TIMEOUT)`, false);
     }
     const listed = registry.list(endpointId);
-    const runtimeRoom = this.#o.runtime ? this.#o.runtime.capacity(endpointId) : 0;
+    const gpuBlocked = spec.gpu ? (this.#o.runtime?.gpuBlocked?.() ?? null) : null;
+    const runtimeRoom = this.#o.runtime && gpuBlocked === null ? this.#o.runtime.capacity(endpointId) : 0;
     const capacity = this.#o.runtime ? Math.min(runtimeRoom, this.#placement.capacity(endpointId, spec)) : 0;
     const decision = decideScale({
       min: spec.workers.min,
@@ -179,7 +180,7 @@ export class Autoscaler {
       backoff: crash !== undefined && mono < crash.backoffUntil,
     });
     registry.setThrottled(endpointId, decision.throttled);
-    this.#noteHeldBack(endpointId, spec, decision.throttled > 0 && capacity <= 0, runtimeRoom);
+    this.#noteHeldBack(endpointId, spec, decision.throttled > 0 && capacity <= 0, runtimeRoom, gpuBlocked);
     if (decision.recheckInMs > 0) this.#recheckIn(endpointId, decision.recheckInMs);
     // A crash backoff holds starts back: decide again when it ends, not at the next 1 s tick
     // after (armed at every decision during it, so an earlier wake-up that finds the backoff
@@ -341,9 +342,10 @@ export class Autoscaler {
    * unreachable), and again only when the reason changes: without it an endpoint whose GPUs
    * cannot be placed only showed `throttled` in /health.
    */
-  #noteHeldBack(endpointId: string, spec: EndpointSpec, heldBack: boolean, runtimeRoom: number): void {
+  #noteHeldBack(endpointId: string, spec: EndpointSpec, heldBack: boolean, runtimeRoom: number, gpuBlocked: string | null): void {
     const runtime = this.#o.runtime;
     const reason = !heldBack || !runtime ? undefined
+      : gpuBlocked !== null ? gpuBlocked
       : runtimeRoom <= 0 ? `the ${runtime.name} runtime has no room (is the container engine reachable? see flashd's log)`
       : (this.#placement.whyNot(endpointId, spec) ?? undefined);
     if (reason === this.#heldBack.get(endpointId)) return;

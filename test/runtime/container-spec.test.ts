@@ -5,7 +5,7 @@
  */
 import t from 'tap';
 import {
-  DockerClient, KeptPool, LABELS, SAFE_LIMITS, VOLUME_PATH, createBody, demultiplexer, exposedPorts, registryAuthHeader,
+  DockerClient, KeptPool, LABELS, SAFE_LIMITS, VOLUME_PATH, createBody, demultiplexer, exposedPorts, gpuAttachFor, registryAuthHeader,
   splitImageRef, volumeName, type KeptPoolOptions, type LaunchSpec,
 } from '../../src/runtime/index.js';
 
@@ -52,6 +52,29 @@ t.test('env: user NVIDIA_* dropped; GPU workers get their device list, CPU worke
   t.equal(gpu.HostConfig.NanoCpus, undefined, 'a GPU worker has no CPU quota');
   t.equal(gpu.HostConfig.ShmSize, SAFE_LIMITS.gpuShmBytes);
   t.equal(createBody(spec(), { instanceId: 'i', diskLimit: false }).HostConfig.DeviceRequests, undefined, 'CPU: no device request');
+});
+
+t.test('GPUs: the nvidia device driver on Docker, CDI by UUID on Podman 5.4+, none on an older Podman', async (t) => {
+  const gpu = spec({ cpu: null, gpuDeviceIds: ['GPU-0c0897e4-f928-b148-fe48-db553d9a9976'] });
+  t.same(createBody(gpu, { instanceId: 'i', diskLimit: false, gpuDriver: 'cdi' }).HostConfig.DeviceRequests,
+    [{ Driver: 'cdi', DeviceIDs: ['nvidia.com/gpu=GPU-0c0897e4-f928-b148-fe48-db553d9a9976'] }], 'the name nvidia-ctk gives a GPU by UUID');
+  t.same(envOf(createBody(gpu, { instanceId: 'i', diskLimit: false, gpuDriver: 'cdi' }).Env)['NVIDIA_VISIBLE_DEVICES'], 'GPU-0c0897e4-f928-b148-fe48-db553d9a9976');
+  const cases: [string, string, 'auto' | 'nvidia' | 'cdi', 'nvidia' | 'cdi' | null][] = [
+    ['Docker Engine', '27.3.1', 'auto', 'nvidia'],
+    ['Docker Engine', '27.3.1', 'nvidia', 'nvidia'],
+    ['Docker Engine', '28.2.0', 'cdi', 'cdi'],
+    ['Podman Engine', '5.4.0', 'auto', 'cdi'],
+    ['Podman Engine', '5.10.2', 'nvidia', 'cdi'],
+    ['Podman Engine', '6.0.0', 'auto', 'cdi'],
+    ['Podman Engine', '5.3.2', 'auto', null],
+    ['Podman Engine', '4.3.1', 'cdi', null],
+    ['Podman Engine', 'dev', 'auto', null],
+  ];
+  for (const [name, version, setting, driver] of cases) {
+    const a = gpuAttachFor({ name, version }, setting);
+    t.equal(a.driver, driver, `${name} ${version}, --container-gpu-driver ${setting}`);
+    if (driver === null) t.match(a.reason, new RegExp(`^podman ${version} cannot give a container a GPU through its Docker API \\(CDI device requests need podman 5\\.4 or later\\)`));
+  }
 });
 
 t.test('resources, disk, volume, ports, command, labels', async (t) => {

@@ -41,7 +41,7 @@ export interface DeviceRequest {
   Driver: string;
   Count?: number;
   DeviceIDs?: string[];
-  Capabilities: string[][];
+  Capabilities?: string[][];
   Options?: Record<string, string>;
 }
 

@@ -21,7 +21,7 @@ import type { Logger } from '../../core/logger.js';
 import { lineSplitter } from '../line-splitter.js';
 import type { ExitInfo, LaunchResult, LaunchSpec, WorkerEvents, WorkerRuntime } from '../types.js';
 import { DockerClient } from './client.js';
-import { LABELS, containerName, createBody, volumeName } from './container-spec.js';
+import { LABELS, containerName, createBody, gpuAttachFor, volumeName, type GpuAttach } from './container-spec.js';
 import { DockerError, isDockerError } from './errors.js';
 import { DEFAULT_KEPT_POOL, KeptPool, type KeepMode, type KeptEntry, type KeptPoolOptions } from './kept-pool.js';
 import { WorkerRelay } from './worker-relay.js';
@@ -40,6 +40,8 @@ export interface ContainerRuntimeOptions {
   onLaunchTiming?(timing: LaunchTiming): void;
   /** Pause between tries while the engine is unreachable, in ms. @defaultValue 5000 */
   reconnectMs?: number;
+  /** `--container-gpu-driver`: the device request for GPUs on Docker. @defaultValue `"auto"` */
+  gpuDriver?: 'auto' | 'nvidia' | 'cdi';
 }
 
 export interface LaunchTiming {
@@ -131,6 +133,8 @@ export class ContainerRuntime implements WorkerRuntime {
   #connecting: Promise<boolean> | null = null;
   #reconnect: NodeJS.Timeout | undefined;
   #diskLimit: 'unknown' | 'supported' | 'unsupported' = 'unknown';
+  /** How this engine attaches GPUs (known once it answered). */
+  #gpu: GpuAttach | null = null;
   #closing = false;
   /** Aborts pulls in flight at shutdown. */
   readonly #shutdown = new AbortController();
@@ -173,6 +177,11 @@ export class ContainerRuntime implements WorkerRuntime {
     return this.#ready && !this.#closing ? Number.POSITIVE_INFINITY : 0;
   }
 
+  /** Why GPU workers cannot start on this engine, or null (also while it is not known yet). */
+  gpuBlocked(): string | null {
+    return this.#gpu?.reason ?? null;
+  }
+
   #connect(): Promise<boolean> {
     this.#connecting ??= (async () => {
       try {
@@ -182,10 +191,14 @@ export class ContainerRuntime implements WorkerRuntime {
         this.#workerUrl ??= await this.#deriveWorkerUrl();
         this.#ready = true;
         if (this.#deletedVolumes.size) void this.#removeDeletedVolumes();
-        const engine = v.Components?.find((c) => /engine/i.test(c.Name))?.Name ?? 'Docker Engine';
+        const component = v.Components?.find((c) => /engine/i.test(c.Name));
+        const engine = component?.Name ?? 'Docker Engine';
+        this.#gpu = gpuAttachFor({ name: engine, version: component?.Version ?? v.Version ?? '' }, this.#o.gpuDriver ?? 'auto');
         this.#log.info('container engine ready', {
           socket: this.client.socketPath, engine, version: v.Version, api: this.client.apiVersion, workerUrl: this.#workerUrl, instance: this.instanceId,
+          gpus: this.#gpu.driver ?? 'none',
         });
+        if (this.#gpu.reason) this.#log.warn('GPU workers cannot start on this engine', { reason: this.#gpu.reason });
         return true;
       } catch (err) {
         this.#unreachable(err);
@@ -388,7 +401,7 @@ export class ContainerRuntime implements WorkerRuntime {
    * limit it; when it cannot, the launch goes on without the limit (logged once).
    */
   async #createContainer(spec: LaunchSpec): Promise<string> {
-    const body = createBody(spec, { instanceId: this.instanceId, diskLimit: this.#diskLimit !== 'unsupported' });
+    const body = createBody(spec, { instanceId: this.instanceId, diskLimit: this.#diskLimit !== 'unsupported', gpuDriver: this.#gpu?.driver ?? 'nvidia' });
     try {
       const { Id } = await this.client.createContainer(body, containerName(spec.workerId));
       if (body.HostConfig.StorageOpt) this.#diskLimit = 'supported';

@@ -77,15 +77,39 @@ export function exposedPorts(ports: readonly string[]): Record<string, Record<st
   return out;
 }
 
+/**
+ * How an engine gives a container its GPUs through the Docker API: Docker's `nvidia` device
+ * driver (the NVIDIA container toolkit's runtime hook), or a CDI device request naming
+ * `nvidia.com/gpu=<UUID>` (a CDI spec from `nvidia-ctk cdi generate`, which names every GPU by
+ * index and by UUID). Podman's compat API honours only the latter, and only from 5.4 on
+ * (containers/podman#25171); before that it drops every device request and the container would
+ * run without its GPU while flashd counted the GPU as held.
+ */
+export type GpuAttach = { driver: 'nvidia' | 'cdi'; reason?: undefined } | { driver: null; reason: string };
+
+/** The engine's GPU attach, from its `/version` (`Components[].Name`, `Version`) and `--container-gpu-driver`. */
+export function gpuAttachFor(engine: { name: string; version: string }, setting: 'auto' | 'nvidia' | 'cdi'): GpuAttach {
+  if (!/podman/i.test(engine.name)) return { driver: setting === 'cdi' ? 'cdi' : 'nvidia' };
+  const m = /^v?(\d+)\.(\d+)/.exec(engine.version.trim());
+  const [major, minor] = m ? [Number(m[1]), Number(m[2])] : [0, 0];
+  if (major > 5 || (major === 5 && minor >= 4)) return { driver: 'cdi' };
+  return {
+    driver: null,
+    reason: `podman ${engine.version} cannot give a container a GPU through its Docker API (CDI device requests need podman 5.4 or later); use podman 5.4+ or Docker with the NVIDIA container toolkit, or --runtime process`,
+  };
+}
+
 export interface CreateBodyOptions {
   /** The owning flashd's instance id (label). */
   instanceId: string;
   /** Whether to ask for `StorageOpt.size` (false once the engine said it cannot). */
   diskLimit: boolean;
+  /** The device request for GPUs. @defaultValue `"nvidia"` */
+  gpuDriver?: 'nvidia' | 'cdi';
 }
 
 /** The HostConfig: safe defaults first, then the worker's resources. */
-export function hostConfig(spec: LaunchSpec, options: Pick<CreateBodyOptions, 'diskLimit'>): HostConfig {
+export function hostConfig(spec: LaunchSpec, options: Pick<CreateBodyOptions, 'diskLimit' | 'gpuDriver'>): HostConfig {
   const hc: HostConfig = {
     Privileged: false,
     CapDrop: ['ALL'],
@@ -100,7 +124,9 @@ export function hostConfig(spec: LaunchSpec, options: Pick<CreateBodyOptions, 'd
     Mounts: spec.volume ? [{ Type: 'volume', Source: volumeName(spec.volume.id), Target: VOLUME_PATH }] : [],
   };
   if (spec.gpuDeviceIds.length > 0) {
-    hc.DeviceRequests = [{ Driver: 'nvidia', DeviceIDs: [...spec.gpuDeviceIds], Capabilities: [['gpu']] }];
+    hc.DeviceRequests = options.gpuDriver === 'cdi'
+      ? [{ Driver: 'cdi', DeviceIDs: spec.gpuDeviceIds.map((uuid) => `nvidia.com/gpu=${uuid}`) }]
+      : [{ Driver: 'nvidia', DeviceIDs: [...spec.gpuDeviceIds], Capabilities: [['gpu']] }];
     hc.ShmSize = SAFE_LIMITS.gpuShmBytes;
   }
   if (spec.cpu) {
