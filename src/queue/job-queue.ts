@@ -225,6 +225,12 @@ function wakeWaiters(job: Job): void {
   for (const w of waiters) w();
 }
 
+/** A job-take of `worker` was answered with `got` of the `asked` jobs (see WorkerRegistry.returningMs). */
+function answered(worker: WorkerInfo, got: number, asked: number, mono: number): void {
+  worker.answeredAt = mono;
+  worker.wantsMore = got < Math.max(1, asked);
+}
+
 /** An empty answer after `ms`, or at once when the client goes away first. */
 function drained<T>(cancel: Cancellation | AbortSignal, ms: number): Promise<T[]> {
   return new Promise((resolve) => {
@@ -782,7 +788,10 @@ export class JobQueue {
     // A take renews no lease: only pings (which list the jobs held) and results do. A worker
     // restarted with the same id would otherwise keep its dead incarnation's jobs alive.
     const jobs = this.#claimUpTo(q, worker, Math.max(1, max));
-    if (jobs.length || cancel.aborted) return Promise.resolve(jobs);
+    if (jobs.length || cancel.aborted) {
+      answered(worker, jobs.length, max, this.#clock.monotonic());
+      return Promise.resolve(jobs);
+    }
     return new Promise((resolve) => {
       let settled = false;
       let unhook = NOOP;
@@ -793,6 +802,7 @@ export class JobQueue {
         unhook();
         worker.parked--;
         worker.lastSeen = this.#clock.monotonic();
+        answered(worker, result.length, max, worker.lastSeen);
         resolve(result);
       };
       const taker: Taker = { worker, max: Math.max(1, max), allowed, resolve: settle };

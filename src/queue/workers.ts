@@ -58,18 +58,31 @@ export interface WorkerInfo {
   draining: boolean;
   /** It has asked for a job (job-take) at least once. */
   asked: boolean;
+  /** When its last job-take was answered (monotonic; -Infinity: never). */
+  answeredAt: number;
+  /** That answer held fewer jobs than it asked for: it has free slots and asks again at once (see WorkerRegistry.returningMs). */
+  wantsMore: boolean;
 }
 
 /** A new worker record: an external worker that is up, unless `init` says otherwise. */
 function record(endpointId: string, workerId: string, now: number, init: Partial<Pick<WorkerInfo, 'managed' | 'phase' | 'recycle' | 'draining'>> = {}): WorkerInfo {
   return {
     id: workerId, endpointId, managed: false, phase: 'up', jobs: new Set(), lastSeen: now, idleSince: now,
-    parked: 0, stops: new Map(), letGo: new Set(), fenced: new Set(), stopWaiters: [], recycle: false, refresh: false, retired: false, draining: false, asked: false, ...init,
+    parked: 0, stops: new Map(), letGo: new Set(), fenced: new Set(), stopWaiters: [], recycle: false, refresh: false, retired: false, draining: false, asked: false,
+    answeredAt: -Infinity, wantsMore: false, ...init,
   };
 }
 
 /** See WorkerRegistry.silent. */
 export const SILENT_MS = 10_000;
+
+/**
+ * How long after a job-take answered with fewer jobs than it asked for its worker is still
+ * expected back for the rest (WorkerRegistry.returningMs). An SDK asks again within
+ * milliseconds (vendor_flash; runpod-python with an async handler); one that has not by then is
+ * busy (runpod-python runs a sync handler on the loop that takes jobs).
+ */
+export const RETURN_MS = 1000;
 
 export class WorkerRegistry {
   readonly #clock: Clock;
@@ -220,6 +233,19 @@ export class WorkerRegistry {
    */
   silent(w: WorkerInfo): boolean {
     return !w.managed && w.jobs.size === 0 && w.parked === 0 && this.#clock.monotonic() - w.lastSeen > SILENT_MS;
+  }
+
+  /**
+   * For how many more ms the worker is expected to ask for jobs again, 0 when it is not: its last
+   * job-take got fewer jobs than it asked for (concurrency above 1, or a hold that ran out) and
+   * it has not asked again yet, within RETURN_MS of that answer. Between an answer and the next
+   * take no take of it is parked, so a job queued then waits for it, though it has room for it.
+   * (One with a take parked needs no such guess: a queued job goes to it at once, unless it is
+   * fenced from that worker.)
+   */
+  returningMs(w: WorkerInfo): number {
+    if (!w.wantsMore || w.parked > 0) return 0;
+    return Math.max(0, Math.ceil(w.answeredAt + RETURN_MS - this.#clock.monotonic()));
   }
 
   counts(endpointId: string): WorkerCounts {

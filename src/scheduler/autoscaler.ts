@@ -167,7 +167,7 @@ export class Autoscaler {
         const state = registry.state(w);
         return {
           id: w.id, state, idleMs: mono - w.idleSince, managed: w.managed, recycle: w.recycle, refresh: w.refresh, retired: w.retired,
-          uncounted: state === 'running' && !this.#o.queue.runsCountedJob(w),
+          uncounted: state === 'running' && !this.#o.queue.runsCountedJob(w), returningMs: registry.returningMs(w),
         };
       }),
       // A worker that asked to be recycled, or one stopped for the init timeout (it was never

@@ -10,7 +10,10 @@
  *   starting); `recheckInMs` says when that wait will be long enough.
  * - REQUEST_COUNT: target `ceil((inQueue + inProgress) / requestCount)`, beside the workers busy
  *   only with work that leaves out (low-priority jobs, jobs flashd ended that a handler still
- *   runs): they serve none of the jobs counted, so they do not stand for the target.
+ *   runs): they serve none of the jobs counted, so they do not stand for the target. Unless such
+ *   a worker is coming back for more jobs (`returningMs`: concurrency above 1, between a job-take's
+ *   answer and its next take): it takes a queued job itself, and the loop looks again once it
+ *   is overdue.
  * - Low-priority jobs never cause a scale-up.
  * - Idle workers stop after `idleTimeout` (down to `min`; REQUEST_COUNT, which has no
  *   idleTimeout: down to its target, after the loop's grace), longest idle first; above `max`
@@ -45,6 +48,12 @@ export interface WorkerSnapshot {
    * flashd ended that its handler still runs): REQUEST_COUNT's target does not count on it.
    */
   uncounted?: boolean;
+  /**
+   * For how many more ms it is expected back for more jobs (WorkerRegistry.returningMs): its last
+   * job-take got fewer than it asked for (concurrency above 1) and it has not asked again yet. Busy
+   * with uncounted work, it still has room: a job queued now goes to it, so it starts nobody.
+   */
+  returningMs?: number;
 }
 
 export interface ScaleInput {
@@ -87,7 +96,9 @@ export interface ScaleDecision {
   stopReasons: Record<string, string>;
   /**
    * QUEUE_DELAY: ms until the oldest job's wait reaches `queueDelay`, when only that wait holds
-   * the next worker back (0 otherwise). The loop decides again then, not at its next tick.
+   * the next worker back; REQUEST_COUNT: ms until a worker busy with uncounted work that is
+   * expected back for more jobs (`returningMs`) is overdue, while jobs are queued (0 otherwise).
+   * The loop decides again then, not at its next tick.
    */
   recheckInMs: number;
 }
@@ -124,7 +135,12 @@ export function decideScale(s: ScaleInput): ScaleDecision {
     // A worker busy with work the target leaves out serves none of the jobs counted: counted
     // toward the target, it would keep a normal job waiting behind a low-priority one (or a
     // cancelled one a sync handler still runs) for as long as that one runs.
-    const occupied = serving.filter((w) => w.uncounted === true && w.state === 'running').length;
+    // One that is coming back for more jobs (a free slot, concurrency above 1) takes a queued one
+    // itself; if it is not back in time, the next decision counts it as occupied.
+    const uncounted = serving.filter((w) => w.uncounted === true && w.state === 'running');
+    const returning = uncounted.filter((w) => (w.returningMs ?? 0) > 0);
+    const occupied = uncounted.length - returning.length;
+    if (s.queued > 0 && returning.length > 0) recheckInMs = Math.min(...returning.map((w) => w.returningMs as number));
     const wanted = Math.ceil((s.queued + s.inProgress) / s.scaling.requestCount);
     desired = wanted + occupied;
     why = `REQUEST_COUNT: ${s.queued + s.inProgress} job(s) queued or running at ${s.scaling.requestCount} per worker want ${wanted} worker(s)`

@@ -61,6 +61,22 @@ const cases: { name: string; input: Partial<ScaleInput>; start: number; stop?: s
     name: 'REQUEST_COUNT: an idle worker within the grace stays',
     input: { scaling: { type: 'REQUEST_COUNT', requestCount: 1 }, idleTimeoutMs: 5000, workers: [w('a', 'idle', 4000)] }, start: 0, stop: [],
   },
+  {
+    name: 'REQUEST_COUNT: a worker busy only with uncounted work that is coming back for more jobs (a free slot, concurrency above 1) takes the queued job itself',
+    input: { scaling: { type: 'REQUEST_COUNT', requestCount: 1 }, queued: 1, workers: [w('a', 'running', 0, { uncounted: true, returningMs: 800 })] }, start: 0, stop: [],
+  },
+  {
+    name: 'REQUEST_COUNT: coming back no more (its take loop blocked), it is occupied again and the queued job gets a worker of its own',
+    input: { scaling: { type: 'REQUEST_COUNT', requestCount: 1 }, queued: 1, workers: [w('a', 'running', 0, { uncounted: true, returningMs: 0 })] }, start: 1, stop: [],
+  },
+  {
+    name: 'REQUEST_COUNT: a returning worker has room for as many jobs as any other worker, not more',
+    input: { scaling: { type: 'REQUEST_COUNT', requestCount: 1 }, queued: 2, workers: [w('a', 'running', 0, { uncounted: true, returningMs: 800 })] }, start: 1,
+  },
+  {
+    name: 'REQUEST_COUNT: beside one returning worker, another busy with uncounted work still does not stand for the target',
+    input: { scaling: { type: 'REQUEST_COUNT', requestCount: 1 }, queued: 1, workers: [w('a', 'running', 0, { uncounted: true, returningMs: 800 }), w('b', 'running', 0, { uncounted: true })] }, start: 0, stop: [],
+  },
   { name: 'REQUEST_COUNT clamps to max', input: { scaling: { type: 'REQUEST_COUNT', requestCount: 1 }, queued: 50 }, start: 3 },
   { name: 'idle past idleTimeout stops, down to zero', input: { workers: [w('a', 'idle', 10_001)] }, start: 0, stop: ['a'] },
   { name: 'idle below idleTimeout stays', input: { workers: [w('a', 'idle', 9_999)] }, start: 0, stop: [] },
@@ -225,4 +241,12 @@ t.test('QUEUE_DELAY says when the oldest job will have waited long enough, so th
   t.equal(decideScale({ ...base, queued: 2, oldestWaitMs: 100, max: 1, workers: busy }).recheckInMs, 0, 'at max');
   t.equal(decideScale({ ...base, lowQueued: 5, oldestWaitMs: 0, workers: busy }).recheckInMs, 0, 'low-priority jobs never scale up');
   t.equal(decideScale({ ...base, scaling: { type: 'REQUEST_COUNT', requestCount: 1 }, queued: 2, workers: busy }).recheckInMs, 0, 'REQUEST_COUNT waits for nothing');
+});
+
+t.test('REQUEST_COUNT says when a worker expected back for more jobs is overdue, so a queued job it did not take gets a worker then', async (t) => {
+  const rc = { ...base, scaling: { type: 'REQUEST_COUNT', requestCount: 1 } as const };
+  const returning = [w('a', 'running', 0, { uncounted: true, returningMs: 700 }), w('b', 'running', 0, { uncounted: true, returningMs: 300 })];
+  t.equal(decideScale({ ...rc, queued: 1, workers: returning }).recheckInMs, 300, 'the first to be overdue');
+  t.equal(decideScale({ ...rc, queued: 0, lowQueued: 3, workers: returning }).recheckInMs, 0, 'nothing counted queued: nothing to look again for');
+  t.equal(decideScale({ ...rc, queued: 1, workers: [w('a', 'running', 0, { uncounted: true })] }).recheckInMs, 0, 'none expected back: it starts one now instead');
 });

@@ -9,6 +9,7 @@ import t from 'tap';
 import { startAgent, cpuBody, type TestAgent } from '../helpers/agent.js';
 import { REPO_ROOT } from '../helpers/spawn-flashd.js';
 import { until } from '../helpers/wait.js';
+import { TestWorker } from '../helpers/worker.js';
 
 const health = async (a: TestAgent, ep: string) => (await a.req('GET', `/v2/${ep}/health`)).json;
 
@@ -172,4 +173,39 @@ t.test("the end of a crash backoff wakes the loop: the next start does not wait 
   const fourth = await until('a fourth start once the backoff is over', async () => (await lines()).filter((l) => /^starting worker /.test(l.line))[3], 15_000);
   const after = Date.parse(fourth.at) - Date.parse(backoff.at);
   t.ok(after >= 1900, `not before the backoff ended: ${after} ms after it began`);
+});
+
+t.test('REQUEST_COUNT: a worker busy with a low-priority job that has free slots (concurrency above 1) takes the next job itself, between its job-takes too', async (t) => {
+  const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT, takeHoldMs: 1000, leaseMs: 60_000, workerStopGraceMs: 1000 });
+  const ep = (await a.req('POST', '/v2/serverless', {
+    body: cpuBody({ args: 'python3 -u test/fixtures/workers/echo.py', scaling: { type: 'REQUEST_COUNT', requestCount: 1 }, workers: { min: 0, max: 3 } }),
+  })).json.id as string;
+  const starts = async () => ((await a.req('GET', `/v2/serverless/${ep}/logs?limit=10000`)).json as { line: string; at: string }[]).filter((l) => /starting worker/.test(l.line));
+  // An external worker with four slots (a concurrency_modifier of 4) takes a low-priority job: its
+  // job-take asked for four, got one, and it comes back for three more. A job queued before it
+  // is back (the moment between the answer and its next take) is its to take: the vendor_flash
+  // SDK asks again within milliseconds, and it took its own worker, which then stood idle.
+  const x = await TestWorker.create(a, ep);
+  const low = (await a.req('POST', `/v2/${ep}/run`, { body: { input: {}, policy: { lowPriority: true } } })).json.id as string;
+  t.same((await x.takeBatch(4)).jobs.map((j) => j.id), [low], 'the worker took the low-priority job, one of the four it asked for');
+  const job = (await a.req('POST', `/v2/${ep}/run`, { body: { input: {} } })).json.id as string;
+  await new Promise((r) => setTimeout(r, 300));
+  t.same(await starts(), [], 'no worker started for a job the worker with free slots is coming back for');
+  t.same((await x.takeBatch(3)).jobs.map((j) => j.id), [job], 'it took the job with its next job-take');
+  // Past the time it had to come back: the loop looked again, and the job is taken.
+  await new Promise((r) => setTimeout(r, 1500));
+  t.same(await starts(), [], 'nor once it was overdue, the job taken');
+  t.equal((await x.done(job, { output: 'ok' })).status, 200);
+  // One that does not come back (runpod-python's sync handler blocks the loop that takes jobs) is
+  // busy with the low-priority job after a second: the next job gets a worker of its own, as
+  // with concurrency 1, not after the low-priority job.
+  t.same((await x.takeBatch(3)).jobs, [], 'its hold ran out with nothing for it: it would come back now, and does not');
+  const before = Date.now();
+  const next = (await a.req('POST', `/v2/${ep}/run`, { body: { input: {} } })).json.id as string;
+  const line = await until('a worker to start for the job', async () => (await starts())[0], 5000);
+  t.match(line.line, /beside the 1 busy with low-priority or ended jobs/, line.line);
+  t.ok(Date.parse(line.at) - before < 2500, `it started ${Date.parse(line.at) - before} ms after the submit`);
+  await until('the job to complete on the new worker', async () => (await a.req('GET', `/v2/${ep}/status/${next}`)).json.status === 'COMPLETED', 15_000);
+  t.not((await a.req('GET', `/v2/${ep}/status/${next}`)).json.workerId, x.workerId, 'not on the worker busy with the low-priority job');
+  await x.done(low, { output: 'ok' });
 });
