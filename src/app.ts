@@ -153,8 +153,8 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
     });
     closers.push(() => webhooks.close());
     queue.on({
-      finished: (job, body) => {
-        if (job.webhook) webhooks.send(job.webhook, body(), job.id);
+      finished: (job, hookBody) => {
+        if (job.webhook && hookBody) webhooks.send(job.webhook, hookBody(), job.id);
       },
       // The earlier run's webhook tries still to come would land after the new run's.
       retried: (job) => webhooks.supersede(job.id),

@@ -26,7 +26,7 @@ import type { ActiveJobRow, JobRow, JobsRepo, WriteBatch } from '../store/index.
 import { Deque } from './deque.js';
 import { MinHeap } from './min-heap.js';
 import { TERMINAL, type Job, type JobStatus, type WorkerCounts } from './types.js';
-import { statusBody, type JobSnapshot } from './views.js';
+import { webhookBody, type JobSnapshot } from './views.js';
 import type { WorkerInfo, WorkerRegistry } from './workers.js';
 
 export interface QueueSettings {
@@ -88,8 +88,11 @@ export interface QueueListener {
   jobQueued?(endpointId: string): void;
   /** A worker asked to be recycled (stopPod / refresh_worker). */
   recycleWorker?(endpointId: string, workerId: string): void;
-  /** A job reached a final state, after commit; `body()` renders its final status body. */
-  finished?(job: Job, body: () => string): void;
+  /**
+   * A job reached a final state, after commit. `hookBody()` renders what its webhook POSTs (the
+   * final status body plus `input` and `webhook`, views.ts webhookBody); undefined without one.
+   */
+  finished?(job: Job, hookBody: (() => string) | undefined): void;
   /** A finished job began a new run (/retry): its final status is no longer final. */
   retried?(job: Job): void;
 }
@@ -1241,8 +1244,8 @@ export class JobQueue {
     job.claimSaved = attempt;
     // A webhook is owed from the same commit on, so a stop or a crash before it is delivered
     // does not lose it (see webhooksOwed).
-    const hook = job.webhook !== null;
-    if (hook) this.#webhooksPending.set(id, (this.#webhooksPending.get(id) ?? 0) + 1);
+    const hook = job.webhook;
+    if (hook !== null) this.#webhooksPending.set(id, (this.#webhooksPending.get(id) ?? 0) + 1);
     // FAILED by flashd, not by a worker's result (done() sets resultBy first): marked in the row,
     // so a late result of its worker read back from the row is not taken for a re-post (#owned).
     const byFlashd = status === 'FAILED' && job.resultBy === null;
@@ -1250,7 +1253,7 @@ export class JobQueue {
       job.writeSeq = this.#batch.write(() => {
         this.#repo.finish(id, status, output, error, now, expiresAt, workerId, attempt, startedAt);
         if (byFlashd) this.#repo.markEndedByFlashd(id);
-        if (hook) this.#repo.webhookOwed(id);
+        if (hook !== null) this.#repo.webhookOwed(id);
       });
     } else {
       // A /runsync job that finished before its insert was due: one row, written once.
@@ -1259,15 +1262,18 @@ export class JobQueue {
         job.rowid = this.#repo.insertFinished(job, input as string);
         if (job.rowid > this.#maxRowid) this.#maxRowid = job.rowid;
         if (byFlashd) this.#repo.markEndedByFlashd(id);
-        if (hook) this.#repo.webhookOwed(id);
+        if (hook !== null) this.#repo.webhookOwed(id);
       });
     }
     this.#count(job.endpointId, status, 1, job.retries);
     this.#batch.committed().then(
       () => {
         wakeWaiters(job);
+        // The webhook body carries the input: the one that was in memory, else (a job deep in
+        // its queue, or one recovered after a restart) read back from its row.
         let body: string | undefined;
-        const render = () => (body ??= statusBody(job, this.#clock.now()));
+        const render = hook === null ? undefined
+          : () => (body ??= webhookBody(job, input ?? this.#repo.inputOf(id), hook, this.#clock.now()));
         for (const l of this.#listeners) l.finished?.(job, render);
         // Durable now: it may leave memory if finished jobs hold too many bytes (the /runsync
         // reply and the webhook above keep their own reference).
@@ -1445,8 +1451,8 @@ export class JobQueue {
   }
 
   /**
-   * Webhooks a stop or a crash left undelivered (read at start): each job's URL and final
-   * status body. A result that expired meanwhile is still there for it (the expiry sweep keeps
+   * Webhooks a stop or a crash left undelivered (read at start): each job's URL and webhook
+   * body, rebuilt from its row (input included) as #finish built it, so the same text. A result that expired meanwhile is still there for it (the expiry sweep keeps
    * rows owed a webhook); owed webhooks of jobs that are gone (endpoint deleted) are dropped.
    */
   webhooksOwed(): { jobId: string; url: string; body: string }[] {
@@ -1455,13 +1461,13 @@ export class JobQueue {
     for (const jobId of this.#repo.webhooksOwed()) {
       // Ended by this start's recovery (a released worker's last attempt): its delivery is under way.
       if (this.#webhooksPending.has(jobId)) continue;
-      const row = this.#repo.getWithoutInput(jobId);
+      const row = this.#repo.get(jobId);
       const url = row && TERMINAL.has(row.status) ? row.webhook : null;
       if (url === null || !row) {
         gone.push(jobId);
         continue;
       }
-      owed.push({ jobId, url, body: statusBody({ ...row, progress: null }, this.#clock.now()) });
+      owed.push({ jobId, url, body: webhookBody({ ...row, progress: null }, row.input, url, this.#clock.now()) });
       this.#webhooksPending.set(jobId, 1);
     }
     if (gone.length) this.#batch.write(() => { for (const id of gone) this.#repo.webhookSettled(id); });

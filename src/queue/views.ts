@@ -26,6 +26,11 @@ export interface JobSnapshot {
  * after its worker lost it counts both waits; executionTime is the time of its last attempt.
  */
 export function statusBody(j: JobSnapshot, now: number): string {
+  return statusFields(j, now) + '}';
+}
+
+/** statusBody without its closing brace. */
+function statusFields(j: JobSnapshot, now: number): string {
   const delay = Math.max(0, (j.startedAt ?? (j.status === 'IN_QUEUE' ? now : j.completedAt ?? now)) - j.queuedAt - j.lostMs);
   const exec = j.startedAt === null ? 0 : Math.max(0, (j.completedAt ?? now) - j.startedAt);
   let s = `{"id":${JSON.stringify(j.id)},"status":"${j.status}","delayTime":${delay},"executionTime":${exec}`;
@@ -37,7 +42,19 @@ export function statusBody(j: JobSnapshot, now: number): string {
   }
   if (j.error !== null) s += `,"error":${JSON.stringify(j.error)}`;
   if (j.retries > 0) s += `,"retries":${j.retries}`;
-  return s + '}';
+  return s;
+}
+
+/**
+ * What a final job's webhook POSTs: its status body, then `input` (raw, as submitted; omitted
+ * only when its row is gone) and the `webhook` URL, as RunPod's hosted service sends them
+ * (runpod-python#409: receivers read `input` to tie a result to their request). Never `extra`
+ * (s3Config). The same text live and when a restart sends it again (JobQueue.webhooksOwed).
+ */
+export function webhookBody(j: JobSnapshot, input: string | undefined, url: string, now: number): string {
+  let s = statusFields(j, now);
+  if (input !== undefined) s += `,"input":${input}`;
+  return `${s},"webhook":${JSON.stringify(url)}}`;
 }
 
 /** The job object a worker receives from job-take: always `id` and `input`, plus extra keys. */

@@ -1,8 +1,9 @@
 /**
- * Webhooks: the final status body is POSTed to the job's `webhook` URL, with 2 more tries
- * 10 s apart (RunPod's documented behaviour). A try fails after 10 s idle or 60 s in all. Addresses are resolved, checked and pinned
- * before connecting, so a name that resolves to a private or loopback address is refused
- * unless the operator allowed private targets (`--webhook-allow-private`).
+ * Webhooks: the final status body, plus `input` and `webhook` (views.ts webhookBody), is POSTed
+ * to the job's `webhook` URL, with 2 more tries 10 s apart (RunPod's documented behaviour). A
+ * try fails after 10 s idle or 60 s in all. Addresses are resolved, checked and pinned before
+ * connecting, so a name that resolves to a private or loopback address is refused unless the
+ * operator allowed private targets (`--webhook-allow-private`).
  */
 import { lookup } from 'node:dns/promises';
 import { request as httpRequest } from 'node:http';
