@@ -1236,6 +1236,13 @@ export class JobQueue {
     // Not shown once final; a /retry reads it back from SQLite.
     const input = job.input;
     job.input = null;
+    // A job that ends COMPLETED or CANCELLED can never be retried, so nothing needs its extra
+    // keys any more, and s3Config's accessSecret is a credential: dropped here and from the row
+    // in the same write (insertFinished writes the record as it is now). FAILED and TIMED_OUT
+    // keep them for /retry. Nothing after the end reads them: /status, /stream and webhooks
+    // render statusBody, which never shows them.
+    const dropExtra = status === 'COMPLETED' || status === 'CANCELLED';
+    if (dropExtra) job.extra = null;
     job.completedAt = now;
     job.expiresAt = now + job.retentionMs;
     // No longer active, so out of the floor walk's set (which is not pruned after a failed commit).
@@ -1251,7 +1258,7 @@ export class JobQueue {
     const byFlashd = status === 'FAILED' && job.resultBy === null;
     if (job.inserted) {
       job.writeSeq = this.#batch.write(() => {
-        this.#repo.finish(id, status, output, error, now, expiresAt, workerId, attempt, startedAt);
+        this.#repo.finish(id, status, output, error, now, expiresAt, workerId, attempt, startedAt, dropExtra);
         if (byFlashd) this.#repo.markEndedByFlashd(id);
         if (hook !== null) this.#repo.webhookOwed(id);
       });

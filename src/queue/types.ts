@@ -18,7 +18,8 @@ export interface Job {
    * after a restart), loaded when a worker takes the job. Keeps a long backlog out of the heap.
    */
   input: string | null;
-  readonly extra: string | null;
+  /** Raw JSON object of extra keys for the worker (s3Config); null once it ended COMPLETED or CANCELLED (#finish). */
+  extra: string | null;
   readonly webhook: string | null;
   readonly lowPriority: boolean;
   readonly executionTimeoutMs: number;

@@ -11,7 +11,11 @@ export interface JobRow {
   endpointId: string;
   status: JobStatus;
   input: string;
-  /** Extra keys handed to the worker with the job (e.g. s3Config), as a JSON object text. */
+  /**
+   * Extra keys handed to the worker with the job (s3Config, whose `accessSecret` is a
+   * credential), as a JSON object text. Kept while a /retry may need them: NULL once the job
+   * ends COMPLETED or CANCELLED, which can never be retried.
+   */
   extra: string | null;
   webhook: string | null;
   lowPriority: boolean;
@@ -127,8 +131,9 @@ export class JobsRepo {
     this.#claim = db.prepare(`UPDATE jobs SET status = 'IN_PROGRESS', attempt = ?, worker_id = ?, started_at = ?
       WHERE id = ? AND status = 'IN_QUEUE'`);
     // A final state carries the claim too: a job that finishes quickly has its claim written here only.
+    // It drops the extra keys when told (a credential a job that cannot be retried no longer needs).
     this.#finish = db.prepare(`UPDATE jobs SET status = ?, output = ?, error = ?, completed_at = ?, expires_at = ?, worker_id = ?,
-      attempt = ?, started_at = ? WHERE id = ? AND status IN ('IN_QUEUE', 'IN_PROGRESS')`);
+      attempt = ?, started_at = ?, extra = CASE WHEN ? THEN NULL ELSE extra END WHERE id = ? AND status IN ('IN_QUEUE', 'IN_PROGRESS')`);
     this.#requeue = db.prepare(`UPDATE jobs SET status = 'IN_QUEUE', worker_id = NULL, output = NULL, error = NULL, started_at = NULL,
       completed_at = NULL, expires_at = NULL, ended_by_flashd = 0, retries = ?, attempt = ?, queued_at = ?, lost_ms = ?, fenced_from = ? WHERE id = ?`);
     // Migration 10: a queued job's fence set or ended outside a requeue (a ping, a worker letting go).
@@ -247,9 +252,10 @@ export class JobsRepo {
     this.#claim.run(attempt, workerId, startedAt, id);
   }
 
+  /** A queued or running job's final state; `dropExtra` also clears its extra keys (see JobQueue's #finish). */
   finish(id: string, status: JobStatus, output: string | null, error: string | null, completedAt: number, expiresAt: number,
-    workerId: string | null, attempt: number, startedAt: number | null): void {
-    this.#finish.run(status, output, error, completedAt, expiresAt, workerId, attempt, startedAt, id);
+    workerId: string | null, attempt: number, startedAt: number | null, dropExtra: boolean): void {
+    this.#finish.run(status, output, error, completedAt, expiresAt, workerId, attempt, startedAt, dropExtra ? 1 : 0, id);
   }
 
   /** The job's webhook is owed (written with its final state). */

@@ -229,4 +229,10 @@ export const MIGRATIONS: readonly string[] = [
   `
   ALTER TABLE jobs ADD COLUMN fenced_from TEXT;
   `,
+  // 11: a job that ended COMPLETED or CANCELLED can never be retried, so its extra keys
+  // (s3Config, with its accessSecret) are dropped in the write that ends it (store/jobs.ts
+  // finish); rows an older flashd ended still held them until their result expired.
+  `
+  UPDATE jobs SET extra = NULL WHERE extra IS NOT NULL AND status IN ('COMPLETED', 'CANCELLED');
+  `,
 ];
