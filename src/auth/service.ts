@@ -136,8 +136,9 @@ export class AuthService {
       const existing = this.#repo.keyByHash(hash);
       if (!existing || existing.revokedAt !== null) {
         if (existing) throw new AgentError('CONFLICT', 'FLASHD_ADMIN_API_KEY names a key that was revoked; choose a new value');
-        this.#insertKey(envKey, { name: 'admin (FLASHD_ADMIN_API_KEY)', scopes: ['admin'] }, admin.id, 'user', null);
-        this.#log.info('admin key from environment registered');
+        const row = this.#insertKey(envKey, { name: 'admin (FLASHD_ADMIN_API_KEY)', scopes: ['admin'] }, admin.id, 'user', null);
+        // Its listed prefix shows nothing of the value (keyPrefix): the id tells the operator which row it is.
+        this.#log.info('admin key from environment registered', { keyId: row.id, prefix: row.prefix });
       }
       return { generated: null };
     }

@@ -61,9 +61,18 @@ export function hashKey(token: string): string {
   return createHash('sha256').update(token).digest('hex');
 }
 
-/** The visible part of a key for listings: enough to recognise it, useless to an attacker. */
+/** What a listing shows of a key whose value was chosen rather than generated (FLASHD_ADMIN_API_KEY). */
+export const CHOSEN_KEY_PREFIX = 'chosen_';
+
+/**
+ * The visible part of a key for listings: enough to tell keys apart, useless to an attacker.
+ * A generated key shows its first 11 characters: the kind and 4 of its 36 random ones (about
+ * 24 of its 178 bits). A chosen key shows none of its characters, nor anything computed from
+ * them (a short hash would let whoever lists it test guesses at a weak passphrase offline):
+ * `chosen_` and 4 random characters, stored with the key.
+ */
 export function keyPrefix(token: string): string {
-  return token.startsWith('fd_') ? token.slice(0, 11) : `${token.slice(0, 4)}…`;
+  return checkKeyFormat(token) === 'valid' ? token.slice(0, 11) : `${CHOSEN_KEY_PREFIX}${randomString(4)}`;
 }
 
 export interface SessionClaims {

@@ -235,4 +235,11 @@ export const MIGRATIONS: readonly string[] = [
   `
   UPDATE jobs SET extra = NULL WHERE extra IS NOT NULL AND status IN ('COMPLETED', 'CANCELLED');
   `,
+  // 12: a key whose value was chosen (FLASHD_ADMIN_API_KEY) was listed with its first 4
+  // characters as its prefix, a meaningful part of a chosen secret; it now shows `chosen_` and
+  // random characters (auth/tokens.ts keyPrefix). Generated keys keep theirs (`fd_usr_`, `fd_wkr_`).
+  `
+  UPDATE api_keys SET prefix = 'chosen_' || lower(hex(randomblob(2)))
+    WHERE prefix NOT GLOB 'fd_usr_*' AND prefix NOT GLOB 'fd_wkr_*';
+  `,
 ];
