@@ -15,8 +15,12 @@ The key stays valid until revoked (DELETE /v2/api-keys/<key id>, the id printed 
 GET /v2/api-keys?kind=worker lists them) or until the endpoint is deleted.
 
 Options:
-  --url <url>          flashd to ask (default: FLASHD_URL, else http://127.0.0.1:<FLASHD_PORT or 8000>)
-  --api-key <key>      an admin API key (default: FLASHD_API_KEY, else <data-dir>/admin-api-key)
+  --url <url>          flashd to ask (default: FLASHD_URL, else http://127.0.0.1:<FLASHD_PORT or 8000>);
+                       plain http:// to another machine sends the API key (and brings the worker
+                       key back) unencrypted: allowed, with a warning on stderr
+  --api-key-file <f>   read the admin API key from file <f>, or from stdin with -
+  --api-key <key>      the admin API key itself: other users of this machine can see it in ps,
+                       so prefer FLASHD_API_KEY or --api-key-file
   --data-dir <dir>     where to find admin-api-key (default: FLASHD_DATA_DIR, else ./data)
   --format <fmt>       dotenv (default): KEY=value with values as they are, for docker/podman run
                        --env-file (not for docker compose's env_file, which would expand $ID, nor
@@ -25,15 +29,18 @@ Options:
   --gpu <name>         GPU name the worker reports in its URLs (default: gpu or cpu from the endpoint)
   -h, --help           show this help
 
+The API key is the first of --api-key, --api-key-file, FLASHD_API_KEY and <data-dir>/admin-api-key.
+
 Example:
   flashd worker-env abc123def456gh --format shell > worker.env && . ./worker.env && python3 handler.py
+  pass show flashd | flashd worker-env abc123def456gh --api-key-file - --url https://flashd.example.lan
 `;
 
-/** Whether a URL's host is this machine only (127.0.0.0/8, ::1, localhost). */
+/** Whether a URL's host is this machine only (127.0.0.0/8, also as ::ffff:127.x.y.z, ::1, localhost). */
 function isLoopback(raw: string): boolean {
   try {
     const host = new URL(raw).hostname.replace(/^\[|\]$/g, '');
-    return host === 'localhost' || host.endsWith('.localhost') || host === '::1' || /^127\./.test(host);
+    return host === 'localhost' || host.endsWith('.localhost') || host === '::1' || /^127\./.test(host) || /^::ffff:7f[0-9a-f]{2}:/.test(host);
   } catch {
     return false;
   }
@@ -94,7 +101,7 @@ export async function workerEnvCommand(args: string[], env: NodeJS.ProcessEnv): 
     if (a.startsWith('--')) {
       const eq = a.indexOf('=');
       const name = eq > 0 ? a.slice(2, eq) : a.slice(2);
-      if (!['url', 'api-key', 'data-dir', 'format', 'gpu'].includes(name)) {
+      if (!['url', 'api-key', 'api-key-file', 'data-dir', 'format', 'gpu'].includes(name)) {
         process.stderr.write(`flashd worker-env: bad option ${a}\n\n${WORKER_ENV_USAGE}`);
         return 2;
       }
@@ -123,15 +130,39 @@ export async function workerEnvCommand(args: string[], env: NodeJS.ProcessEnv): 
     process.stderr.write(`flashd worker-env: ${source} must give an http:// or https:// URL such as http://127.0.0.1:8000, got ${JSON.stringify(url)}\n`);
     return 2;
   }
-  let key = opts['api-key'] ?? env['FLASHD_API_KEY'];
+  if (opts['api-key'] !== undefined && opts['api-key-file'] !== undefined) {
+    process.stderr.write(`flashd worker-env: give --api-key or --api-key-file, not both\n\n${WORKER_ENV_USAGE}`);
+    return 2;
+  }
+  let key = opts['api-key'];
+  const keyFile = opts['api-key-file'];
+  if (keyFile !== undefined) {
+    // A file or a pipe keeps the key off the command line, which every user of the machine can read (ps).
+    const from = keyFile === '-' ? 'stdin' : keyFile;
+    try {
+      key = readFileSync(keyFile === '-' ? 0 : keyFile, 'utf8').trim();
+    } catch (err) {
+      process.stderr.write(`flashd worker-env: cannot read the API key from ${from}: ${(err as Error).message}\n`);
+      return 2;
+    }
+    if (!key) {
+      process.stderr.write(`flashd worker-env: ${from} holds no API key (it is empty)\n`);
+      return 2;
+    }
+  }
+  key ??= env['FLASHD_API_KEY'];
   if (!key) {
     const file = join(opts['data-dir'] ?? env['FLASHD_DATA_DIR'] ?? './data', 'admin-api-key');
     try {
       key = readFileSync(file, 'utf8').trim();
     } catch {
-      process.stderr.write(`flashd worker-env: no API key: pass --api-key, set FLASHD_API_KEY, or run where ${file} exists\n`);
+      process.stderr.write(`flashd worker-env: no API key: set FLASHD_API_KEY, pass --api-key-file (- for stdin) or --api-key, or run where ${file} exists\n`);
       return 2;
     }
+  }
+  // Homelab LANs often run plain http, so this is a warning, not an error: said before the key is sent.
+  if (new URL(url).protocol === 'http:' && !isLoopback(url)) {
+    process.stderr.write(`flashd worker-env: warning: sending the API key to ${new URL(url).host} over plain http, unencrypted, and the worker key comes back the same way; anyone on the network path can read both (use an https:// URL, or run worker-env on flashd's machine)\n`);
   }
   const query = opts['gpu'] ? `?gpu=${encodeURIComponent(opts['gpu'])}` : '';
   const timeoutMs = timeoutOf(env);

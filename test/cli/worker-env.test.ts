@@ -15,12 +15,13 @@ import { cleanEnv, REPO_ROOT } from '../helpers/spawn-flashd.js';
 
 const BUNDLE = join(REPO_ROOT, 'dist/flashd.mjs');
 
-/** Async, because the server under test runs in this process and must keep serving. */
-function run(cmd: string, args: string[], env: NodeJS.ProcessEnv, timeout = 60_000): Promise<{ status: number | null; stdout: string; stderr: string }> {
+/** Async, because the server under test runs in this process and must keep serving. `stdin`: written to it, then closed. */
+function run(cmd: string, args: string[], env: NodeJS.ProcessEnv, timeout = 60_000, stdin = ''): Promise<{ status: number | null; stdout: string; stderr: string }> {
   return new Promise((resolve) => {
-    execFile(cmd, args, { env, cwd: REPO_ROOT, timeout }, (err, stdout, stderr) => {
+    const child = execFile(cmd, args, { env, cwd: REPO_ROOT, timeout }, (err, stdout, stderr) => {
       resolve({ status: err ? ((err as { code?: number }).code ?? 1) : 0, stdout, stderr });
     });
+    child.stdin?.end(stdin);
   });
 }
 
@@ -185,5 +186,61 @@ t.test('worker-env warns when asked over the network but the job URLs are loopba
   const published = await startAgent(t, { host: '0.0.0.0', publicUrl: `http://${lanAddress}:8123` });
   const ep2 = (await published.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
   const fine = await run(process.execPath, [BUNDLE, 'worker-env', ep2, '--url', `http://${lanAddress}:${published.agent.port}`], env);
-  t.equal(fine.stderr, '', 'with --public-url: no warning');
+  t.equal(fine.status, 0);
+  t.notMatch(fine.stderr, /job URLs/, 'with --public-url: no warning about the job URLs (plain http still warns, below)');
+});
+
+t.test('worker-env takes the key from a file or stdin, off the command line; --api-key still works', async (t) => {
+  const a = await startAgent(t);
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  const file = join(t.testdir(), 'admin.key');
+  writeFileSync(file, `${ADMIN_KEY}\n`, { mode: 0o600 });
+  const workerOf = (stdout: string) => /^# worker (wkr_\w+) for endpoint/m.exec(stdout)?.[1];
+
+  const fromFile = await run(process.execPath, [BUNDLE, 'worker-env', ep, '--url', a.url, '--api-key-file', file], cleanEnv());
+  t.equal(fromFile.status, 0, fromFile.stderr);
+  t.ok(workerOf(fromFile.stdout), 'a file (its trailing newline dropped) gives the key');
+  t.equal(fromFile.stderr, '', 'loopback: no warning');
+  const fromStdin = await run(process.execPath, [BUNDLE, 'worker-env', ep, `--url=${a.url}`, '--api-key-file', '-', '--format', 'json'], cleanEnv(), 60_000, `${ADMIN_KEY}\n`);
+  t.equal(fromStdin.status, 0, fromStdin.stderr);
+  t.match(JSON.parse(fromStdin.stdout), { workerId: /^wkr_/, env: { RUNPOD_ENDPOINT_ID: ep } }, '- reads it from stdin');
+  const fromFlag = await run(process.execPath, [BUNDLE, 'worker-env', ep, '--url', a.url, '--api-key', ADMIN_KEY], cleanEnv());
+  t.equal(fromFlag.status, 0, `--api-key still works: ${fromFlag.stderr}`);
+  t.ok(workerOf(fromFlag.stdout));
+  const overEnv = await run(process.execPath, [BUNDLE, 'worker-env', ep, '--url', a.url, '--api-key-file', file], cleanEnv({ FLASHD_API_KEY: 'not-the-key-0123456789' }));
+  t.equal(overEnv.status, 0, `the file wins over FLASHD_API_KEY: ${overEnv.stderr}`);
+
+  const both = await run(process.execPath, [BUNDLE, 'worker-env', ep, '--url', a.url, '--api-key', ADMIN_KEY, '--api-key-file', file], cleanEnv());
+  t.equal(both.status, 2);
+  t.match(both.stderr, /^flashd worker-env: give --api-key or --api-key-file, not both\n/);
+  const missing = await run(process.execPath, [BUNDLE, 'worker-env', ep, '--url', a.url, '--api-key-file', join(t.testdir(), 'nope')], cleanEnv());
+  t.equal(missing.status, 2);
+  t.match(missing.stderr, /^flashd worker-env: cannot read the API key from .*nope: ENOENT/);
+  const empty = await run(process.execPath, [BUNDLE, 'worker-env', ep, '--url', a.url, '--api-key-file', '-'], cleanEnv(), 60_000, '\n');
+  t.equal(empty.status, 2);
+  t.equal(empty.stderr, 'flashd worker-env: stdin holds no API key (it is empty)\n');
+  t.equal(empty.stdout, '');
+  const noKey = await run(process.execPath, [BUNDLE, 'worker-env', ep, '--url', a.url, '--data-dir', t.testdir()], cleanEnv());
+  t.match(noKey.stderr, /no API key: set FLASHD_API_KEY, pass --api-key-file \(- for stdin\) or --api-key/);
+
+  const help = (await run(process.execPath, [BUNDLE, 'worker-env', '--help'], cleanEnv())).stdout;
+  t.match(help, /^ {2}--api-key-file <f> +read the admin API key from file <f>, or from stdin with -$/m);
+  t.match(help, /--api-key <key> +the admin API key itself: other users of this machine can see it in ps,/);
+  t.match(help, /plain http:\/\/ to another machine sends the API key/);
+});
+
+t.test('worker-env warns on stderr before sending the key over plain http to another machine', { skip: lanAddress ? false : 'no non-loopback IPv4 address here' }, async (t) => {
+  const a = await startAgent(t, { host: '0.0.0.0', publicUrl: `http://${lanAddress}:8123` });
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  const env = cleanEnv({ FLASHD_API_KEY: ADMIN_KEY });
+  const port = a.agent.port;
+  const lan = await run(process.execPath, [BUNDLE, 'worker-env', ep, '--url', `http://${lanAddress}:${port}`], env);
+  t.equal(lan.status, 0, 'a warning, not an error: homelab LANs often run plain http');
+  t.match(lan.stdout, /^RUNPOD_AI_API_KEY=fd_wkr_/m, 'the environment is printed');
+  t.equal(lan.stderr, `flashd worker-env: warning: sending the API key to ${lanAddress}:${port} over plain http, unencrypted, and the worker key comes back the same way; anyone on the network path can read both (use an https:// URL, or run worker-env on flashd's machine)\n`);
+  for (const local of [`http://127.0.0.1:${port}`, `http://localhost:${port}`, `http://[::ffff:127.0.0.1]:${port}`]) {
+    const r = await run(process.execPath, [BUNDLE, 'worker-env', ep, '--url', local], env);
+    t.equal(r.status, 0, `${local}: ${r.stderr}`);
+    t.equal(r.stderr, '', `${local} is this machine: no warning`);
+  }
 });
