@@ -132,6 +132,11 @@ export class AuthService {
       this.#repo.insertUser(admin);
     }
     if (envKey !== null) {
+      // authenticate() refuses a malformed fd_ key before any lookup: registered, it could never be used.
+      if (checkKeyFormat(envKey) === 'malformed') {
+        throw new AgentError('VALIDATION_FAILED', 'FLASHD_ADMIN_API_KEY starts with fd_ but is not a key flashd generated (bad format or checksum), '
+          + 'so every request with it would be refused as malformed; choose a value that does not start with fd_');
+      }
       const hash = hashKey(envKey);
       const existing = this.#repo.keyByHash(hash);
       if (!existing || existing.revokedAt !== null) {

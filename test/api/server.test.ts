@@ -5,6 +5,7 @@ import type { AddressInfo } from 'node:net';
 import { chmodSync, mkdirSync, statSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { assertProblem, startAgent, ADMIN_KEY, queueBody } from '../helpers/agent.js';
+import { generateApiKey } from '../../src/auth/tokens.js';
 
 t.test('healthz answers without auth', async (t) => {
   const a = await startAgent(t);
@@ -138,6 +139,17 @@ t.test('FLASHD_ADMIN_API_KEY makes a key with exactly that value', async (t) => 
   t.equal((await a.req('GET', '/v2/serverless', { key: 'my-automation-key-0000000000' })).status, 200);
   t.equal((await a.req('GET', '/v2/serverless', { key: 'my-automation-key-0000000001' })).status, 401);
   t.equal(a.agent.generatedAdminKey, null, 'no other key generated');
+});
+
+t.test('a FLASHD_ADMIN_API_KEY that starts with fd_ but is not a flashd key stops the start, instead of a key no request can use', async (t) => {
+  // Every request with such a key is refused as malformed (bad format or checksum) before any lookup.
+  // The second has a generated key's shape with a wrong checksum.
+  for (const value of ['fd_my-own-admin-passphrase-2026', `fd_usr_${'A'.repeat(36)}`]) {
+    await t.rejects(startAgent(t, { adminApiKey: value }), /FLASHD_ADMIN_API_KEY starts with fd_ but is not a key flashd generated/, value);
+  }
+  const generated = generateApiKey('usr');
+  const a = await startAgent(t, { adminApiKey: generated });
+  t.equal((await a.req('GET', '/v2/serverless', { key: generated })).status, 200, 'a key flashd generated (another install\'s) may be chosen');
 });
 
 t.test('a restart keeps everything', async (t) => {
