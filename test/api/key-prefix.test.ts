@@ -6,12 +6,10 @@
  * shows `chosen_` and 4 random characters that are not taken from it, kept across restarts.
  */
 import t from 'tap';
-import { join } from 'node:path';
-import Database from 'better-sqlite3';
 import { createLogger } from '../../src/core/logger.js';
 import { openDb } from '../../src/store/index.js';
-import { MIGRATIONS } from '../../src/store/migrations.js';
 import { startAgent } from '../helpers/agent.js';
+import { databaseAtVersion } from '../helpers/old-db.js';
 
 const CHOSEN = 'homelab-admin-passphrase-2026';
 const NEXT = 'my-own-admin-passphrase-2026';
@@ -42,12 +40,7 @@ t.test('a chosen admin key is listed by a prefix that shows none of it, and kept
 
 t.test('chosen keys listed by an older flashd lose the characters they showed when the database is opened (migration 12)', (t) => {
   const dir = t.testdir();
-  const old = new Database(join(dir, 'flashd.db'));
-  old.pragma('journal_mode = WAL');
-  for (let v = 0; v < 11; v++) {
-    old.exec(MIGRATIONS[v] as string);
-    old.pragma(`user_version = ${v + 1}`);
-  }
+  const old = databaseAtVersion(dir, 11);
   old.prepare("INSERT INTO users (id, name, is_admin, created_at) VALUES ('usr_admin', 'admin', 1, 0)").run();
   const insert = old.prepare(`INSERT INTO api_keys (id, name, kind, user_id, scopes, hash, prefix, created_at)
     VALUES (?, 'k', ?, 'usr_admin', '["admin"]', ?, ?, 0)`);

@@ -11,10 +11,10 @@ import { join } from 'node:path';
 import Database from 'better-sqlite3';
 import { createLogger } from '../../src/core/logger.js';
 import { openDb } from '../../src/store/index.js';
-import { MIGRATIONS } from '../../src/store/migrations.js';
 import { startAgent, cpuBody, type TestAgent } from '../helpers/agent.js';
 import { TestWorker } from '../helpers/worker.js';
 import { until } from '../helpers/wait.js';
+import { databaseAtVersion } from '../helpers/old-db.js';
 
 const SECRET = 'wJalrXUtnFEMI-K7MDENG-bPxRfiCYzz9secret';
 const s3Config = { accessId: 'AKIAFLASHDTEST', accessSecret: SECRET, bucketName: 'b', endpointUrl: 'https://s3.example' };
@@ -144,12 +144,7 @@ for (const restart of [false, true]) {
 
 t.test('rows an older flashd ended COMPLETED or CANCELLED lose their s3Config when the database is opened (migration 11)', (t) => {
   const dir = t.testdir();
-  const old = new Database(join(dir, 'flashd.db'));
-  old.pragma('journal_mode = WAL');
-  for (let v = 0; v < 10; v++) {
-    old.exec(MIGRATIONS[v] as string);
-    old.pragma(`user_version = ${v + 1}`);
-  }
+  const old = databaseAtVersion(dir, 10);
   const extra = JSON.stringify({ s3Config });
   const insert = old.prepare(`INSERT INTO jobs (id, endpoint_id, status, input, extra, execution_timeout_ms, ttl_ms, retention_ms, retries, created_at)
     VALUES (?, 'ep', ?, '{}', ?, 600000, 86400000, 1800000, 0, 1000)`);

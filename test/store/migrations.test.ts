@@ -5,22 +5,16 @@
  * active jobs and sets the recovery floor from it.
  */
 import t from 'tap';
-import { join } from 'node:path';
-import Database from 'better-sqlite3';
 import { createLogger } from '../../src/core/logger.js';
 import { MIGRATIONS } from '../../src/store/migrations.js';
 import { openDb } from '../../src/store/index.js';
+import { databaseAtVersion } from '../helpers/old-db.js';
 
 const quiet = createLogger({ level: 'error', sink: { write: () => undefined } });
 
 t.test('a version-2 database keeps its jobs and gets job_counts', (t) => {
   const dir = t.testdir();
-  const old = new Database(join(dir, 'flashd.db'));
-  old.pragma('journal_mode = WAL');
-  for (let v = 0; v < 2; v++) {
-    old.exec(MIGRATIONS[v] as string);
-    old.pragma(`user_version = ${v + 1}`);
-  }
+  const old = databaseAtVersion(dir, 2);
   old.pragma('foreign_keys = ON');
   for (const ep of ['epa', 'epb']) old.prepare("INSERT INTO endpoints (id, owner_id, data, created_at, updated_at) VALUES (?, 'usr', '{}', 0, 0)").run(ep);
   const insert = old.prepare(`INSERT INTO jobs (id, endpoint_id, status, input, execution_timeout_ms, ttl_ms, retention_ms, retries, created_at, expires_at)
