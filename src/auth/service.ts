@@ -120,9 +120,14 @@ export class AuthService {
   }
 
   /**
-   * First start: make sure an admin user exists, and an admin key. With `envKey` (from
-   * FLASHD_ADMIN_API_KEY) a key with exactly that value exists afterwards. Otherwise a key is
-   * generated only when none exists; it is returned so the caller can print and save it once.
+   * Each start: make sure an admin user exists, and an admin key. With `envKey` (from
+   * FLASHD_ADMIN_API_KEY) a key with exactly that value exists afterwards, and it is the only
+   * key registered from the variable that is still valid: when the value changed, the key an
+   * earlier start registered from it is revoked in the same transaction as the new one's
+   * registration (rotating a leaked key must end it). The first generated key and keys made
+   * through the API are never revoked here, also when the variable names one of them. Without
+   * `envKey` nothing is revoked, and a key is generated only when no key is valid; it is
+   * returned so the caller can print and save it once.
    */
   bootstrap(envKey: string | null): { generated: string | null } {
     const now = this.#clock.now();
@@ -137,14 +142,18 @@ export class AuthService {
         throw new AgentError('VALIDATION_FAILED', 'FLASHD_ADMIN_API_KEY starts with fd_ but is not a key flashd generated (bad format or checksum), '
           + 'so every request with it would be refused as malformed; choose a value that does not start with fd_');
       }
-      const hash = hashKey(envKey);
-      const existing = this.#repo.keyByHash(hash);
-      if (!existing || existing.revokedAt !== null) {
-        if (existing) throw new AgentError('CONFLICT', 'FLASHD_ADMIN_API_KEY names a key that was revoked; choose a new value');
-        const row = this.#insertKey(envKey, { name: 'admin (FLASHD_ADMIN_API_KEY)', scopes: ['admin'] }, admin.id, 'user', null);
-        // Its listed prefix shows nothing of the value (keyPrefix): the id tells the operator which row it is.
-        this.#log.info('admin key from environment registered', { keyId: row.id, prefix: row.prefix });
-      }
+      const existing = this.#repo.keyByHash(hashKey(envKey));
+      if (existing && existing.revokedAt !== null) throw new AgentError('CONFLICT', 'FLASHD_ADMIN_API_KEY names a key that was revoked; choose a new value');
+      const adminId = admin.id;
+      const { registered, revoked } = this.#repo.transaction(() => {
+        const row = existing ?? this.#insertKey(envKey, { name: 'admin (FLASHD_ADMIN_API_KEY)', scopes: ['admin'] }, adminId, 'user', null, true);
+        const old = this.#repo.liveEnvKeys().filter((k) => k.id !== row.id);
+        for (const k of old) this.#repo.revokeKey(k.id, now);
+        return { registered: existing ? null : row, revoked: old };
+      });
+      // Its listed prefix shows nothing of the value (keyPrefix): the id tells the operator which row it is.
+      if (registered) this.#log.info('admin key from environment registered', { keyId: registered.id, prefix: registered.prefix });
+      for (const k of revoked) this.#log.info('admin key from environment revoked: FLASHD_ADMIN_API_KEY changed', { keyId: k.id, prefix: k.prefix });
       return { generated: null };
     }
     if (this.#repo.activeKeyCount() > 0) return { generated: null };
@@ -153,7 +162,7 @@ export class AuthService {
     return { generated: key };
   }
 
-  #insertKey(key: string, input: NewKeyInput, userId: string, kind: 'user' | 'worker', endpointId: string | null): ApiKeyRow {
+  #insertKey(key: string, input: NewKeyInput, userId: string, kind: 'user' | 'worker', endpointId: string | null, fromEnv = false): ApiKeyRow {
     const row: ApiKeyRow = {
       id: newId('key'),
       name: input.name,
@@ -169,7 +178,7 @@ export class AuthService {
       expiresAt: input.expiresAt ?? null,
       revokedAt: null,
     };
-    this.#repo.insertKey(row);
+    this.#repo.insertKey(row, fromEnv);
     return row;
   }
 

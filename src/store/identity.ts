@@ -50,10 +50,12 @@ const mapKey = (r: RawKey): ApiKeyRow => ({
 
 /** Users, teams, memberships, API keys and small settings. */
 export class IdentityRepo {
+  readonly #db: Db;
   readonly #s: Record<string, Statement>;
   #generation = 0;
 
   constructor(db: Db) {
+    this.#db = db;
     this.#s = {
       insertUser: db.prepare('INSERT INTO users (id, name, is_admin, created_at) VALUES (?, ?, ?, ?)'),
       getUser: db.prepare('SELECT id, name, is_admin, created_at FROM users WHERE id = ?'),
@@ -66,8 +68,9 @@ export class IdentityRepo {
       deleteMember: db.prepare("DELETE FROM team_members WHERE team_id = ? AND user_id = ? AND role <> 'owner'"),
       getMember: db.prepare('SELECT team_id, user_id, role FROM team_members WHERE team_id = ? AND user_id = ?'),
       listMembers: db.prepare('SELECT team_id, user_id, role FROM team_members WHERE team_id = ? ORDER BY created_at, user_id'),
-      insertKey: db.prepare(`INSERT INTO api_keys (id, name, kind, user_id, team_id, endpoint_id, scopes, hash, prefix, exempt, created_at, expires_at)
-        VALUES (@id, @name, @kind, @userId, @teamId, @endpointId, @scopes, @hash, @prefix, @exempt, @createdAt, @expiresAt)`),
+      insertKey: db.prepare(`INSERT INTO api_keys (id, name, kind, user_id, team_id, endpoint_id, scopes, hash, prefix, exempt, created_at, expires_at, from_env)
+        VALUES (@id, @name, @kind, @userId, @teamId, @endpointId, @scopes, @hash, @prefix, @exempt, @createdAt, @expiresAt, @fromEnv)`),
+      liveEnvKeys: db.prepare('SELECT id, prefix FROM api_keys WHERE from_env = 1 AND revoked_at IS NULL ORDER BY created_at, id'),
       keyByHash: db.prepare('SELECT * FROM api_keys WHERE hash = ?'),
       keyById: db.prepare('SELECT * FROM api_keys WHERE id = ?'),
       keysOfUser: db.prepare("SELECT * FROM api_keys WHERE user_id = ? AND kind = 'user' ORDER BY created_at, id"),
@@ -142,8 +145,17 @@ export class IdentityRepo {
       teamId: r.team_id, userId: r.user_id, role: r.role,
     }));
   }
-  insertKey(key: ApiKeyRow): void {
-    this.#write('insertKey', { ...key, scopes: JSON.stringify(key.scopes), exempt: key.exempt ? 1 : 0 });
+  /** `fromEnv`: the key was registered from FLASHD_ADMIN_API_KEY (migration 13; see liveEnvKeys). */
+  insertKey(key: ApiKeyRow, fromEnv = false): void {
+    this.#write('insertKey', { ...key, scopes: JSON.stringify(key.scopes), exempt: key.exempt ? 1 : 0, fromEnv: fromEnv ? 1 : 0 });
+  }
+  /** Unrevoked keys registered from FLASHD_ADMIN_API_KEY, oldest first (one, unless it just changed). */
+  liveEnvKeys(): { id: string; prefix: string }[] {
+    return this.#s['liveEnvKeys']!.all() as { id: string; prefix: string }[];
+  }
+  /** Runs `fn` in one transaction: every write in it commits, or none does. */
+  transaction<T>(fn: () => T): T {
+    return this.#db.transaction(fn)();
   }
   keyByHash(hash: string): ApiKeyRow | undefined {
     const r = this.#s['keyByHash']!.get(hash) as RawKey | undefined;

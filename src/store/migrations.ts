@@ -242,4 +242,14 @@ export const MIGRATIONS: readonly string[] = [
   UPDATE api_keys SET prefix = 'chosen_' || lower(hex(randomblob(2)))
     WHERE prefix NOT GLOB 'fd_usr_*' AND prefix NOT GLOB 'fd_wkr_*';
   `,
+  // 13: which keys were registered from FLASHD_ADMIN_API_KEY, so that a start with another
+  // value revokes them (auth/service.ts bootstrap): a rotated admin key stayed valid. Existing
+  // ones are the chosen keys (prefix `chosen_`, migration 12: only the variable registers a value
+  // flashd did not generate) and those under the name the variable's key is given (a generated
+  // key's value chosen through it). The first generated key and keys made through the API are not.
+  `
+  ALTER TABLE api_keys ADD COLUMN from_env INTEGER NOT NULL DEFAULT 0;
+  UPDATE api_keys SET from_env = 1 WHERE kind = 'user'
+    AND (prefix GLOB 'chosen_*' OR (name = 'admin (FLASHD_ADMIN_API_KEY)' AND user_id = 'usr_admin'));
+  `,
 ];

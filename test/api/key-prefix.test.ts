@@ -28,7 +28,7 @@ t.test('a chosen admin key is listed by a prefix that shows none of it, and kept
     'the start log names the key id and prefix it registered, so the operator can find it in the list');
   await a.agent.close();
 
-  // The value changes: the old key stays (not revoked) and the new one is told apart from it.
+  // The value changes: the old key is revoked but still listed, and the new one is told apart from it.
   const b = await startAgent(t, { adminApiKey: NEXT }, { dir });
   const after = (await b.req('GET', '/v2/api-keys', { key: NEXT })).json as { id: string; prefix: string; createdAt: string }[];
   t.equal(after.find((k) => k.id === admin?.id)?.prefix, admin?.prefix, 'the same prefix after a restart');
