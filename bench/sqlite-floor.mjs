@@ -11,6 +11,7 @@
  *   node bench/sqlite-floor.mjs [seconds=4] [batch sizes=1,40,64]
  */
 import { build } from 'esbuild';
+import { randomBytes } from 'node:crypto';
 import { mkdirSync, mkdtempSync, rmSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
@@ -27,14 +28,15 @@ await build({
   stdin: {
     contents: `export { openDb, JobsRepo, WriteBatch } from './src/store/index.ts';
       export { newJobId } from './src/core/ids.ts';
-      export { createLogger } from './src/core/logger.ts';`,
+      export { createLogger } from './src/core/logger.ts';
+      export { createSecretBox } from './src/core/secret-box.ts';`,
     resolveDir: REPO_ROOT,
     loader: 'ts',
   },
   outfile, bundle: true, platform: 'node', target: 'node20', format: 'esm', external: ['better-sqlite3'], logLevel: 'warning',
   banner: { js: "import { createRequire as __cr } from 'node:module'; const require = __cr(import.meta.url);" },
 });
-const { openDb, JobsRepo, WriteBatch, newJobId, createLogger } = await import(outfile);
+const { openDb, JobsRepo, WriteBatch, newJobId, createLogger, createSecretBox } = await import(outfile);
 
 if (canPin()) pinSelf(1);
 const input = JSON.stringify({ input: { prompt: 'x'.repeat(990) } }).slice(0, 1024);
@@ -44,7 +46,7 @@ console.log(`SQLite alone, 1 KB jobs, synchronous=NORMAL (flashd's store), ${sec
 for (const [how, perCommit] of sizes.flatMap((n) => [['multi-row (insertMany)', n], ['one statement per job', n]])) {
   const dir = mkdtempSync(path.join(os.tmpdir(), 'flashd-sqlite-floor-'));
   const db = openDb({ dataDir: dir, synchronous: 'normal', log });
-  const repo = new JobsRepo(db);
+  const repo = new JobsRepo(db, createSecretBox(randomBytes(32)));
   const batch = new WriteBatch(db, { durability: 'none', onError: (e) => { throw e; } });
   const job = (id) => ({ id, endpointId: 'floorbench00001', extra: null, webhook: null, lowPriority: false, executionTimeoutMs: 600_000, ttlMs: 86_400_000, retentionMs: 1_800_000, createdAt: Date.now() });
   const runFor = (ms) => {

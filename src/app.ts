@@ -123,8 +123,10 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
       endpointScheme: config.endpointScheme,
     };
     const dataCenters = [{ id: config.dataCenterId, name: `${config.dataCenterId} (this installation)` }];
+    // Seals registry passwords and jobs' extra keys (s3Config) at rest.
+    const secrets = createSecretBox(loadSecretKey(dataDir));
     const endpoints = new EndpointService({
-      db, clock, log: log.child({ component: 'endpoints' }), secrets: createSecretBox(loadSecretKey(dataDir)),
+      db, clock, log: log.child({ component: 'endpoints' }), secrets,
       dataCenterIds: () => dataCenters.map((d) => d.id),
     });
     const rateLimiter = new RateLimiter({ minute: config.rateLimitMinute, hour: config.rateLimitHour, day: config.rateLimitDay }, clock);
@@ -138,8 +140,13 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
       onError: (err) => log.error('store commit failed', { err }),
     });
     closers.push(() => batch.close());
+    const queueLog = log.child({ component: 'queue' });
+    const jobsRepo = new JobsRepo(db, secrets, (jobId, err) => queueLog.warn(
+      'job s3Config could not be opened (secret.key replaced or lost?): the job goes on without it', { jobId, err }));
+    const sealed = jobsRepo.sealPlainExtras();
+    if (sealed) log.info('jobs s3Config sealed at rest (rows of an older flashd)', { jobs: sealed });
     const queue = new JobQueue({
-      repo: new JobsRepo(db), batch, clock, log: log.child({ component: 'queue' }),
+      repo: jobsRepo, batch, clock, log: queueLog,
       workers: new WorkerRegistry(clock, config.leaseMs * 2),
       endpointExists: (id) => endpoints.byId(id) !== undefined,
       settings: { leaseMs: config.leaseMs, takeHoldMs: config.takeHoldMs, maxAttempts: config.maxAttempts },

@@ -1,5 +1,5 @@
 /**
- * Seals small secrets (registry passwords) at rest with AES-256-GCM. The key lives in
+ * Seals small secrets (registry passwords, jobs' s3Config) at rest with AES-256-GCM. The key lives in
  * `<data-dir>/secret.key` (mode 0600), outside the database, so a copied database file alone
  * does not reveal them.
  */

@@ -1,4 +1,5 @@
 import type { Statement } from 'better-sqlite3';
+import type { SecretBox } from '../core/secret-box.js';
 import type { Db } from './db.js';
 
 export type JobStatus = 'IN_QUEUE' | 'IN_PROGRESS' | 'COMPLETED' | 'FAILED' | 'CANCELLED' | 'TIMED_OUT';
@@ -14,7 +15,8 @@ export interface JobRow {
   /**
    * Extra keys handed to the worker with the job (s3Config, whose `accessSecret` is a
    * credential), as a JSON object text. Kept while a /retry may need them: NULL once the job
-   * ends COMPLETED or CANCELLED, which can never be retried.
+   * ends COMPLETED or CANCELLED, which can never be retried. Plain here and in memory; the
+   * column holds it sealed (JobsRepo: core/secret-box.ts, `<data-dir>/secret.key`).
    */
   extra: string | null;
   webhook: string | null;
@@ -65,6 +67,12 @@ const ascending = (rows: unknown[][]): boolean => {
 /** The settings key of the recovery floor (see JobsRepo.active). */
 const FLOOR_KEY = 'jobs.recovery_floor';
 
+/** Distinct extra keys whose sealed form JobsRepo keeps for reuse (see #seal). */
+const SEAL_CACHE_MAX = 256;
+
+/** Set by migration 14 while rows hold plain extra keys an older flashd wrote (see JobsRepo.sealPlainExtras). */
+const UNSEALED_KEY = 'jobs.unsealed_extra';
+
 interface Raw {
   rowid: number; id: string; endpoint_id: string; status: JobStatus; input: string; extra: string | null; webhook: string | null;
   low_priority: number; execution_timeout_ms: number; ttl_ms: number; retention_ms: number; attempt: number; retries: number;
@@ -83,9 +91,18 @@ const map = (r: Raw): JobRow => ({
 /**
  * Job rows. Every state change is one statement with the expected current state in its
  * WHERE clause; callers run them inside the write batch's transaction.
+ *
+ * A job's extra keys (s3Config, whose `accessSecret` is a credential) are sealed by every
+ * write of the column and opened by the reads that hand them on (get, active), so a copy of
+ * flashd.db alone does not reveal them. A job without them costs nothing: NULL is not sealed.
  */
 export class JobsRepo {
   readonly #db: Db;
+  readonly #secrets: SecretBox;
+  readonly #unreadable: (jobId: string, err: unknown) => void;
+  /** Extra keys sealed or opened lately, both ways (see #seal): at most SEAL_CACHE_MAX each. */
+  readonly #sealedOf = new Map<string, string>();
+  readonly #openedOf = new Map<string, string>();
   readonly #insert: Statement;
   /** Multi-row inserts by row count (insertMany). */
   readonly #insertChunks: (Statement | undefined)[] = [];
@@ -122,8 +139,14 @@ export class JobsRepo {
   readonly #endedByFlashd: Statement;
   readonly #setFence: Statement;
 
-  constructor(db: Db) {
+  /**
+   * `secrets` seals extra keys at rest; `unreadable` hears of a row whose sealed extra keys do
+   * not open (secret.key replaced or lost): the job is read without them.
+   */
+  constructor(db: Db, secrets: SecretBox, unreadable: (jobId: string, err: unknown) => void = () => undefined) {
     this.#db = db;
+    this.#secrets = secrets;
+    this.#unreadable = unreadable;
     this.#insert = db.prepare(`${INSERT_HEAD} ${INSERT_ROW}`);
     this.#insertFinished = db.prepare(`INSERT INTO jobs (id, endpoint_id, status, input, extra, webhook, low_priority, execution_timeout_ms,
       ttl_ms, retention_ms, attempt, retries, worker_id, output, error, created_at, started_at, completed_at, expires_at)
@@ -165,7 +188,8 @@ export class JobsRepo {
     this.#getFloor = db.prepare('SELECT value FROM settings WHERE key = ?').pluck();
     this.#setFloor = db.prepare('INSERT OR REPLACE INTO settings (key, value) VALUES (?, ?)');
     this.#input = db.prepare('SELECT input FROM jobs WHERE id = ?').pluck();
-    this.#getLight = db.prepare(`SELECT rowid, id, endpoint_id, status, NULL AS input, extra, webhook, low_priority, execution_timeout_ms, ttl_ms,
+    // Status reads: neither the input nor the (sealed) extra keys, which no view shows.
+    this.#getLight = db.prepare(`SELECT rowid, id, endpoint_id, status, NULL AS input, NULL AS extra, webhook, low_priority, execution_timeout_ms, ttl_ms,
       retention_ms, attempt, retries, worker_id, output, error, created_at, queued_at, started_at, completed_at, expires_at, ended_by_flashd, lost_ms, fenced_from FROM jobs WHERE id = ?`);
     // At most `limit` rows a statement: results that expire together (a burst, a purge) are
     // deleted over several commits instead of one that holds the event loop.
@@ -196,9 +220,80 @@ export class JobsRepo {
       FROM job_chunks c GROUP BY c.job_id`).raw();
   }
 
+  /**
+   * The column's form of a job's extra keys: sealed (`v1.…`), NULL as NULL. A seal costs about
+   * 15 µs (an AES-GCM context per value), as much again as the rest of a /run's insert, while
+   * a client's jobs usually all carry the same s3Config: the sealed form of the last values
+   * sealed or opened is reused (SEAL_CACHE_MAX). Rows with the same extra keys then hold the
+   * same sealed text, which tells a reader of flashd.db only that they are equal.
+   */
+  #seal(extra: string | null): string | null {
+    if (extra === null) return null;
+    let sealed = this.#sealedOf.get(extra);
+    if (sealed === undefined) {
+      sealed = this.#secrets.seal(extra);
+      this.#remember(extra, sealed);
+    }
+    return sealed;
+  }
+
+  #remember(plain: string, sealed: string): void {
+    if (this.#sealedOf.size >= SEAL_CACHE_MAX) {
+      this.#sealedOf.clear();
+      this.#openedOf.clear();
+    }
+    this.#sealedOf.set(plain, sealed);
+    this.#openedOf.set(sealed, plain);
+  }
+
+  /**
+   * The extra keys of a stored column: opened, or as they are when plain (a JSON object, written
+   * by an older flashd before sealPlainExtras ran). A sealed value that does not open is
+   * reported and read as none.
+   */
+  #open(jobId: string, stored: string | null): string | null {
+    if (stored === null || stored.startsWith('{')) return stored;
+    const known = this.#openedOf.get(stored);
+    if (known !== undefined) return known;
+    try {
+      const plain = this.#secrets.open(stored);
+      this.#remember(plain, stored);
+      return plain;
+    } catch (err) {
+      this.#unreadable(jobId, err);
+      return null;
+    }
+  }
+
+  /**
+   * Seals the extra keys rows of an older flashd hold in plain text (migration 14 marks that
+   * there are some), once, in one transaction; returns how many. Called at start, before
+   * recovery.
+   */
+  sealPlainExtras(): number {
+    if (this.#getFloor.get(UNSEALED_KEY) === undefined) return 0;
+    // secure_delete: the pages rewritten here keep no copy of the plain text in their free space;
+    // the checkpoint then overwrites the database file's old pages and empties the WAL.
+    const secureDelete = this.#db.pragma('secure_delete', { simple: true }) as number;
+    this.#db.pragma('secure_delete = ON');
+    try {
+      const sealed = this.#db.transaction(() => {
+        const rows = this.#db.prepare("SELECT rowid, extra FROM jobs WHERE extra GLOB '{*'").raw().all() as [number, string][];
+        const update = this.#db.prepare('UPDATE jobs SET extra = ? WHERE rowid = ?');
+        for (const [rowid, extra] of rows) update.run(this.#secrets.seal(extra), rowid);
+        this.#db.prepare('DELETE FROM settings WHERE key = ?').run(UNSEALED_KEY);
+        return rows.length;
+      })();
+      this.#db.pragma('wal_checkpoint(TRUNCATE)');
+      return sealed;
+    } finally {
+      this.#db.pragma(`secure_delete = ${secureDelete}`);
+    }
+  }
+
   /** Inserts a queued job; returns its rowid. */
   insert(j: NewJob, input: string): number {
-    return this.#insert.run(j.id, j.endpointId, input, j.extra, j.webhook, j.lowPriority ? 1 : 0, j.executionTimeoutMs, j.ttlMs, j.retentionMs, j.createdAt).lastInsertRowid as number;
+    return this.#insert.run(j.id, j.endpointId, input, this.#seal(j.extra), j.webhook, j.lowPriority ? 1 : 0, j.executionTimeoutMs, j.ttlMs, j.retentionMs, j.createdAt).lastInsertRowid as number;
   }
 
   /**
@@ -218,7 +313,7 @@ export class JobsRepo {
         args[k++] = j.id;
         args[k++] = j.endpointId;
         args[k++] = inputs[at + i];
-        args[k++] = j.extra;
+        args[k++] = this.#seal(j.extra);
         args[k++] = j.webhook;
         args[k++] = j.lowPriority ? 1 : 0;
         args[k++] = j.executionTimeoutMs;
@@ -244,7 +339,7 @@ export class JobsRepo {
 
   /** Inserts a job already in its final state (a /runsync job written once, at the end); returns its rowid. */
   insertFinished(j: Omit<JobRow, 'rowid' | 'input'>, input: string): number {
-    return this.#insertFinished.run(j.id, j.endpointId, j.status, input, j.extra, j.webhook, j.lowPriority ? 1 : 0, j.executionTimeoutMs, j.ttlMs,
+    return this.#insertFinished.run(j.id, j.endpointId, j.status, input, this.#seal(j.extra), j.webhook, j.lowPriority ? 1 : 0, j.executionTimeoutMs, j.ttlMs,
       j.retentionMs, j.attempt, j.retries, j.workerId, j.output, j.error, j.createdAt, j.startedAt, j.completedAt, j.expiresAt).lastInsertRowid as number;
   }
 
@@ -303,11 +398,15 @@ export class JobsRepo {
 
   get(id: string): JobRow | undefined {
     const r = this.#get.get(id) as Raw | undefined;
-    return r && map(r);
+    if (!r) return undefined;
+    const row = map(r);
+    row.extra = this.#open(row.id, row.extra);
+    return row;
   }
 
   /**
-   * A job row without its input (status reads: the input may be megabytes and is not shown).
+   * A job row without its input (status reads: the input may be megabytes and is not shown)
+   * and without its extra keys (`extra` null: no view shows them; get() opens them).
    * `endedByFlashd`: a FAILED row flashd ended itself rather than recorded from its worker.
    */
   getWithoutInput(id: string): (Omit<JobRow, 'input'> & { input: null; endedByFlashd: boolean }) | undefined {
@@ -334,7 +433,8 @@ export class JobsRepo {
       if (!ascending(rows)) rows.sort((a, b) => (a[0] as number) - (b[0] as number));
       for (const r of rows) {
         yield {
-          rowid: r[0] as number, id: r[1] as string, endpointId: r[2] as string, status: r[3] as JobStatus, input: null, extra: r[4] as string | null,
+          rowid: r[0] as number, id: r[1] as string, endpointId: r[2] as string, status: r[3] as JobStatus, input: null,
+          extra: this.#open(r[1] as string, r[4] as string | null),
           webhook: r[5] as string | null, lowPriority: r[6] === 1, executionTimeoutMs: r[7] as number, ttlMs: r[8] as number,
           retentionMs: r[9] as number, attempt: r[10] as number, retries: r[11] as number, workerId: r[12] as string | null,
           output: null, error: null, createdAt: r[13] as number, queuedAt: r[15] as number, lostMs: r[17] as number, startedAt: r[14] as number | null, completedAt: null,

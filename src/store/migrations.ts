@@ -252,4 +252,12 @@ export const MIGRATIONS: readonly string[] = [
   UPDATE api_keys SET from_env = 1 WHERE kind = 'user'
     AND (prefix GLOB 'chosen_*' OR (name = 'admin (FLASHD_ADMIN_API_KEY)' AND user_id = 'usr_admin'));
   `,
+  // 14: a job's extra keys (s3Config, its accessSecret a credential) are sealed in the row with
+  // `<data-dir>/secret.key` (store/jobs.ts), which SQL cannot do: this marks that rows an older
+  // flashd wrote hold plain ones (a JSON object, where sealed ones start `v1.`), and the start
+  // seals them before recovery and drops the mark in the same transaction (sealPlainExtras).
+  `
+  INSERT OR REPLACE INTO settings (key, value) SELECT 'jobs.unsealed_extra', '1'
+    WHERE EXISTS (SELECT 1 FROM jobs WHERE extra GLOB '{*');
+  `,
 ];

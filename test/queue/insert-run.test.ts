@@ -6,6 +6,8 @@
  * second.
  */
 import t from 'tap';
+import { randomBytes } from 'node:crypto';
+import { createSecretBox } from '../../src/core/secret-box.js';
 import { startAgent, cpuBody, type TestAgent } from '../helpers/agent.js';
 import { JobsRepo } from '../../src/store/jobs.js';
 
@@ -52,7 +54,7 @@ t.test('a write queued between two submits runs between their inserts', async (t
 
 t.test('JobsRepo.insertMany returns the first of consecutive rowids across statements', async (t) => {
   const a = await startAgent(t, { sqliteSynchronous: 'normal' });
-  const repo = new JobsRepo(a.agent.db);
+  const repo = new JobsRepo(a.agent.db, createSecretBox(randomBytes(32)));
   const job = (i: number) => ({
     id: `many-${i}`, endpointId: 'insertmany0001', extra: i % 2 ? '{"s3Config":{}}' : null, webhook: i % 3 ? null : 'http://127.0.0.1:9/h',
     lowPriority: i % 4 === 0, executionTimeoutMs: 1000 + i, ttlMs: 2000 + i, retentionMs: 3000 + i, createdAt: 4000 + i,

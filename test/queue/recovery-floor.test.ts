@@ -5,6 +5,8 @@
  * rise, or recovery would read the whole table.
  */
 import t, { type Test } from 'tap';
+import { randomBytes } from 'node:crypto';
+import { createSecretBox } from '../../src/core/secret-box.js';
 import { ManualClock } from '../../src/core/clock.js';
 import { JobsRepo } from '../../src/store/index.js';
 import { startAgent, cpuBody, type TestAgent } from '../helpers/agent.js';
@@ -297,7 +299,7 @@ t.test('recovery reads the backlog a slice at a time: every row comes back, in o
   await a.agent.queue.durable();
   const active = a.agent.db.prepare("SELECT rowid FROM jobs WHERE status IN ('IN_QUEUE', 'IN_PROGRESS') ORDER BY rowid").pluck().all() as number[];
   // The store's read in slices of 7 rows (recovery's are 8192), every boundary crossed.
-  t.same([...new JobsRepo(a.agent.db).active(0, 7)].map((r) => r.rowid), active, 'every active row once, in rowid order');
+  t.same([...new JobsRepo(a.agent.db, createSecretBox(randomBytes(32))).active(0, 7)].map((r) => r.rowid), active, 'every active row once, in rowid order');
   const expected = a.agent.db.prepare("SELECT id FROM jobs WHERE status = 'IN_QUEUE' AND id <> ? ORDER BY rowid").pluck().all(failed) as string[];
   expected.push(failed);
 

@@ -3,7 +3,8 @@
  * and kept in the row only while a /retry may still need it: a job that ends COMPLETED or
  * CANCELLED can never be retried, so its row and its record in memory drop it in the commit
  * that ends it (and a restart cannot bring it back). FAILED and TIMED_OUT jobs keep it for
- * /retry. It is never shown by /status, /stream, a webhook or the log.
+ * /retry, sealed like every row that holds it (s3-config-sealed.test.ts). It is never shown by
+ * /status, /stream, a webhook or the log.
  */
 import t from 'tap';
 import { createServer } from 'node:http';
@@ -64,7 +65,7 @@ t.test('a COMPLETED job drops its s3Config from its row and from memory; a resta
   const hook = await hookReceiver(t);
   const id = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { n: 1 }, s3Config, webhook: hook.url } })).json.id as string;
   await a.agent.queue.durable();
-  t.match(row(dir, id), SECRET, 'kept while the job is queued');
+  t.match(row(dir, id), /"extra":"v1\./, 'kept while the job is queued, sealed');
   const job = await w.take();
   t.same(job?.['s3Config'], s3Config, 'the worker gets it with the job');
   t.equal((await w.done(id, { output: { ok: true } })).status, 200);
@@ -102,7 +103,7 @@ t.test('a CANCELLED job drops its s3Config: cancelled queued, cancelled running,
   const queued = await run();
   const purged = await run();
   await a.agent.queue.durable();
-  for (const id of [running, queued, purged]) t.match(row(dir, id), SECRET, 'kept while active');
+  for (const id of [running, queued, purged]) t.match(row(dir, id), /"extra":"v1\./, 'kept while active, sealed');
   t.equal((await a.req('POST', `/v2/${ep}/cancel/${running}`)).json.status, 'CANCELLED');
   t.equal((await a.req('POST', `/v2/${ep}/cancel/${queued}`)).json.status, 'CANCELLED');
   t.equal((await a.req('POST', `/v2/${ep}/purge-queue`)).status, 200);
@@ -126,7 +127,7 @@ for (const restart of [false, true]) {
     t.equal((await w.take())?.id, id);
     t.equal((await w.done(id, { error: 'boom' })).status, 200);
     t.equal((await a.req('GET', `/v2/${ep}/status/${id}`)).json.status, 'FAILED');
-    t.match(row(dir, id), SECRET, 'a FAILED row keeps it for /retry');
+    t.match(row(dir, id), /"extra":"v1\./, 'a FAILED row keeps it for /retry, sealed');
     if (restart) {
       const from = a.url;
       await a.agent.close();
