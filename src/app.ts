@@ -155,13 +155,16 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
     // whose attempt was the job's last), and their webhooks are sent by this run.
     const webhooks = new WebhookSender({
       allowPrivate: config.webhookAllowPrivate, retryDelayMs: config.webhookRetryDelayMs, attempts: 3, timeoutMs: 10_000, deadlineMs: 60_000,
+      maxInFlight: 64, maxInFlightPerHost: 32,
       log: log.child({ component: 'webhook' }),
+      // A delivery that waits its turn builds its body from the row when the turn comes.
+      bodyOf: (jobId) => queue.webhookBody(jobId),
       onSettled: (jobId) => queue.webhookSettled(jobId),
     });
     closers.push(() => webhooks.close());
     queue.on({
       finished: (job, hookBody) => {
-        if (job.webhook && hookBody) webhooks.send(job.webhook, hookBody(), job.id);
+        if (job.webhook && hookBody) webhooks.send(job.webhook, job.id, hookBody);
       },
       // The earlier run's webhook tries still to come would land after the new run's.
       retried: (job) => webhooks.supersede(job.id),
@@ -184,7 +187,7 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
     if (leftovers.length) log.info('workers of the previous run released', { count: leftovers.length });
     // Webhooks the last run had not delivered (a stop or a crash between a job's end and its 2xx).
     const owed = queue.webhooksOwed();
-    for (const w of owed) webhooks.send(w.url, w.body, w.jobId);
+    for (const w of owed) webhooks.send(w.url, w.jobId);
     if (owed.length) log.info('webhooks owed by the previous run sent again', { count: owed.length });
     const logs = new LogHub(new LogsRepo(db), batch, clock);
     const pingIntervalMs = Math.max(1000, Math.floor(config.leaseMs / 3));

@@ -90,7 +90,9 @@ export interface QueueListener {
   recycleWorker?(endpointId: string, workerId: string): void;
   /**
    * A job reached a final state, after commit. `hookBody()` renders what its webhook POSTs (the
-   * final status body plus `input` and `webhook`, views.ts webhookBody); undefined without one.
+   * final status body plus `input` and `webhook`, views.ts webhookBody) from what the job held;
+   * undefined without one. A delivery that cannot start now drops it and builds the same body
+   * from the row when its turn comes (JobQueue.webhookBody).
    */
   finished?(job: Job, hookBody: (() => string) | undefined): void;
   /** A finished job began a new run (/retry): its final status is no longer final. */
@@ -1458,27 +1460,41 @@ export class JobQueue {
   }
 
   /**
-   * Webhooks a stop or a crash left undelivered (read at start): each job's URL and webhook
-   * body, rebuilt from its row (input included) as #finish built it, so the same text. A result that expired meanwhile is still there for it (the expiry sweep keeps
-   * rows owed a webhook); owed webhooks of jobs that are gone (endpoint deleted) are dropped.
+   * Webhooks a stop or a crash left undelivered (read at start): each job's id and URL, read
+   * without its input or output (thousands may be owed; a body is built when its delivery's
+   * turn comes, webhookBody). A result that expired meanwhile is still there for it (the expiry
+   * sweep keeps rows owed a webhook); owed webhooks of jobs that are gone (endpoint deleted)
+   * are dropped.
    */
-  webhooksOwed(): { jobId: string; url: string; body: string }[] {
-    const owed: { jobId: string; url: string; body: string }[] = [];
+  webhooksOwed(): { jobId: string; url: string }[] {
+    const owed: { jobId: string; url: string }[] = [];
     const gone: string[] = [];
     for (const jobId of this.#repo.webhooksOwed()) {
       // Ended by this start's recovery (a released worker's last attempt): its delivery is under way.
       if (this.#webhooksPending.has(jobId)) continue;
-      const row = this.#repo.get(jobId);
+      const row = this.#repo.webhookTarget(jobId);
       const url = row && TERMINAL.has(row.status) ? row.webhook : null;
-      if (url === null || !row) {
+      if (url === null) {
         gone.push(jobId);
         continue;
       }
-      owed.push({ jobId, url, body: webhookBody({ ...row, progress: null }, row.input, url, this.#clock.now()) });
+      owed.push({ jobId, url });
       this.#webhooksPending.set(jobId, 1);
     }
     if (gone.length) this.#batch.write(() => { for (const id of gone) this.#repo.webhookSettled(id); });
     return owed;
+  }
+
+  /**
+   * The body a try of `jobId`'s webhook POSTs, built from its row (input included) as #finish
+   * built it, so the same text: called when a delivery's turn comes, so one waiting holds no
+   * body. Undefined when there is nothing to send: the row is gone (endpoint deleted) or no
+   * longer final (a /retry began a new run).
+   */
+  webhookBody(jobId: string): string | undefined {
+    const row = this.#repo.get(jobId);
+    if (!row || !TERMINAL.has(row.status) || row.webhook === null) return undefined;
+    return webhookBody({ ...row, progress: null }, row.input, row.webhook, this.#clock.now());
   }
 
   /** Live job object, when in memory. */

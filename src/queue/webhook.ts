@@ -4,6 +4,12 @@
  * try fails after 10 s idle or 60 s in all. Addresses are resolved, checked and pinned before
  * connecting, so a name that resolves to a private or loopback address is refused unless the
  * operator allowed private targets (`--webhook-allow-private`).
+ *
+ * At most `maxInFlight` tries are in flight at once (64), and `maxInFlightPerHost` to one
+ * destination (32); the others wait their turn in the order their jobs ended, holding no body:
+ * it is built when the try starts (`bodyOf`, from the job's row). A purge of thousands of
+ * queued jobs, or a restart owing thousands of webhooks, so opens no more than 64 connections
+ * and holds no more than 64 bodies (each up to the 10 MB input plus the output).
  */
 import { lookup } from 'node:dns/promises';
 import { request as httpRequest } from 'node:http';
@@ -25,6 +31,20 @@ export interface WebhookOptions {
    */
   deadlineMs: number;
   log: Logger;
+  /** Tries in flight at once; a delivery past it waits its turn (file descriptors, memory). */
+  maxInFlight: number;
+  /**
+   * Tries in flight at once to one destination (scheme, host and port): a receiver that is slow
+   * or unreachable, each try up to `deadlineMs`, never holds every slot, so deliveries to the
+   * others go on.
+   */
+  maxInFlightPerHost: number;
+  /**
+   * The body a try of `jobId`'s webhook POSTs, built when the try starts (a delivery waiting its
+   * turn, or its next try, holds none); undefined when there is nothing to send any more (the
+   * job is gone, or no longer final), which settles the delivery without a POST.
+   */
+  bodyOf(jobId: string): string | undefined;
   /** The delivery of `jobId` is over: a 2xx, or its tries ran out (not called after close). */
   onSettled?(jobId: string): void;
 }
@@ -111,58 +131,165 @@ export function checkWebhookUrl(raw: string, allowPrivate = true): string | unde
 /** One delivery: a job's final status body, sent until a 2xx or its tries run out. */
 interface Delivery {
   readonly url: string;
-  readonly body: string;
   readonly jobId: string;
+  /** Its destination (see maxInFlightPerHost). */
+  readonly dest: string;
+  /** Order of send(): turns go by it, so a try due again goes ahead of later jobs' webhooks. */
+  readonly seq: number;
   attempt: number;
-  /** Its next try, while one is waiting. */
+  state: 'waiting' | 'flight' | 'delay';
+  /** Its next try, while one is waiting (state delay). */
   timer: NodeJS.Timeout | undefined;
   /** The job began a new run (/retry): this status is no longer final, so no more tries. */
   superseded: boolean;
+}
+
+/** A destination's tries in flight, and its deliveries waiting their turn (by seq). */
+interface Destination {
+  inFlight: number;
+  readonly waiting: Delivery[];
 }
 
 export class WebhookSender {
   readonly #o: WebhookOptions;
   /** Deliveries not yet over, per job (a /retry's run can finish while the first one's retries). */
   readonly #live = new Map<string, Set<Delivery>>();
+  /** Destinations with a try in flight or a delivery waiting. */
+  readonly #dests = new Map<string, Destination>();
+  #inFlight = 0;
+  #seq = 0;
   #closed = false;
 
   constructor(options: WebhookOptions) {
     this.#o = options;
   }
 
-  send(url: string, body: string, jobId: string): void {
+  /**
+   * Delivers `jobId`'s webhook. `render`, when given, builds the first try's body from what the
+   * caller holds; it is called at once if the try can start now, else dropped (the body is built
+   * from `bodyOf` when the delivery's turn comes).
+   */
+  send(url: string, jobId: string, render?: () => string): void {
     if (this.#closed) return;
-    const d: Delivery = { url, body, jobId, attempt: 1, timer: undefined, superseded: false };
+    let dest: string;
+    try {
+      const u = new URL(url);
+      dest = `${u.protocol}//${u.host}`;
+    } catch {
+      dest = url; // #post fails it
+    }
+    const d: Delivery = { url, jobId, dest, seq: this.#seq++, attempt: 1, state: 'waiting', timer: undefined, superseded: false };
     let set = this.#live.get(jobId);
     if (!set) this.#live.set(jobId, (set = new Set()));
     set.add(d);
-    this.#try(d);
+    // Nothing startable ever waits (#pump runs whenever a slot frees), so a delivery that can
+    // start now jumps no queue.
+    if (this.#free(dest)) this.#start(d, render);
+    else this.#enqueue(d);
   }
 
   /**
    * `jobId` began a new run (/retry): the deliveries of its earlier final status make no more
    * tries, so a receiver never gets that status after the new run's. A try in flight ends as
-   * it will (a 2xx or not, it is the last).
+   * it will (a 2xx or not, it is the last); one waiting its turn is dropped.
    */
   supersede(jobId: string): void {
     for (const d of this.#live.get(jobId) ?? []) {
       d.superseded = true;
-      if (d.timer) {
+      if (d.state === 'delay') {
         clearTimeout(d.timer);
         d.timer = undefined;
+        this.#settle(d);
+      } else if (d.state === 'waiting') {
+        const dest = this.#dests.get(d.dest);
+        const i = dest ? dest.waiting.indexOf(d) : -1;
+        if (dest && i >= 0) dest.waiting.splice(i, 1);
+        if (dest) this.#dropIfIdle(d.dest, dest);
         this.#settle(d);
       }
     }
   }
 
-  #try(d: Delivery): void {
-    this.#post(d.url, d.body).then(
+  #dest(key: string): Destination {
+    let dest = this.#dests.get(key);
+    if (!dest) this.#dests.set(key, (dest = { inFlight: 0, waiting: [] }));
+    return dest;
+  }
+
+  #dropIfIdle(key: string, dest: Destination): void {
+    if (dest.inFlight === 0 && dest.waiting.length === 0) this.#dests.delete(key);
+  }
+
+  #free(key: string): boolean {
+    return this.#inFlight < this.#o.maxInFlight && (this.#dests.get(key)?.inFlight ?? 0) < this.#o.maxInFlightPerHost;
+  }
+
+  /** Waits its turn, in seq order among its destination's (a try due again is older than most). */
+  #enqueue(d: Delivery): void {
+    d.state = 'waiting';
+    const waiting = this.#dest(d.dest).waiting;
+    let i = waiting.length;
+    while (i > 0 && (waiting[i - 1] as Delivery).seq > d.seq) i--;
+    waiting.splice(i, 0, d);
+  }
+
+  /** Starts the oldest waiting deliveries whose destination has a slot, while there is one. */
+  #pump(): void {
+    while (!this.#closed && this.#inFlight < this.#o.maxInFlight) {
+      let next: Destination | undefined;
+      for (const dest of this.#dests.values()) {
+        const head = dest.waiting[0];
+        if (head && dest.inFlight < this.#o.maxInFlightPerHost && (!next || head.seq < (next.waiting[0] as Delivery).seq)) next = dest;
+      }
+      if (!next) return;
+      this.#start(next.waiting.shift() as Delivery);
+    }
+  }
+
+  #start(d: Delivery, render?: () => string): void {
+    let body: string | undefined;
+    let failed: Error | undefined;
+    try {
+      body = render ? render() : this.#o.bodyOf(d.jobId);
+    } catch (err) {
+      failed = err as Error;
+    }
+    if (body === undefined) {
+      const dest = this.#dests.get(d.dest);
+      if (dest) this.#dropIfIdle(d.dest, dest);
+      // The store could not be read: a failed try, so its next one reads it again.
+      if (failed) this.#again(d, failed.message);
+      // Gone, or no longer final: nothing to send.
+      else this.#settle(d);
+      return;
+    }
+    d.state = 'flight';
+    this.#inFlight++;
+    this.#dest(d.dest).inFlight++;
+    this.#post(d.url, body).then(
       (status) => {
+        this.#tryEnded(d);
         if (status < 200 || status >= 300) this.#again(d, `status ${status}`);
         else this.#settle(d);
+        this.#pump();
       },
-      (err: Error) => this.#again(d, err.message),
+      (err: Error) => {
+        this.#tryEnded(d);
+        this.#again(d, err.message);
+        this.#pump();
+      },
     );
+  }
+
+  /** Frees a try's slot (a try that failed before it posted held none). */
+  #tryEnded(d: Delivery): void {
+    if (d.state !== 'flight') return;
+    d.state = 'delay';
+    const dest = this.#dests.get(d.dest);
+    if (!dest || dest.inFlight === 0) return; // closed meanwhile
+    this.#inFlight--;
+    dest.inFlight--;
+    this.#dropIfIdle(d.dest, dest);
   }
 
   #settle(d: Delivery): void {
@@ -184,10 +311,12 @@ export class WebhookSender {
       this.#settle(d);
       return;
     }
+    d.state = 'delay';
     d.timer = setTimeout(() => {
       d.timer = undefined;
       d.attempt++;
-      this.#try(d);
+      if (this.#free(d.dest)) this.#start(d);
+      else this.#enqueue(d);
     }, this.#o.retryDelayMs);
   }
 
@@ -226,9 +355,12 @@ export class WebhookSender {
     });
   }
 
+  /** Tries in flight end as they will, unrecorded; deliveries waiting or due again stay owed. */
   close(): void {
     this.#closed = true;
     for (const set of this.#live.values()) for (const d of set) clearTimeout(d.timer);
     this.#live.clear();
+    this.#dests.clear();
+    this.#inFlight = 0;
   }
 }

@@ -129,6 +129,7 @@ export class JobsRepo {
   readonly #outboxAdd: Statement;
   readonly #outboxDelete: Statement;
   readonly #outboxAll: Statement;
+  readonly #hookTarget: Statement;
   readonly #progress: Statement;
   readonly #chunkAdd: Statement;
   readonly #chunkNext: Statement;
@@ -209,6 +210,7 @@ export class JobsRepo {
     this.#outboxAdd = db.prepare('INSERT OR IGNORE INTO webhook_outbox (job_id) VALUES (?)');
     this.#outboxDelete = db.prepare('DELETE FROM webhook_outbox WHERE job_id = ?');
     this.#outboxAll = db.prepare('SELECT job_id FROM webhook_outbox').pluck();
+    this.#hookTarget = db.prepare('SELECT status, webhook FROM jobs WHERE id = ?');
     // /stream chunks (migration 7): one row per chunk, read and deleted by a poll; the rest go
     // with their job's row (trigger) or a /retry.
     this.#chunkAdd = db.prepare('INSERT INTO job_chunks (job_id, seq, chunk) VALUES (?, ?, ?)');
@@ -366,6 +368,11 @@ export class JobsRepo {
   /** Ids of the jobs whose webhook is still owed. */
   webhooksOwed(): string[] {
     return this.#outboxAll.all() as string[];
+  }
+
+  /** A job's status and webhook URL, without reading its input or output (webhooksOwed at start). */
+  webhookTarget(id: string): { status: JobStatus; webhook: string | null } | undefined {
+    return this.#hookTarget.get(id) as { status: JobStatus; webhook: string | null } | undefined;
   }
 
   /**

@@ -47,13 +47,14 @@ t.test('at connect time every spelling is refused too (URLs stored before, names
   const settled: string[] = [];
   const lines: string[] = [];
   const w = new WebhookSender({
-    allowPrivate: false, retryDelayMs: 0, attempts: 1, timeoutMs: 1000, deadlineMs: 2000,
+    allowPrivate: false, retryDelayMs: 0, attempts: 1, timeoutMs: 1000, deadlineMs: 2000, maxInFlight: 64, maxInFlightPerHost: 32,
     log: createLogger({ level: 'warn', sink: { write: (line) => lines.push(line) } }),
+    bodyOf: () => '{}',
     onSettled: (jobId) => settled.push(jobId),
   });
   t.teardown(() => w.close());
   const hosts = SPELLINGS.filter((h) => h !== 'localhost.' && h !== 'a.localhost');
-  for (const host of hosts) w.send(`http://${host}:${port}/hook`, '{}', host);
+  for (const host of hosts) w.send(`http://${host}:${port}/hook`, host);
   await until('every delivery to end', async () => settled.length === hosts.length, 5000);
   t.equal(hits, 0, 'the loopback canary saw nothing');
   t.equal(lines.filter((l) => l.includes('refused private address')).length, hosts.length, 'each refused as private');
