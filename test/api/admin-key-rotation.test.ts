@@ -10,8 +10,8 @@ import t from 'tap';
 import { join } from 'node:path';
 import Database from 'better-sqlite3';
 import { hashKey } from '../../src/auth/tokens.js';
-import { MIGRATIONS } from '../../src/store/migrations.js';
 import { startAgent, type TestAgent } from '../helpers/agent.js';
+import { databaseAtVersion } from '../helpers/old-db.js';
 
 const A = 'admin-passphrase-leaked-0001';
 const B = 'admin-passphrase-rotated-0002';
@@ -90,12 +90,7 @@ t.test('the variable set to a key made through the API revokes the old environme
 
 t.test('keys an older flashd registered from the variable (rotated before this fix) are revoked by the next start with it (migration 13)', async (t) => {
   const dir = t.testdir();
-  const old = new Database(join(dir, 'flashd.db'));
-  old.pragma('journal_mode = WAL');
-  for (let v = 0; v < 12; v++) {
-    old.exec(MIGRATIONS[v] as string);
-    old.pragma(`user_version = ${v + 1}`);
-  }
+  const old = databaseAtVersion(dir, 12);
   old.prepare("INSERT INTO users (id, name, is_admin, created_at) VALUES ('usr_admin', 'admin', 1, 0)").run();
   const insert = old.prepare(`INSERT INTO api_keys (id, name, kind, user_id, scopes, hash, prefix, created_at)
     VALUES (?, ?, 'user', 'usr_admin', '["admin"]', ?, ?, ?)`);
