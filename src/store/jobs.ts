@@ -269,28 +269,25 @@ export class JobsRepo {
 
   /**
    * Seals the extra keys rows of an older flashd hold in plain text (migration 14 marks that
-   * there are some), once, in one transaction; returns how many. Called at start, before
-   * recovery.
+   * there are some; migration 11, that it cleared some), once; returns how many it sealed.
+   * Called at start, before recovery. Sealing or clearing a value leaves its plain text in the
+   * free space of its page, and pages an older flashd split or freed keep copies of cells, which
+   * secure_delete does not reach: a VACUUM rebuilds the file from the rows alone, and the
+   * checkpoint then empties the WAL. The mark goes after the VACUUM, so a start stopped before
+   * it erases again.
    */
   sealPlainExtras(): number {
     if (this.#getFloor.get(UNSEALED_KEY) === undefined) return 0;
-    // secure_delete: the pages rewritten here keep no copy of the plain text in their free space;
-    // the checkpoint then overwrites the database file's old pages and empties the WAL.
-    const secureDelete = this.#db.pragma('secure_delete', { simple: true }) as number;
-    this.#db.pragma('secure_delete = ON');
-    try {
-      const sealed = this.#db.transaction(() => {
-        const rows = this.#db.prepare("SELECT rowid, extra FROM jobs WHERE extra GLOB '{*'").raw().all() as [number, string][];
-        const update = this.#db.prepare('UPDATE jobs SET extra = ? WHERE rowid = ?');
-        for (const [rowid, extra] of rows) update.run(this.#secrets.seal(extra), rowid);
-        this.#db.prepare('DELETE FROM settings WHERE key = ?').run(UNSEALED_KEY);
-        return rows.length;
-      })();
-      this.#db.pragma('wal_checkpoint(TRUNCATE)');
-      return sealed;
-    } finally {
-      this.#db.pragma(`secure_delete = ${secureDelete}`);
-    }
+    const sealed = this.#db.transaction(() => {
+      const rows = this.#db.prepare("SELECT rowid, extra FROM jobs WHERE extra GLOB '{*'").raw().all() as [number, string][];
+      const update = this.#db.prepare('UPDATE jobs SET extra = ? WHERE rowid = ?');
+      for (const [rowid, extra] of rows) update.run(this.#secrets.seal(extra), rowid);
+      return rows.length;
+    })();
+    this.#db.exec('VACUUM');
+    this.#db.prepare('DELETE FROM settings WHERE key = ?').run(UNSEALED_KEY);
+    this.#db.pragma('wal_checkpoint(TRUNCATE)');
+    return sealed;
   }
 
   /** Inserts a queued job; returns its rowid. */

@@ -231,8 +231,12 @@ export const MIGRATIONS: readonly string[] = [
   `,
   // 11: a job that ended COMPLETED or CANCELLED can never be retried, so its extra keys
   // (s3Config, with its accessSecret) are dropped in the write that ends it (store/jobs.ts
-  // finish); rows an older flashd ended still held them until their result expired.
+  // finish); rows an older flashd ended still held them until their result expired. Cleared
+  // here, their plain text stays in the free space of the pages: the mark (see migration 14) has
+  // the start erase it (JobsRepo.sealPlainExtras).
   `
+  INSERT OR REPLACE INTO settings (key, value) SELECT 'jobs.unsealed_extra', '1'
+    WHERE EXISTS (SELECT 1 FROM jobs WHERE extra IS NOT NULL AND status IN ('COMPLETED', 'CANCELLED'));
   UPDATE jobs SET extra = NULL WHERE extra IS NOT NULL AND status IN ('COMPLETED', 'CANCELLED');
   `,
   // 12: a key whose value was chosen (FLASHD_ADMIN_API_KEY) was listed with its first 4

@@ -13,6 +13,7 @@ import { join } from 'node:path';
 import Database from 'better-sqlite3';
 import { startAgent, cpuBody } from '../helpers/agent.js';
 import { TestWorker } from '../helpers/worker.js';
+import { databaseAtVersion } from '../helpers/old-db.js';
 
 const SECRET = 'wJalrXUtnFEMI-K7MDENG-bPxRfiCYzz9sealed';
 const ACCESS_ID = 'AKIAFLASHDSEALTEST';
@@ -123,6 +124,27 @@ t.test('plain s3Config rows an older flashd wrote are sealed by the next start (
   await b.agent.close();
   t.same(atRest(dir), [], 'nothing left in clear after the restart');
   const db = new Database(join(dir, 'flashd.db'), { readonly: true });
+  t.equal(db.prepare("SELECT value FROM settings WHERE key = 'jobs.unsealed_extra'").pluck().get(), undefined, 'the mark is gone: the pass runs once');
+  db.close();
+});
+
+t.test('an older database with many s3Config rows keeps no copy of them in clear after the upgrade: none in the free space of its pages, also of rows migration 11 cleared', async (t) => {
+  const dir = t.testdir();
+  // Enough rows that the jobs table spans several pages (splits leave copies of old cells behind).
+  const old = databaseAtVersion(dir, 10);
+  const insert = old.prepare(`INSERT INTO jobs (id, endpoint_id, status, input, extra, execution_timeout_ms, ttl_ms, retention_ms, retries, created_at)
+    VALUES (?, 'ep', ?, '{}', ?, 600000, 86400000, 1800000, 0, 1000)`);
+  const statuses = ['COMPLETED', 'CANCELLED', 'FAILED', 'TIMED_OUT'];
+  for (let i = 0; i < 200; i++) insert.run(`job-${i}`, statuses[i % statuses.length], JSON.stringify({ s3Config }));
+  old.pragma('wal_checkpoint(TRUNCATE)');
+  old.close();
+  t.same(atRest(dir), ['flashd.db'], 'the older database holds it in plain text');
+  const a = await startAgent(t, { takeHoldMs: 100 }, { dir });
+  t.same(atRest(dir), [], 'after the start: nowhere in flashd.db or its WAL');
+  await a.agent.close();
+  t.same(atRest(dir), [], 'nor after the stop');
+  const db = new Database(join(dir, 'flashd.db'), { readonly: true });
+  t.equal(db.prepare("SELECT count(*) FROM jobs WHERE extra GLOB 'v1.*'").pluck().get(), 100, 'the FAILED and TIMED_OUT rows keep it, sealed');
   t.equal(db.prepare("SELECT value FROM settings WHERE key = 'jobs.unsealed_extra'").pluck().get(), undefined, 'the mark is gone: the pass runs once');
   db.close();
 });
