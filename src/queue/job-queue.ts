@@ -1492,7 +1492,8 @@ export class JobQueue {
    * longer final (a /retry began a new run).
    */
   webhookBody(jobId: string): string | undefined {
-    const row = this.#repo.get(jobId);
+    // A webhook body never carries the extra keys (s3Config): they are not opened for it.
+    const row = this.#repo.get(jobId, { extra: false });
     if (!row || !TERMINAL.has(row.status) || row.webhook === null) return undefined;
     return webhookBody({ ...row, progress: null }, row.input, row.webhook, this.#clock.now());
   }

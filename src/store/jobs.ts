@@ -400,11 +400,12 @@ export class JobsRepo {
     this.#setExpiry.run(expiresAt, retentionMs, id);
   }
 
-  get(id: string): JobRow | undefined {
+  /** A job row; `extra: false` leaves its sealed extra keys unopened (`extra` null), for readers that never use them. */
+  get(id: string, options: { extra?: boolean } = {}): JobRow | undefined {
     const r = this.#get.get(id) as Raw | undefined;
     if (!r) return undefined;
     const row = map(r);
-    row.extra = this.#open(row.id, row.extra);
+    row.extra = options.extra === false ? null : this.#open(row.id, row.extra);
     return row;
   }
 

@@ -9,11 +9,13 @@
 import t from 'tap';
 import { randomBytes } from 'node:crypto';
 import { existsSync, readFileSync, writeFileSync } from 'node:fs';
+import { createServer } from 'node:http';
 import { join } from 'node:path';
 import Database from 'better-sqlite3';
 import { startAgent, cpuBody } from '../helpers/agent.js';
 import { TestWorker } from '../helpers/worker.js';
 import { databaseAtVersion } from '../helpers/old-db.js';
+import { until } from '../helpers/wait.js';
 
 const SECRET = 'wJalrXUtnFEMI-K7MDENG-bPxRfiCYzz9sealed';
 const ACCESS_ID = 'AKIAFLASHDSEALTEST';
@@ -160,4 +162,36 @@ t.test('a sealed s3Config that no longer opens (secret.key replaced) is logged, 
   const job = await w.rebase(from, b.url).take();
   t.equal(job?.id, id, 'the job still runs');
   t.notOk(job && 's3Config' in job, 'without s3Config');
+});
+
+t.test('an owed webhook sent by a start whose secret.key changed opens no s3Config (it never carries one) and logs nothing about it', async (t) => {
+  const received: string[] = [];
+  let status = 503;
+  const server = createServer((req, res) => {
+    let body = '';
+    req.on('data', (c) => (body += c)).on('end', () => {
+      received.push(body);
+      res.statusCode = status;
+      res.end();
+    });
+  });
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  t.teardown(() => server.close());
+  const webhook = `http://127.0.0.1:${(server.address() as { port: number }).port}/hook`;
+  const dir = t.testdir();
+  const options = { takeHoldMs: 100, webhookAllowPrivate: true, webhookRetryDelayMs: 60_000 };
+  const a = await startAgent(t, options, { dir });
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  const w = await TestWorker.create(a, ep);
+  const id = (await a.req('POST', `/v2/${ep}/run`, { body: { input: {}, s3Config, webhook } })).json.id as string;
+  t.equal((await w.take())?.id, id);
+  t.equal((await w.done(id, { error: 'boom' })).status, 200, 'FAILED: the row keeps its sealed s3Config for a /retry');
+  await until('the first try', async () => received.length === 1);
+  await a.agent.close();
+  writeFileSync(join(dir, 'secret.key'), randomBytes(32).toString('base64'));
+  status = 200;
+  const b = await startAgent(t, options, { dir });
+  await until('the owed webhook', async () => received.length === 2);
+  t.match(JSON.parse(received[1] as string), { id, status: 'FAILED', error: 'boom' });
+  t.notOk(b.logs.some((l) => l.includes('s3Config could not be opened')), 'no warning about an s3Config the webhook does not use');
 });
