@@ -16,7 +16,9 @@ OUT/recording/, starts flashd with the process runtime on a fresh data directory
   4. an endpoint asking for more GPUs than the host has, and one whose GPU is held by another
      endpoint's worker, wait throttled with the reason in their log, and lose no job;
   5. once the first endpoint's worker idles out, the waiting endpoint gets the GPU;
-  6. SIGTERM stops flashd with exit 0, its workers gone and no process left on the GPU.
+  6. SIGTERM stops flashd with exit 0, its workers gone and no process left on the GPU;
+  7. a flashd started while nvidia-smi still fails (a driver not loaded yet) finds the GPUs once
+     it answers (`--gpu-rediscover-ms`), through a wrapper that fails until a file exists.
 
 Prints one line per check and a JSON report (OUT/report.json); exits 1 if any check failed.
 """
@@ -140,7 +142,47 @@ def main():
         stop(flashd, gpus)
         log.close()
         shutil.rmtree(data, ignore_errors=True)
+    late_driver(args, gpus, out)
     return finish(out)
+
+
+def late_driver(args, gpus, out):
+    """Check 7: GPUs found by rediscovery once nvidia-smi starts answering."""
+    work = tempfile.mkdtemp(prefix="flashd-gpu-late-")
+    flag = os.path.join(work, "driver-loaded")
+    real = shutil.which("nvidia-smi")
+    wrapper = os.path.join(work, "bin", "nvidia-smi")
+    os.makedirs(os.path.dirname(wrapper))
+    with open(wrapper, "w") as f:
+        f.write(f"""#!/bin/sh
+if [ -e {shlex.quote(flag)} ]; then exec {shlex.quote(real)} "$@"; fi
+echo "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure that the latest NVIDIA driver is installed and running."
+exit 9
+""")
+    os.chmod(wrapper, 0o755)
+    env = {**os.environ, "FLASHD_ADMIN_API_KEY": KEY, "PATH": os.path.dirname(wrapper) + os.pathsep + os.environ.get("PATH", "")}
+    port = args.port + 1
+    cmd = [*shlex.split(args.flashd), "--data-dir", os.path.join(work, "data"), "--port", str(port), "--runtime", "none",
+           "--gpu-rediscover-ms", "500"]
+    log_path = os.path.join(out, "flashd-late-driver.log")
+    with open(log_path, "w") as log:
+        flashd = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            until("flashd to listen", lambda: flashd.poll() is None and ping(port) or (flashd.poll() is not None and fail_start(log_path)), 90)
+            total = lambda: sum(t["availability"]["total"] for t in call(port, "GET", "/v2/catalog/gpus?include=AVAILABILITY")[1])
+            before = total()
+            open(flag, "w").close()
+            started = time.monotonic()
+            after = until("the GPUs after the driver answers", lambda: total() or None, 30)
+            check("a driver that answers only after start is picked up by rediscovery", before == 0 and after == len(gpus),
+                  {"before": before, "after": after, "s": round(time.monotonic() - started, 2)})
+        except Exception as e:
+            check("a driver that answers only after start is picked up by rediscovery", False, f"{type(e).__name__}: {e}")
+        finally:
+            if flashd.poll() is None:
+                os.killpg(flashd.pid, signal.SIGTERM)
+                flashd.wait(30)
+            shutil.rmtree(work, ignore_errors=True)
 
 
 def ping(port):

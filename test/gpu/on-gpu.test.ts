@@ -41,6 +41,7 @@ t.test('on-gpu.py passes every check against a recorded RTX 4090 host', async (t
     'the worker gets one GPU, by UUID, in CUDA_VISIBLE_DEVICES',
     'once the first worker idles out, the waiting endpoint gets the GPU',
     'SIGTERM stops flashd with exit 0',
+    'a driver that answers only after start is picked up by rediscovery',
   ]) t.ok(names.includes(must), `checked: ${must}`);
   t.equal(report.checks.filter((c) => c.name.startsWith('an endpoint that cannot get its GPU waits')).length, 2, 'both held-back endpoints checked');
   t.equal(readFileSync(join(out, 'recording/query-gpu.csv'), 'utf8'), readFileSync(join(REPO_ROOT, 'test/fixtures/nvidia-smi/rtx4090-single/query-gpu.csv'), 'utf8'), 'it records what nvidia-smi printed');
