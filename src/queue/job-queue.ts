@@ -1241,8 +1241,8 @@ export class JobQueue {
     // A job that ends COMPLETED or CANCELLED can never be retried, so nothing needs its extra
     // keys any more, and s3Config's accessSecret is a credential: dropped here and from the row
     // in the same write (insertFinished writes the record as it is now). FAILED and TIMED_OUT
-    // keep them for /retry. Nothing after the end reads them: /status, /stream and webhooks
-    // render statusBody, which never shows them.
+    // keep them for /retry. Nothing after the end reads them: /status and /stream render
+    // statusBody, webhooks webhookBody, and neither shows them.
     const dropExtra = status === 'COMPLETED' || status === 'CANCELLED';
     if (dropExtra) job.extra = null;
     job.completedAt = now;

@@ -182,9 +182,15 @@ export class WebhookSender {
     let set = this.#live.get(jobId);
     if (!set) this.#live.set(jobId, (set = new Set()));
     set.add(d);
-    // Nothing startable ever waits (#pump runs whenever a slot frees), so a delivery that can
-    // start now jumps no queue.
-    if (this.#free(dest)) this.#start(d, render);
+    this.#startOrWait(d, render);
+  }
+
+  /**
+   * Starts a try now when its destination has a slot, else queues it. Nothing startable ever
+   * waits (#pump runs whenever a slot frees), so a try that can start now jumps no queue.
+   */
+  #startOrWait(d: Delivery, render?: () => string): void {
+    if (this.#free(d.dest)) this.#start(d, render);
     else this.#enqueue(d);
   }
 
@@ -315,8 +321,7 @@ export class WebhookSender {
     d.timer = setTimeout(() => {
       d.timer = undefined;
       d.attempt++;
-      if (this.#free(d.dest)) this.#start(d);
-      else this.#enqueue(d);
+      this.#startOrWait(d);
     }, this.#o.retryDelayMs);
   }
 

@@ -114,8 +114,8 @@ export class JobsRepo {
   readonly #setRetention: Statement;
   readonly #get: Statement;
   readonly #active: Statement;
-  readonly #getFloor: Statement;
-  readonly #setFloor: Statement;
+  readonly #getSetting: Statement;
+  readonly #setSetting: Statement;
   readonly #expire: Statement;
   readonly #counts: Statement;
   readonly #addCount: Statement;
@@ -186,8 +186,8 @@ export class JobsRepo {
       FROM jobs WHERE rowid >= ? AND status IN ('IN_QUEUE', 'IN_PROGRESS') ORDER BY rowid LIMIT ?)`).raw();
     // Its own statements rather than IdentityRepo's get/putSetting: a write there moves the
     // identity generation and so empties the key cache, and the floor moves every second.
-    this.#getFloor = db.prepare('SELECT value FROM settings WHERE key = ?').pluck();
-    this.#setFloor = db.prepare('INSERT OR REPLACE INTO settings (key, value) VALUES (?, ?)');
+    this.#getSetting = db.prepare('SELECT value FROM settings WHERE key = ?').pluck();
+    this.#setSetting = db.prepare('INSERT OR REPLACE INTO settings (key, value) VALUES (?, ?)');
     this.#input = db.prepare('SELECT input FROM jobs WHERE id = ?').pluck();
     // Status reads: neither the input nor the (sealed) extra keys, which no view shows.
     this.#getLight = db.prepare(`SELECT rowid, id, endpoint_id, status, NULL AS input, NULL AS extra, webhook, low_priority, execution_timeout_ms, ttl_ms,
@@ -277,11 +277,11 @@ export class JobsRepo {
    * it erases again.
    */
   sealPlainExtras(): number {
-    if (this.#getFloor.get(UNSEALED_KEY) === undefined) return 0;
+    if (this.#getSetting.get(UNSEALED_KEY) === undefined) return 0;
     const sealed = this.#db.transaction(() => {
       const rows = this.#db.prepare("SELECT rowid, extra FROM jobs WHERE extra GLOB '{*'").raw().all() as [number, string][];
       const update = this.#db.prepare('UPDATE jobs SET extra = ? WHERE rowid = ?');
-      for (const [rowid, extra] of rows) update.run(this.#secrets.seal(extra), rowid);
+      for (const [rowid, extra] of rows) update.run(this.#seal(extra), rowid);
       return rows.length;
     })();
     this.#db.exec('VACUUM');
@@ -451,13 +451,13 @@ export class JobsRepo {
 
   /** The recovery floor: no queued or running job has a lower rowid (0 when never set: read all). */
   floor(): number {
-    const v = this.#getFloor.get(FLOOR_KEY) as string | undefined;
+    const v = this.#getSetting.get(FLOOR_KEY) as string | undefined;
     const n = v === undefined ? 0 : Number(v);
     return Number.isSafeInteger(n) && n > 0 ? n : 0;
   }
 
   setFloor(rowid: number): void {
-    this.#setFloor.run(FLOOR_KEY, String(rowid));
+    this.#setSetting.run(FLOOR_KEY, String(rowid));
   }
 
   /** The raw input of a job, or undefined when there is no such row. */
