@@ -71,6 +71,15 @@ t.test('1x H100 SXM, recorded by us (driver 580, CUDA 13.0)', async (t) => {
   t.match(lines.find((l) => l['msg'] === 'gpus discovered'), { count: 1, driverVersion: '580.159.04', cudaVersion: '13.0' });
 });
 
+t.test('1x H200, recorded by us (driver 580, CUDA 13.0): its own type and pool', async (t) => {
+  const d = await discover('h200-x1');
+  t.equal(d.noGpuReason, null);
+  t.same(d.gpus.map((g) => [g.index, g.uuid, g.name, g.gpuTypeId, g.pool, g.memoryMiB, g.driverVersion, g.cudaVersion]), [
+    [0, 'GPU-a390aa2c-a2a5-cc48-50f9-f04911405dac', 'NVIDIA H200', 'NVIDIA H200', 'HOPPER_141', 143771, '580.159.04', '13.0'],
+  ]);
+  t.equal(d.cudaVersion, '13.0');
+});
+
 t.test('mixed A100 and L4', async (t) => {
   const d = await discover('a100-l4-mixed');
   t.same(
