@@ -92,16 +92,25 @@ export function nativeDir(): string | null {
  * The bundled uWS v20.30 keeps at most 4 KB of a request's header block between two reads
  * (HttpParser's MAX_FALLBACK_SIZE): a request line plus headers over 4 KB that arrives in more
  * than one TCP read gets its connection closed with no reply. runpod-python's ping lists every
- * job in progress in its query (~45 bytes a job), so a worker with ~90 jobs or more sends such
- * requests, which a real network splits into segments. That binary reads no environment
- * variable for the limit (it has no UWS_HTTP_MAX_HEADERS_SIZE; later uWS builds do, and they need
- * glibc 2.38). The limit is a per-connection member that one instruction in each of the two
- * socket-open handlers (plain and TLS) sets: `movq $0x1000, disp32(%rdi)`. Raising that
- * immediate is all the later env-var builds do too; the buffer is a std::string that grows as
- * needed, so a larger value needs nothing else. Only a binary whose size, sha256 and bytes at
- * those sites are exactly the known ones is patched; anything else loads as it is.
+ * job in progress in its query: a flashd job id is 39 characters and `requests` encodes the
+ * comma as %2C, so 42 bytes a job, and a worker with ~90 jobs or more sends such requests,
+ * which a real network splits into segments. That binary reads no environment variable for the
+ * limit (it has no UWS_HTTP_MAX_HEADERS_SIZE; later uWS builds do, and they need glibc 2.38).
+ * The limit is a per-connection member that one instruction in each of the two socket-open
+ * handlers (plain and TLS) sets: `movq $0x1000, disp32(%rdi)`. Raising that immediate is all
+ * the later env-var builds do too. 128 KiB holds a ping listing ~3,100 jobs (16 KB held ~380:
+ * worker-vllm's default concurrency is 300 and users raise it), and runpod-python's largest:
+ * 1.10.1+ keeps the ids for its ping process in a 64 KB buffer, 1,638 flashd ids, a ~69 KB
+ * header block. The buffer is a std::string, so a connection only uses what its split header
+ * block needs, but: it grows by doubling (a block that arrives in small pieces can reserve up
+ * to ~2× the limit, 256 KiB), it is cleared but not freed after the request (a keep-alive
+ * connection keeps it), and each read re-parses it from the start. A client that sends an
+ * incomplete block slowly is still closed 60–64 s after the connection opened or last got a
+ * reply (more bytes do not extend it; see UWS_IDLE_TICKS), so one pins at most ~256 KiB for
+ * ~64 s. Only a binary whose size, sha256 and bytes at those sites are exactly the known ones
+ * is patched; anything else loads as it is.
  */
-export const UWS_SPLIT_HEADER_LIMIT = 16384;
+export const UWS_SPLIT_HEADER_LIMIT = 128 * 1024;
 /**
  * The same binary closes a keep-alive connection 8–12 s after its last response (its
  * HTTP_IDLE_TIMEOUT_S and HTTP_TIMEOUT_S, both 10 s). aiohttp, and so runpod-python, keeps an
@@ -193,8 +202,10 @@ function sitesPatched(file: string, p: UwsPatch): boolean {
 }
 
 /**
- * The patched copy of `file` (written once to `<cache>/flashd/uws-p2-<hash>/`), or `file`
- * itself when it is not a known binary or the copy cannot be written.
+ * The patched copy of `file` (written once to `<cache>/flashd/uws-p3-<hash>/`), or `file`
+ * itself when it is not a known binary or the copy cannot be written. The directory is named
+ * anew whenever the patched bytes change (p2: 16 KB), so flashd versions sharing a cache never
+ * rewrite each other's copy.
  */
 function patchedUws(file: string): string {
   const p = UWS_PATCHES[UWS_ADDON];
@@ -207,7 +218,7 @@ function patchedUws(file: string): string {
       uwsPatchSkipped = `${file} is not the known build`;
       return file;
     }
-    const dir = join(cacheRoot(), `uws-p2-${p.sha256.slice(0, 16)}`);
+    const dir = join(cacheRoot(), `uws-p3-${p.sha256.slice(0, 16)}`);
     const target = join(dir, UWS_ADDON);
     if (!(existsSync(target) && statSync(target).size === p.bytes && sitesPatched(target, p))) {
       const patched = patchUwsAddon(UWS_ADDON, readFileSync(file));

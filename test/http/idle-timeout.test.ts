@@ -67,8 +67,10 @@ t.test('the patch raises exactly the folded 10 s timeouts and the header limit, 
   if (!patched) return t.fail('the known binary was not patched');
   const changed: number[] = [];
   for (let i = 0; i < original.length; i++) if (original[i] !== patched[i]) changed.push(i);
-  // Two header-limit immediates (0x1000 → 0x4000: one byte each) and 20 timeout sequences (two imm8 each).
-  t.equal(changed.length, 2 + 20 * 2, 'bytes changed');
+  // Two header-limit immediates (0x1000 → 0x20000: two bytes each) and 20 timeout sequences (two imm8 each).
+  t.equal(changed.length, 2 * 2 + 20 * 2, 'bytes changed');
+  const limitBytes = changed.filter((i) => original[i] !== 3);
+  t.same(limitBytes.map((i) => [original[i], patched[i]]), [[0x10, 0], [0, 2], [0x10, 0], [0, 2]], 'the imm32 of each header-limit site: 0x1000 → 0x20000 (little-endian)');
   const timeoutBytes = changed.filter((i) => original[i] === 3);
   t.equal(timeoutBytes.length, 40, 'each timeout byte was 3 ticks (10 s)');
   t.ok(timeoutBytes.every((i) => patched[i] === UWS_IDLE_TICKS), `and is now ${UWS_IDLE_TICKS} ticks`);

@@ -1,5 +1,5 @@
 /**
- * The request limits of the bundled uWS v20.30 (with flashd's patched 16 KB split-header limit),
+ * The request limits of the bundled uWS v20.30 (with flashd's patched 128 KiB split-header limit),
  * pinned at their exact values as README "HTTP limits" documents them. uWS applies them before
  * flashd sees a request, and answers none of them: no hook exists to send a 431 or 400, so the
  * client gets a closed connection or no reply. If a uWS upgrade changes any of them, this test
@@ -12,7 +12,7 @@ import { createLogger } from '../../src/core/logger.js';
 import { UWS_ADDON } from '../../src/core/native.js';
 
 const log = createLogger({ level: 'error', sink: { write: () => undefined } });
-// The 16 KB value comes from the patch, which exists for this build only.
+// The 128 KiB value comes from the patch, which exists for this build only.
 const skipPatched = UWS_ADDON === 'uws_linux_x64_115.node' ? false : `no uWS patch for ${UWS_ADDON}`;
 
 interface Outcome {
@@ -81,12 +81,12 @@ t.test('uWS request limits, at their exact thresholds', async (t) => {
     t.same(await exchange(port, [withLines(60)]), { status: '', closed: false });
   });
 
-  t.test('header block split across reads: 16,384 bytes answered; 16,385 closed with no reply', { skip: skipPatched }, async (t) => {
+  t.test('header block split across reads: 131,072 bytes answered; 131,073 closed with no reply', { skip: skipPatched }, async (t) => {
     for (const where of ['cookie', 'url'] as const) {
-      const ok = ofSize(16_384, where);
-      const over = ofSize(16_385, where);
-      t.same(await exchange(port, [ok.slice(0, 100), ok.slice(100)]), answered, `${where}: 16,384`);
-      t.same(await exchange(port, [over.slice(0, 100), over.slice(100)]), { status: '', closed: true }, `${where}: 16,385`);
+      const ok = ofSize(131_072, where);
+      const over = ofSize(131_073, where);
+      t.same(await exchange(port, [ok.slice(0, 100), ok.slice(100)]), answered, `${where}: 131,072`);
+      t.same(await exchange(port, [over.slice(0, 100), over.slice(100)]), { status: '', closed: true }, `${where}: 131,073`);
     }
   });
 
