@@ -209,7 +209,11 @@ export class JobsRepo {
       AND NOT EXISTS (SELECT 1 FROM webhook_outbox WHERE job_id = jobs.id) LIMIT 1`).pluck();
     this.#outboxAdd = db.prepare('INSERT OR IGNORE INTO webhook_outbox (job_id) VALUES (?)');
     this.#outboxDelete = db.prepare('DELETE FROM webhook_outbox WHERE job_id = ?');
-    this.#outboxAll = db.prepare('SELECT job_id FROM webhook_outbox').pluck();
+    // In the order the jobs ended (then rowid), as they were first sent: the outbox is keyed by
+    // job id, which sorts by creation. Each row finds its job by primary key and the few owed
+    // are sorted apart (no index on jobs: each would cost every insert and finish).
+    this.#outboxAll = db.prepare(`SELECT o.job_id FROM webhook_outbox o LEFT JOIN jobs j ON j.id = o.job_id
+      ORDER BY j.completed_at, j.rowid`).pluck();
     this.#hookTarget = db.prepare('SELECT status, webhook FROM jobs WHERE id = ?');
     // /stream chunks (migration 7): one row per chunk, read and deleted by a poll; the rest go
     // with their job's row (trigger) or a /retry.
@@ -362,7 +366,7 @@ export class JobsRepo {
     this.#outboxDelete.run(id);
   }
 
-  /** Ids of the jobs whose webhook is still owed. */
+  /** Ids of the jobs whose webhook is still owed, in the order the jobs ended (then rowid; gone ones first). */
   webhooksOwed(): string[] {
     return this.#outboxAll.all() as string[];
   }
