@@ -352,6 +352,11 @@ export class JobQueue {
   readonly #streamWaiters = new Map<string, Set<() => void>>();
   /** Webhook deliveries in flight per job (see webhookSettled). */
   readonly #webhooksPending = new Map<string, number>();
+  /**
+   * Jobs of deleted endpoints still owed a webhook: their rows outlive the deletion for the
+   * body, and go with the outbox row when the delivery settles (dropEndpoint, webhooksOwed).
+   */
+  readonly #hookOrphans = new Set<string>();
   readonly #queues = new Map<string, EndpointQueue>();
   readonly #running = new Set<Job>();
   readonly #listeners: QueueListener[] = [];
@@ -1452,8 +1457,12 @@ export class JobQueue {
       return;
     }
     this.#webhooksPending.delete(jobId);
+    const orphan = this.#hookOrphans.delete(jobId);
     try {
-      this.#batch.write(() => this.#repo.webhookSettled(jobId));
+      this.#batch.write(() => {
+        this.#repo.webhookSettled(jobId);
+        if (orphan) this.#repo.deleteJob(jobId);
+      });
     } catch {
       // The store is closed (a delivery that ended during shutdown): the next start sends it again.
     }
@@ -1463,8 +1472,9 @@ export class JobQueue {
    * Webhooks a stop or a crash left undelivered (read at start): each job's id and URL, read
    * without its input or output (thousands may be owed; a body is built when its delivery's
    * turn comes, webhookBody). A result that expired meanwhile is still there for it (the expiry
-   * sweep keeps rows owed a webhook); owed webhooks of jobs that are gone (endpoint deleted)
-   * are dropped.
+   * sweep keeps rows owed a webhook), and so is one whose endpoint was deleted (its row goes
+   * once the delivery settles). An owed row whose job is gone (deleted by a version before
+   * deletion kept them) is dropped.
    */
   webhooksOwed(): { jobId: string; url: string }[] {
     const owed: { jobId: string; url: string }[] = [];
@@ -1474,12 +1484,13 @@ export class JobQueue {
       if (this.#webhooksPending.has(jobId)) continue;
       const row = this.#repo.webhookTarget(jobId);
       const url = row && TERMINAL.has(row.status) ? row.webhook : null;
-      if (url === null) {
+      if (!row || url === null) {
         gone.push(jobId);
         continue;
       }
       owed.push({ jobId, url });
       this.#webhooksPending.set(jobId, 1);
+      if (!this.#endpointExists(row.endpointId)) this.#hookOrphans.add(jobId);
     }
     if (gone.length) this.#batch.write(() => { for (const id of gone) this.#repo.webhookSettled(id); });
     return owed;
@@ -1488,8 +1499,8 @@ export class JobQueue {
   /**
    * The body a try of `jobId`'s webhook POSTs, built from its row (input included) as #finish
    * built it, so the same text: called when a delivery's turn comes, so one waiting holds no
-   * body. Undefined when there is nothing to send: the row is gone (endpoint deleted) or no
-   * longer final (a /retry began a new run).
+   * body (a deleted endpoint's job still owed one keeps its row for it). Undefined when there
+   * is nothing to send: the row is gone or no longer final (a /retry began a new run).
    */
   webhookBody(jobId: string): string | undefined {
     // A webhook body never carries the extra keys (s3Config): they are not opened for it.
@@ -1824,6 +1835,9 @@ export class JobQueue {
     this.workers.dropEndpoint(endpointId);
     this.#counts.delete(endpointId);
     this.#repo.dropCounts(endpointId);
+    // Jobs that ended before the deletion are owed their webhooks all the same (RunPod sends one
+    // for every job that ended): their rows stay for the bodies until each delivery settles.
+    for (const id of this.#repo.webhooksOwedOf(endpointId)) this.#hookOrphans.add(id);
     this.#deleteRows(endpointId);
   }
 

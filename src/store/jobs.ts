@@ -130,6 +130,8 @@ export class JobsRepo {
   readonly #outboxDelete: Statement;
   readonly #outboxAll: Statement;
   readonly #hookTarget: Statement;
+  readonly #owedOf: Statement;
+  readonly #deleteOne: Statement;
   readonly #progress: Statement;
   readonly #chunkAdd: Statement;
   readonly #chunkNext: Statement;
@@ -204,7 +206,12 @@ export class JobsRepo {
       ON CONFLICT (endpoint_id, status) DO UPDATE SET jobs = jobs + excluded.jobs, retries = retries + excluded.retries`);
     this.#dropCounts = db.prepare('DELETE FROM job_counts WHERE endpoint_id = ?');
     this.#rowidRange = db.prepare('SELECT min(rowid) AS lo, max(rowid) AS hi FROM jobs');
-    this.#deleteSlice = db.prepare('DELETE FROM jobs WHERE rowid >= ? AND rowid < ? AND endpoint_id = ?');
+    // A finished job still owed its webhook keeps its row for the body (JobQueue.dropEndpoint);
+    // the row goes when the delivery settles (deleteJob).
+    this.#deleteSlice = db.prepare(`DELETE FROM jobs WHERE rowid >= ? AND rowid < ? AND endpoint_id = ?
+      AND (status IN ('IN_QUEUE', 'IN_PROGRESS') OR NOT EXISTS (SELECT 1 FROM webhook_outbox WHERE job_id = jobs.id))`);
+    this.#owedOf = db.prepare('SELECT o.job_id FROM webhook_outbox o JOIN jobs j ON j.id = o.job_id WHERE j.endpoint_id = ?').pluck();
+    this.#deleteOne = db.prepare('DELETE FROM jobs WHERE id = ?');
     this.#anyExpired = db.prepare(`SELECT 1 FROM jobs WHERE expires_at IS NOT NULL AND expires_at <= ?
       AND NOT EXISTS (SELECT 1 FROM webhook_outbox WHERE job_id = jobs.id) LIMIT 1`).pluck();
     this.#outboxAdd = db.prepare('INSERT OR IGNORE INTO webhook_outbox (job_id) VALUES (?)');
@@ -214,7 +221,7 @@ export class JobsRepo {
     // are sorted apart (no index on jobs: each would cost every insert and finish).
     this.#outboxAll = db.prepare(`SELECT o.job_id FROM webhook_outbox o LEFT JOIN jobs j ON j.id = o.job_id
       ORDER BY j.completed_at, j.rowid`).pluck();
-    this.#hookTarget = db.prepare('SELECT status, webhook FROM jobs WHERE id = ?');
+    this.#hookTarget = db.prepare('SELECT status, webhook, endpoint_id AS endpointId FROM jobs WHERE id = ?');
     // /stream chunks (migration 7): one row per chunk, read and deleted by a poll; the rest go
     // with their job's row (trigger) or a /retry.
     this.#chunkAdd = db.prepare('INSERT INTO job_chunks (job_id, seq, chunk) VALUES (?, ?, ?)');
@@ -371,9 +378,19 @@ export class JobsRepo {
     return this.#outboxAll.all() as string[];
   }
 
-  /** A job's status and webhook URL, without reading its input or output (webhooksOwed at start). */
-  webhookTarget(id: string): { status: JobStatus; webhook: string | null } | undefined {
-    return this.#hookTarget.get(id) as { status: JobStatus; webhook: string | null } | undefined;
+  /** A job's status, webhook URL and endpoint, without reading its input or output (webhooksOwed at start). */
+  webhookTarget(id: string): { status: JobStatus; webhook: string | null; endpointId: string } | undefined {
+    return this.#hookTarget.get(id) as { status: JobStatus; webhook: string | null; endpointId: string } | undefined;
+  }
+
+  /** Ids of an endpoint's jobs still owed a webhook (few: the outbox is read, each job by its key). */
+  webhooksOwedOf(endpointId: string): string[] {
+    return this.#owedOf.all(endpointId) as string[];
+  }
+
+  /** Deletes one job's row (a deleted endpoint's job, once its webhook settled). */
+  deleteJob(id: string): void {
+    this.#deleteOne.run(id);
   }
 
   /**
@@ -543,7 +560,7 @@ export class JobsRepo {
     return r.lo === null || r.hi === null ? undefined : { lo: r.lo, hi: r.hi };
   }
 
-  /** Deletes an endpoint's rows with rowid in [from, to). */
+  /** Deletes an endpoint's rows with rowid in [from, to), but for finished jobs still owed a webhook. */
   deleteSlice(endpointId: string, from: number, to: number): number {
     return this.#deleteSlice.run(from, to, endpointId).changes;
   }
