@@ -27,6 +27,8 @@ const MAX_STATUS_TTL_MS = 7 * 86_400_000;
 interface SubmitBody {
   input: Record<string, unknown>;
   webhook?: string;
+  /** runpod-sdk's (npm) other name for a webhook URL: delivered as `webhook` is. */
+  webhookV2?: string;
   policy?: { executionTimeout?: number; ttl?: number; lowPriority?: boolean };
   s3Config?: Record<string, unknown>;
 }
@@ -67,16 +69,23 @@ export function jobRoutes(s: JobRouteServices): RouteDef[] {
   const submit = (principal: Principal, endpointId: string, body: unknown, text: string | undefined, retentionMs: number, deferInsert = false) => {
     const ep = queueEndpoint(endpointFor(principal, endpointId));
     const b = assertSchema<SubmitBody>('JobSubmit', body);
-    if (b.webhook !== undefined) {
-      const problem = checkWebhookUrl(b.webhook, s.webhookAllowPrivate);
-      if (problem) throw new AgentError('VALIDATION_FAILED', problem, { errors: [`/webhook: ${problem}`] });
+    for (const name of ['webhook', 'webhookV2'] as const) {
+      const url = b[name];
+      if (url === undefined) continue;
+      const problem = checkWebhookUrl(url, s.webhookAllowPrivate, name);
+      if (problem) throw new AgentError('VALIDATION_FAILED', problem, { errors: [`/${name}: ${problem}`] });
+    }
+    // runpod-sdk types both; a job has one webhook, so two different URLs are refused, not one dropped.
+    if (b.webhook !== undefined && b.webhookV2 !== undefined && b.webhook !== b.webhookV2) {
+      const problem = 'give webhook and webhookV2 the same URL, or only one of them: a job has one webhook';
+      throw new AgentError('VALIDATION_FAILED', problem, { errors: [`/webhookV2: ${problem}`] });
     }
     return s.queue.submit({
       endpointId: ep.id,
       // The input as the client sent it: never parsed again or re-serialised.
       input: (text === undefined ? undefined : rawMember(text, 'input')) ?? JSON.stringify(b.input),
       extra: b.s3Config === undefined ? null : JSON.stringify({ s3Config: b.s3Config }),
-      webhook: b.webhook ?? null,
+      webhook: b.webhook ?? b.webhookV2 ?? null,
       executionTimeoutMs: b.policy?.executionTimeout ?? ep.data.timeout,
       ttlMs: b.policy?.ttl ?? s.queue.settings.defaultTtlMs,
       lowPriority: b.policy?.lowPriority ?? false,

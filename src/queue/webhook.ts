@@ -108,21 +108,22 @@ export function isPrivateAddress(address: string): boolean {
  * What is wrong with a `webhook` URL, for a 400 at submit. Without `allowPrivate`, a target
  * that is private by its spelling alone (an IP address in any form the URL parser accepts,
  * `localhost` and `*.localhost`) is refused here too; other names are judged when connecting.
+ * `name` is the member the message names (`webhook`, `webhookV2`).
  */
-export function checkWebhookUrl(raw: string, allowPrivate = true): string | undefined {
+export function checkWebhookUrl(raw: string, allowPrivate = true, name = 'webhook'): string | undefined {
   let url: URL;
   try {
     url = new URL(raw);
   } catch {
-    return 'webhook must be an absolute http(s) URL';
+    return `${name} must be an absolute http(s) URL`;
   }
-  if (url.protocol !== 'http:' && url.protocol !== 'https:') return 'webhook must use http or https';
-  if (url.username || url.password) return 'webhook must not carry credentials in the URL';
+  if (url.protocol !== 'http:' && url.protocol !== 'https:') return `${name} must use http or https`;
+  if (url.username || url.password) return `${name} must not carry credentials in the URL`;
   if (!allowPrivate) {
     // The parser has already turned 2130706433, 0x7f.1 and [::ffff:127.0.0.1] into canonical addresses.
     const host = url.hostname.replace(/^\[|\]$/g, '').replace(/\.$/, '');
     if ((isIP(host) && isPrivateAddress(host)) || host === 'localhost' || host.endsWith('.localhost')) {
-      return 'webhook must not point at a loopback, private or link-local address (this server was started without --webhook-allow-private)';
+      return `${name} must not point at a loopback, private or link-local address (this server was started without --webhook-allow-private)`;
     }
   }
   return undefined;
