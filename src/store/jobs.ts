@@ -210,7 +210,10 @@ export class JobsRepo {
     // the row goes when the delivery settles (deleteJob).
     this.#deleteSlice = db.prepare(`DELETE FROM jobs WHERE rowid >= ? AND rowid < ? AND endpoint_id = ?
       AND (status IN ('IN_QUEUE', 'IN_PROGRESS') OR NOT EXISTS (SELECT 1 FROM webhook_outbox WHERE job_id = jobs.id))`);
-    this.#owedOf = db.prepare('SELECT o.job_id FROM webhook_outbox o JOIN jobs j ON j.id = o.job_id WHERE j.endpoint_id = ?').pluck();
+    // CROSS JOIN keeps the outbox the outer loop: with a plain JOIN SQLite walks every row of
+    // jobs for the endpoint_id test (no index by endpoint) and looks each up in the outbox, a
+    // full scan inside the DELETE request (1M rows: ~330 ms of the event loop).
+    this.#owedOf = db.prepare('SELECT o.job_id FROM webhook_outbox o CROSS JOIN jobs j ON j.id = o.job_id WHERE j.endpoint_id = ?').pluck();
     this.#deleteOne = db.prepare('DELETE FROM jobs WHERE id = ?');
     this.#anyExpired = db.prepare(`SELECT 1 FROM jobs WHERE expires_at IS NOT NULL AND expires_at <= ?
       AND NOT EXISTS (SELECT 1 FROM webhook_outbox WHERE job_id = jobs.id) LIMIT 1`).pluck();
