@@ -1861,6 +1861,10 @@ export class JobQueue {
     // Active rows memory no longer holds: the recovery floor stays below them until they are gone.
     this.#floorHeld++;
     const step = (): void => {
+      // Stopping: the store is about to close, and a write after that throws from this
+      // setImmediate (an uncaught exception). The rows left go at the next start (active ones:
+      // recover) or when their results expire (the sweep counts no deleted endpoint's).
+      if (this.#closing) return;
       const to = Math.min(end, from + DELETE_SLICE_ROWS);
       const slice = from;
       const last = to >= end;
