@@ -56,6 +56,13 @@ t.test('single binary: build, --help, --version, serve from extracted native add
     t.equal(statSync(join(nativeDir, file.name)).size, file.bytes, `${file.name} extracted whole`);
   }
   t.ok(manifest.files.some((x) => x.name === 'better_sqlite3.node') && manifest.files.some((x) => /^uws_.*\.node$/.test(x.name)), 'both addons are assets');
+  if (process.platform === 'linux' && process.arch === 'x64') {
+    // The extracted uWS addon is the known binary, so the binary loads its patched copy too
+    // (128 KiB split header blocks, 60–64 s idle timeout: core/native.ts), as `node dist/flashd.mjs` does.
+    const patched = readdirSync(join(cache, 'flashd')).filter((d) => d.startsWith('uws-p3-'));
+    t.equal(patched.length, 1, 'the patched uWS copy was written beside the extracted addons');
+    t.ok(existsSync(join(cache, 'flashd', patched[0] ?? '-', `uws_linux_x64_${process.versions.modules}.node`)), 'and holds the addon');
+  }
 
   // A second start reuses the extracted files.
   const before = statSync(join(nativeDir, 'better_sqlite3.node')).mtimeMs;
