@@ -8,19 +8,33 @@
  * `PRAGMA integrity_check`), workers restart with the same worker id or a fresh one. Short
  * leases (--lease-ms 2000) bring lost jobs back quickly.
  *
+ * Every third job (by its sequence number) carries a `webhook` to a receiver in this process
+ * (flashd runs with --webhook-allow-private and --webhook-retry-delay-ms 500). The receiver
+ * answers after 0-50 ms, so deliveries are in flight when flashd is killed, and answers 503 to
+ * the first POST of a tenth of those jobs, so some deliveries need their second try.
+ *
  * At the end, every id that got a 200 from /run must reach a final state. Prints one line
  *   lost=<n> duplicated=<n> unexpected=<n> ...
  * where lost = acknowledged id unknown to flashd or not COMPLETED, duplicated = job for which
  * two result posts were accepted ({"ok":true} without "duplicate"), unexpected = job that
- * flashd ran although no /run carried it. Then `chaos: N passed, N failed`; exit 1 on any
+ * flashd ran although no /run carried it. Then, after waiting (bounded) for owed webhooks,
+ *   webhooks: owed=<n> delivered=<n> missing=<n> extra=<n> ...
+ * where owed = acknowledged jobs with a webhook that reached a final state, delivered = those
+ * of them with at least one delivery (a POST answered 2xx), extra = deliveries past the first
+ * (at least once allows them; counted). Every delivery's body must carry the job's id, its
+ * final /status status and, for COMPLETED, its /status output; a delivery for a job no /run
+ * carried (or one without a webhook) fails. Then `chaos: N passed, N failed`; exit 1 on any
  * failed check.
  *
  * env: CHAOS_JOBS (3000), CHAOS_KILLS (30 orchestrated kills; worker self-kills come on top),
  *      CHAOS_WORKERS (6), CHAOS_SECONDS (submission window, default JOBS/25 s),
  *      CHAOS_FLASHD_SHARE (0.3 of kills hit flashd), CHAOS_SEED, CHAOS_FLASHD (entry file),
- *      CHAOS_KEEP=1 (keep the data dir and logs), CHAOS_TIMEOUT_S (overall limit, 900)
+ *      CHAOS_KEEP=1 (keep the data dir and logs), CHAOS_TIMEOUT_S (overall limit, 900),
+ *      CHAOS_WEBHOOK_EVERY (3: every Nth job has a webhook; 0 for none),
+ *      CHAOS_WEBHOOK_WAIT_S (30: how long to wait for owed webhooks after the drain)
  */
 import { spawn } from 'node:child_process';
+import { createServer } from 'node:http';
 import { mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
@@ -42,6 +56,9 @@ const TAKE_HOLD_MS = 3000;
 const REQUEUE_LIMIT_MS = int('CHAOS_REQUEUE_LIMIT_MS', 10_000);
 const ADMIN = 'chaos-admin-key-0123456789abcdef';
 const HOST = '127.0.0.1';
+const HOOK_EVERY = int('CHAOS_WEBHOOK_EVERY', 3);
+const HOOK_WAIT_S = int('CHAOS_WEBHOOK_WAIT_S', 30);
+const HOOK_RETRY_MS = 500;
 const WORKER_JS = fileURLToPath(new URL('./chaos-worker.mjs', import.meta.url));
 // Expected self-kills are about as many as orchestrated kills, split over three points.
 const SELF_KILL_P = Math.min(0.05, KILLS / Math.max(1, JOBS) / 3);
@@ -86,7 +103,7 @@ async function startServer(firstStart = false) {
     try {
       srv = await startFlashd({
         port, dataDir, adminKey: ADMIN, sync: 'full', leaseMs: LEASE_MS, takeHoldMs: TAKE_HOLD_MS,
-        extra: ['--max-attempts', '50'], entry: env.CHAOS_FLASHD || undefined,
+        extra: ['--max-attempts', '50', '--webhook-allow-private', '--webhook-retry-delay-ms', String(HOOK_RETRY_MS)], entry: env.CHAOS_FLASHD || undefined,
       });
       flashdUp = true;
       return;
@@ -184,6 +201,64 @@ function killWorker() {
   w.child.kill('SIGKILL');
 }
 
+// Webhook receiver ----------------------------------------------------------------------------------
+
+// Jobs whose seq is a multiple of HOOK_EVERY carry `http://127.0.0.1:<hookPort>/hook/<seq>`; a
+// tenth of them get a 503 to their first POST (seq / HOOK_EVERY ending in 1).
+const hooked = (seq) => HOOK_EVERY > 0 && seq % HOOK_EVERY === 0;
+const failFirst = (seq) => hooked(seq) && Math.floor(seq / HOOK_EVERY) % 10 === 1;
+const hooks = { posts: 0, refused: 0, malformed: [], deliveries: new Map() }; // deliveries: id -> [{ seq, body }]
+const refusedOnce = new Set();
+let hookServer = null;
+let hookPort = 0;
+
+async function startReceiver() {
+  hookServer = createServer((req, res) => {
+    const chunks = [];
+    req.on('data', (c) => chunks.push(c));
+    req.on('end', () => {
+      hooks.posts++;
+      const seq = Number(/^\/hook\/(\d+)$/.exec(req.url ?? '')?.[1] ?? NaN);
+      let body;
+      try {
+        body = JSON.parse(Buffer.concat(chunks).toString('utf8'));
+      } catch {
+        body = undefined;
+      }
+      if (!Number.isInteger(seq) || !body || typeof body.id !== 'string') {
+        hooks.malformed.push(`${req.url}: ${Buffer.concat(chunks).toString('utf8').slice(0, 200)}`);
+        res.writeHead(400).end();
+        return;
+      }
+      if (failFirst(seq) && !refusedOnce.has(seq)) {
+        refusedOnce.add(seq);
+        hooks.refused++;
+        res.writeHead(503).end();
+        return;
+      }
+      // Recorded when answered: flashd may be killed before it reads the answer (and send again).
+      if (!hooks.deliveries.has(body.id)) hooks.deliveries.set(body.id, []);
+      hooks.deliveries.get(body.id).push({ seq, body });
+      // Answer a little later, so a flashd kill finds deliveries in flight.
+      setTimeout(() => res.writeHead(200, { 'content-type': 'text/plain' }).end('ok'), Math.random() * 50);
+    });
+  });
+  hookPort = await new Promise((resolve, reject) => {
+    hookServer.once('error', reject);
+    hookServer.listen(0, HOST, () => resolve(hookServer.address().port));
+  });
+}
+
+function stopReceiver() {
+  if (!hookServer) return;
+  hookServer.close();
+  hookServer.closeAllConnections();
+  hookServer = null;
+}
+
+/** JSON text with object keys sorted, to compare two parsed values. */
+const canon = (v) => JSON.stringify(v, (_k, x) => (x && typeof x === 'object' && !Array.isArray(x) ? Object.fromEntries(Object.entries(x).sort(([a], [b]) => (a < b ? -1 : 1))) : x));
+
 // Client ------------------------------------------------------------------------------------------
 
 const sent = new Map(); // seq -> 'acked' | 'unknown' | 'refused'
@@ -207,7 +282,7 @@ async function submitter(index, count) {
       }
     }
     const seq = seqNext++;
-    const body = JSON.stringify({ input: { seq, pad } });
+    const body = JSON.stringify(hooked(seq) ? { input: { seq, pad }, webhook: `http://${HOST}:${hookPort}/hook/${seq}` } : { input: { seq, pad } });
     sent.set(seq, 'sending');
     try {
       const r = await c.request(RUN_HEAD, body, 10_000);
@@ -238,6 +313,7 @@ const SUBMITTERS = 8;
 let exitCode = 1;
 try {
   say(`jobs=${JOBS} kills=${KILLS} (+ self-kills p=${SELF_KILL_P.toFixed(4)} per point) workers=${WORKERS} window=${WINDOW_S}s seed=${SEED} dir=${dir}`);
+  await startReceiver();
   await startServer(true);
   key = await benchKey(srv.url, ADMIN);
   endpointId = await createEndpoint(srv.url, key, 'chaos');
@@ -285,10 +361,11 @@ try {
           if (c.closed) await c.connect(1000);
           const r = await c.request(head('GET', `/v2/${endpointId}/status/${id}`, `${HOST}:${port}`, `Bearer ${key}`), undefined, 10_000);
           if (r.status === 200) {
-            const s = JSON.parse(r.body.toString('utf8')).status;
+            const b = JSON.parse(r.body.toString('utf8'));
+            const s = b.status;
             if (s === 'COMPLETED' || s === 'FAILED' || s === 'CANCELLED' || s === 'TIMED_OUT') {
               pending.delete(id);
-              finalStates.set(id, s);
+              finalStates.set(id, { status: s, output: b.output });
             }
           }
         } catch {
@@ -302,11 +379,20 @@ try {
   statusConns.forEach((c) => c.close());
   say(`drain: ${acked.size - pending.size}/${acked.size} final after ${drainS.toFixed(1)} s`);
 
+  // Wait (bounded) until every acknowledged job with a webhook that ended got a delivery. No
+  // flashd kill comes after the schedule's last one, whose restart sent what was still owed.
+  const T_HOOKS = performance.now();
+  const owedIds = [...finalStates.keys()].filter((id) => hooked(acked.get(id)));
+  const hookDeadline = performance.now() + HOOK_WAIT_S * 1000;
+  while (owedIds.some((id) => !hooks.deliveries.has(id)) && performance.now() < hookDeadline) await sleep(100);
+  const hookWaitS = (performance.now() - T_HOOKS) / 1000;
+
   // Stop everything, then look at the database and the worker logs.
   stopping = true;
   for (const w of workers) if (w.child && w.child.exitCode === null) w.child.kill('SIGKILL');
   await sleep(100);
   await srv.stop();
+  stopReceiver();
   const integrity = integrityCheck('at the end');
 
   const db = new Database(path.join(dataDir, 'flashd.db'), { readonly: true });
@@ -415,6 +501,60 @@ try {
     requeues, requeueMaxMs,
   };
   process.stdout.write(Object.entries(summary).map(([k, v]) => `${k}=${v}`).join(' ') + '\n');
+
+  // Webhooks: each owed one delivered at least once; every delivery's body agrees with /status.
+  let hookMissing = 0;
+  let hookDelivered = 0;
+  const missingIds = [];
+  for (const id of owedIds) {
+    if (hooks.deliveries.has(id)) hookDelivered++;
+    else {
+      hookMissing++;
+      missingIds.push(`${id}:${finalStates.get(id).status}`);
+    }
+  }
+  let hookExtra = 0;
+  let hookUnexpected = 0;
+  let hookRecovered = 0;
+  let hookMismatch = 0;
+  const hookProblems = [];
+  for (const [id, list] of hooks.deliveries) {
+    hookExtra += list.length - 1;
+    const seq = acked.get(id);
+    const row = byId.get(id);
+    const inputSeq = row ? JSON.parse(row.input).seq : undefined;
+    // The job's own: acknowledged, or a /run cut by a flashd kill that still became this job.
+    let final;
+    if (seq !== undefined) final = finalStates.get(id);
+    else if (row && (sent.get(inputSeq) === 'unknown' || sent.get(inputSeq) === 'sending')) {
+      hookRecovered++;
+      final = { status: row.status, output: row.output === null ? undefined : JSON.parse(row.output) };
+    }
+    const ownSeq = seq ?? inputSeq;
+    if (!final || !hooked(ownSeq)) {
+      hookUnexpected++;
+      hookProblems.push(`unexpected ${id} (seq ${ownSeq}, ${sent.get(ownSeq) ?? 'never sent'})`);
+      continue;
+    }
+    for (const { seq: urlSeq, body } of list) {
+      const ok = urlSeq === ownSeq && body.id === id && body.status === final.status && body.input?.seq === ownSeq &&
+        body.webhook === `http://${HOST}:${hookPort}/hook/${ownSeq}` &&
+        (final.status !== 'COMPLETED' || (body.output?.job === id && canon(body.output) === canon(final.output)));
+      if (!ok) {
+        hookMismatch++;
+        hookProblems.push(`mismatch ${id}: ${body.status} ${canon(body.output)} against /status ${final.status} ${canon(final.output)}`);
+      }
+    }
+  }
+  const hookSummary = {
+    owed: owedIds.length, delivered: hookDelivered, missing: hookMissing, extra: hookExtra, unexpected: hookUnexpected,
+    mismatched: hookMismatch, malformed: hooks.malformed.length, recovered: hookRecovered, posts: hooks.posts,
+    refused503: hooks.refused, waitS: hookWaitS.toFixed(1),
+  };
+  process.stdout.write(`webhooks: ${Object.entries(hookSummary).map(([k, v]) => `${k}=${v}`).join(' ')}\n`);
+  if (missingIds.length) say(`webhooks missing: ${missingIds.slice(0, 20).join(' ')}`);
+  if (hookProblems.length) say(`webhook problems: ${hookProblems.slice(0, 10).join(' | ')}`);
+  if (hooks.malformed.length) say(`malformed webhook posts: ${hooks.malformed.slice(0, 5).join(' | ')}`);
   if (lostIds.length) say(`lost: ${lostIds.slice(0, 20).join(' ')}`);
   if (stats.integrityFailures.length) say(`integrity failures: ${stats.integrityFailures.join(' | ')}`);
 
@@ -426,6 +566,9 @@ try {
     ['integrity_check ok after every kill and at the end', stats.integrityFailures.length === 0 && integrity === 'ok'],
     // Lease 2 s + reaper 0.5 s + a flashd restart or a busy queue in between: 10 s is generous.
     [`a dead worker's job ran again within ${REQUEUE_LIMIT_MS} ms`, requeueMaxMs <= REQUEUE_LIMIT_MS],
+    ['every owed webhook delivered at least once', hookMissing === 0 && (owedIds.length > 0 || HOOK_EVERY === 0)],
+    ['no webhook for a job no /run carried, or one without a webhook', hookUnexpected === 0 && hooks.malformed.length === 0],
+    ['every webhook body has its job\'s id, final status and output', hookMismatch === 0],
     ['kills happened', stats.flashdKills + stats.workerKills + selfKills.take + selfKills.mid + selfKills['after-post'] > 0 || KILLS === 0],
   ];
   const failed = checks.filter(([, ok]) => !ok);
@@ -440,6 +583,7 @@ try {
   stopping = true;
   for (const w of workers) if (w.child && w.child.exitCode === null && w.child.signalCode === null) w.child.kill('SIGKILL');
   if (srv) await srv.kill();
+  stopReceiver();
   if (env.CHAOS_KEEP === '1') say(`kept ${dir}`);
   else rmSync(dir, { recursive: true, force: true });
 }

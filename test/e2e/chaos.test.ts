@@ -1,7 +1,8 @@
 /**
  * The crash test (`npm run chaos`, bench/chaos.mjs) in small: 300 jobs while flashd and worker
  * processes are SIGKILLed and restarted. Every job that got a 200 from /run must complete
- * exactly once. flashd is bundled into a directory of this test's own, so the CLI tests that
+ * exactly once, and every third one's webhook (to a receiver inside the script) must arrive at
+ * least once with the job's final status and output. flashd is bundled into a directory of this test's own, so the CLI tests that
  * rebuild dist/flashd.mjs at the same time cannot pull the file from under it; ports are free
  * ones picked by the script.
  */
@@ -16,7 +17,7 @@ const entry = join(dir, 'flashd.mjs');
 
 t.teardown(() => rmSync(dir, { recursive: true, force: true }));
 
-t.test('chaos: kill -9 of workers and flashd loses and duplicates nothing', async (t) => {
+t.test('chaos: kill -9 of workers and flashd loses and duplicates nothing, webhooks included', async (t) => {
   const built = spawnSync(process.execPath, ['--input-type=module', '-e', `const { bundle } = await import(${JSON.stringify(join(REPO_ROOT, 'build/bundle.mjs'))}); await bundle({ outfile: ${JSON.stringify(entry)} });`], {
     cwd: REPO_ROOT, env: cleanEnv(), encoding: 'utf8', timeout: 60_000,
   });
@@ -41,5 +42,9 @@ t.test('chaos: kill -9 of workers and flashd loses and duplicates nothing', asyn
   t.match(out, /^chaos: \d+ passed, 0 failed$/m, 'every chaos check passed');
   t.match(summary, /integrity=ok/, 'integrity_check ok');
   t.notMatch(summary, /flashdKills=0 workerKills=0 selfKills=0\/0\/0/, 'something was killed');
+  const hooks = /^webhooks: owed=(\d+) delivered=(\d+) missing=\d+ .*$/m.exec(out);
+  t.match(hooks?.[0] ?? '', /^webhooks: owed=[1-9]\d* delivered=\d+ missing=0 extra=\d+ unexpected=0 mismatched=0 malformed=0 /,
+    'every owed webhook delivered, none unexpected, every body agrees with /status');
+  t.equal(hooks?.[2], hooks?.[1], 'delivered equals owed');
   if (code !== 0 || !summary) t.comment(out.slice(-6000));
 });
