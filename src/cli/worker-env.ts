@@ -70,14 +70,31 @@ function timeoutOf(env: NodeJS.ProcessEnv): number {
   return Number.isInteger(ms) && ms > 0 ? ms : DEFAULT_TIMEOUT_MS;
 }
 
-/** The answer's shape, checked: a 200 from something other than flashd must not print garbage. */
-function workerEnvBody(text: string): { workerId: string; keyId?: string; env: Record<string, string> } | string {
-  let body: unknown;
+/** Why `text` is not JSON, quoted short on one line; undefined when it is JSON. */
+function notJson(text: string): string | undefined {
   try {
-    body = JSON.parse(text);
+    JSON.parse(text);
+    return undefined;
   } catch {
     return `not JSON: ${JSON.stringify(text.length > 60 ? `${text.slice(0, 60)}…` : text)}`;
   }
+}
+
+/** The `detail` of a flashd error body (problem+json), on one line; undefined for any other body. */
+function problemDetail(text: string): string | undefined {
+  try {
+    const detail = (JSON.parse(text) as { detail?: unknown } | null)?.detail;
+    return typeof detail === 'string' ? detail.replace(/\s*\n\s*/g, ' ') : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
+/** The answer's shape, checked: a 200 from something other than flashd must not print garbage. */
+function workerEnvBody(text: string): { workerId: string; keyId?: string; env: Record<string, string> } | string {
+  const why = notJson(text);
+  if (why !== undefined) return why;
+  const body: unknown = JSON.parse(text);
   const b = body as { workerId?: unknown; keyId?: unknown; env?: unknown } | null;
   const env = b?.env;
   if (typeof b?.workerId !== 'string' || typeof env !== 'object' || env === null || Array.isArray(env) || !Object.values(env).every((v) => typeof v === 'string')) {
@@ -180,13 +197,12 @@ export async function workerEnvCommand(args: string[], env: NodeJS.ProcessEnv): 
     return 1;
   }
   if (!res.ok) {
-    let detail = text;
-    try {
-      detail = (JSON.parse(text) as { detail?: string }).detail ?? text;
-    } catch {
-      // not JSON
-    }
-    process.stderr.write(`flashd worker-env: ${res.status}: ${detail}\n`);
+    // flashd's errors are problem+json with a detail; anything else (another service on that
+    // port, a proxy's HTML error page) is said on one line, as for a 200 that is not flashd's.
+    const detail = problemDetail(text);
+    process.stderr.write(detail !== undefined
+      ? `flashd worker-env: ${res.status}: ${detail}\n`
+      : `flashd worker-env: ${url} did not answer like flashd (HTTP ${res.status}, ${notJson(text) ?? 'no detail in its JSON'})\n`);
     return 1;
   }
   const body = workerEnvBody(text);

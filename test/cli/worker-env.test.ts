@@ -161,6 +161,17 @@ t.test('worker-env against a server that is not flashd: one line, exit 1', async
   t.equal(json.stderr, `flashd worker-env: ${other} did not answer like flashd (no workerId and env in its JSON)\n`);
   t.equal(json.stdout, '');
 
+  // Another web server on that port (or a proxy's error page): a status with an HTML body,
+  // many lines long, is still one line, not the page.
+  const notFound = await listen(t, createHttpServer((_req, res) => res.writeHead(404, { 'content-type': 'text/html' }).end('<html>\n<body>\n<h1>404 Not Found</h1>\n</body>\n</html>\n')));
+  const err = await run(process.execPath, [BUNDLE, 'worker-env', 'ep', '--url', notFound], env, 5000);
+  t.equal(err.status, 1, 'an error status that is not flashd\'s');
+  t.equal(err.stderr, `flashd worker-env: ${notFound} did not answer like flashd (HTTP 404, not JSON: "<html>\\n<body>\\n<h1>404 Not Found</h1>\\n</body>\\n</html>\\n")\n`, 'one line, the body quoted short');
+  const bad = await listen(t, createHttpServer((_req, res) => res.writeHead(502, { 'content-type': 'application/json' }).end('{"message":"bad gateway"}')));
+  const badJson = await run(process.execPath, [BUNDLE, 'worker-env', 'ep', '--url', bad], env, 5000);
+  t.equal(badJson.stderr, `flashd worker-env: ${bad} did not answer like flashd (HTTP 502, no detail in its JSON)\n`);
+  t.equal(badJson.status, 1);
+
   const silent = await listen(t, createNetServer(() => {}));
   const started = Date.now();
   const hang = await run(process.execPath, [BUNDLE, 'worker-env', 'ep', '--url', silent], env, 5000);
