@@ -185,7 +185,12 @@ export function decideScale(s: ScaleInput): ScaleDecision {
   for (const w of candidates) {
     if (w.recycle) {
       stop.push(w.id);
-      stopReasons[w.id] = 'recycled (stopPod, refresh_worker, a new configuration or a lower workers.max)';
+      // Which of the three: a user reading the log acts on each differently.
+      stopReasons[w.id] = w.retired
+        ? `recycled: it was busy above a lowered workers.max (${s.max})`
+        : w.refresh
+          ? 'recycled: the worker asked for it (stopPod: refresh_worker, or a handler that exited)'
+          : 'recycled: replaced for the endpoint\'s new configuration';
       continue;
     }
     const overMax = remaining > s.max;

@@ -461,6 +461,11 @@ t.test('after a PATCH that needs a restart, a busy worker finishes its job but t
   t.equal(second.json.status, 'COMPLETED', second.text);
   t.equal(second.json.output.env, 'new', 'the job submitted after the PATCH ran on the new configuration');
   t.not(second.json.workerId, one.workerId, 'on a new worker');
+  const stopping = await until('the replaced worker to stop', async () => {
+    const l = (await a.req('GET', `/v2/serverless/${ep}/logs`)).json as { line: string; workerId: string }[];
+    return l.find((x) => x.workerId === one.workerId && /^stopping worker/.test(x.line))?.line;
+  }, 10_000);
+  t.match(stopping, /: recycled: replaced for the endpoint's new configuration$/, `the log says which recycle: ${stopping}`);
 });
 
 t.test('lowering workers.max under a backlog: a busy surplus worker finishes its job, takes no new one and stops', async (t) => {
@@ -488,6 +493,9 @@ t.test('lowering workers.max under a backlog: a busy surplus worker finishes its
     const h = await health(a, ep);
     return h.workers.idle + h.workers.running + h.workers.initializing === 1;
   }, 15_000);
+  const stopping = ((await a.req('GET', `/v2/serverless/${ep}/logs`)).json as { line: string; workerId: string }[])
+    .find((l) => l.workerId === retired && /^stopping worker/.test(l.line))?.line;
+  t.match(stopping, /: recycled: it was busy above a lowered workers\.max \(1\)$/, `the log says which recycle: ${stopping}`);
 });
 
 t.test("a Python worker's print() reaches the log while it runs, not when it exits (PYTHONUNBUFFERED)", async (t) => {
@@ -662,6 +670,8 @@ t.test('refresh_worker after a cancelled job: the worker is recycled, not counte
   }, 20_000);
   const end = lines.find((x) => x.workerId === first && /^worker \S+ (stopped|exited)/.test(x.line))?.line ?? '';
   t.match(end, /stopped \(code 0\)/, `a recycle, not a crash: ${end}`);
+  const stopping = lines.find((x) => x.workerId === first && /^stopping worker/.test(x.line))?.line;
+  t.match(stopping, /: recycled: the worker asked for it \(stopPod: refresh_worker, or a handler that exited\)$/, `the log says which recycle: ${stopping}`);
   t.equal((await health(a, ep)).workers.unhealthy, 0, 'no unhealthy worker');
   const next = await a.req('POST', `/v2/${ep}/runsync`, { body: { input: { n: 2 } } });
   t.equal(next.json.status, 'COMPLETED', next.text);
