@@ -78,6 +78,8 @@ export class Autoscaler {
   readonly #unhealthy = new Map<string, { endpointId: string; until: number }>();
   /** Per endpoint: why no worker could start, as last logged (see #noteHeldBack). */
   readonly #heldBack = new Map<string, string>();
+  /** Endpoints whose low-priority jobs wait with no worker up, as last logged (see #noteLowOnly). */
+  readonly #lowOnly = new Set<string>();
   readonly #dirty = new Set<string>();
   /** Per endpoint: a wake-up for when its oldest job will have waited `queueDelay` (decision.recheckInMs). */
   readonly #rechecks = new Map<string, { at: number; timer: NodeJS.Timeout }>();
@@ -181,6 +183,8 @@ export class Autoscaler {
     });
     registry.setThrottled(endpointId, decision.throttled);
     this.#noteHeldBack(endpointId, spec, decision.throttled > 0 && capacity <= 0, runtimeRoom, gpuBlocked);
+    this.#noteLowOnly(endpointId, !!this.#o.runtime && load.queued === 0 && load.lowQueued > 0 && decision.start === 0
+      && !listed.some((w) => !registry.silent(w) && !this.#managed.get(w.id)?.stopping && registry.state(w) !== 'unhealthy'), load.lowQueued);
     if (decision.recheckInMs > 0) this.#recheckIn(endpointId, decision.recheckInMs);
     // A crash backoff holds starts back: decide again when it ends, not at the next 1 s tick
     // after (armed at every decision during it, so an earlier wake-up that finds the backoff
@@ -358,6 +362,23 @@ export class Autoscaler {
     this.#o.log.warn('worker start held back', { endpointId, reason });
   }
 
+  /**
+   * Says once, in the endpoint log, that low-priority jobs wait with no worker up: they never
+   * start one (policy.lowPriority, as on RunPod), so with workers.min 0 they wait for a normal
+   * job or their TTL, which /health and /status alone do not explain. Only where flashd starts
+   * workers: without a runtime every job waits for an external worker alike.
+   */
+  #noteLowOnly(endpointId: string, waiting: boolean, count: number): void {
+    if (!waiting) {
+      this.#lowOnly.delete(endpointId);
+      return;
+    }
+    if (this.#lowOnly.has(endpointId)) return;
+    this.#lowOnly.add(endpointId);
+    this.#o.logs.append(endpointId, null, 'system', `${count} low-priority job(s) wait with no worker up: policy.lowPriority never starts a worker; they run once workers.min or a job without lowPriority brings one up, or expire at their policy.ttl`);
+    this.#o.log.info('low-priority jobs wait with no worker up', { endpointId, lowQueued: count });
+  }
+
   /** A kept worker is gone for good: its key goes too. */
   #discard(workerId: string): void {
     const kept = this.#kept.get(workerId);
@@ -461,6 +482,7 @@ export class Autoscaler {
   async dropEndpoint(endpointId: string): Promise<void> {
     this.#clearRechecks(endpointId);
     this.#heldBack.delete(endpointId);
+    this.#lowOnly.delete(endpointId);
     const ours = [...this.#managed].filter(([, m]) => m.endpointId === endpointId);
     await Promise.all(ours.map(([id, m]) => this.#stopForGood(id, m, 'endpoint deleted')));
     await this.#o.runtime?.discardEndpoint?.(endpointId);

@@ -212,3 +212,27 @@ t.test('REQUEST_COUNT: a worker busy with a low-priority job that has free slots
   t.not((await a.req('GET', `/v2/${ep}/status/${next}`)).json.workerId, x.workerId, 'not on the worker busy with the low-priority job');
   await x.done(low, { output: 'ok' });
 });
+
+t.test('low-priority jobs with no worker up wait, and the endpoint log says why, once', async (t) => {
+  const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT, takeHoldMs: 1000, leaseMs: 3000 });
+  const ep = (await a.req('POST', '/v2/serverless', {
+    body: cpuBody({ args: 'python3 -u test/fixtures/workers/echo.py', workers: { min: 0, max: 1, idleTimeout: 5 } }),
+  })).json.id as string;
+  const low = await Promise.all([1, 2].map(async (n) => (await a.req('POST', `/v2/${ep}/run`, { body: { input: { n }, policy: { lowPriority: true } } })).json.id as string));
+  type Line = { line: string; workerId: string | null; stream: string };
+  const said = (l: Line) => /^\d+ low-priority job\(s\) wait with no worker up: policy\.lowPriority never starts a worker/.test(l.line);
+  const lines = await until('the log to say why they wait', async () => {
+    const all = (await a.req('GET', `/v2/serverless/${ep}/logs`)).json as Line[];
+    return all.some(said) && all;
+  }, 5000);
+  t.equal(lines.filter((l) => l.stream === 'system' && /^starting worker/.test(l.line)).length, 0, 'no worker started for them');
+  await new Promise((r) => setTimeout(r, 2500));
+  const later = (await a.req('GET', `/v2/serverless/${ep}/logs`)).json as Line[];
+  t.equal(later.filter(said).length, 1, 'said once, not at every tick');
+  // A normal job starts a worker, which then takes the low-priority ones too.
+  const normal = await a.req('POST', `/v2/${ep}/runsync?wait=30000`, { body: { input: { n: 0 } } });
+  t.equal(normal.json.status, 'COMPLETED', normal.text);
+  for (const id of low) {
+    await until(`low-priority job ${id}`, async () => (await a.req('GET', `/v2/${ep}/status/${id}`)).json.status === 'COMPLETED', 15_000);
+  }
+});
