@@ -288,7 +288,7 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
     let closed = false;
     return {
       config, log, db, api, endpoints, auth, jobRateLimiter, queue, autoscaler, logs, port, url: `http://${host}:${port}`, generatedAdminKey: generated,
-      killWorkersNow: () => reapOrphanProcessWorkers(dataDir, log.child({ component: 'runtime' })),
+      killWorkersNow: () => reapOrphanProcessWorkers(dataDir, log.child({ component: 'runtime' }), 'killed worker process (second signal): its jobs are queued again at the next start'),
       close: async () => {
         if (closed) return;
         closed = true;

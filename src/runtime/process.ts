@@ -68,9 +68,10 @@ function isRecordedWorker(pid: number, fields: string[], fileWrittenMs: number, 
  * and boot, and a flashd worker), and empties the pid file. Called at every start, whatever
  * `--runtime` is now: an orphan would otherwise keep serving jobs with a stdout nobody reads.
  * A recorded pid that now belongs to another process (after a reboot, or reused once the
- * worker had ended) is left alone.
+ * worker had ended) is left alone. `killed` is the log line per process (a second Ctrl-C kills
+ * this run's own workers, which are no orphans).
  */
-export function reapOrphanProcessWorkers(dataDir: string, log: Logger): void {
+export function reapOrphanProcessWorkers(dataDir: string, log: Logger, killed = 'stopped orphaned worker process'): void {
   const file = join(dataDir, PID_FILE);
   if (!existsSync(file)) return;
   const writtenMs = statSync(file).mtimeMs;
@@ -87,7 +88,7 @@ export function reapOrphanProcessWorkers(dataDir: string, log: Logger): void {
       const environ = readFileSync(`/proc/${pid}/environ`, 'utf8');
       if (!environ.includes('VENDOR_POD_ID=wkr_')) continue;
       process.kill(-pid, 'SIGKILL');
-      log.warn('stopped orphaned worker process', { pid });
+      log.warn(killed, { pid });
     } catch {
       // gone already, or not ours
     }

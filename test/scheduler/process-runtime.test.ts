@@ -425,6 +425,8 @@ t.test('a second SIGTERM during a clean stop exits 1 at once and leaves no worke
   t.equal(code, 1, 'the second exits 1');
   t.ok(Date.now() - started < 5000, 'at once, not after the grace');
   t.match(flashd.stderr(), /second signal: stopping now/);
+  t.match(flashd.stderr(), /killed worker process \(second signal\): its jobs are queued again at the next start pid=\d+/, 'its own worker, said as such');
+  t.notMatch(flashd.stderr(), /orphaned/, 'not called an orphan of an earlier run');
   await until('the worker to be gone', async () => !alive(pid), 5000);
   t.pass('no worker outlives flashd');
   const b = await startAgent(t, { runtime: 'none' }, { dir });
