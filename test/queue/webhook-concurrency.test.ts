@@ -6,59 +6,15 @@
  * start sends them.
  */
 import t from 'tap';
-import { createServer, type Server } from 'node:http';
 import Database from 'better-sqlite3';
 import { join } from 'node:path';
 import { startAgent, cpuBody, type TestAgent } from '../helpers/agent.js';
 import { until } from '../helpers/wait.js';
+import { webhookReceiver } from '../helpers/webhook-receiver.js';
 import { ManualClock } from '../../src/core/clock.js';
 
 /** Open connections now, across every receiver. */
 const open = { now: 0, max: 0 };
-
-/**
- * A loopback receiver that closes each connection after its answer (so a connection is one
- * delivery) and counts the connections open at once. It answers after `holdMs`, or, with
- * `held`, only when released.
- */
-async function receiver(t: Parameters<typeof startAgent>[0], holdMs: number) {
-  const state = { now: 0, max: 0, held: false, waiting: [] as (() => void)[], arrived: new Set<string>(), ids: [] as string[], bodies: new Map<string, any>() };
-  const server: Server = createServer((req, res) => {
-    let body = '';
-    req.setEncoding('utf8');
-    req.on('data', (c) => (body += c));
-    req.on('end', () => {
-      state.arrived.add(JSON.parse(body).id);
-      const answer = () => {
-        const parsed = JSON.parse(body);
-        state.ids.push(parsed.id);
-        state.bodies.set(parsed.id, parsed);
-        res.setHeader('connection', 'close');
-        res.end();
-      };
-      if (state.held) state.waiting.push(answer);
-      else setTimeout(answer, holdMs);
-    });
-  });
-  server.on('connection', (socket) => {
-    state.max = Math.max(state.max, ++state.now);
-    open.max = Math.max(open.max, ++open.now);
-    socket.on('close', () => {
-      state.now--;
-      open.now--;
-    });
-  });
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
-  t.teardown(() => new Promise<void>((resolve) => {
-    server.closeAllConnections();
-    server.close(() => resolve());
-  }));
-  const release = () => {
-    state.held = false;
-    for (const answer of state.waiting.splice(0)) answer();
-  };
-  return { state, release, url: `http://127.0.0.1:${(server.address() as { port: number }).port}/hook` };
-}
 
 const submit = (a: TestAgent, ep: string, webhook: string, i: number, ttlMs = 86_400_000) =>
   a.agent.queue.submit({
@@ -78,7 +34,7 @@ const endpoint = async (a: TestAgent) => (await a.req('POST', '/v2/serverless', 
 
 t.test('a purge of queued jobs with webhooks: at most 32 deliveries per receiver and 64 in all at once, each arriving once', async (t) => {
   open.now = open.max = 0;
-  const hooks = [await receiver(t, 150), await receiver(t, 150), await receiver(t, 150)];
+  const hooks = [await webhookReceiver(t, { holdMs: 150, counter: open }), await webhookReceiver(t, { holdMs: 150, counter: open }), await webhookReceiver(t, { holdMs: 150, counter: open })];
   const a = await startAgent(t, { takeHoldMs: 500, webhookAllowPrivate: true });
   const ep = await endpoint(a);
   const PER = 80;
@@ -105,7 +61,7 @@ t.test('a purge of queued jobs with webhooks: at most 32 deliveries per receiver
 
 t.test('a stop with deliveries waiting leaves them owed; the next start sends them, within the bound', async (t) => {
   open.now = open.max = 0;
-  const hook = await receiver(t, 20);
+  const hook = await webhookReceiver(t, { holdMs: 20, counter: open });
   hook.state.held = true;
   const dir = t.testdir();
   const first = await startAgent(t, { takeHoldMs: 500, webhookAllowPrivate: true }, { dir });
@@ -135,7 +91,7 @@ t.test('a stop with deliveries waiting leaves them owed; the next start sends th
 });
 
 t.test('a /retry drops a delivery still waiting its turn: the old final status is never sent', async (t) => {
-  const hook = await receiver(t, 20);
+  const hook = await webhookReceiver(t, { holdMs: 20, counter: open });
   hook.state.held = true;
   const clock = new ManualClock();
   const a = await startAgent(t, { takeHoldMs: 500, webhookAllowPrivate: true }, { clock });
