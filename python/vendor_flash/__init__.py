@@ -21,6 +21,10 @@ RUNPOD_MODULES = {
     "runpod.serverless": "vendor_flash.serverless",
     "runpod.serverless.utils": "vendor_flash.serverless.utils",
     "runpod.serverless.utils.rp_validator": "vendor_flash.serverless.utils.rp_validator",
+    "runpod.serverless.utils.rp_download": "vendor_flash.serverless.utils.rp_download",
+    "runpod.serverless.utils.rp_upload": "vendor_flash.serverless.utils.rp_upload",
+    "runpod.serverless.utils.rp_cleanup": "vendor_flash.serverless.utils.rp_cleanup",
+    "runpod.serverless.utils.rp_debugger": "vendor_flash.serverless.utils.rp_debugger",
     "runpod.serverless.modules": "vendor_flash.serverless.modules",
     "runpod.serverless.modules.rp_logger": "vendor_flash.serverless.modules.rp_logger",
 }
@@ -29,6 +33,7 @@ RUNPOD_MODULES = {
 def install_runpod_alias(force: bool = False) -> bool:
     """Register this package as ``runpod`` in ``sys.modules``, with the submodules listed in
     :data:`RUNPOD_MODULES` (``runpod.serverless``, ``runpod.serverless.utils.rp_validator``,
+    ``rp_upload``, ``rp_download``, ``rp_cleanup``, ``rp_debugger``,
     ``runpod.serverless.modules.rp_logger``…).
 
     Does nothing when a real ``runpod`` is already imported, unless ``force``. Returns True when
