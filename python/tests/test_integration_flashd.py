@@ -40,6 +40,7 @@ def setUpModule():
             "gen": ("gen",),
             "gen_agg": ("gen", "aggregate"),
             "agen_agg": ("agen", "aggregate"),
+            "timed": ("timed", "--rp_debugger"),
         }.items():
             endpoint_id = SERVER.create_endpoint(name.replace("_", "-"))
             ENDPOINTS[name] = endpoint_id
@@ -175,6 +176,21 @@ class JobTest(IntegrationCase):
         body = wait_status(ENDPOINTS["sync"], ref["id"], lambda b: b["status"] in FINAL)
         self.assertEqual(body["status"], "COMPLETED", body)
         self.assertEqual(body["output"], {"done": True})
+
+
+class DebuggerTest(IntegrationCase):
+    def test_rp_debugger_flag_adds_timings_to_dict_outputs(self):
+        body = runsync(ENDPOINTS["timed"], {})
+        self.assertEqual(body["status"], "COMPLETED", self.dump_logs())
+        debug = body["output"]["rp_debugger"]
+        self.assertTrue(body["output"]["done"])
+        self.assertEqual([t["name"] for t in debug["timestamps"]], ["timed_handler", "step"], body)
+        self.assertGreaterEqual(debug["ready_delay_ms"], 0)
+        self.assertIn("python_version", debug["system_info"])
+        # a list output is left as it is, and its timings do not spill into the next job
+        self.assertEqual(runsync(ENDPOINTS["timed"], {"list": True})["output"], [1])
+        debug = runsync(ENDPOINTS["timed"], {})["output"]["rp_debugger"]
+        self.assertEqual([t["name"] for t in debug["timestamps"]], ["timed_handler", "step"], debug)
 
 
 class StreamTest(IntegrationCase):

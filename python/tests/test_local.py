@@ -88,6 +88,16 @@ class LocalModeTest(unittest.TestCase):
         self.assertEqual(info["error_type"], "<class 'SystemExit'>")
         self.assertNotIn("start() returned", out)
 
+    def test_rp_debugger_adds_the_timings_to_the_output(self):
+        code, last, out = run_local("timed", "--rp_debugger", "--test_input", '{"input": {}}')
+        self.assertEqual(code, 0, out)
+        result = json.loads(last)["output"]
+        self.assertTrue(result["done"], out)
+        self.assertEqual([t["name"] for t in result["rp_debugger"]["timestamps"]], ["timed", "step"], out)
+        self.assertGreaterEqual(result["rp_debugger"]["ready_delay_ms"], 0)
+        code, last, out = run_local("timed", "--test_input", '{"input": {}}')
+        self.assertEqual(json.loads(last), {"output": {"done": True}}, out)
+
     def test_generator_output_is_collected(self):
         rc, last, out = run_local("gen", "--test_input", '{"input": {}}')
         self.assertEqual(rc, 0, out)

@@ -117,7 +117,15 @@ async def agen_handler(job):
         yield f"token-{i}"
 
 
-HANDLERS = {"sync": sync_handler, "async": async_handler, "gen": gen_handler, "agen": agen_handler}
+@runpod.serverless.utils.rp_debugger.FunctionTimer
+def timed_handler(job):
+    with runpod.serverless.utils.rp_debugger.LineTimer("step"):
+        if job["input"].get("list"):
+            return [1]
+        return {"done": True}
+
+
+HANDLERS = {"timed": timed_handler, "sync": sync_handler, "async": async_handler, "gen": gen_handler, "agen": agen_handler}
 
 config = {"handler": HANDLERS[MODE]}
 if "aggregate" in FLAGS:

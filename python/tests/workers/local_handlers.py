@@ -3,6 +3,7 @@
 import sys
 
 from vendor_flash import serverless
+from vendor_flash.serverless.utils import rp_debugger
 
 
 def echo(job):
@@ -26,6 +27,12 @@ def exit3(job):
     sys.exit(3)
 
 
+@rp_debugger.FunctionTimer
+def timed(job):
+    with rp_debugger.LineTimer("step"):
+        return {"done": True}
+
+
 mode = sys.argv.pop(1)
-serverless.start({"handler": {"echo": echo, "fail": fail, "gen": gen, "error_key": error_key, "exit": exit3}[mode]})
+serverless.start({"handler": {"echo": echo, "fail": fail, "gen": gen, "error_key": error_key, "exit": exit3, "timed": timed}[mode]})
 print("start() returned", flush=True)  # never reached: local mode exits

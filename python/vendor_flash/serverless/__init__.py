@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from typing import Any, Dict, List, Optional
 
 from . import modules, utils
@@ -20,6 +21,8 @@ from .progress import progress_update
 from .result import process_exit_code
 from .worker import Worker
 
+_IMPORTED_AT = time.perf_counter()  # --rp_debugger's ready_delay_ms counts from here to start()
+
 __all__ = ["start", "progress_update", "WorkerEnv", "Worker", "RunPodLogger", "utils", "modules"]
 
 
@@ -28,6 +31,7 @@ def _parse_args(argv: List[str]) -> argparse.Namespace:
     parser.add_argument("--test_input", default=None)
     parser.add_argument("--rp_log_level", "--log_level", dest="log_level", default=None)
     parser.add_argument("--rp_serve_api", action="store_true")
+    parser.add_argument("--rp_debugger", action="store_true")
     args, _unknown = parser.parse_known_args(argv)
     return args
 
@@ -65,6 +69,11 @@ def start(config: Dict[str, Any], argv: Optional[List[str]] = None) -> Optional[
     args = _parse_args(sys.argv[1:] if argv is None else argv)
     log = _setup_logging(args.log_level)
     env = WorkerEnv.from_environ()
+    if args.rp_debugger:
+        # as runpod-python: config["rp_args"] holds the flag, and every dict output of a job
+        # gets the rp_debugger timings (utils.rp_debugger) and the import-to-start delay
+        ready_ms = (time.perf_counter() - _IMPORTED_AT) * 1000
+        config = dict(config, rp_args=dict(config.get("rp_args") or {}, rp_debugger=True, ready_delay_ms=ready_ms))
     if args.rp_serve_api:
         log.warning("--rp_serve_api is not supported by vendor-flash; use --test_input or a flashd endpoint")
     if args.test_input is None and env.is_production:

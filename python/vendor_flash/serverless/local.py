@@ -15,6 +15,7 @@ from . import result as results
 from .env import WorkerEnv
 from .handler import JobRun, LoopThread
 from .log import get_logger, job_extra
+from .utils import rp_debugger
 
 
 def load_test_job(test_input: Optional[str], cwd: str = ".") -> Tuple[Optional[Dict[str, Any]], str]:
@@ -59,6 +60,9 @@ def run_local(config: Dict[str, Any], test_input: Optional[str], env: Optional[W
         result = run.run()
     finally:
         loop.stop()
+    rp_args = config.get("rp_args") or {}
+    if rp_args.get("rp_debugger"):
+        rp_debugger.attach_debugger_output(result, rp_args.get("ready_delay_ms"))
     if result.get("error"):
         log.error("Job %s failed with error: %s", job_id, result["error"], extra=job_extra(job_id))
         print(json.dumps(result, ensure_ascii=False, default=str))

@@ -37,6 +37,7 @@ from .http import TRANSPORT_ERRORS, HttpClient, HttpResponse, RequestAborted
 from .log import get_logger, job_extra
 from .ping import ping, ping_client
 from .transport import PostOutcome, Transport, retry_after_seconds
+from .utils import rp_debugger
 from ..version import __version__
 
 #: Client-side limit of a job-take / job-stop long-poll (the server holds < 90 s).
@@ -127,6 +128,9 @@ class Worker:
         self.kind: HandlerKind = handler_kind(self.handler)
         self.aggregate = bool(config.get("return_aggregate_stream", False))
         self.refresh_always = bool(config.get("refresh_worker", False))
+        rp_args = config.get("rp_args") or {}
+        #: ``--rp_debugger``: rp_debugger timings go into each dict output; None: off.
+        self.debugger_ready_ms: Optional[float] = rp_args.get("ready_delay_ms") if rp_args.get("rp_debugger") else None
         self.modifier: Optional[Callable[[int], int]] = config.get("concurrency_modifier")
         self.concurrency = 1
         self.log = get_logger()
@@ -375,6 +379,10 @@ class Worker:
                     self._exit_after_jobs(active.run.exit_exception, job_id)
             if self.refresh_always:
                 body["stopPod"] = True
+            if self.debugger_ready_ms is not None:
+                rp_debugger.attach_debugger_output(body, self.debugger_ready_ms)
+            else:
+                rp_debugger.clear_debugger_output()
             progress.wait_pending(job_id)
             if not active.held():
                 if body.get("stopPod"):

@@ -7,7 +7,9 @@
 ...     pass
 
 The timings are kept per process until :func:`get_debugger_output` (which also clears them) or
-:func:`clear_debugger_output`.
+:func:`clear_debugger_output`. With ``--rp_debugger`` on the command line, the worker adds them
+to a job's output as ``output["rp_debugger"]`` (dict outputs only), as runpod-python does, and
+clears them after every job either way.
 """
 
 from __future__ import annotations
@@ -135,3 +137,13 @@ def get_debugger_output(ready_delay_ms: Optional[float] = None) -> Dict[str, Any
 def clear_debugger_output() -> None:
     Checkpoints().clear()
 
+
+def attach_debugger_output(body: Dict[str, Any], ready_delay_ms: Optional[float]) -> None:
+    """For ``--rp_debugger``: add :func:`get_debugger_output` to a job-done body's dict
+    ``output`` as ``rp_debugger``. Any other output (none, a list, an error) is left alone and
+    the timings are cleared (runpod-python fails the post there)."""
+    output = body.get("output")
+    if isinstance(output, dict):
+        output["rp_debugger"] = get_debugger_output(ready_delay_ms)
+    else:
+        clear_debugger_output()
