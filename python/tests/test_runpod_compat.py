@@ -10,7 +10,7 @@ import unittest
 
 from flashd_harness import PYTHON_DIR
 from vendor_flash.serverless.log import get_logger
-from vendor_flash.serverless.modules.rp_logger import RunPodLogger
+from vendor_flash.serverless.modules.rp_logger import LOG_LEVELS, RunPodLogger
 from vendor_flash.serverless.utils.rp_validator import validate
 
 SCHEMA = {
@@ -125,6 +125,21 @@ class RunPodLoggerTest(unittest.TestCase):
         get_logger().info("an SDK line, hidden too")
         second.error("shown")
         self.assertEqual(self.lines(), ["ERROR|None|shown"])
+
+    def test_trace_notset_and_numeric_levels_as_runpod(self):
+        log = RunPodLogger()
+        log.trace("hidden at INFO")
+        log.set_level("TRACE")
+        log.debug("hidden at TRACE")
+        log.trace("traced", request_id="j")
+        log.set_level(1)  # an index into LOG_LEVELS: DEBUG
+        log.debug("debug by index")
+        log.set_level("NOTSET")  # runpod-python: nothing at all
+        log.error("hidden at NOTSET")
+        self.assertEqual(self.lines(), ["TRACE|j|traced", "DEBUG|None|debug by index"])
+        with self.assertRaises(ValueError):
+            log.set_level("LOUD")
+        self.assertEqual(LOG_LEVELS, ["NOTSET", "DEBUG", "TRACE", "INFO", "WARN", "ERROR"])
 
     def test_secret_is_masked(self):
         RunPodLogger().secret("API_KEY", "abcdef")

@@ -3,7 +3,8 @@
 Lines go to stdout. When an endpoint id is set (a deployed worker) they are JSON objects
 ``{"requestId", "message", "level"}`` like runpod-python's, otherwise readable text.
 ``VENDOR_LOG_FORMAT=text|json`` forces a format; ``VENDOR_LOG_LEVEL`` (or ``RUNPOD_LOG_LEVEL`` /
-``RUNPOD_DEBUG_LEVEL``) sets the level (``DEBUG``, ``INFO``, ``WARN``, ``ERROR``; default ``INFO``).
+``RUNPOD_DEBUG_LEVEL``) sets the level (``DEBUG``, ``TRACE``, ``INFO``, ``WARN``, ``ERROR``, or
+``NOTSET`` for none, as in runpod-python; default ``INFO``).
 """
 
 from __future__ import annotations
@@ -17,8 +18,13 @@ from typing import Optional
 from .env import env_value
 
 LOGGER_NAME = "vendor_flash"
-_LEVELS = {"DEBUG": logging.DEBUG, "INFO": logging.INFO, "WARN": logging.WARNING,
-           "WARNING": logging.WARNING, "ERROR": logging.ERROR}
+#: runpod-python's TRACE, between DEBUG and INFO.
+TRACE = 15
+#: runpod-python's NOTSET: nothing is written.
+SILENT = logging.CRITICAL + 10
+logging.addLevelName(TRACE, "TRACE")
+_LEVELS = {"DEBUG": logging.DEBUG, "TRACE": TRACE, "INFO": logging.INFO, "WARN": logging.WARNING,
+           "WARNING": logging.WARNING, "ERROR": logging.ERROR, "NOTSET": SILENT}
 
 
 class _JsonFormatter(logging.Formatter):
@@ -73,7 +79,8 @@ def ensure_setup() -> logging.Logger:
 
 
 def level_number(name: str, default: int = logging.INFO) -> int:
-    """``DEBUG``/``INFO``/``WARN``/``WARNING``/``ERROR`` (any case) as a :mod:`logging` level."""
+    """``DEBUG``/``TRACE``/``INFO``/``WARN``/``WARNING``/``ERROR``/``NOTSET`` (any case) as a
+    :mod:`logging` level (``NOTSET``: above every level, so nothing is written)."""
     return _LEVELS.get(str(name).strip().upper(), default)
 
 

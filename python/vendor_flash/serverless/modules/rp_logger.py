@@ -12,9 +12,25 @@ from typing import Any, Optional
 
 from ..log import ensure_setup, job_extra, level_number
 
+#: runpod-python's level names; ``set_level`` also takes an index into this list.
+LOG_LEVELS = ["NOTSET", "DEBUG", "TRACE", "INFO", "WARN", "ERROR"]
+
+
+def _validate_level(level: Any) -> str:
+    """A level name from ``LOG_LEVELS`` (``WARNING`` is taken as ``WARN``), or ValueError."""
+    if isinstance(level, int) and not isinstance(level, bool):
+        if 0 <= level < len(LOG_LEVELS):
+            return LOG_LEVELS[level]
+    elif isinstance(level, str):
+        name = level.strip().upper()
+        name = "WARN" if name == "WARNING" else name
+        if name in LOG_LEVELS:
+            return name
+    raise ValueError(f"Invalid debug level: {level}")
+
 
 class RunPodLogger:
-    """``log.debug/info/warn/error(message, request_id=None)`` and ``log.log(message, level)``."""
+    """``log.debug/trace/info/warn/error(message, request_id=None)`` and ``log.log(message, level)``."""
 
     _instance: Optional["RunPodLogger"] = None
     _level: Optional[int] = None
@@ -25,9 +41,10 @@ class RunPodLogger:
             cls._instance = super().__new__(cls)
         return cls._instance
 
-    def set_level(self, new_level: str) -> None:
-        """Only messages at ``new_level`` (``DEBUG``, ``INFO``, ``WARN``, ``ERROR``) or above are written."""
-        type(self)._level = level_number(new_level)
+    def set_level(self, new_level: Any) -> None:
+        """Only messages at ``new_level`` or above are written: a name from :data:`LOG_LEVELS`
+        (``NOTSET``: none at all) or its index, as in runpod-python. ValueError for others."""
+        type(self)._level = level_number(_validate_level(new_level))
         ensure_setup().setLevel(type(self)._level)  # runpod: the SDK's own lines follow it too
 
     @property
@@ -49,6 +66,9 @@ class RunPodLogger:
 
     def debug(self, message: Any, request_id: Optional[str] = None) -> None:
         self.log(message, "DEBUG", request_id)
+
+    def trace(self, message: Any, request_id: Optional[str] = None) -> None:
+        self.log(message, "TRACE", request_id)
 
     def info(self, message: Any, request_id: Optional[str] = None) -> None:
         self.log(message, "INFO", request_id)
@@ -72,4 +92,4 @@ class RunPodLogger:
         self.info(f"{secret_name}: {shown}")
 
 
-__all__ = ["RunPodLogger"]
+__all__ = ["RunPodLogger", "LOG_LEVELS"]
