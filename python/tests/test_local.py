@@ -57,6 +57,13 @@ class LocalModeTest(unittest.TestCase):
         self.assertEqual(json.loads(last), {"output": {"id": "local_test", "input": {"q": "hi"}}})
         self.assertNotIn("start() returned", out)
 
+    def test_sdk_flags_leave_sys_argv(self):
+        # as runpod-python's start(): a handler that parses the command line sees only its own arguments
+        rc, last, out = run_local("argv", "--model", "m1", "--test_input", '{"input": {}}', "--rp_log_level", "ERROR",
+                                  "--rp_api_port", "9000", "-v")
+        self.assertEqual(rc, 0, out)
+        self.assertEqual(json.loads(last), {"output": {"argv": ["--model", "m1", "-v"]}})
+
     def test_test_input_json_file(self):
         with tempfile.TemporaryDirectory() as d:
             with open(os.path.join(d, "test_input.json"), "w") as fh:

@@ -27,6 +27,10 @@ def exit3(job):
     sys.exit(3)
 
 
+def argv(job):
+    return {"argv": sys.argv[1:]}
+
+
 @rp_debugger.FunctionTimer
 def timed(job):
     with rp_debugger.LineTimer("step"):
@@ -34,5 +38,5 @@ def timed(job):
 
 
 mode = sys.argv.pop(1)
-serverless.start({"handler": {"echo": echo, "fail": fail, "gen": gen, "error_key": error_key, "exit": exit3, "timed": timed}[mode]})
+serverless.start({"handler": {"echo": echo, "fail": fail, "gen": gen, "error_key": error_key, "exit": exit3, "timed": timed, "argv": argv}[mode]})
 print("start() returned", flush=True)  # never reached: local mode exits

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from . import modules, utils
 from .env import WorkerEnv
@@ -26,14 +26,19 @@ _IMPORTED_AT = time.perf_counter()  # --rp_debugger's ready_delay_ms counts from
 __all__ = ["start", "progress_update", "WorkerEnv", "Worker", "RunPodLogger", "utils", "modules"]
 
 
-def _parse_args(argv: List[str]) -> argparse.Namespace:
+def _parse_args(argv: List[str]) -> Tuple[argparse.Namespace, List[str]]:
+    """The SDK's own flags, and the arguments that are not its own."""
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--test_input", default=None)
     parser.add_argument("--rp_log_level", "--log_level", dest="log_level", default=None)
     parser.add_argument("--rp_serve_api", action="store_true")
     parser.add_argument("--rp_debugger", action="store_true")
-    args, _unknown = parser.parse_known_args(argv)
-    return args
+    # runpod-python's API-server flags: taken (and ignored, as --rp_serve_api is) so that
+    # they leave sys.argv as runpod-python's start() takes them
+    parser.add_argument("--rp_api_port", default=None)
+    parser.add_argument("--rp_api_concurrency", default=None)
+    parser.add_argument("--rp_api_host", default=None)
+    return parser.parse_known_args(argv)
 
 
 def _line_buffer_stdout() -> None:
@@ -66,7 +71,11 @@ def start(config: Dict[str, Any], argv: Optional[List[str]] = None) -> Optional[
     """
     if not callable(config.get("handler")):
         raise ValueError("start() needs config['handler'], a callable")
-    args = _parse_args(sys.argv[1:] if argv is None else argv)
+    args, rest = _parse_args(sys.argv[1:] if argv is None else argv)
+    if argv is None:
+        # As runpod-python's start(): the SDK's flags leave sys.argv, so a handler that parses
+        # the command line itself (argparse) sees only its own arguments.
+        sys.argv = sys.argv[:1] + rest
     log = _setup_logging(args.log_level)
     env = WorkerEnv.from_environ()
     if args.rp_debugger:
