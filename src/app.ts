@@ -72,7 +72,7 @@ function loadSecretKey(dataDir: string): Buffer {
  * `--runtime docker`, or `auto` when an engine socket is found; null otherwise. `docker`
  * without a socket is a start error; `auto` without one logs that flashd starts no workers.
  */
-function createContainerRuntime(config: FlashdConfig, dataDir: string, log: Logger): ContainerRuntime | null {
+function createContainerRuntime(config: FlashdConfig, dataDir: string, log: Logger, volumeExists: (id: string) => boolean): ContainerRuntime | null {
   if (config.runtime !== 'docker' && config.runtime !== 'auto') return null;
   const socketPath = findEngineSocket(config.containerSocketCandidates);
   const looked = config.containerSocketCandidates.join(', ');
@@ -81,7 +81,9 @@ function createContainerRuntime(config: FlashdConfig, dataDir: string, log: Logg
     log.info('no container engine socket found: runtime none, flashd starts no workers', { looked });
     return null;
   }
-  return new ContainerRuntime({ socketPath, dataDir, workerUrl: config.workerUrl, gpuDriver: config.containerGpuDriver, log: log.child({ component: 'runtime' }) });
+  return new ContainerRuntime({
+    socketPath, dataDir, workerUrl: config.workerUrl, gpuDriver: config.containerGpuDriver, volumeExists, log: log.child({ component: 'runtime' }),
+  });
 }
 
 export async function createAgent(options: AgentOptions): Promise<Agent> {
@@ -204,7 +206,8 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
     const ledgerPlacement = createLedgerPlacement<EndpointSpec>(ledger, (spec) => workerRequirement({
       gpu: spec.gpu, cpu: spec.cpu, dataCenterIds: spec.dataCenterIds, ...(spec.gpuTypePriority ? { gpuTypePriority: spec.gpuTypePriority } : {}),
     }));
-    const containers = createContainerRuntime(config, dataDir, log);
+    const containers = createContainerRuntime(config, dataDir, log,
+      (id) => endpoints.networkVolumes.getUnscoped(id) !== undefined || endpoints.globalVolumes.getUnscoped(id) !== undefined);
     const runtime: WorkerRuntime | null = config.runtime === 'process'
       ? new ProcessRuntime({ dataDir, workdir: config.processWorkdir, log: log.child({ component: 'runtime' }) })
       : containers;

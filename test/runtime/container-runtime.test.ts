@@ -284,6 +284,7 @@ t.test('a network volume is visible at /vendor-volume and outlives its workers',
   t.equal(r.output.volumeIsMount, true, '/vendor-volume is a mount');
   const vol = await docker.inspectVolume(volumeName(nv.id));
   t.equal(vol?.Labels?.[LABELS.volume], nv.id, `a flashd-managed named volume: ${volumeName(nv.id)}`);
+  t.equal(vol?.Labels?.[LABELS.instance], instanceOf(a.dir), 'labelled with the flashd that made it');
   const [c] = await containersOf([`${LABELS.endpoint}=${reader}`]);
   const mounts = (await docker.inspectContainer(c?.Id as string)).Mounts ?? [];
   t.same(mounts.map((m) => [m.Type, m.Name, m.Destination]), [['volume', volumeName(nv.id), '/vendor-volume']], 'the only mount');
@@ -308,6 +309,32 @@ t.test('deleting a network volume removes its engine volume, once no worker moun
   await until('the engine volume removed with its data', async () => (await docker.inspectVolume(volumeName(nv.id))) === null);
   t.pass(`${volumeName(nv.id)} is gone`);
   t.comment(a.logs.some((l) => /still in use/.test(l)) ? 'it was still in use at the DELETE' : 'no worker used it any more at the DELETE');
+});
+
+t.test('the engine volume of a volume deleted while a worker still used it goes at the next start, after a crash', async (t) => {
+  const dir = t.testdir();
+  const first = await startAgent(t, { runtime: 'docker', containerSocket: SOCKET }, { dir });
+  const instance = instanceOf(dir);
+  const gone = await makeNetworkVolume(t, first, { name: 'deleted' });
+  const kept = await makeNetworkVolume(t, first, { name: 'kept' });
+  t.equal((await first.req('DELETE', `/v2/network-volumes/${gone.id}`)).status, 204);
+  await first.agent.close();
+  // What a flashd killed while a worker of an older configuration still mounted a volume deleted
+  // meanwhile leaves in the engine: that volume (its removal was only pending in memory), beside
+  // the volume of a flashd volume that still exists and a deleted one of another flashd.
+  const labels = (id: string, owner: string) => ({ [LABELS.managed]: 'true', [LABELS.volume]: id, [LABELS.instance]: owner, 'dev.flashd.volume-kind': 'network' });
+  const other = `nv_other${process.pid}`;
+  for (const [id, owner] of [[gone.id, instance], [kept.id, instance], [other, 'another-flashd']] as const) {
+    await docker.createVolume(volumeName(id), labels(id, owner));
+    t.teardown(() => docker.removeVolume(volumeName(id), { force: true }));
+  }
+
+  const a = await start(t, {}, dir);
+  await until('the deleted volume\'s engine volume removed', async () => (await docker.inspectVolume(volumeName(gone.id))) === null);
+  t.pass(`${volumeName(gone.id)} is gone with its data`);
+  t.ok(await docker.inspectVolume(volumeName(kept.id)), 'the volume of a flashd volume that still exists is kept');
+  t.ok(await docker.inspectVolume(volumeName(other)), 'another flashd\'s volume is left alone');
+  t.ok(a.logs.some((l) => /volume removed .*volume=flashd-volume-/.test(l)), 'and logged');
 });
 
 t.test('registry credentials reach the engine only: not the container, labels, logs or API', async (t) => {

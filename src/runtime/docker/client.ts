@@ -249,6 +249,12 @@ export class DockerClient {
     }
   }
 
+  /** `GET /volumes?filters=`: the volumes with every one of `labels` (`key=value`). */
+  async listVolumes(options: { labels?: readonly string[] } = {}): Promise<VolumeInspect[]> {
+    const filters = options.labels?.length ? JSON.stringify({ label: options.labels }) : undefined;
+    return (await this.#t.json<{ Volumes?: VolumeInspect[] | null }>({ method: 'GET', path: '/volumes', query: { filters } })).body?.Volumes ?? [];
+  }
+
   /** `DELETE /volumes/{name}`; a missing volume is fine. */
   async removeVolume(name: string, options: { force?: boolean } = {}): Promise<void> {
     try {

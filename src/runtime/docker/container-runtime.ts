@@ -42,6 +42,12 @@ export interface ContainerRuntimeOptions {
   reconnectMs?: number;
   /** `--container-gpu-driver`: the device request for GPUs on Docker. @defaultValue `"auto"` */
   gpuDriver?: 'auto' | 'nvidia' | 'cdi';
+  /**
+   * Whether flashd volume `id` (network or global) still exists. An engine volume this data
+   * directory made for one that does not is removed when the engine connects: its deletion was
+   * pending when a previous run stopped or crashed. Without it such volumes are left alone.
+   */
+  volumeExists?(id: string): boolean;
 }
 
 export interface LaunchTiming {
@@ -187,6 +193,7 @@ export class ContainerRuntime implements WorkerRuntime {
       try {
         const v = await this.client.negotiate();
         await this.#removeLeftovers();
+        await this.#findDeletedVolumes();
         // Derived once: kept containers hold it in their env.
         this.#workerUrl ??= await this.#deriveWorkerUrl();
         this.#ready = true;
@@ -236,6 +243,33 @@ export class ContainerRuntime implements WorkerRuntime {
     const leftovers = mine.filter((c) => !known.has(c.Id) && !this.#launching.has(c.Labels?.[LABELS.worker] ?? ''));
     await Promise.all(leftovers.map((c) => this.#remove(c.Id)));
     if (leftovers.length) this.#log.info('removed containers left by a previous run', { count: leftovers.length });
+  }
+
+  /**
+   * Engine volumes of this data directory whose flashd volume was deleted: a removal refused
+   * while a container still used the volume is retried only in memory, so a run that stopped
+   * or crashed before it succeeded left the volume and its data behind. They join the pending
+   * removals (done once `#connect` is ready). Volumes made before flashd labelled them with
+   * its instance are not recognised.
+   */
+  async #findDeletedVolumes(): Promise<void> {
+    const exists = this.#o.volumeExists;
+    if (!exists) return;
+    let managed;
+    try {
+      // Checked here, not only in the filter: Podman 4.3 matches a volume with any of several labels.
+      managed = await this.client.listVolumes({ labels: [`${LABELS.managed}=true`] });
+    } catch (err) {
+      // Only an unreachable engine fails the connection; a refused listing costs this cleanup only.
+      if (isDockerError(err, 'DOCKER_UNREACHABLE')) throw err;
+      this.#log.warn('cannot list volumes; those of deleted flashd volumes stay until the next connection', { reason: (err as Error).message });
+      return;
+    }
+    for (const v of managed) {
+      const id = v.Labels?.[LABELS.volume];
+      if (v.Labels?.[LABELS.instance] !== this.instanceId || !id || v.Name !== volumeName(id)) continue;
+      if (!exists(id)) this.#deletedVolumes.add(v.Name);
+    }
   }
 
   /**
@@ -346,7 +380,9 @@ export class ContainerRuntime implements WorkerRuntime {
       pending = (async () => {
         if (await this.client.inspectVolume(name)) return;
         try {
-          await this.client.createVolume(name, { [LABELS.managed]: 'true', [LABELS.volume]: id, 'dev.flashd.volume-kind': kind });
+          await this.client.createVolume(name, {
+            [LABELS.managed]: 'true', [LABELS.volume]: id, [LABELS.instance]: this.instanceId, 'dev.flashd.volume-kind': kind,
+          });
           this.#log.info('volume created', { volume: name });
         } catch (err) {
           if (!isDockerError(err, 'DOCKER_CONFLICT')) throw err;
