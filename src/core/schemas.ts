@@ -66,6 +66,13 @@ export function formatSchemaErrors(errors: readonly ErrorObject[]): string[] {
     const at = e.instancePath || '(body)';
     const p = e.params as Record<string, unknown>;
     let line: string;
+    // A rule on an object's keys (`propertyNames`: env names): name the key, which the path cannot.
+    if (e.keyword === 'propertyNames') continue; // "property name must be valid": the error before it says which and why
+    if (e.propertyName !== undefined) {
+      line = `${at}: the name ${JSON.stringify(e.propertyName)} ${e.message ?? 'is invalid'}`;
+      if (!out.includes(line)) out.push(line);
+      continue;
+    }
     switch (e.keyword) {
       case 'additionalProperties':
         line = `${e.instancePath || ''}/${String(p['additionalProperty'])}: unknown property`;

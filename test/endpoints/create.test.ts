@@ -145,6 +145,17 @@ t.test('required fields and basic bounds', async (t) => {
   assertProblem(t, body, 400, 'a JSON array body is a 400');
 });
 
+t.test('an env name that is not a valid variable name is named in the error', async (t) => {
+  const a = await startAgent(t);
+  const r = await createEndpoint(a, queueBody({ env: { GOOD: 'x', 'MY-VAR!': 'secret-value', OTHER: 'y' } }));
+  assertErrorAt(t, r, 400, '/env');
+  t.same(r.json.errors, ['/env: the name "MY-VAR!" must match pattern "^[A-Za-z_][A-Za-z0-9_.-]{0,254}$"'], 'one error, naming the key and the rule');
+  t.notMatch(r.text, /secret-value/, 'the value is not echoed');
+  const ok = await mustCreate(t, a, queueBody({ env: { GOOD: 'x' } }));
+  const patch = await a.req('PATCH', `/v2/serverless/${ok.id}`, { body: { env: { '1A': 'x' } } });
+  t.match(patch.json.detail, /^\/env: the name "1A" must match pattern/, 'an update says the same');
+});
+
 t.test('a NUL character in an env value or the command is refused (no worker could ever start)', async (t) => {
   const a = await startAgent(t);
   await expectCases(t, a, [
