@@ -282,7 +282,11 @@ export class ContainerRuntime implements WorkerRuntime {
     const listen = this.#listen ?? { host: '127.0.0.1', port: 8000 };
     if (!isLoopback(listen.host) && !isWildcard(listen.host)) return hostPort(listen.host, listen.port);
     const net = await this.client.inspectNetwork('bridge');
-    const gateway = net?.IPAM?.Config?.map((c) => c.Gateway).find((g): g is string => typeof g === 'string' && g.includes('.'));
+    const ipam = net?.IPAM?.Config ?? [];
+    const gateway = ipam.map((c) => c.Gateway).find((g): g is string => typeof g === 'string' && g.includes('.'));
+    // The relay forwards the containers of this network only (the gateway address is reachable
+    // from the local network too).
+    const subnets = ipam.map((c) => c.Subnet).filter((n): n is string => typeof n === 'string' && n.includes('.'));
     if (!gateway) {
       this.#log.warn('the engine reports no bridge gateway; workers may not reach flashd', { hint: 'set --worker-url' });
       return hostPort('host.docker.internal', listen.port);
@@ -290,8 +294,9 @@ export class ContainerRuntime implements WorkerRuntime {
     if (isLoopback(listen.host) && !this.#relay) {
       this.#relay = new WorkerRelay({
         listenHost: gateway, listenPort: listen.port, targetHost: listen.host === 'localhost' ? '127.0.0.1' : listen.host, targetPort: listen.port,
-        log: this.#log,
+        allowedSubnets: subnets, log: this.#log,
       });
+      if (!subnets.length) this.#log.warn('the engine reports no bridge subnet; the worker relay forwards every connection to its address', { address: gateway });
       await this.#relay.ensure();
     }
     return hostPort(gateway, listen.port);
