@@ -53,10 +53,11 @@ export interface Agent {
   close(): Promise<void>;
   /**
    * For a second SIGINT/SIGTERM while close() waits: kills the process workers this run
-   * started (their process groups, SIGKILL) so none outlives flashd. Their jobs are reclaimed
-   * by the next start, as after a crash.
+   * started (their process groups, SIGKILL) and force-removes its containers (running and
+   * kept), so none outlives flashd. Their jobs are reclaimed by the next start, as after a
+   * crash. Resolves once the engine answered the removals (the caller bounds the wait).
    */
-  killWorkersNow(): void;
+  killWorkersNow(): Promise<void>;
 }
 
 /** The 32-byte key that seals secrets at rest; created with mode 0600 on first start. */
@@ -291,7 +292,12 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
     let closed = false;
     return {
       config, log, db, api, endpoints, auth, jobRateLimiter, queue, autoscaler, logs, port, url: `http://${host}:${port}`, generatedAdminKey: generated,
-      killWorkersNow: () => reapOrphanProcessWorkers(dataDir, log.child({ component: 'runtime' }), 'killed worker process (second signal): its jobs are queued again at the next start'),
+      killWorkersNow: async () => {
+        const runtimeLog = log.child({ component: 'runtime' });
+        reapOrphanProcessWorkers(dataDir, runtimeLog, 'killed worker process (second signal): its jobs are queued again at the next start');
+        const count = await containers?.removeAllNow();
+        if (count) runtimeLog.warn('removed containers (second signal): their jobs are queued again at the next start', { count });
+      },
       close: async () => {
         if (closed) return;
         closed = true;

@@ -1,10 +1,14 @@
 import { createAgent, type Agent } from '../app.js';
 import type { FlashdConfig } from '../config/index.js';
 
+/** How long a second signal waits for the engine to remove flashd's containers before exiting. */
+const KILL_NOW_BOUND_MS = 5000;
+
 /**
  * Runs until SIGINT/SIGTERM, then closes every component in reverse order. A second signal
- * during that (Ctrl-C pressed again) stops at once: process workers are killed, and the exit
- * code is 1. A signal while flashd is still starting stops it as soon as it has started.
+ * during that (Ctrl-C pressed again) stops at once: process workers are killed, containers
+ * force-removed (waiting for the engine at most 5 s), and the exit code is 1. A signal while
+ * flashd is still starting stops it as soon as it has started.
  */
 export async function serve(config: FlashdConfig): Promise<number> {
   // Listened for before the start, which takes a while (migrations, recovery, hardware): a
@@ -35,8 +39,9 @@ export async function serve(config: FlashdConfig): Promise<number> {
       if (stopping) {
         // Not `once`: after it the default action would kill flashd and leave its workers running.
         agent.log.warn('second signal: stopping now, without waiting for workers or requests; the next start reclaims their jobs', { signal });
-        agent.killWorkersNow();
-        resolve(1);
+        // Containers are removed through the engine: a moment, bounded, so a hung engine cannot hold the exit.
+        const bound = new Promise<void>((r) => setTimeout(r, KILL_NOW_BOUND_MS).unref());
+        void Promise.race([agent.killWorkersNow().catch(() => undefined), bound]).then(() => resolve(1));
         return;
       }
       stopping = true;

@@ -9,7 +9,8 @@ import { tmpdir } from 'node:os';
 import { connect, createServer, type Socket } from 'node:net';
 import { join } from 'node:path';
 import t, { type Test } from 'tap';
-import { cpuBody, startAgent, type TestAgent } from '../helpers/agent.js';
+import { ADMIN_KEY, cpuBody, startAgent, type TestAgent } from '../helpers/agent.js';
+import { cleanEnv, startFlashd } from '../helpers/spawn-flashd.js';
 import { makeNetworkVolume, makeRegistry } from '../helpers/expect.js';
 import { until as untilWithin } from '../helpers/wait.js';
 import { DockerClient, LABELS, createBody, volumeName, type LaunchSpec } from '../../src/runtime/index.js';
@@ -377,6 +378,44 @@ t.test('after a restart, containers left by the previous run are removed; none l
   t.same(await containersOf([`${LABELS.instance}=${instance}`]), [], 'both leftovers of this data directory removed at start');
   t.ok(await docker.inspectContainer(other.Id), 'another flashd\'s container is left alone');
   t.ok(a.logs.some((l) => /removed containers left by a previous run .*count=2/.test(l)), 'and logged');
+});
+
+t.test('a second SIGTERM during a clean stop exits 1 at once and leaves no container behind', async (t) => {
+  const dir = t.testdir();
+  const flashd = await startFlashd(t, process.execPath, [
+    'dist/flashd.mjs', '--port', '0', '--data-dir', dir, '--runtime', 'docker', '--container-socket', SOCKET, '--worker-stop-grace-ms', '60000',
+  ], cleanEnv({ FLASHD_ADMIN_API_KEY: ADMIN_KEY }));
+  const instance = instanceOf(dir);
+  t.teardown(async () => {
+    for (const c of await containersOf([`${LABELS.instance}=${instance}`])) await docker.removeContainer(c.Id, { force: true }).catch(() => undefined);
+  });
+  const call = async (method: string, path: string, body?: unknown) => {
+    const r = await fetch(flashd.url + path, {
+      method, headers: { authorization: `Bearer ${ADMIN_KEY}`, 'content-type': 'application/json' }, ...(body ? { body: JSON.stringify(body) } : {}),
+    });
+    return r.json() as Promise<any>;
+  };
+  const body = (extra: Record<string, unknown>) => cpuBody({ image: IMAGE, workers: { min: 0, max: 1, idleTimeout: 1 }, ...extra });
+  // A kept FlashBoot container of one endpoint, a busy worker of another.
+  const kept = (await call('POST', '/v2/serverless', body({ name: 'kept', flashboot: 'FLASHBOOT' }))).id as string;
+  t.equal((await call('POST', `/v2/${kept}/runsync?wait=120000`, { input: {} })).status, 'COMPLETED');
+  await until('the FlashBoot container to be kept', async () => /container kept for FlashBoot/.test(flashd.stderr()));
+  const busy = (await call('POST', '/v2/serverless', body({ name: 'busy' }))).id as string;
+  const id = (await call('POST', `/v2/${busy}/run`, { input: { sleep: 120 } })).id as string;
+  await until('the job to start', async () => (await call('GET', `/v2/${busy}/status/${id}`)).status === 'IN_PROGRESS');
+  t.equal((await containersOf([`${LABELS.instance}=${instance}`])).length, 2, 'two containers: one running, one kept');
+
+  flashd.child.kill('SIGTERM');
+  await until('the clean stop to begin', async () => /shutting down/.test(flashd.stderr()), 5000);
+  await new Promise((r) => setTimeout(r, 500));
+  t.equal(flashd.child.exitCode, null, 'the first SIGTERM waits for the running job (60 s grace)');
+  const started = Date.now();
+  t.equal(await flashd.stop('SIGTERM'), 1, 'the second exits 1');
+  t.ok(Date.now() - started < 10_000, `soon, not after the grace (${Date.now() - started} ms)`);
+  t.match(flashd.stderr(), /removed containers \(second signal\): their jobs are queued again at the next start count=2/, 'and says so');
+  t.same(await containersOf([`${LABELS.instance}=${instance}`]), [], 'no container of it is left, running or kept');
+  const b = await startAgent(t, { runtime: 'none' }, { dir });
+  t.equal((await b.req('GET', `/v2/${busy}/status/${id}`)).json.status, 'IN_QUEUE', 'the next start reclaims the job');
 });
 
 t.test('engine sockets', async (t) => {

@@ -597,6 +597,22 @@ export class ContainerRuntime implements WorkerRuntime {
     await Promise.all(this.#kept.removeEndpoint(endpointId).map((e) => this.#discard(e, reason)));
   }
 
+  /**
+   * A second signal during shutdown: force-removes every container of this process at once,
+   * running (no grace) and kept, so none outlives flashd (the next start would remove them,
+   * but it may never come). Resolves with how many it removed; a launch still in flight may
+   * leave its container for the next start.
+   */
+  async removeAllNow(): Promise<number> {
+    this.#closing = true;
+    clearInterval(this.#reconnect);
+    this.#shutdown.abort();
+    const ids = [...this.#running.values()].map((w) => w.containerId);
+    for (const e of this.#kept.list()) ids.push(e.value.containerId);
+    const removed = await Promise.all(ids.map((id) => this.client.removeContainer(id, { force: true, volumes: true }).then(() => 1, () => 0)));
+    return removed.reduce<number>((a, b) => a + b, 0);
+  }
+
   /** Stops and removes every container of this process, kept ones included. */
   async close(): Promise<void> {
     if (this.#closing) return;
