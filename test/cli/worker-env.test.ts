@@ -21,6 +21,11 @@ function run(cmd: string, args: string[], env: NodeJS.ProcessEnv, timeout = 60_0
     const child = execFile(cmd, args, { env, cwd: REPO_ROOT, timeout }, (err, stdout, stderr) => {
       resolve({ status: err ? ((err as { code?: number }).code ?? 1) : 0, stdout, stderr });
     });
+    // A child that exits without reading its stdin (sh -c '. file && env', a usage error)
+    // closes the pipe first: the write then fails with EPIPE, which is no error of the test.
+    child.stdin?.on('error', (err: NodeJS.ErrnoException) => {
+      if (err.code !== 'EPIPE') throw err;
+    });
     child.stdin?.end(stdin);
   });
 }
