@@ -9,6 +9,7 @@ checked against the worked examples in AWS's SigV4 documentation.
 import asyncio
 import datetime
 import hashlib
+import hmac
 import io
 import json
 import os
@@ -99,9 +100,25 @@ class FakeS3(BaseHTTPRequestHandler):
                          r"SignedHeaders=([a-z0-9;-]+), Signature=[0-9a-f]{64}$", auth)
         if not match or not {"host", "x-amz-content-sha256", "x-amz-date"} <= set(match.group(1).split(";")):
             self.problems.append(f"authorization {auth}")
+        elif self._signature(match.group(1)) != auth.rsplit("Signature=", 1)[1]:
+            self.problems.append(f"signature of {self.path}")
         key = unquote(urlparse(self.path).path)
         FakeS3.objects[key] = (body, self.headers.get("Content-Type"), {k.lower(): v for k, v in self.headers.items()})
         self._reply(200)
+
+    def _signature(self, signed_headers):
+        """The SigV4 signature (secret "SK") of this request as S3 computes it: from the path
+        exactly as it came on the wire, not from what the client meant."""
+        names = signed_headers.split(";")
+        canonical = "\n".join(["PUT", self.path, "", "".join(f"{n}:{' '.join(self.headers[n].split())}\n" for n in names),
+                               signed_headers, self.headers["x-amz-content-sha256"]])
+        stamp = self.headers["x-amz-date"]
+        scope = f"{stamp[:8]}/us-east-1/s3/aws4_request"
+        to_sign = "\n".join(["AWS4-HMAC-SHA256", stamp, scope, hashlib.sha256(canonical.encode()).hexdigest()])
+        key = ("AWS4SK").encode()
+        for part in (stamp[:8], "us-east-1", "s3", "aws4_request"):
+            key = hmac.new(key, part.encode(), hashlib.sha256).digest()
+        return hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest()
 
     def do_GET(self):
         parsed = urlparse(self.path)
@@ -277,6 +294,15 @@ class UploadTest(InTempDir):
         self.assertEqual(self.fetch(url), b"\x89PNG fake")
         with self.assertRaises(ValueError):
             rp_upload.upload_file_to_bucket("x", "out image.png", bucket_creds=self.creds, extra_args={"Nope": 1})
+
+    def test_keys_with_url_delimiters_go_to_that_key(self):
+        # "#", "?" and ";" end a URL's path for urlparse: the key must still be sent whole
+        for name in ("a#1.png", "b?x=1.png", "c;v.png", "d +é.png"):
+            url = rp_upload.upload_in_memory_object(name, name.encode(), bucket_creds=self.creds,
+                                                    bucket_name="bkt", prefix="job-7")
+            self.assertIn(f"/bkt/job-7/{name}", FakeS3.objects, name)
+            self.assertEqual(self.fetch(url), name.encode(), name)
+        self.assertEqual(FakeS3.problems, [])
 
     def test_upload_in_memory_object_and_bucket_upload(self):
         url = rp_upload.upload_in_memory_object("mem.bin", b"\x00\x01", bucket_creds=self.creds, bucket_name="bkt")

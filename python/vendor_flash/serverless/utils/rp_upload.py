@@ -82,6 +82,14 @@ def _string_to_sign(method: str, path: str, query: Mapping[str, str], headers: M
     return to_sign, signed
 
 
+def _split(url: str) -> Tuple[str, str, str]:
+    """``(scheme, netloc, path)`` of an unencoded URL whose path is everything after the host:
+    an object key may hold ``?``, ``#`` or ``;``, which ``urlparse`` would take out of the path."""
+    scheme, _, rest = url.partition("://")
+    netloc, slash, path = rest.partition("/")
+    return scheme, netloc, slash + path
+
+
 def _stamp(now: Optional[datetime.datetime]) -> Tuple[str, str]:
     now = now or datetime.datetime.now(datetime.timezone.utc)
     return now.strftime("%Y%m%dT%H%M%SZ"), now.strftime("%Y%m%d")
@@ -92,10 +100,10 @@ def sign_headers(method: str, url: str, headers: Dict[str, str], payload_hash: s
     """Return ``headers`` plus ``Host``, ``x-amz-date``, ``x-amz-content-sha256`` and the SigV4
     ``Authorization`` for a request to the unencoded ``url`` (query parameters not supported)."""
     stamp, day = _stamp(now)
-    parsed = urlparse(url)
-    out = dict(headers, Host=parsed.netloc, **{"x-amz-date": stamp, "x-amz-content-sha256": payload_hash})
+    _, netloc, path = _split(url)
+    out = dict(headers, Host=netloc, **{"x-amz-date": stamp, "x-amz-content-sha256": payload_hash})
     scope = f"{day}/{region}/s3/aws4_request"
-    to_sign, signed = _string_to_sign(method, parsed.path, {}, out, payload_hash, stamp, scope)
+    to_sign, signed = _string_to_sign(method, path, {}, out, payload_hash, stamp, scope)
     signature = hmac.new(_signing_key(secret_key, day, region), to_sign.encode("utf-8"), hashlib.sha256).hexdigest()
     out["Authorization"] = (f"AWS4-HMAC-SHA256 Credential={access_key}/{scope}, SignedHeaders={signed}, "
                             f"Signature={signature}")
@@ -106,14 +114,14 @@ def presign_url(method: str, url: str, access_key: str, secret_key: str, region:
                 expires: int = PRESIGN_EXPIRES, now: Optional[datetime.datetime] = None) -> str:
     """A presigned URL (SigV4 query parameters, ``host`` signed) for the unencoded ``url``."""
     stamp, day = _stamp(now)
-    parsed = urlparse(url)
+    scheme, netloc, path = _split(url)
     scope = f"{day}/{region}/s3/aws4_request"
     query = {"X-Amz-Algorithm": "AWS4-HMAC-SHA256", "X-Amz-Credential": f"{access_key}/{scope}",
              "X-Amz-Date": stamp, "X-Amz-Expires": str(expires), "X-Amz-SignedHeaders": "host"}
-    to_sign, _ = _string_to_sign(method, parsed.path, query, {"host": parsed.netloc}, "UNSIGNED-PAYLOAD", stamp, scope)
+    to_sign, _ = _string_to_sign(method, path, query, {"host": netloc}, "UNSIGNED-PAYLOAD", stamp, scope)
     query["X-Amz-Signature"] = hmac.new(_signing_key(secret_key, day, region), to_sign.encode("utf-8"),
                                         hashlib.sha256).hexdigest()
-    return f"{parsed.scheme}://{parsed.netloc}{quote(parsed.path or '/', safe='/~')}?{_canonical_query(query)}"
+    return f"{scheme}://{netloc}{quote(path or '/', safe='/~')}?{_canonical_query(query)}"
 
 
 # --------------------------------- The client -------------------------------- #
@@ -168,8 +176,8 @@ class BucketClient:
 
     @staticmethod
     def _send(url: str, data: Any, headers: Dict[str, str]) -> None:
-        parsed = urlparse(url)  # the path exactly as signed (every byte but unreserved ones and "/" escaped)
-        wire = f"{parsed.scheme}://{parsed.netloc}{quote(parsed.path, safe='/~')}"
+        scheme, netloc, path = _split(url)  # the path exactly as signed (every byte but unreserved ones and "/" escaped)
+        wire = f"{scheme}://{netloc}{quote(path, safe='/~')}"
         request = urllib.request.Request(wire, data=data, headers=headers, method="PUT")
         with urllib.request.urlopen(request, timeout=300) as response:
             response.read()
