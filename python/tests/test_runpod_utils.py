@@ -304,6 +304,14 @@ class UploadTest(InTempDir):
             self.assertEqual(self.fetch(url), name.encode(), name)
         self.assertEqual(FakeS3.problems, [])
 
+    def test_an_upload_without_content_type_is_stored_as_bytes(self):
+        # urllib would otherwise send its form default, and S3 serve the object with it
+        rp_upload.upload_in_memory_object("raw.bin", b"\x00", bucket_creds=self.creds, bucket_name="bkt")
+        rp_upload.bucket_upload("job-5", ["out image.png"], self.creds)
+        self.assertEqual(FakeS3.objects["/bkt/raw.bin"][1], "application/octet-stream")
+        self.assertEqual(FakeS3.objects["/bkt/job-5/out image.png"][1], "application/octet-stream")
+        self.assertEqual(FakeS3.problems, [])
+
     def test_upload_in_memory_object_and_bucket_upload(self):
         url = rp_upload.upload_in_memory_object("mem.bin", b"\x00\x01", bucket_creds=self.creds, bucket_name="bkt")
         self.assertEqual(self.fetch(url), b"\x00\x01")

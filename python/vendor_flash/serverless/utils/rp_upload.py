@@ -154,6 +154,10 @@ class BucketClient:
         headers = dict(extra_headers or {})
         if content_type:
             headers["Content-Type"] = content_type
+        if not any(name.lower() == "content-type" for name in headers):
+            # else urllib sends (unsigned) its form default, application/x-www-form-urlencoded,
+            # and the bucket serves the object with it
+            headers["Content-Type"] = "application/octet-stream"
         url = self.object_url(bucket, key)
         for attempt in range(tries):
             signed = sign_headers("PUT", url, headers, payload_hash, self.access_key, self.secret_key, self.region)
