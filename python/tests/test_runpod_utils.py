@@ -7,6 +7,7 @@ checked against the worked examples in AWS's SigV4 documentation.
 """
 
 import asyncio
+import contextlib
 import datetime
 import hashlib
 import hmac
@@ -185,6 +186,21 @@ class DownloadTest(InTempDir):
         with open(paths[0], "rb") as fh:
             self.assertEqual(fh.read(), b"named body")
         self.assertEqual(len(rp_download.download_files_from_urls("job-1", f"{base}/plain/c.txt")), 1)
+
+    def test_failed_download_line_hides_credentials(self):
+        tries = rp_download.TRIES
+        rp_download.TRIES = 1
+        out = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(out):
+                url = f"http://user:pw-secret@{self.server.url[len('http://'):]}/missing.bin?X-Amz-Signature=sig-secret#frag"
+                self.assertEqual(rp_download.download_files_from_urls("job-2", [url]), [None])
+        finally:
+            rp_download.TRIES = tries
+        line = out.getvalue()
+        self.assertIn("Failed to download http://127.0.0.1:", line)
+        self.assertIn("/missing.bin (query hidden)", line)
+        self.assertNotIn("secret", line)
 
     def test_file_unpacks_a_zip(self):
         out = rp_download.file(f"{self.server.url}/zip/pack.zip")
