@@ -70,31 +70,26 @@ function timeoutOf(env: NodeJS.ProcessEnv): number {
   return Number.isInteger(ms) && ms > 0 ? ms : DEFAULT_TIMEOUT_MS;
 }
 
-/** Why `text` is not JSON, quoted short on one line; undefined when it is JSON. */
-function notJson(text: string): string | undefined {
+/** `text` parsed, or why it is not JSON, quoted short on one line. */
+function parseJson(text: string): { value: unknown } | { notJson: string } {
   try {
-    JSON.parse(text);
-    return undefined;
+    return { value: JSON.parse(text) };
   } catch {
-    return `not JSON: ${JSON.stringify(text.length > 60 ? `${text.slice(0, 60)}…` : text)}`;
+    return { notJson: `not JSON: ${JSON.stringify(text.length > 60 ? `${text.slice(0, 60)}…` : text)}` };
   }
 }
 
 /** The `detail` of a flashd error body (problem+json), on one line; undefined for any other body. */
-function problemDetail(text: string): string | undefined {
-  try {
-    const detail = (JSON.parse(text) as { detail?: unknown } | null)?.detail;
-    return typeof detail === 'string' ? detail.replace(/\s*\n\s*/g, ' ') : undefined;
-  } catch {
-    return undefined;
-  }
+function problemDetail(parsed: { value: unknown } | { notJson: string }): string | undefined {
+  const detail = 'value' in parsed ? (parsed.value as { detail?: unknown } | null)?.detail : undefined;
+  return typeof detail === 'string' ? detail.replace(/\s*\n\s*/g, ' ') : undefined;
 }
 
 /** The answer's shape, checked: a 200 from something other than flashd must not print garbage. */
 function workerEnvBody(text: string): { workerId: string; keyId?: string; env: Record<string, string> } | string {
-  const why = notJson(text);
-  if (why !== undefined) return why;
-  const body: unknown = JSON.parse(text);
+  const parsed = parseJson(text);
+  if ('notJson' in parsed) return parsed.notJson;
+  const body = parsed.value;
   const b = body as { workerId?: unknown; keyId?: unknown; env?: unknown } | null;
   const env = b?.env;
   if (typeof b?.workerId !== 'string' || typeof env !== 'object' || env === null || Array.isArray(env) || !Object.values(env).every((v) => typeof v === 'string')) {
@@ -199,10 +194,11 @@ export async function workerEnvCommand(args: string[], env: NodeJS.ProcessEnv): 
   if (!res.ok) {
     // flashd's errors are problem+json with a detail; anything else (another service on that
     // port, a proxy's HTML error page) is said on one line, as for a 200 that is not flashd's.
-    const detail = problemDetail(text);
+    const parsed = parseJson(text);
+    const detail = problemDetail(parsed);
     process.stderr.write(detail !== undefined
       ? `flashd worker-env: ${res.status}: ${detail}\n`
-      : `flashd worker-env: ${url} did not answer like flashd (HTTP ${res.status}, ${notJson(text) ?? 'no detail in its JSON'})\n`);
+      : `flashd worker-env: ${url} did not answer like flashd (HTTP ${res.status}, ${'notJson' in parsed ? parsed.notJson : 'no detail in its JSON'})\n`);
     return 1;
   }
   const body = workerEnvBody(text);

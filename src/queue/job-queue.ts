@@ -1482,18 +1482,16 @@ export class JobQueue {
   webhooksOwed(): { jobId: string; url: string }[] {
     const owed: { jobId: string; url: string }[] = [];
     const gone: string[] = [];
-    for (const jobId of this.#repo.webhooksOwed()) {
+    for (const { jobId, status, webhook, endpointId } of this.#repo.owedWebhooks()) {
       // Ended by this start's recovery (a released worker's last attempt): its delivery is under way.
       if (this.#webhooksPending.has(jobId)) continue;
-      const row = this.#repo.webhookTarget(jobId);
-      const url = row && TERMINAL.has(row.status) ? row.webhook : null;
-      if (!row || url === null) {
+      if (status === null || !TERMINAL.has(status) || webhook === null || endpointId === null) {
         gone.push(jobId);
         continue;
       }
-      owed.push({ jobId, url });
+      owed.push({ jobId, url: webhook });
       this.#webhooksPending.set(jobId, 1);
-      if (!this.#endpointExists(row.endpointId)) this.#hookOrphans.add(jobId);
+      if (!this.#endpointExists(endpointId)) this.#hookOrphans.add(jobId);
     }
     if (gone.length) this.#batch.write(() => { for (const id of gone) this.#repo.webhookSettled(id); });
     return owed;

@@ -153,6 +153,8 @@ export class Autoscaler {
       void this.#stop(w.id, `it did not ask for a job within ${Math.round(initTimeoutMs / 1000)} s of starting (RUNPOD_INIT_TIMEOUT)`, false);
     }
     const listed = registry.list(endpointId);
+    // The workers that count: answering, and not being stopped.
+    const live = listed.filter((w) => !registry.silent(w) && !this.#managed.get(w.id)?.stopping);
     const gpuBlocked = spec.gpu ? (this.#o.runtime?.gpuBlocked?.() ?? null) : null;
     const runtimeRoom = this.#o.runtime && gpuBlocked === null ? this.#o.runtime.capacity(endpointId) : 0;
     const capacity = this.#o.runtime ? Math.min(runtimeRoom, this.#placement.capacity(endpointId, spec)) : 0;
@@ -165,7 +167,7 @@ export class Autoscaler {
       lowQueued: load.lowQueued,
       inProgress: load.inProgress,
       oldestWaitMs: load.oldestWaitMs,
-      workers: listed.filter((w) => !registry.silent(w) && !this.#managed.get(w.id)?.stopping).map((w) => {
+      workers: live.map((w) => {
         const state = registry.state(w);
         return {
           id: w.id, state, idleMs: mono - w.idleSince, managed: w.managed, recycle: w.recycle, refresh: w.refresh, retired: w.retired,
@@ -184,7 +186,7 @@ export class Autoscaler {
     registry.setThrottled(endpointId, decision.throttled);
     this.#noteHeldBack(endpointId, spec, decision.throttled > 0 && capacity <= 0, runtimeRoom, gpuBlocked);
     this.#noteLowOnly(endpointId, !!this.#o.runtime && load.queued === 0 && load.lowQueued > 0 && decision.start === 0
-      && !listed.some((w) => !registry.silent(w) && !this.#managed.get(w.id)?.stopping && registry.state(w) !== 'unhealthy'), load.lowQueued);
+      && !live.some((w) => registry.state(w) !== 'unhealthy'), load.lowQueued);
     if (decision.recheckInMs > 0) this.#recheckIn(endpointId, decision.recheckInMs);
     // A crash backoff holds starts back: decide again when it ends, not at the next 1 s tick
     // after (armed at every decision during it, so an earlier wake-up that finds the backoff

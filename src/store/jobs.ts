@@ -73,6 +73,14 @@ const SEAL_CACHE_MAX = 256;
 /** Set by migration 14 while rows hold plain extra keys an older flashd wrote (see JobsRepo.sealPlainExtras). */
 const UNSEALED_KEY = 'jobs.unsealed_extra';
 
+/** An owed webhook's job (JobsRepo.owedWebhooks); null fields when the job's row is gone. */
+export interface OwedWebhook {
+  jobId: string;
+  status: JobStatus | null;
+  webhook: string | null;
+  endpointId: string | null;
+}
+
 interface Raw {
   rowid: number; id: string; endpoint_id: string; status: JobStatus; input: string; extra: string | null; webhook: string | null;
   low_priority: number; execution_timeout_ms: number; ttl_ms: number; retention_ms: number; attempt: number; retries: number;
@@ -129,7 +137,6 @@ export class JobsRepo {
   readonly #outboxAdd: Statement;
   readonly #outboxDelete: Statement;
   readonly #outboxAll: Statement;
-  readonly #hookTarget: Statement;
   readonly #owedOf: Statement;
   readonly #deleteOne: Statement;
   readonly #progress: Statement;
@@ -222,9 +229,9 @@ export class JobsRepo {
     // In the order the jobs ended (then rowid), as they were first sent: the outbox is keyed by
     // job id, which sorts by creation. Each row finds its job by primary key and the few owed
     // are sorted apart (no index on jobs: each would cost every insert and finish).
-    this.#outboxAll = db.prepare(`SELECT o.job_id FROM webhook_outbox o LEFT JOIN jobs j ON j.id = o.job_id
-      ORDER BY j.completed_at, j.rowid`).pluck();
-    this.#hookTarget = db.prepare('SELECT status, webhook, endpoint_id AS endpointId FROM jobs WHERE id = ?');
+    // The same lookup gives each job's status, URL and endpoint, without its input or output.
+    this.#outboxAll = db.prepare(`SELECT o.job_id AS jobId, j.status, j.webhook, j.endpoint_id AS endpointId
+      FROM webhook_outbox o LEFT JOIN jobs j ON j.id = o.job_id ORDER BY j.completed_at, j.rowid`);
     // /stream chunks (migration 7): one row per chunk, read and deleted by a poll; the rest go
     // with their job's row (trigger) or a /retry.
     this.#chunkAdd = db.prepare('INSERT INTO job_chunks (job_id, seq, chunk) VALUES (?, ?, ?)');
@@ -376,14 +383,18 @@ export class JobsRepo {
     this.#outboxDelete.run(id);
   }
 
-  /** Ids of the jobs whose webhook is still owed, in the order the jobs ended (then rowid; gone ones first). */
-  webhooksOwed(): string[] {
-    return this.#outboxAll.all() as string[];
+  /**
+   * The webhooks still owed, in the order their jobs ended (then rowid; those whose job is gone
+   * first, with null status, URL and endpoint), each with its job's status, URL and endpoint,
+   * read without the input or output (JobQueue.webhooksOwed at start).
+   */
+  owedWebhooks(): OwedWebhook[] {
+    return this.#outboxAll.all() as OwedWebhook[];
   }
 
-  /** A job's status, webhook URL and endpoint, without reading its input or output (webhooksOwed at start). */
-  webhookTarget(id: string): { status: JobStatus; webhook: string | null; endpointId: string } | undefined {
-    return this.#hookTarget.get(id) as { status: JobStatus; webhook: string | null; endpointId: string } | undefined;
+  /** Ids of the jobs whose webhook is still owed, in that order. */
+  webhooksOwed(): string[] {
+    return this.owedWebhooks().map((w) => w.jobId);
   }
 
   /** Ids of an endpoint's jobs still owed a webhook (few: the outbox is read, each job by its key). */
