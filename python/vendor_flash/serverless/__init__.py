@@ -33,11 +33,10 @@ def _parse_args(argv: List[str]) -> Tuple[argparse.Namespace, List[str]]:
     parser.add_argument("--rp_log_level", "--log_level", dest="log_level", default=None)
     parser.add_argument("--rp_serve_api", action="store_true")
     parser.add_argument("--rp_debugger", action="store_true")
-    # runpod-python's API-server flags: taken (and ignored, as --rp_serve_api is) so that
-    # they leave sys.argv as runpod-python's start() takes them
-    parser.add_argument("--rp_api_port", default=None)
-    parser.add_argument("--rp_api_concurrency", default=None)
-    parser.add_argument("--rp_api_host", default=None)
+    # --rp_serve_api's settings, with runpod-python's types and defaults (serve_api.py)
+    parser.add_argument("--rp_api_port", type=int, default=8000)
+    parser.add_argument("--rp_api_concurrency", type=int, default=1)
+    parser.add_argument("--rp_api_host", default="localhost")
     return parser.parse_known_args(argv)
 
 
@@ -68,6 +67,10 @@ def start(config: Dict[str, Any], argv: Optional[List[str]] = None) -> Optional[
     for KeyboardInterrupt), so the process ends as it would have without the SDK. Otherwise
     local mode: runs the handler once and exits the process (0 or 1, or the handler's
     ``sys.exit`` code).
+
+    With ``--rp_serve_api`` (before either mode, as in runpod-python): serves the local test API
+    (:mod:`.serve_api`) on ``--rp_api_host``:``--rp_api_port`` (``localhost:8000``) until
+    SIGINT/SIGTERM, then returns 0.
     """
     if not callable(config.get("handler")):
         raise ValueError("start() needs config['handler'], a callable")
@@ -84,7 +87,13 @@ def start(config: Dict[str, Any], argv: Optional[List[str]] = None) -> Optional[
         ready_ms = (time.perf_counter() - _IMPORTED_AT) * 1000
         config = dict(config, rp_args=dict(config.get("rp_args") or {}, rp_debugger=True, ready_delay_ms=ready_ms))
     if args.rp_serve_api:
-        log.warning("--rp_serve_api is not supported by vendor-flash; use --test_input or a flashd endpoint")
+        # as runpod-python: the local test API comes before production and local mode
+        from .serve_api import serve
+
+        status = serve(config, env, args.rp_api_host, args.rp_api_port, args.rp_api_concurrency)
+        if status:
+            raise SystemExit(status)
+        return status
     if args.test_input is None and env.is_production:
         if not env.post_output:
             # runpod-python would post to the literal "JOB_DONE_URL" and drop every result.

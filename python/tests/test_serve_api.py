@@ -1,0 +1,267 @@
+"""``--rp_serve_api``: the local test API, over real HTTP on loopback, one server per handler form."""
+
+import http.client
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import unittest
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from flashd_harness import PYTHON_DIR, WORKERS_DIR
+
+SCRIPT = os.path.join(WORKERS_DIR, "serve_handlers.py")
+LISTENING = re.compile(r"local test API .* on http://([^:/]+):(\d+)")
+
+
+class Server:
+    """``serve_handlers.py <mode> --rp_serve_api --rp_api_port 0`` in a subprocess."""
+
+    def __init__(self, mode, *args):
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("RUNPOD_", "VENDOR_"))}
+        env.update(PYTHONPATH=PYTHON_DIR, VENDOR_LOG_FORMAT="text", PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen([sys.executable, SCRIPT, mode, "--rp_serve_api", "--rp_api_port", "0", *args],
+                                     env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.lines = []
+        self.port = None
+        self._ready = threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
+        if not self._ready.wait(20) or self.port is None:
+            self.stop()
+            raise AssertionError("the local test API did not start:\n" + self.output())
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.lines.append(line)
+            match = LISTENING.search(line)
+            if match and self.port is None:
+                self.host, self.port = match.group(1), int(match.group(2))
+                self._ready.set()
+        self._ready.set()
+
+    def output(self):
+        return "".join(self.lines)
+
+    def request(self, method, path, body=None, raw=None):
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=20)
+        try:
+            data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+            conn.request(method, path, body=data, headers={"Content-Type": "application/json"} if data is not None else {})
+            resp = conn.getresponse()
+            return resp.status, json.loads(resp.read().decode())
+        finally:
+            conn.close()
+
+    def wait(self, timeout=10):
+        return self.proc.wait(timeout)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc.stdout.close()
+
+
+class ServeApiCase(unittest.TestCase):
+    mode = ""
+    args = ()
+
+    @classmethod
+    def setUpClass(cls):
+        cls.server = Server(cls.mode, *cls.args)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.stop()
+
+    def run_then(self, route, job_input):
+        status, answer = self.server.request("POST", "/run", {"input": job_input})
+        self.assertEqual(status, 200, answer)
+        self.assertEqual(answer["status"], "IN_PROGRESS")
+        self.assertRegex(answer["id"], r"^test-[0-9a-f-]{36}$")
+        return answer["id"], self.server.request("POST", f"/{route}/{answer['id']}")
+
+
+class SyncHandlerTest(ServeApiCase):
+    mode = "sync"
+
+    def test_listens_on_localhost_by_default(self):
+        self.assertEqual(self.server.host, "127.0.0.1", self.server.output())
+
+    def test_runsync(self):
+        status, answer = self.server.request("POST", "/runsync", {"input": {"q": "hi"}})
+        self.assertEqual(status, 200)
+        self.assertEqual(answer["status"], "COMPLETED")
+        # the handler gets {"id", "input"}, and its sync code runs on the main thread, as in the worker loop
+        self.assertEqual(answer["output"], {"id": answer["id"], "input": {"q": "hi"}, "main_thread": True})
+
+    def test_run_then_status_runs_the_job_once(self):
+        job_id, (status, answer) = self.run_then("status", {"q": 1})
+        self.assertEqual((status, answer["status"], answer["output"]["input"]), (200, "COMPLETED", {"q": 1}))
+        self.assertEqual(answer["id"], job_id)
+        status, answer = self.server.request("POST", f"/status/{job_id}")
+        self.assertEqual((status, answer), (404, {"id": job_id, "status": "FAILED", "error": "Job ID not found"}))
+
+    def test_status_answers_get_too(self):
+        status, answer = self.server.request("POST", "/run", {"input": {"q": 2}})
+        status, answer = self.server.request("GET", f"/status/{answer['id']}")
+        self.assertEqual((status, answer["output"]["input"]), (200, {"q": 2}))
+
+    def test_exception_fails_with_the_error_string(self):
+        status, answer = self.server.request("POST", "/runsync", {"input": {"fail": True}})
+        self.assertEqual((status, answer["status"], sorted(answer)), (200, "FAILED", ["error", "id", "status"]))
+        info = json.loads(answer["error"])
+        self.assertEqual((info["error_type"], info["error_message"]), ("<class 'RuntimeError'>", "sync failure"))
+
+    def test_error_key_fails(self):
+        status, answer = self.server.request("POST", "/runsync", {"input": {"error": "declared"}})
+        self.assertEqual(answer, {"id": answer["id"], "status": "FAILED", "error": "declared"})
+
+    def test_none_output_is_left_out(self):
+        status, answer = self.server.request("POST", "/runsync", {"input": {"none": True}})
+        self.assertEqual(answer, {"id": answer["id"], "status": "COMPLETED"})
+
+    def test_stream_of_a_plain_handler_fails_and_keeps_the_job(self):
+        job_id, (status, answer) = self.run_then("stream", {"q": 3})
+        self.assertEqual((status, answer), (200, {"id": job_id, "status": "FAILED",
+                                                  "error": "Stream not supported, handler must be a generator."}))
+        status, answer = self.server.request("POST", f"/status/{job_id}")
+        self.assertEqual((status, answer["status"]), (200, "COMPLETED"))
+
+    def test_bad_requests(self):
+        cases = [
+            (b"{not json", "json_invalid", ["body"]),
+            (b"", "missing", ["body"]),
+            (b"[1]", "model_attributes_type", ["body"]),
+            (b"{}", "missing", ["body", "input"]),
+            (b'{"input": null}', "missing", ["body", "input"]),
+            (b'{"input": [1]}', "dict_type", ["body", "input"]),
+            (b'{"input": {}, "webhook": 5}', "string_type", ["body", "webhook"]),
+        ]
+        for raw, kind, loc in cases:
+            for route in ("/run", "/runsync"):
+                with self.subTest(body=raw, route=route):
+                    status, answer = self.server.request("POST", route, raw=raw)
+                    self.assertEqual(status, 422, answer)
+                    self.assertEqual((answer["detail"][0]["type"], answer["detail"][0]["loc"]), (kind, loc))
+                    self.assertTrue(answer["detail"][0]["msg"])
+
+    def test_unknown_routes_and_methods(self):
+        self.assertEqual(self.server.request("GET", "/nope"), (404, {"detail": "Not Found"}))
+        self.assertEqual(self.server.request("GET", "/runsync"), (405, {"detail": "Method Not Allowed"}))
+        self.assertEqual(self.server.request("POST", "/stream/nope"),
+                         (404, {"id": "nope", "status": "FAILED", "error": "Job ID not found"}))
+
+    def test_health_and_index(self):
+        status, answer = self.server.request("GET", "/health")
+        self.assertEqual(status, 200)
+        self.assertEqual(sorted(answer["jobs"]), ["completed", "failed", "inProgress", "inQueue", "retried"])
+        status, answer = self.server.request("GET", "/")
+        self.assertEqual((status, answer["handler"]), (200, "sync"))
+
+    def test_webhook_gets_the_output(self):
+        got = []
+        done = threading.Event()
+
+        class Hook(BaseHTTPRequestHandler):
+            def do_POST(self):
+                got.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                done.set()
+
+            def log_message(self, *args):
+                pass
+
+        hook = ThreadingHTTPServer(("127.0.0.1", 0), Hook)
+        threading.Thread(target=hook.serve_forever, daemon=True).start()
+        try:
+            url = f"http://127.0.0.1:{hook.server_address[1]}/hook"
+            status, answer = self.server.request("POST", "/runsync", {"input": {"w": 1}, "webhook": url})
+            self.assertEqual(status, 200)
+            self.assertTrue(done.wait(10), self.server.output())
+            self.assertEqual(got, [{"output": answer["output"]}])
+        finally:
+            hook.shutdown()
+            hook.server_close()
+
+
+class AsyncHandlerTest(ServeApiCase):
+    mode = "async"
+
+    def test_runsync_and_status(self):
+        status, answer = self.server.request("POST", "/runsync", {"input": {"a": 1}})
+        self.assertEqual((status, answer["status"], answer["output"]), (200, "COMPLETED", {"async": {"a": 1}}))
+        _, (status, answer) = self.run_then("status", {"fail": True})
+        self.assertEqual((status, answer["status"]), (200, "FAILED"))
+        self.assertEqual(json.loads(answer["error"])["error_message"], "async failure")
+
+
+class GeneratorHandlerTest(ServeApiCase):
+    mode = "gen"
+
+    def test_stream_answers_every_chunk(self):
+        job_id, (status, answer) = self.run_then("stream", {"n": 3})
+        self.assertEqual((status, answer), (200, {"id": job_id, "status": "COMPLETED",
+                                                  "stream": [{"output": {"i": i}} for i in range(3)]}))
+        self.assertEqual(self.server.request("POST", f"/stream/{job_id}")[0], 404)
+
+    def test_without_return_aggregate_stream_the_output_is_empty(self):
+        # as the worker loop posts it (and flashd's /status then shows it)
+        status, answer = self.server.request("POST", "/runsync", {"input": {"n": 2}})
+        self.assertEqual((status, answer["status"], answer["output"]), (200, "COMPLETED", []))
+        _, (status, answer) = self.run_then("status", {"n": 2})
+        self.assertEqual((status, answer["output"]), (200, []))
+
+    def test_failing_generator(self):
+        job_id, (status, answer) = self.run_then("stream", {"n": 2, "fail": True})
+        self.assertEqual((status, answer["status"], answer["stream"]), (200, "FAILED", [{"output": {"i": 0}}, {"output": {"i": 1}}]))
+        self.assertTrue(answer["error"].startswith("handler: generator failure \ntraceback: "), answer)
+        status, answer = self.server.request("POST", "/runsync", {"input": {"fail": True}})
+        self.assertEqual((status, answer["status"]), (200, "FAILED"))
+
+
+class AsyncGeneratorAggregateTest(ServeApiCase):
+    mode = "agen"
+    args = ("--rp_api_concurrency", "2", "--rp_api_host", "127.0.0.1")
+
+    def test_host_flag(self):
+        self.assertEqual(self.server.host, "127.0.0.1")
+
+    def test_aggregate_stream_returns_the_yields(self):
+        status, answer = self.server.request("POST", "/runsync", {"input": {"n": 3}})
+        self.assertEqual((status, answer["output"]), (200, ["tok0", "tok1", "tok2"]))
+        job_id, (status, answer) = self.run_then("stream", {"n": 2})
+        self.assertEqual(answer, {"id": job_id, "status": "COMPLETED", "stream": [{"output": "tok0"}, {"output": "tok1"}]})
+
+
+class ShutdownTest(unittest.TestCase):
+    def test_sigint_stops_the_server_and_start_returns(self):
+        server = Server("sync")
+        self.assertEqual(server.request("POST", "/runsync", {"input": {}})[0], 200)
+        server.proc.send_signal(signal.SIGINT)
+        self.assertEqual(server.wait(), 0, server.output())
+        server.stop()
+        self.assertIn("start() returned 0", server.output())
+
+    def test_handler_sys_exit_fails_the_job_then_exits_with_its_code(self):
+        server = Server("sync")
+        try:
+            status, answer = server.request("POST", "/runsync", {"input": {"exit": True}})
+            self.assertEqual((status, answer["status"]), (200, "FAILED"))
+            self.assertEqual(json.loads(answer["error"])["error_type"], "<class 'SystemExit'>")
+            self.assertEqual(server.wait(), 3, server.output())
+        finally:
+            server.stop()
+
+
+if __name__ == "__main__":
+    unittest.main()
