@@ -1,10 +1,12 @@
 """Local one-shot mode (no job-take URL): --test_input, ./test_input.json, exit codes."""
 
+import http.server
 import json
 import os
 import subprocess
 import sys
 import tempfile
+import threading
 import unittest
 
 from flashd_harness import PYTHON_DIR, WORKERS_DIR
@@ -116,6 +118,33 @@ class LocalModeTest(unittest.TestCase):
         self.assertEqual(rc, 0, out)
         self.assertEqual(json.loads(last)["output"]["input"], 1)
 
+    def test_progress_updates_are_only_logged_not_posted_to_a_result_url_in_the_env(self):
+        # a developer's shell may still hold a deployed worker's URLs: the local job id must not go there
+        posts = []
+
+        class Receiver(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                posts.append(self.path)
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        try:
+            url = f"http://127.0.0.1:{server.server_address[1]}/v2/x/job-done/w?gpu=cpu"
+            rc, last, out = run_local("progress", "--test_input", '{"input": {}}',
+                                      env_extra={"RUNPOD_WEBHOOK_POST_OUTPUT": url})
+        finally:
+            server.shutdown()
+            server.server_close()
+        self.assertEqual((rc, json.loads(last)), (0, {"output": {"done": True}}), out)
+        self.assertIn("progress update: {'step': 1}", out)
+        self.assertEqual(posts, [])
 
     def test_job_url_without_result_url_exits_2_saying_what_is_missing(self):
         # runpod-python would post every result to the literal "JOB_DONE_URL" and lose them all

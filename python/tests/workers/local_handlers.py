@@ -27,6 +27,11 @@ def exit3(job):
     sys.exit(3)
 
 
+def progress(job):
+    serverless.progress_update(job, {"step": 1})
+    return {"done": True}
+
+
 def argv(job):
     return {"argv": sys.argv[1:]}
 
@@ -38,5 +43,5 @@ def timed(job):
 
 
 mode = sys.argv.pop(1)
-serverless.start({"handler": {"echo": echo, "fail": fail, "gen": gen, "error_key": error_key, "exit": exit3, "timed": timed, "argv": argv}[mode]})
+serverless.start({"handler": {"echo": echo, "fail": fail, "gen": gen, "error_key": error_key, "exit": exit3, "timed": timed, "argv": argv, "progress": progress}[mode]})
 print("start() returned", flush=True)  # never reached: local mode exits

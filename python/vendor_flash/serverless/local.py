@@ -15,6 +15,7 @@ from . import result as results
 from .env import WorkerEnv
 from .handler import JobRun, LoopThread
 from .log import get_logger, job_extra
+from .progress import set_local_only
 from .utils import rp_debugger
 
 
@@ -53,6 +54,7 @@ def run_local(config: Dict[str, Any], test_input: Optional[str], env: Optional[W
         log.error(problem)
         return 1
     job_id = str(job["id"])
+    set_local_only()
     loop = LoopThread()
     try:
         run = JobRun(config["handler"], job, loop, aggregate_stream=True,

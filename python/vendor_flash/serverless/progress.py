@@ -24,6 +24,7 @@ from .transport import PostOutcome, Transport
 _lock = threading.Condition()
 _transport: Optional[Transport] = None
 _stale_callback: Optional[Callable[[str], None]] = None
+_local_only = False
 
 
 class _Channel:
@@ -47,10 +48,19 @@ def set_transport(transport: Optional[Transport], on_stale=None) -> None:
         _stale_callback = on_stale
 
 
+def set_local_only() -> None:
+    """Used by ``--test_input`` and ``--rp_serve_api``: updates are only logged, never posted
+    (a job-done URL left in the developer's environment must not get local test job ids)."""
+    global _transport, _local_only
+    with _lock:
+        _local_only = True
+        _transport = None
+
+
 def _get_transport() -> Optional[Transport]:
     global _transport
     with _lock:
-        if _transport is None:
+        if _transport is None and not _local_only:
             env = WorkerEnv.from_environ()
             if env.post_output:
                 _transport = Transport(env)
@@ -62,7 +72,7 @@ def progress_update(job: Dict[str, Any], progress: Any) -> None:
 
     Returns at once; the update is visible in ``/status`` while the job is IN_PROGRESS. The
     value is encoded at once (later changes to the object are not sent). In local mode (no
-    job-done URL) it is only logged.
+    job-done URL, ``--test_input`` or ``--rp_serve_api``) it is only logged.
     """
     job_id = str(job["id"] if isinstance(job, dict) else job)
     transport = _get_transport()

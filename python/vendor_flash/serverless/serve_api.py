@@ -32,6 +32,7 @@ from . import result as results
 from .env import WorkerEnv
 from .handler import HandlerKind, JobRun, LoopThread, MainThreadRunner, handler_kind
 from .log import get_logger, job_extra
+from .progress import set_local_only
 from .utils import rp_debugger
 from ..version import __version__
 
@@ -391,6 +392,7 @@ class _Handler(BaseHTTPRequestHandler):
 def serve(config: Dict[str, Any], env: Optional[WorkerEnv] = None, host: Optional[str] = None,
           port: Optional[int] = None, concurrency: Optional[int] = None) -> int:
     """Start the local test API and serve until SIGINT/SIGTERM; returns the exit status."""
+    set_local_only()
     api = DevApi(config, env, host or DEFAULT_HOST, DEFAULT_PORT if port is None else port,
                  1 if concurrency is None else concurrency)
     return api.run()
