@@ -1,0 +1,44 @@
+/**
+ * RunPod's request body: "Along with an input key, other top-level inputs can also be included
+ * [...] If a key is passed in at the top level and not included here, it will be discarded and
+ * unavailable to your handler" (runpod/docs, serverless/endpoints/send-requests). A payload
+ * written for RunPod that carries another top-level key is accepted and the key dropped: it
+ * never reaches the worker, /status or a webhook. The known members are still checked.
+ */
+import t from 'tap';
+import { startAgent, assertProblem, cpuBody, ADMIN_KEY } from '../helpers/agent.js';
+import { TestWorker } from '../helpers/worker.js';
+
+const HEADERS = { authorization: ADMIN_KEY, 'content-type': 'application/json' };
+
+t.test('an unknown top-level key of /run and /runsync is accepted and discarded', async (t) => {
+  const a = await startAgent(t, { takeHoldMs: 500 });
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  const w = await TestWorker.create(a, ep);
+
+  const r = await fetch(`${a.url}/v2/${ep}/run`, { method: 'POST', headers: HEADERS, body: JSON.stringify({ input: { n: 1 }, stream: true, metadata: { user: 'u1' } }) });
+  t.equal(r.status, 200, await r.clone().text());
+  const { id, status } = (await r.json()) as { id: string; status: string };
+  t.equal(status, 'IN_QUEUE');
+  const job = await w.take();
+  t.same(job, { id, input: { n: 1 } }, 'the worker gets id and input only');
+  t.equal((await w.done(id, { output: 'ok' })).status, 200);
+  const s = await a.req('GET', `/v2/${ep}/status/${id}`);
+  t.same(Object.keys(s.json).sort(), ['delayTime', 'executionTime', 'id', 'output', 'status', 'workerId']);
+
+  const sync = fetch(`${a.url}/v2/${ep}/runsync?wait=5000`, { method: 'POST', headers: HEADERS, body: JSON.stringify({ input: { n: 2 }, extra: 1 }) });
+  const job2 = await w.take();
+  t.same(job2?.input, { n: 2 });
+  t.equal((await w.done(job2?.id as string, { output: 2 })).status, 200);
+  const sr = await sync;
+  t.equal(sr.status, 200);
+  t.match(await sr.json(), { id: job2?.id, status: 'COMPLETED', output: 2 });
+});
+
+t.test('the known members are still checked', async (t) => {
+  const a = await startAgent(t, {});
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  assertProblem(t, await a.req('POST', `/v2/${ep}/run`, { body: { extra: 1 } }), 400, 'input still required');
+  assertProblem(t, await a.req('POST', `/v2/${ep}/run`, { body: { input: {}, extra: 1, policy: { ttl: 'x' } } }), 400, 'a bad policy still refused');
+  assertProblem(t, await a.req('POST', `/v2/${ep}/run`, { body: { input: {}, extra: 1, webhook: 'not a url' } }), 400, 'a bad webhook still refused');
+});
