@@ -24,13 +24,14 @@ const MB = 1024 * 1024;
 /** Longest `/status?ttl=`: 7 days, as `policy.ttl`. */
 const MAX_STATUS_TTL_MS = 7 * 86_400_000;
 
+/** `null` members are taken as left out (a Python client's `"webhook": None`). */
 interface SubmitBody {
   input: Record<string, unknown>;
-  webhook?: string;
+  webhook?: string | null;
   /** runpod-sdk's (npm) other name for a webhook URL: delivered as `webhook` is. */
-  webhookV2?: string;
-  policy?: { executionTimeout?: number; ttl?: number; lowPriority?: boolean };
-  s3Config?: Record<string, unknown>;
+  webhookV2?: string | null;
+  policy?: { executionTimeout?: number; ttl?: number; lowPriority?: boolean } | null;
+  s3Config?: Record<string, unknown> | null;
 }
 
 /** The caller's endpoint (cached by EndpointService.byId), or a 404 for anyone else's. */
@@ -71,12 +72,12 @@ export function jobRoutes(s: JobRouteServices): RouteDef[] {
     const b = assertSchema<SubmitBody>('JobSubmit', body);
     for (const name of ['webhook', 'webhookV2'] as const) {
       const url = b[name];
-      if (url === undefined) continue;
+      if (url == null) continue;
       const problem = checkWebhookUrl(url, s.webhookAllowPrivate, name);
       if (problem) throw new AgentError('VALIDATION_FAILED', problem, { errors: [`/${name}: ${problem}`] });
     }
     // runpod-sdk types both; a job has one webhook, so two different URLs are refused, not one dropped.
-    if (b.webhook !== undefined && b.webhookV2 !== undefined && b.webhook !== b.webhookV2) {
+    if (b.webhook != null && b.webhookV2 != null && b.webhook !== b.webhookV2) {
       const problem = 'give webhook and webhookV2 the same URL, or only one of them: a job has one webhook';
       throw new AgentError('VALIDATION_FAILED', problem, { errors: [`/webhookV2: ${problem}`] });
     }
@@ -84,7 +85,7 @@ export function jobRoutes(s: JobRouteServices): RouteDef[] {
       endpointId: ep.id,
       // The input as the client sent it: never parsed again or re-serialised.
       input: (text === undefined ? undefined : rawMember(text, 'input')) ?? JSON.stringify(b.input),
-      extra: b.s3Config === undefined ? null : JSON.stringify({ s3Config: b.s3Config }),
+      extra: b.s3Config == null ? null : JSON.stringify({ s3Config: b.s3Config }),
       webhook: b.webhook ?? b.webhookV2 ?? null,
       executionTimeoutMs: b.policy?.executionTimeout ?? ep.data.timeout,
       ttlMs: b.policy?.ttl ?? s.queue.settings.defaultTtlMs,

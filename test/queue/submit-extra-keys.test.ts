@@ -42,3 +42,18 @@ t.test('the known members are still checked', async (t) => {
   assertProblem(t, await a.req('POST', `/v2/${ep}/run`, { body: { input: {}, extra: 1, policy: { ttl: 'x' } } }), 400, 'a bad policy still refused');
   assertProblem(t, await a.req('POST', `/v2/${ep}/run`, { body: { input: {}, extra: 1, webhook: 'not a url' } }), 400, 'a bad webhook still refused');
 });
+
+t.test('null webhook, webhookV2, policy and s3Config are taken as left out', async (t) => {
+  // a Python client that builds its body with `"webhook": None`
+  const a = await startAgent(t, { takeHoldMs: 500 });
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  const w = await TestWorker.create(a, ep);
+  const body = { input: { n: 3 }, webhook: null, webhookV2: null, policy: null, s3Config: null };
+  const r = await a.req('POST', `/v2/${ep}/run`, { body });
+  t.equal(r.status, 200, JSON.stringify(r.json));
+  const job = await w.take();
+  t.same(job, { id: r.json.id, input: { n: 3 } }, 'no s3Config reaches the worker');
+  t.equal((await w.done(r.json.id as string, { output: 'ok' })).status, 200);
+  t.match((await a.req('GET', `/v2/${ep}/status/${r.json.id}`)).json, { status: 'COMPLETED', output: 'ok' });
+  assertProblem(t, await a.req('POST', `/v2/${ep}/run`, { body: { input: {}, webhook: null, webhookV2: 'not a url' } }), 400, 'the other name still checked');
+});
