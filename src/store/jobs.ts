@@ -212,7 +212,10 @@ export class JobsRepo {
     this.#addCount = db.prepare(`INSERT INTO job_counts (endpoint_id, status, jobs, retries) VALUES (?, ?, ?, ?)
       ON CONFLICT (endpoint_id, status) DO UPDATE SET jobs = jobs + excluded.jobs, retries = retries + excluded.retries`);
     this.#dropCounts = db.prepare('DELETE FROM job_counts WHERE endpoint_id = ?');
-    this.#rowidRange = db.prepare('SELECT min(rowid) AS lo, max(rowid) AS hi FROM jobs');
+    // Two subqueries: SQLite reads a lone min() or max() of rowid off the end of the table's
+    // b-tree, but both in one SELECT walk every row (a full scan of the id index inside the
+    // DELETE request: 500k rows, ~55 ms of the event loop).
+    this.#rowidRange = db.prepare('SELECT (SELECT min(rowid) FROM jobs) AS lo, (SELECT max(rowid) FROM jobs) AS hi');
     // A finished job still owed its webhook keeps its row for the body (JobQueue.dropEndpoint);
     // the row goes when the delivery settles (deleteJob).
     this.#deleteSlice = db.prepare(`DELETE FROM jobs WHERE rowid >= ? AND rowid < ? AND endpoint_id = ?
