@@ -288,8 +288,12 @@ const MAX_TIMER_MS = 2_147_483_647;
  */
 const SYNC_INSERT_DELAY_MS = 100;
 
-/** Rows per slice when an endpoint's jobs are deleted (see #deleteRows). */
-const DELETE_SLICE_ROWS = 20_000;
+/**
+ * Rowids per slice when an endpoint's jobs are deleted (see #deleteRows), so at most this many
+ * rows a commit: about 5 µs a row (the row, its id and expiry index entries, the stream-chunk
+ * trigger, its pages written to the WAL at commit), a few ms of the event loop a slice.
+ */
+const DELETE_SLICE_ROWS = 1_000;
 
 /** Expired rows deleted per commit (see expire). */
 export const EXPIRE_SLICE_ROWS = 2_000;
@@ -391,6 +395,13 @@ export class JobQueue {
   readonly #outOfOrder = new Set<Job>();
   /** Endpoint deletions still deleting rows, and purges still ending jobs: the floor does not rise meanwhile. */
   #floorHeld = 0;
+  /**
+   * Endpoint deletions under way, in the order asked, each the rowids it has left to delete in:
+   * one slice of the first is written per commit (#deleteStep).
+   */
+  readonly #deletions: { endpointId: string; from: number; end: number }[] = [];
+  /** A slice of #deletions is queued or about to be (#deleteStep). */
+  #deleteQueued = false;
   /** The last queue generation handed out (EndpointQueue.gen). */
   #queueGens = 0;
   #floorQueued = false;
@@ -1844,8 +1855,8 @@ export class JobQueue {
 
   /**
    * Deletes an endpoint's rows in rowid slices (there is no per-endpoint index to find them
-   * by): a small table at once, a large one a slice per event-loop turn through the write batch,
-   * so a deletion never stalls the loop for long.
+   * by): a small table at once, a large one through the write batch, DELETE_SLICE_ROWS rowids a
+   * commit, so a deletion never stalls the loop for long.
    */
   #deleteRows(endpointId: string): void {
     const range = this.#repo.rowidRange();
@@ -1855,25 +1866,43 @@ export class JobQueue {
       this.#repo.deleteSlice(endpointId, range.lo, end);
       return;
     }
-    let from = range.lo;
     // Active rows memory no longer holds: the recovery floor stays below them until they are gone.
     this.#floorHeld++;
-    const step = (): void => {
-      // Stopping: the store is about to close, and a write after that throws from this
-      // setImmediate (an uncaught exception). The rows left go at the next start (active ones:
-      // recover) or when their results expire (the sweep counts no deleted endpoint's).
-      if (this.#closing) return;
-      const to = Math.min(end, from + DELETE_SLICE_ROWS);
-      const slice = from;
-      const last = to >= end;
-      this.#batch.write(() => {
-        this.#repo.deleteSlice(endpointId, slice, to);
-        if (last) this.#floorHeld--;
-      });
-      from = to;
-      if (!last) setImmediate(step);
-    };
-    step();
+    this.#deletions.push({ endpointId, from: range.lo, end });
+    if (!this.#deleteQueued) this.#deleteStep();
+  }
+
+  /**
+   * Writes the next slice of the oldest deletion. The one after it is queued by the commit that
+   * runs this one, in a later turn: a slice queued every turn regardless would pile up behind a
+   * WAL sync in flight and commit together with the others (group commit), one long turn; and
+   * deletions of several endpoints at once take turns, not a slice each per commit.
+   */
+  #deleteStep(): void {
+    // Stopping: the store is about to close, and a write after that throws from this
+    // setImmediate (an uncaught exception). The rows left go at the next start (active ones:
+    // recover) or when their results expire (the sweep counts no deleted endpoint's).
+    if (this.#closing) return;
+    const d = this.#deletions[0];
+    if (!d) return;
+    const from = d.from;
+    const to = Math.min(d.end, from + DELETE_SLICE_ROWS);
+    d.from = to;
+    this.#deleteQueued = true;
+    this.#batch.write(() => {
+      // Cleared first: a slice that throws fails its commit and stops the chain here (its rows
+      // go at the next start or when their results expire), and the next deletion starts it again.
+      this.#deleteQueued = false;
+      this.#repo.deleteSlice(d.endpointId, from, to);
+      if (to >= d.end) {
+        this.#deletions.shift();
+        this.#floorHeld--;
+      }
+      if (this.#deletions.length) {
+        this.#deleteQueued = true;
+        setImmediate(() => this.#deleteStep());
+      }
+    });
   }
 
   // The recovery floor (see the file header) -------------------------------------------------

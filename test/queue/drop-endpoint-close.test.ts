@@ -14,7 +14,7 @@ t.test('stopping during the deletion of a large endpoint throws nothing', async 
   const first = await startAgent(t, {}, { dir });
   const gone = (await first.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
   await first.agent.close();
-  // 1,000,000 finished jobs: the deletion takes 50 slices of 20,000 rows.
+  // 1,000,000 finished jobs: the deletion takes 1,000 slices of 1,000 rows.
   const seed = new Database(join(dir, 'flashd.db'));
   const insert = seed.prepare(`INSERT INTO jobs (id, endpoint_id, status, input, execution_timeout_ms, ttl_ms, retention_ms,
     created_at, completed_at, expires_at) VALUES (?, ?, 'COMPLETED', '{}', 600000, 86400000, 86400000, 1, 2, 9000000000000)`);
