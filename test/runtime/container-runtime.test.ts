@@ -5,6 +5,7 @@
  * Deadlines are generous and every wait polls: CI has 2 loaded cores.
  */
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { createServer as createHttpServer, request, type ServerResponse } from 'node:http';
 import { tmpdir } from 'node:os';
 import { connect, createServer, type Socket } from 'node:net';
 import { join } from 'node:path';
@@ -417,6 +418,109 @@ t.test('a second SIGTERM during a clean stop exits 1 at once and leaves no conta
   const b = await startAgent(t, { runtime: 'none' }, { dir });
   t.equal((await b.req('GET', `/v2/${busy}/status/${id}`)).json.status, 'IN_QUEUE', 'the next start reclaims the job');
 });
+
+t.test('an init process is PID 1: a worker stopped while booting stops at SIGTERM, not after the grace', async (t) => {
+  // Python as PID 1 before the SDK installed its SIGTERM handler (importing torch, loading a
+  // model): PID 1 gets no default signal action, so without an init `docker stop` waits out the
+  // whole grace and kills.
+  const a = await start(t, { workerStopGraceMs: 30_000 });
+  const ep = await endpoint(a, {
+    workers: { min: 1, max: 1, idleTimeout: 30 },
+    args: JSON.stringify({ entrypoint: ['python3', '-u', '-c', 'import time; print("loading the model", flush=True); time.sleep(600)'] }),
+  });
+  await until('the worker booting', async () => (await logLines(a, ep)).some((l) => /loading the model/.test(l.line)));
+  const [c] = await containersOf([`${LABELS.endpoint}=${ep}`]);
+  t.equal((await docker.inspectContainer(c?.Id as string)).HostConfig.Init, true, 'created with HostConfig.Init');
+  const stopping = Date.now();
+  t.equal((await a.req('DELETE', `/v2/serverless/${ep}`)).status, 204);
+  await until('its container removed', async () => (await containersOf([`${LABELS.endpoint}=${ep}`])).length === 0, 60_000);
+  const took = Date.now() - stopping;
+  t.ok(took < 10_000, `stopped and removed in ${took} ms, not after the 30 s grace`);
+});
+
+/**
+ * The real engine behind an HTTP proxy that refuses `HostConfig.Init` the way an engine without
+ * its init binary does, in its words: Podman without catatonit at create, Docker without
+ * docker-init at start. Everything else, attach included, is relayed.
+ */
+async function engineWithoutInit(path: string, refuses: 'create' | 'start'): Promise<{ creates: { init: boolean }[]; close(): Promise<void> }> {
+  const creates: { init: boolean }[] = [];
+  const withInit = new Set<string>();
+  const fail = (res: ServerResponse, message: string): void => {
+    res.writeHead(500, { 'content-type': 'application/json' });
+    res.end(JSON.stringify({ message }));
+  };
+  const server = createHttpServer((req, res) => {
+    const chunks: Buffer[] = [];
+    req.on('data', (c: Buffer) => chunks.push(c));
+    req.on('end', () => {
+      const body = Buffer.concat(chunks);
+      const url = req.url ?? '';
+      let init = false;
+      if (req.method === 'POST' && /\/containers\/create\b/.test(url)) {
+        init = JSON.parse(body.toString('utf8')).HostConfig?.Init === true;
+        creates.push({ init });
+        if (init && refuses === 'create') {
+          return fail(res, 'container create: container-init binary not found on the host: stat /usr/libexec/podman/catatonit: no such file or directory');
+        }
+      }
+      const started = req.method === 'POST' ? /\/containers\/([^/]+)\/start\b/.exec(url)?.[1] : undefined;
+      if (started && withInit.has(started)) return fail(res, 'exec: "docker-init": executable file not found in $PATH');
+      const up = request({ socketPath: SOCKET, method: req.method, path: url, headers: req.headers }, (r) => {
+        if (!init) {
+          res.writeHead(r.statusCode ?? 502, r.headers);
+          return void r.pipe(res);
+        }
+        const out: Buffer[] = [];
+        r.on('data', (c: Buffer) => out.push(c));
+        r.on('end', () => {
+          const text = Buffer.concat(out).toString('utf8');
+          if (r.statusCode === 201) withInit.add(JSON.parse(text).Id);
+          res.writeHead(r.statusCode ?? 502, { 'content-type': 'application/json' });
+          res.end(text);
+        });
+      });
+      up.on('error', () => res.destroy());
+      up.end(body);
+    });
+  });
+  server.on('upgrade', (req, socket, head) => {
+    const up = connect(SOCKET);
+    const lines = [`${req.method} ${req.url} HTTP/1.1`];
+    for (let i = 0; i < req.rawHeaders.length; i += 2) lines.push(`${req.rawHeaders[i]}: ${req.rawHeaders[i + 1]}`);
+    up.write(lines.join('\r\n') + '\r\n\r\n');
+    up.write(head);
+    up.on('error', () => socket.destroy());
+    socket.on('error', () => up.destroy());
+    socket.pipe(up).pipe(socket);
+  });
+  await new Promise<void>((r) => server.listen(path, r));
+  return { creates, close: () => new Promise<void>((r) => { server.closeAllConnections(); server.close(() => r()); }) };
+}
+
+for (const [engineName, refuses] of [['Podman', 'create'], ['Docker', 'start']] as const) {
+  t.test(`an engine without an init binary (${engineName}: refused at ${refuses}): containers start without one, logged once`, async (t) => {
+    const sockets = mkdtempSync(join(tmpdir(), 'flashd-noinit-'));
+    t.teardown(() => rmSync(sockets, { recursive: true, force: true }));
+    const engine = await engineWithoutInit(join(sockets, 'engine.sock'), refuses);
+    t.teardown(() => engine.close());
+    const a = await start(t, { containerSocket: join(sockets, 'engine.sock') });
+    t.teardown(() => a.agent.close());
+    const ep = await endpoint(a, { workers: { min: 0, max: 1, idleTimeout: 1 } });
+    const first = await runsync(a, ep, { n: 1 });
+    t.equal(first.status, 'COMPLETED', `the job runs: ${JSON.stringify(first)}`);
+    const [c] = await containersOf([`${LABELS.endpoint}=${ep}`]);
+    t.notOk((await docker.inspectContainer(c?.Id as string)).HostConfig.Init, 'the container was created without HostConfig.Init');
+    await until('scale to zero', async () => noWorkers(await health(a, ep)));
+    const second = await runsync(a, ep, { n: 2 });
+    t.equal(second.status, 'COMPLETED', JSON.stringify(second));
+    t.same(engine.creates, [{ init: true }, { init: false }, { init: false }], 'asked once with Init, then without it from then on');
+    const warned = a.logs.filter((l) => /the container engine has no init binary/.test(l));
+    t.equal(warned.length, 1, `one warning: ${warned.join('')}`);
+    t.match(warned[0], /catatonit|docker-init/, 'with the engine\'s reason and what to install');
+    t.notOk(a.logs.some((l) => /worker failed to start/.test(l)), 'no start failed');
+  });
+}
 
 t.test('engine sockets', async (t) => {
   const sockets = mkdtempSync(join(tmpdir(), 'flashd-sock-'));

@@ -37,6 +37,7 @@ t.test('safe defaults on every worker container', async (t) => {
     t.equal(hc.Binds, undefined, 'no bind mounts');
     t.equal(hc.Devices, undefined, 'no raw devices');
     t.equal(hc.PublishAllPorts, false);
+    t.equal(hc.Init, true, 'an init process as PID 1 (signals, zombies)');
     for (const m of hc.Mounts ?? []) t.equal(m.Type, 'volume', 'only volume mounts');
     t.notMatch(JSON.stringify(hc), /docker\.sock|podman\.sock|\/proc|\/sys\b/, 'no engine socket or host paths');
   }
@@ -87,6 +88,7 @@ t.test('resources, disk, volume, ports, command, labels', async (t) => {
   t.equal(hc.StorageOpt, undefined, 'no disk size: no StorageOpt');
   t.same(createBody(spec({ diskGb: 25 }), { instanceId: 'i', diskLimit: true }).HostConfig.StorageOpt, { size: '25G' });
   t.equal(createBody(spec({ diskGb: 25 }), { instanceId: 'i', diskLimit: false }).HostConfig.StorageOpt, undefined, 'left out where the engine cannot');
+  t.equal(createBody(spec(), { instanceId: 'i', diskLimit: false, init: false }).HostConfig.Init, undefined, 'no init where the engine has none');
   t.same(createBody(spec({ volume: { kind: 'global', id: 'gv_abc' } }), { instanceId: 'i', diskLimit: false }).HostConfig.Mounts,
     [{ Type: 'volume', Source: 'flashd-volume-gv_abc', Target: '/vendor-volume' }]);
   t.equal(volumeName('nv_1'), 'flashd-volume-nv_1');
@@ -194,6 +196,7 @@ t.test('the same body on a real engine: GET /containers/{id}/json and a look fro
   t.equal(hc.NanoCpus, 1e9);
   t.equal(hc.Memory, GIB);
   t.equal(hc.RestartPolicy?.Name, 'no');
+  t.equal(hc.Init, true, 'an init process');
   t.not(hc.NetworkMode, 'host');
   t.same(hc.DeviceRequests ?? [], []);
   // Podman lists named volumes under Binds (`name:/path:opts`); a host path would start with '/'.

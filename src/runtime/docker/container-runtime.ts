@@ -97,6 +97,15 @@ function refusesDiskLimit(err: unknown): boolean {
   return isDockerError(err) && err.code !== 'DOCKER_UNREACHABLE' && /storage[- ]?opt|quota/i.test(err.message);
 }
 
+/**
+ * An engine without its init binary, refusing `HostConfig.Init`: Podman at create ("container-init
+ * binary not found on the host: stat /usr/libexec/podman/catatonit"), Docker at start
+ * (`exec: "docker-init": executable file not found`). Again only the message tells.
+ */
+function refusesInit(err: unknown): boolean {
+  return isDockerError(err) && err.code !== 'DOCKER_UNREACHABLE' && /catatonit|docker-init|container-init|init binary|\btini\b/i.test(err.message);
+}
+
 const SIGNALS = new Map(Object.entries(constants.signals).map(([name, n]) => [n, name]));
 const isLoopback = (host: string): boolean => host === 'localhost' || host === '::1' || host.startsWith('127.');
 const isWildcard = (host: string): boolean => host === '0.0.0.0' || host === '::';
@@ -139,6 +148,8 @@ export class ContainerRuntime implements WorkerRuntime {
   #connecting: Promise<boolean> | null = null;
   #reconnect: NodeJS.Timeout | undefined;
   #diskLimit: 'unknown' | 'supported' | 'unsupported' = 'unknown';
+  /** Whether the engine runs an init as PID 1 (`HostConfig.Init`); unknown until a container started. */
+  #init: 'unknown' | 'supported' | 'unsupported' = 'unknown';
   /** How this engine attaches GPUs (known once it answered). */
   #gpu: GpuAttach | null = null;
   #closing = false;
@@ -172,6 +183,11 @@ export class ContainerRuntime implements WorkerRuntime {
   /** Whether `StorageOpt.size` works on this engine (unknown until a launch with a disk size). */
   get diskLimit(): 'unknown' | 'supported' | 'unsupported' {
     return this.#diskLimit;
+  }
+
+  /** Whether containers get an init process (`HostConfig.Init`): unsupported on an engine without its init binary. */
+  get init(): 'unknown' | 'supported' | 'unsupported' {
+    return this.#init;
   }
 
   /** The base URL workers reach flashd at (configured, or derived in `start()`). */
@@ -343,17 +359,34 @@ export class ContainerRuntime implements WorkerRuntime {
     await this.#ensureImage(spec);
     if (spec.volume) await this.#ensureVolume(spec.volume.id, spec.volume.kind);
     const tImage = performance.now();
-    const id = await this.#createContainer(spec);
-    const tCreate = performance.now();
-    try {
-      if (this.#closing) throw new Error('the container runtime is shutting down');
-      const startMs = await this.#run(id, spec, events);
-      this.#timed({ endpointId: spec.endpointId, workerId: spec.workerId, reused: false, imageMs: tImage - t0, createMs: tCreate - tImage, startMs, totalMs: performance.now() - t0 });
-      return { workerId: spec.workerId, reused: false };
-    } catch (err) {
-      await this.#remove(id);
-      throw err;
+    for (;;) {
+      const { id, init } = await this.#createContainer(spec);
+      const tCreate = performance.now();
+      try {
+        if (this.#closing) throw new Error('the container runtime is shutting down');
+        const startMs = await this.#run(id, spec, events);
+        if (init) this.#init = 'supported';
+        this.#timed({ endpointId: spec.endpointId, workerId: spec.workerId, reused: false, imageMs: tImage - t0, createMs: tCreate - tImage, startMs, totalMs: performance.now() - t0 });
+        return { workerId: spec.workerId, reused: false };
+      } catch (err) {
+        await this.#remove(id);
+        // Docker refuses a missing docker-init at start: once more, without the init.
+        if (init && this.#initRefused(err)) continue;
+        throw err;
+      }
     }
+  }
+
+  /** When `err` is the engine's refusal of `HostConfig.Init`: init off from now on (logged once). */
+  #initRefused(err: unknown): boolean {
+    if (!refusesInit(err)) return false;
+    if (this.#init !== 'unsupported') {
+      this.#init = 'unsupported';
+      this.#log.warn('the container engine has no init binary; workers run without an init process, so one whose PID 1 ignores SIGTERM (Python without a handler) takes the whole stop grace to stop', {
+        reason: (err as Error).message, hint: 'install catatonit (Podman) or docker-init (Docker)',
+      });
+    }
+    return true;
   }
 
   #timed(timing: LaunchTiming): void {
@@ -439,15 +472,19 @@ export class ContainerRuntime implements WorkerRuntime {
 
   /**
    * Creates the container. The first launch with a disk size learns whether the engine can
-   * limit it; when it cannot, the launch goes on without the limit (logged once).
+   * limit it; when it cannot, the launch goes on without the limit (logged once). Likewise an
+   * engine without an init binary: the container is created again without `Init` (logged once).
    */
-  async #createContainer(spec: LaunchSpec): Promise<string> {
-    const body = createBody(spec, { instanceId: this.instanceId, diskLimit: this.#diskLimit !== 'unsupported', gpuDriver: this.#gpu?.driver ?? 'nvidia' });
+  async #createContainer(spec: LaunchSpec): Promise<{ id: string; init: boolean }> {
+    const body = createBody(spec, {
+      instanceId: this.instanceId, diskLimit: this.#diskLimit !== 'unsupported', gpuDriver: this.#gpu?.driver ?? 'nvidia', init: this.#init !== 'unsupported',
+    });
     try {
       const { Id } = await this.client.createContainer(body, containerName(spec.workerId));
       if (body.HostConfig.StorageOpt) this.#diskLimit = 'supported';
-      return Id;
+      return { id: Id, init: body.HostConfig.Init === true };
     } catch (err) {
+      if (body.HostConfig.Init && this.#initRefused(err)) return this.#createContainer(spec);
       if (!body.HostConfig.StorageOpt || !refusesDiskLimit(err)) throw err;
       this.#diskLimit = 'unsupported';
       this.#log.warn('the container engine cannot limit container disk size; workers run without a disk limit', { reason: (err as Error).message });

@@ -106,10 +106,12 @@ export interface CreateBodyOptions {
   diskLimit: boolean;
   /** The device request for GPUs. @defaultValue `"nvidia"` */
   gpuDriver?: 'nvidia' | 'cdi';
+  /** An init process as PID 1 (`HostConfig.Init`; false once the engine said it has none). @defaultValue true */
+  init?: boolean;
 }
 
 /** The HostConfig: safe defaults first, then the worker's resources. */
-export function hostConfig(spec: LaunchSpec, options: Pick<CreateBodyOptions, 'diskLimit' | 'gpuDriver'>): HostConfig {
+export function hostConfig(spec: LaunchSpec, options: Pick<CreateBodyOptions, 'diskLimit' | 'gpuDriver' | 'init'>): HostConfig {
   const hc: HostConfig = {
     Privileged: false,
     CapDrop: ['ALL'],
@@ -123,6 +125,11 @@ export function hostConfig(spec: LaunchSpec, options: Pick<CreateBodyOptions, 'd
     LogConfig: { Type: 'json-file', Config: { 'max-size': SAFE_LIMITS.logMaxSize, 'max-file': SAFE_LIMITS.logMaxFiles } },
     Mounts: spec.volume ? [{ Type: 'volume', Source: volumeName(spec.volume.id), Target: VOLUME_PATH }] : [],
   };
+  // `docker run --init`: PID 1 is the engine's init (docker-init, Podman's catatonit), which
+  // forwards signals and reaps zombies. A process that is PID 1 itself gets no default signal
+  // action: Python without a SIGTERM handler (the SDK sets none) ignores `docker stop` and
+  // would take the whole stop grace.
+  if (options.init !== false) hc.Init = true;
   if (spec.gpuDeviceIds.length > 0) {
     hc.DeviceRequests = options.gpuDriver === 'cdi'
       ? [{ Driver: 'cdi', DeviceIDs: spec.gpuDeviceIds.map((uuid) => `nvidia.com/gpu=${uuid}`) }]
