@@ -99,6 +99,7 @@ export class WorkerRegistry {
    */
   onUp: ((endpointId: string, workerId: string) => void) | null = null;
 
+  /** @param forgetAfterMs - when a silent external worker is forgotten: 2 × the lease (`--lease-ms`). */
   constructor(clock: Clock, forgetAfterMs: number) {
     this.#clock = clock;
     this.#forgetAfterMs = forgetAfterMs;
@@ -236,6 +237,19 @@ export class WorkerRegistry {
   }
 
   /**
+   * A worker flashd launched that is up, holds no job, has no job-take open and has not called
+   * (job-take or ping) for a whole lease: its process has most likely died without the runtime
+   * saying so, as when a container dies while the engine's API is down (its exit is reported
+   * only once the engine answers again). A live SDK always has a take open or pings every 10 s.
+   * It is left out of `/health` (neither idle nor ready); the autoscaler still counts it, so it
+   * is stopped as any idle worker (and counted as it is again if it calls).
+   */
+  unheard(w: WorkerInfo): boolean {
+    return w.managed && w.phase === 'up' && w.jobs.size === 0 && w.stops.size === 0 && w.parked === 0
+      && this.#clock.monotonic() - w.lastSeen > this.#forgetAfterMs / 2;
+  }
+
+  /**
    * For how many more ms the worker is expected to ask for jobs again, 0 when it is not: its last
    * job-take got fewer jobs than it asked for (concurrency above 1, or a hold that ran out) and
    * it has not asked again yet, within RETURN_MS of that answer. Between an answer and the next
@@ -251,7 +265,7 @@ export class WorkerRegistry {
   counts(endpointId: string): WorkerCounts {
     const c: WorkerCounts = { idle: 0, initializing: 0, ready: 0, running: 0, throttled: this.#throttled.get(endpointId) ?? 0, unhealthy: 0 };
     for (const w of this.list(endpointId)) {
-      if (this.silent(w)) continue;
+      if (this.silent(w) || this.unheard(w)) continue;
       const state = this.state(w);
       // A worker flashd is stopping that holds no job takes none again: not idle, not ready,
       // however long it takes to exit (up to the stop grace if it ignores SIGTERM).

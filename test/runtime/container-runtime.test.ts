@@ -572,6 +572,33 @@ t.test('engine sockets', async (t) => {
     t.equal((await d.req('GET', `/v2/${ep}/status/${id}`)).json.status, 'IN_QUEUE', 'the job waits');
   });
 
+  t.test('a worker whose container dies while the engine is unreachable stops counting as idle once it falls silent', async (t) => {
+    // The engine cannot report the exit (its API is down), but the worker's job-take and pings stop.
+    const { relaySocket, cut } = await engineRelay(join(sockets, 'silent.sock'));
+    const d = await startAgent(t, { runtime: 'docker', containerSocket: relaySocket, takeHoldMs: 1000, workerStopGraceMs: 1000, leaseMs: 6000 });
+    const instance = instanceOf(d.dir);
+    t.teardown(async () => {
+      for (const c of await containersOf([`${LABELS.instance}=${instance}`])) await docker.removeContainer(c.Id, { force: true }).catch(() => undefined);
+    });
+    const ep = await endpoint(d, { workers: { min: 1, max: 1, idleTimeout: 30 } });
+    await until('a worker up', async () => (await health(d, ep)).workers.idle === 1);
+    await new Promise((r) => setTimeout(r, 8000));
+    t.equal((await health(d, ep)).workers.idle, 1, 'a live idle worker stays idle past the lease (its job-take is open)');
+    const [c] = await containersOf([`${LABELS.instance}=${instance}`]);
+    cut();
+    await docker.killContainer(c?.Id as string);
+    const killed = Date.now();
+    const seen: string[] = [];
+    const h = await until('the dead worker no longer idle', async () => {
+      const x = await health(d, ep);
+      const line = JSON.stringify(x.workers);
+      if (!seen.at(-1)?.endsWith(line)) seen.push(`${Date.now() - killed} ms: ${line}`);
+      return x.workers.idle === 0 && x;
+    }, 45_000).catch((e: Error) => { t.comment(seen.join('\n')); throw e; });
+    t.ok(Date.now() - killed < 20_000, `no longer idle ${Date.now() - killed} ms after it died (lease 6 s)`);
+    t.equal(h.workers.ready, 0, 'nor ready');
+  });
+
   t.test('an engine that goes away while a worker runs does not hold the shutdown', async (t) => {
     // flashd talks to the real engine through a relay that the test cuts (a daemon restart, or
     // the engine stopped first at system shutdown).
