@@ -5,7 +5,7 @@
  * Deadlines are generous and every wait polls: CI has 2 loaded cores.
  */
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
-import { createServer as createHttpServer, request, type ServerResponse } from 'node:http';
+import { createServer as createHttpServer, request } from 'node:http';
 import { tmpdir } from 'node:os';
 import { connect, createServer, type Socket } from 'node:net';
 import { join } from 'node:path';
@@ -419,6 +419,46 @@ t.test('a second SIGTERM during a clean stop exits 1 at once and leaves no conta
   t.equal((await b.req('GET', `/v2/${busy}/status/${id}`)).json.status, 'IN_QUEUE', 'the next start reclaims the job');
 });
 
+t.test('a second SIGTERM while a container is being started leaves that container behind neither', async (t) => {
+  // The engine takes its time to start the container: both signals land between its create and
+  // its start, before the runtime has registered it as running.
+  const sockets = mkdtempSync(join(tmpdir(), 'flashd-slowstart-'));
+  t.teardown(() => rmSync(sockets, { recursive: true, force: true }));
+  let startAsked!: () => void;
+  const asked = new Promise<void>((r) => (startAsked = r));
+  const engine = await engineProxy(join(sockets, 'engine.sock'), {
+    async before(r) {
+      if (r.method !== 'POST' || !/\/containers\/[^/]+\/start\b/.test(r.url)) return undefined;
+      startAsked();
+      await new Promise((w) => setTimeout(w, 3000));
+      return undefined;
+    },
+  });
+  t.teardown(() => engine.close());
+  const dir = t.testdir();
+  const flashd = await startFlashd(t, process.execPath, [
+    'dist/flashd.mjs', '--port', '0', '--data-dir', dir, '--runtime', 'docker', '--container-socket', join(sockets, 'engine.sock'),
+  ], cleanEnv({ FLASHD_ADMIN_API_KEY: ADMIN_KEY }));
+  const instance = instanceOf(dir);
+  t.teardown(async () => {
+    for (const c of await containersOf([`${LABELS.instance}=${instance}`])) await docker.removeContainer(c.Id, { force: true }).catch(() => undefined);
+  });
+  const r = await fetch(`${flashd.url}/v2/serverless`, {
+    method: 'POST', headers: { authorization: `Bearer ${ADMIN_KEY}`, 'content-type': 'application/json' },
+    body: JSON.stringify(cpuBody({ image: IMAGE, workers: { min: 1, max: 1, idleTimeout: 5 } })),
+  });
+  t.equal(r.status, 201);
+  await asked;
+  flashd.child.kill('SIGTERM');
+  await until('the clean stop to begin', async () => /shutting down/.test(flashd.stderr()), 5000);
+  t.equal(await flashd.stop('SIGTERM'), 1, 'the second signal exits 1');
+  // The start the engine was still working on lands after the exit.
+  await new Promise((w) => setTimeout(w, 4000));
+  const left = await containersOf([`${LABELS.instance}=${instance}`]);
+  t.same(left.map((c) => `${c.Names?.[0] ?? c.Id} ${c.State}`), [], 'no container of it is left, running or created');
+  t.match(flashd.stderr(), /removed containers \(second signal\).* count=1/, 'the one being started is counted');
+});
+
 t.test('an init process is PID 1: a worker stopped while booting stops at SIGTERM, not after the grace', async (t) => {
   // Python as PID 1 before the SDK installed its SIGTERM handler (importing torch, loading a
   // model): PID 1 gets no default signal action, so without an init `docker stop` waits out the
@@ -438,51 +478,49 @@ t.test('an init process is PID 1: a worker stopped while booting stops at SIGTER
   t.ok(took < 10_000, `stopped and removed in ${took} ms, not after the 30 s grace`);
 });
 
+interface Proxied {
+  method: string;
+  url: string;
+  body: Buffer;
+}
+
 /**
- * The real engine behind an HTTP proxy that refuses `HostConfig.Init` the way an engine without
- * its init binary does, in its words: Podman without catatonit at create, Docker without
- * docker-init at start. Everything else, attach included, is relayed.
+ * The real engine behind an HTTP proxy. `before` sees each request first and may hold it (a
+ * slow engine) or refuse it: a string is answered as the engine's 500 with that message.
+ * `created` gets the id of each container created. Attach (an upgraded connection) is relayed as is.
  */
-async function engineWithoutInit(path: string, refuses: 'create' | 'start'): Promise<{ creates: { init: boolean }[]; close(): Promise<void> }> {
-  const creates: { init: boolean }[] = [];
-  const withInit = new Set<string>();
-  const fail = (res: ServerResponse, message: string): void => {
-    res.writeHead(500, { 'content-type': 'application/json' });
-    res.end(JSON.stringify({ message }));
-  };
+async function engineProxy(path: string, o: {
+  before?(r: Proxied): Promise<string | undefined> | string | undefined;
+  created?(r: Proxied, id: string): void;
+}): Promise<{ close(): Promise<void> }> {
   const server = createHttpServer((req, res) => {
     const chunks: Buffer[] = [];
     req.on('data', (c: Buffer) => chunks.push(c));
-    req.on('end', () => {
-      const body = Buffer.concat(chunks);
-      const url = req.url ?? '';
-      let init = false;
-      if (req.method === 'POST' && /\/containers\/create\b/.test(url)) {
-        init = JSON.parse(body.toString('utf8')).HostConfig?.Init === true;
-        creates.push({ init });
-        if (init && refuses === 'create') {
-          return fail(res, 'container create: container-init binary not found on the host: stat /usr/libexec/podman/catatonit: no such file or directory');
-        }
+    req.on('end', () => void (async () => {
+      const r: Proxied = { method: req.method ?? 'GET', url: req.url ?? '/', body: Buffer.concat(chunks) };
+      const refused = await o.before?.(r);
+      if (refused !== undefined) {
+        res.writeHead(500, { 'content-type': 'application/json' });
+        return void res.end(JSON.stringify({ message: refused }));
       }
-      const started = req.method === 'POST' ? /\/containers\/([^/]+)\/start\b/.exec(url)?.[1] : undefined;
-      if (started && withInit.has(started)) return fail(res, 'exec: "docker-init": executable file not found in $PATH');
-      const up = request({ socketPath: SOCKET, method: req.method, path: url, headers: req.headers }, (r) => {
-        if (!init) {
-          res.writeHead(r.statusCode ?? 502, r.headers);
-          return void r.pipe(res);
+      const create = r.method === 'POST' && /\/containers\/create\b/.test(r.url);
+      const up = request({ socketPath: SOCKET, method: r.method, path: r.url, headers: req.headers }, (u) => {
+        if (!create) {
+          res.writeHead(u.statusCode ?? 502, u.headers);
+          return void u.pipe(res);
         }
         const out: Buffer[] = [];
-        r.on('data', (c: Buffer) => out.push(c));
-        r.on('end', () => {
+        u.on('data', (c: Buffer) => out.push(c));
+        u.on('end', () => {
           const text = Buffer.concat(out).toString('utf8');
-          if (r.statusCode === 201) withInit.add(JSON.parse(text).Id);
-          res.writeHead(r.statusCode ?? 502, { 'content-type': 'application/json' });
+          if (u.statusCode === 201) o.created?.(r, JSON.parse(text).Id);
+          res.writeHead(u.statusCode ?? 502, { 'content-type': 'application/json' });
           res.end(text);
         });
       });
       up.on('error', () => res.destroy());
-      up.end(body);
-    });
+      up.end(r.body);
+    })());
   });
   server.on('upgrade', (req, socket, head) => {
     const up = connect(SOCKET);
@@ -495,7 +533,32 @@ async function engineWithoutInit(path: string, refuses: 'create' | 'start'): Pro
     socket.pipe(up).pipe(socket);
   });
   await new Promise<void>((r) => server.listen(path, r));
-  return { creates, close: () => new Promise<void>((r) => { server.closeAllConnections(); server.close(() => r()); }) };
+  return { close: () => new Promise<void>((r) => { server.closeAllConnections(); server.close(() => r()); }) };
+}
+
+/**
+ * The real engine, refusing `HostConfig.Init` the way an engine without its init binary does, in
+ * its words: Podman without catatonit at create, Docker without docker-init at start.
+ */
+async function engineWithoutInit(path: string, refuses: 'create' | 'start'): Promise<{ creates: { init: boolean }[]; close(): Promise<void> }> {
+  const creates: { init: boolean }[] = [];
+  const withInit = new Set<string>();
+  const initOf = (r: Proxied): boolean => JSON.parse(r.body.toString('utf8')).HostConfig?.Init === true;
+  const proxy = await engineProxy(path, {
+    before(r) {
+      if (r.method !== 'POST') return undefined;
+      if (/\/containers\/create\b/.test(r.url)) {
+        creates.push({ init: initOf(r) });
+        if (initOf(r) && refuses === 'create') {
+          return 'container create: container-init binary not found on the host: stat /usr/libexec/podman/catatonit: no such file or directory';
+        }
+      }
+      const started = /\/containers\/([^/]+)\/start\b/.exec(r.url)?.[1];
+      return started && withInit.has(started) ? 'exec: "docker-init": executable file not found in $PATH' : undefined;
+    },
+    created: (r, id) => void (initOf(r) && withInit.add(id)),
+  });
+  return { creates, close: proxy.close };
 }
 
 for (const [engineName, refuses] of [['Podman', 'create'], ['Docker', 'start']] as const) {

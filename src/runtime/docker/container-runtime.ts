@@ -153,6 +153,8 @@ export class ContainerRuntime implements WorkerRuntime {
   /** How this engine attaches GPUs (known once it answered). */
   #gpu: GpuAttach | null = null;
   #closing = false;
+  /** A second signal removed every container (`removeAllNow`): a launch that gets one started removes it. */
+  #killed = false;
   /** Aborts pulls in flight at shutdown. */
   readonly #shutdown = new AbortController();
 
@@ -510,6 +512,8 @@ export class ContainerRuntime implements WorkerRuntime {
     const attached = await this.client.attach(containerId, (stream, payload) => (stream === 'stderr' ? err : out).push(payload));
     try {
       await this.client.startContainer(containerId);
+      // Started after removeAllNow looked: the caller removes it (the engine may have already).
+      if (this.#killed) throw new Error('the container runtime is shutting down');
     } catch (e) {
       attached.detach();
       throw e;
@@ -637,16 +641,25 @@ export class ContainerRuntime implements WorkerRuntime {
   /**
    * A second signal during shutdown: force-removes every container of this process at once,
    * running (no grace) and kept, so none outlives flashd (the next start would remove them,
-   * but it may never come). Resolves with how many it removed; a launch still in flight may
-   * leave its container for the next start.
+   * but it may never come). Those of launches still in flight are found by this instance's
+   * label (created, not yet registered) or remove themselves (`#killed`, checked once the
+   * engine started them), and this waits for those launches. Resolves with how many it removed.
    */
   async removeAllNow(): Promise<number> {
     this.#closing = true;
+    this.#killed = true;
     clearInterval(this.#reconnect);
     this.#shutdown.abort();
-    const ids = [...this.#running.values()].map((w) => w.containerId);
-    for (const e of this.#kept.list()) ids.push(e.value.containerId);
-    const removed = await Promise.all(ids.map((id) => this.client.removeContainer(id, { force: true, volumes: true }).then(() => 1, () => 0)));
+    const ids = new Set([...this.#running.values()].map((w) => w.containerId));
+    for (const e of this.#kept.list()) ids.add(e.value.containerId);
+    try {
+      const mine = await this.client.listContainers({ all: true, labels: [`${LABELS.managed}=true`, `${LABELS.instance}=${this.instanceId}`] });
+      for (const c of mine) ids.add(c.Id);
+    } catch {
+      // The engine is away: what this process knows is all it can remove.
+    }
+    const removed = await Promise.all([...ids].map((id) => this.client.removeContainer(id, { force: true, volumes: true }).then(() => 1, () => 0)));
+    await Promise.all([...this.#launching.values()].map((p) => p.catch(() => undefined)));
     return removed.reduce<number>((a, b) => a + b, 0);
   }
 
