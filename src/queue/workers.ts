@@ -241,8 +241,8 @@ export class WorkerRegistry {
    * (job-take or ping) for a whole lease: its process has most likely died without the runtime
    * saying so, as when a container dies while the engine's API is down (its exit is reported
    * only once the engine answers again). A live SDK always has a take open or pings every 10 s.
-   * It is left out of `/health` (neither idle nor ready); the autoscaler still counts it, so it
-   * is stopped as any idle worker (and counted as it is again if it calls).
+   * `/health` counts it `unhealthy` (neither idle nor ready); the autoscaler still counts it, so
+   * it is stopped as any idle worker (and counted as it is again if it calls).
    */
   unheard(w: WorkerInfo): boolean {
     return w.managed && w.phase === 'up' && w.jobs.size === 0 && w.stops.size === 0 && w.parked === 0
@@ -265,7 +265,11 @@ export class WorkerRegistry {
   counts(endpointId: string): WorkerCounts {
     const c: WorkerCounts = { idle: 0, initializing: 0, ready: 0, running: 0, throttled: this.#throttled.get(endpointId) ?? 0, unhealthy: 0 };
     for (const w of this.list(endpointId)) {
-      if (this.silent(w) || this.unheard(w)) continue;
+      if (this.silent(w)) continue;
+      if (this.unheard(w)) {
+        c.unhealthy++;
+        continue;
+      }
       const state = this.state(w);
       // A worker flashd is stopping that holds no job takes none again: not idle, not ready,
       // however long it takes to exit (up to the stop grace if it ignores SIGTERM).

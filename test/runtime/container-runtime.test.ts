@@ -660,6 +660,7 @@ t.test('engine sockets', async (t) => {
     }, 45_000).catch((e: Error) => { t.comment(seen.join('\n')); throw e; });
     t.ok(Date.now() - killed < 20_000, `no longer idle ${Date.now() - killed} ms after it died (lease 6 s)`);
     t.equal(h.workers.ready, 0, 'nor ready');
+    t.equal(h.workers.unhealthy, 1, 'but unhealthy');
   });
 
   t.test('an engine that goes away while a worker runs does not hold the shutdown', async (t) => {
