@@ -1889,7 +1889,9 @@ export class JobQueue {
     const to = Math.min(d.end, from + DELETE_SLICE_ROWS);
     d.from = to;
     this.#deleteQueued = true;
+    let ran = false;
     this.#batch.write(() => {
+      ran = true;
       // Cleared first: a slice that throws fails its commit and stops the chain here (its rows
       // go at the next start or when their results expire), and the next deletion starts it again.
       this.#deleteQueued = false;
@@ -1902,6 +1904,15 @@ export class JobQueue {
         this.#deleteQueued = true;
         setImmediate(() => this.#deleteStep());
       }
+    });
+    // Another write queued ahead of this slice in the same commit (a /run insert read in the
+    // turn before) can fail it before the slice runs: nothing would queue the next one, and
+    // #deleteQueued would hold off every later deletion too. The slice is written again.
+    this.#batch.committed().catch(() => {
+      if (ran || this.#closing) return;
+      d.from = from;
+      this.#deleteQueued = false;
+      this.#deleteStep();
     });
   }
 

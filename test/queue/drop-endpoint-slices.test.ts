@@ -145,3 +145,31 @@ t.test('a start after a crash mid-deletion deletes the rows left one slice a com
   checkCommits(t, from, 20_000);
   t.equal((await b.req('GET', `/v2/${kept}/status/${keptJob}`)).json.status, 'IN_QUEUE', 'the other endpoint\'s job is recovered');
 });
+
+t.test('a commit failed by another write before its slice ran does not stop the deletion, nor later ones', async (t) => {
+  const a = await startAgent(t);
+  const gone = await endpoint(a);
+  const later = await endpoint(a);
+  const kept = await endpoint(a);
+  seed(a.agent.db, 9_000, (i) => [gone, later, kept][i % 3] as string);
+  // A write SQLite refuses (a full disk, a constraint): here a trigger of the test's own refuses
+  // one job's insert, which fails the whole commit it is in (a TEMP trigger: it goes with the connection).
+  a.agent.db.exec(`CREATE TEMP TRIGGER refuse_poison BEFORE INSERT ON main.jobs WHEN NEW.input = '{"poison":1}'
+    BEGIN SELECT RAISE(ABORT, 'refused by the test'); END`);
+  a.agent.endpoints.delete(a.agent.endpoints.byId(gone)?.ownerId ?? '', gone);
+  // The first slice commits in the next check phase, and queues the second for the turn after.
+  // A job submitted in between (a /run read in the poll phase of that turn) is queued first:
+  // the refused insert and the second slice land in one commit, the insert ahead.
+  const poisoned = new Promise<unknown>((resolve) => setImmediate(() => resolve(a.agent.queue.submit({
+    endpointId: kept, input: '{"poison":1}', extra: null, webhook: null, executionTimeoutMs: 600_000, ttlMs: 86_400_000, lowPriority: false, retentionMs: 86_400_000,
+  }))));
+  await t.rejects(poisoned, /refused by the test/, 'the refused job is not acknowledged');
+  await until('the deleted endpoint\'s rows gone', async () => count(a.agent.db, gone) === 0, 20_000)
+    .catch((e: Error) => t.fail(`${e.message}: ${count(a.agent.db, gone)} rows left`));
+  t.equal((await a.req('DELETE', `/v2/serverless/${later}`)).status, 204);
+  await until('a later deletion\'s rows gone', async () => count(a.agent.db, later) === 0, 20_000)
+    .catch((e: Error) => t.fail(`${e.message}: ${count(a.agent.db, later)} rows left`));
+  t.equal(count(a.agent.db, kept), 3_000, 'the other endpoint keeps every row');
+  const r = await a.req('POST', `/v2/${kept}/run`, { body: { input: { after: 1 } } });
+  t.equal(r.status, 200, 'jobs are taken after the failed commit');
+});
