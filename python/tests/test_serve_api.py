@@ -5,9 +5,11 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
+import time
 import unittest
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -192,6 +194,21 @@ class SyncHandlerTest(ServeApiCase):
         finally:
             hook.shutdown()
             hook.server_close()
+
+    def test_a_failed_webhook_is_logged_without_its_query(self):
+        # a webhook URL often carries its credential in the query (?token=...): never in the log
+        with socket.socket() as closed:
+            closed.bind(("127.0.0.1", 0))
+            port = closed.getsockname()[1]  # nothing listens there once closed
+        url = f"http://127.0.0.1:{port}/hook/path?token=s3cr3t-webhook-token"
+        status, _ = self.server.request("POST", "/runsync", {"input": {"w": 2}, "webhook": url})
+        self.assertEqual(status, 200)
+        deadline = time.monotonic() + 15
+        while not re.search(r"webhook .* failed", self.server.output()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        out = self.server.output()
+        self.assertIn(f"webhook http://127.0.0.1:{port}/hook/path (query hidden) failed", out)
+        self.assertNotIn("s3cr3t-webhook-token", out)
 
 
 class AsyncHandlerTest(ServeApiCase):

@@ -14,6 +14,7 @@ import logging
 import os
 import sys
 from typing import Optional
+from urllib.parse import urlparse
 
 from .env import env_value
 
@@ -87,3 +88,17 @@ def level_number(name: str, default: int = logging.INFO) -> int:
 def job_extra(job_id: Optional[str]) -> dict:
     """``extra=`` argument that tags a log line with a job id."""
     return {"job_id": job_id}
+
+
+def shown_url(url: str) -> str:
+    """``url`` for a log line: no query, fragment or user info, which may carry credentials
+    (a presigned URL's ``X-Amz-Signature``, ``user:password@``)."""
+    try:
+        parts = urlparse(url)
+    except ValueError:
+        return "<unparsable URL>"
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    hidden = " (query hidden)" if parts.query or parts.fragment else ""
+    return f"{parts.scheme}://{host}{parts.path}{hidden}" if parts.scheme else f"{parts.path}{hidden}"

@@ -31,7 +31,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from . import result as results
 from .env import WorkerEnv
 from .handler import HandlerKind, JobRun, LoopThread, MainThreadRunner, handler_kind
-from .log import get_logger, job_extra
+from .log import get_logger, job_extra, shown_url
 from .progress import set_local_only
 from .utils import rp_debugger
 from ..version import __version__
@@ -294,9 +294,9 @@ class DevApi:
             try:
                 with urllib.request.urlopen(request, timeout=WEBHOOK_TIMEOUT) as response:  # noqa: S310
                     response.read()
-                self.log.debug("webhook %s: delivered", url, extra=job_extra(job_id))
+                self.log.debug("webhook %s: delivered", shown_url(url), extra=job_extra(job_id))
             except Exception as exc:  # noqa: BLE001 - a webhook failure is only logged
-                self.log.warning("webhook %s failed: %s", url, exc, extra=job_extra(job_id))
+                self.log.warning("webhook %s failed: %s", shown_url(url), exc, extra=job_extra(job_id))
 
         threading.Thread(target=post, name="vendor-flash-webhook", daemon=True).start()
 

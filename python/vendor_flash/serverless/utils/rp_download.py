@@ -27,6 +27,7 @@ from typing import Dict, List, Optional, Union
 from urllib.parse import unquote, urlparse
 
 from ...version import __version__
+from ..log import shown_url
 
 HEADERS = {"User-Agent": f"vendor-flash/{__version__}"}
 #: Tries per URL in :func:`download_files_from_urls`, 1 s then 2 s apart.
@@ -73,20 +74,6 @@ def _fetch(url: str, path_without_ext: str, timeout: float) -> str:
     return path
 
 
-def _shown(url: str) -> str:
-    """``url`` for a log line: no query, fragment or user info, which may carry credentials
-    (a presigned URL's ``X-Amz-Signature``, ``user:password@``)."""
-    try:
-        parts = urlparse(url)
-    except ValueError:
-        return "<unparsable URL>"
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    hidden = " (query hidden)" if parts.query or parts.fragment else ""
-    return f"{parts.scheme}://{host}{parts.path}{hidden}" if parts.scheme else f"{parts.path}{hidden}"
-
-
 def download_files_from_urls(job_id: str, urls: Union[str, List[Optional[str]]]) -> List[Optional[str]]:
     """Download one URL or a list of them, in parallel, into
     ``jobs/<job_id>/downloaded_files/``; return the absolute path of each file, in order, or
@@ -103,7 +90,7 @@ def download_files_from_urls(job_id: str, urls: Union[str, List[Optional[str]]])
                 return os.path.abspath(_fetch(url, target, timeout=5))
             except (urllib.error.URLError, OSError, ValueError) as exc:
                 if attempt + 1 == TRIES:
-                    print(f"Failed to download {_shown(url)}: {exc}", flush=True)
+                    print(f"Failed to download {shown_url(url)}: {exc}", flush=True)
                     return None
                 time.sleep(2 ** attempt)
         return None
