@@ -212,9 +212,12 @@ export class WriteBatch {
     }
     if (error || this.#fd < 0) {
       for (const w of waiters) w(error);
-      return;
+    } else {
+      for (const w of waiters) this.#afterCommit(w);
     }
-    for (const w of waiters) this.#afterCommit(w);
+    // Callers an earlier commit left for the next sync (a forced flush during a hold) wait for
+    // one to start: this commit may have had no caller of its own to start it.
+    if (this.#nextSync.length > 0 && this.#syncing === null && this.#hold === null) this.#startSync();
   }
 
   /** After a sync that answered `answered` callers: hold the next commit while a crowd gathers. */

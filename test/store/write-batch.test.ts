@@ -105,3 +105,21 @@ t.test('sequence numbers: a write is durable once its batch is synced (fsync) or
     t.ok(batch.isDurable(next));
   }
 });
+
+t.test('fsync: callers committed by a forced flush during a hold are synced even when only unwaited writes follow', async (t) => {
+  // A busy sync (8 callers or more) makes the next commit wait for its group (the hold). A
+  // forced flush then (DELETE /v2/serverless/{id} flushes before the endpoint's rows go) left
+  // its callers waiting for the next sync, and the hold's end committed the writes queued
+  // meanwhile without starting one: with no other caller to come (an endpoint's row deletion
+  // writes a slice a turn and waits on none), those callers were never answered.
+  const { batch, insert } = setup(t, 'fsync');
+  await Promise.all(Array.from({ length: 16 }, (_, i) => batch.commit(() => insert.run(i))));
+  // The sync that answered them set the hold: these come before it ends (1 ms).
+  let answered = false;
+  const waited = batch.commit(() => insert.run(100)).then(() => void (answered = true));
+  batch.flush(true);
+  batch.write(() => insert.run(101)); // no caller of its own
+  const timeout = new Promise<'stuck'>((resolve) => setTimeout(() => resolve('stuck'), 2_000));
+  t.equal(await Promise.race([waited.then(() => 'answered' as const), timeout]), 'answered', 'the forced flush\'s caller is answered');
+  t.ok(answered);
+});
