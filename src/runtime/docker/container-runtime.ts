@@ -103,7 +103,7 @@ function refusesDiskLimit(err: unknown): boolean {
  * (`exec: "docker-init": executable file not found`). Again only the message tells.
  */
 function refusesInit(err: unknown): boolean {
-  return isDockerError(err) && err.code !== 'DOCKER_UNREACHABLE' && /catatonit|docker-init|container-init|init binary|\btini\b/i.test(err.message);
+  return isDockerError(err) && err.code !== 'DOCKER_UNREACHABLE' && /init binary not found|"?docker-init"?: executable file not found/i.test(err.message);
 }
 
 const SIGNALS = new Map(Object.entries(constants.signals).map(([name, n]) => [n, name]));
@@ -351,7 +351,8 @@ export class ContainerRuntime implements WorkerRuntime {
     } catch (err) {
       // Its identity goes with it either way; an unreachable engine fails the launch too.
       await this.#discard(hit, 'restart failed');
-      if (isDockerError(err, 'DOCKER_UNREACHABLE')) throw err;
+      // Shutting down (a second signal removed it meanwhile): no new container to remove again.
+      if (isDockerError(err, 'DOCKER_UNREACHABLE') || this.#closing) throw err;
       this.#log.warn('kept container could not be restarted; creating a new one', { workerId: hit.workerId, reason: (err as Error).message });
       return null;
     }
