@@ -99,9 +99,11 @@ t.test('a worker to be replaced stops as soon as its last job is done, not at th
     return s.status === 'COMPLETED' && s;
   }, 20_000)));
   type Line = { line: string; at: string; workerId: string; stream: string };
-  const lines = await until('the three stops', async () => {
+  // Both lines of each worker: its stdout may reach the log after flashd's stop line (a pipe).
+  const lines = await until('the three stops and the three finished lines', async () => {
     const all = (await a.req('GET', `/v2/serverless/${ep}/logs?limit=10000`)).json as Line[];
-    return all.filter((l) => /^stopping worker .*: recycled/.test(l.line)).length === 3 && all;
+    const has = (workerId: string, re: RegExp) => all.some((l) => l.workerId === workerId && re.test(l.line));
+    return done.every((j) => has(j.workerId, /finished in/) && has(j.workerId, /^stopping worker .*: recycled/)) && all;
   }, 10_000);
   // The SDK logs "finished in …" after its result post got its answer.
   const lags = done.map((j) => {
