@@ -3,6 +3,8 @@
  * testdir, and closes it on teardown. Requests go over real HTTP with fetch.
  */
 import type { Test } from 'tap';
+import Database from 'better-sqlite3';
+import { join } from 'node:path';
 import { createAgent, type Agent } from '../../src/app.js';
 import { loadConfig, type FlashdConfig } from '../../src/config/index.js';
 import type { Clock } from '../../src/core/clock.js';
@@ -95,4 +97,20 @@ export function queueBody(extra: Record<string, unknown> = {}): Record<string, u
 export function cpuBody(extra: Record<string, unknown> = {}): Record<string, unknown> {
   const { gpu: _gpu, ...rest } = queueBody();
   return { ...rest, cpu: [{ id: 'cpu3c', vcpuCount: 2 }], ...extra };
+}
+
+/**
+ * Writes `rows` queued jobs (`seeded-00000000`, … with input `{"n":1}`) straight into the
+ * stopped server's database in `dir`, for tests of a backlog recovered at start (the /run path
+ * is not under test). `endpointOf(i)` names each job's endpoint.
+ */
+export function seedQueued(dir: string, rows: number, endpointOf: (i: number) => string): void {
+  const db = new Database(join(dir, 'flashd.db'));
+  const insert = db.prepare(`INSERT INTO jobs (id, endpoint_id, status, input, execution_timeout_ms, ttl_ms, retention_ms, created_at, queued_at)
+    VALUES (?, ?, 'IN_QUEUE', '{"n":1}', 600000, 86400000000, 86400000, ?, ?)`);
+  const now = Date.now();
+  db.transaction(() => {
+    for (let i = 0; i < rows; i++) insert.run(`seeded-${String(i).padStart(8, '0')}`, endpointOf(i), now, now);
+  })();
+  db.close();
 }

@@ -8,11 +8,9 @@
  * built-in Map is wrapped, nothing of flashd is replaced), and that the jobs are collected.
  */
 import t, { type Test } from 'tap';
-import Database from 'better-sqlite3';
 import v8 from 'node:v8';
 import vm from 'node:vm';
-import { join } from 'node:path';
-import { startAgent, cpuBody, type TestAgent } from '../helpers/agent.js';
+import { startAgent, cpuBody, seedQueued, type TestAgent } from '../helpers/agent.js';
 import { TestWorker } from '../helpers/worker.js';
 import { until } from '../helpers/wait.js';
 
@@ -56,14 +54,7 @@ async function withBacklog(t: Test, names: number, endpointOf: (i: number, eps: 
   const eps: string[] = [];
   for (let i = 0; i < names; i++) eps.push(await endpoint(first));
   await first.agent.close();
-  const db = new Database(join(dir, 'flashd.db'));
-  const insert = db.prepare(`INSERT INTO jobs (id, endpoint_id, status, input, execution_timeout_ms, ttl_ms, retention_ms, created_at, queued_at)
-    VALUES (?, ?, 'IN_QUEUE', '{"n":1}', 600000, 86400000000, 86400000, ?, ?)`);
-  const now = Date.now();
-  db.transaction(() => {
-    for (let i = 0; i < rows; i++) insert.run(`seeded-${String(i).padStart(8, '0')}`, endpointOf(i, eps), now, now);
-  })();
-  db.close();
+  seedQueued(dir, rows, (i) => endpointOf(i, eps));
   const a = await startAgent(t, { takeHoldMs: 300 }, { dir });
   return { a, eps };
 }

@@ -7,9 +7,7 @@
  * answered, and neither did any caller committed with it.
  */
 import t from 'tap';
-import Database from 'better-sqlite3';
-import { join } from 'node:path';
-import { startAgent, cpuBody } from '../helpers/agent.js';
+import { startAgent, cpuBody, seedQueued } from '../helpers/agent.js';
 import { until } from '../helpers/wait.js';
 
 const BACKLOG = 20_000;
@@ -19,15 +17,8 @@ t.test('a purge in flight when its endpoint is deleted answers', async (t) => {
   const first = await startAgent(t, {}, { dir });
   const gone = (await first.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
   await first.agent.close();
-  // A backlog recovered at start (queued rows written directly; the /run path is not under test).
-  const db = new Database(join(dir, 'flashd.db'));
-  const insert = db.prepare(`INSERT INTO jobs (id, endpoint_id, status, input, execution_timeout_ms, ttl_ms, retention_ms, created_at, queued_at)
-    VALUES (?, ?, 'IN_QUEUE', '{"n":1}', 600000, 86400000000, 86400000, ?, ?)`);
-  const now = Date.now();
-  db.transaction(() => {
-    for (let i = 0; i < BACKLOG; i++) insert.run(`seeded-${String(i).padStart(8, '0')}`, gone, now, now);
-  })();
-  db.close();
+  // A backlog recovered at start.
+  seedQueued(dir, BACKLOG, () => gone);
   const a = await startAgent(t, {}, { dir });
 
   const purge = a.req('POST', `/v2/${gone}/purge-queue`);
