@@ -148,8 +148,8 @@ export class ContainerRuntime implements WorkerRuntime {
   #connecting: Promise<boolean> | null = null;
   #reconnect: NodeJS.Timeout | undefined;
   #diskLimit: 'unknown' | 'supported' | 'unsupported' = 'unknown';
-  /** Whether the engine runs an init as PID 1 (`HostConfig.Init`); unknown until a container started. */
-  #init: 'unknown' | 'supported' | 'unsupported' = 'unknown';
+  /** The engine refused `HostConfig.Init` (no init binary): containers get none from then on. */
+  #noInit = false;
   /** How this engine attaches GPUs (known once it answered). */
   #gpu: GpuAttach | null = null;
   #closing = false;
@@ -185,11 +185,6 @@ export class ContainerRuntime implements WorkerRuntime {
   /** Whether `StorageOpt.size` works on this engine (unknown until a launch with a disk size). */
   get diskLimit(): 'unknown' | 'supported' | 'unsupported' {
     return this.#diskLimit;
-  }
-
-  /** Whether containers get an init process (`HostConfig.Init`): unsupported on an engine without its init binary. */
-  get init(): 'unknown' | 'supported' | 'unsupported' {
-    return this.#init;
   }
 
   /** The base URL workers reach flashd at (configured, or derived in `start()`). */
@@ -368,7 +363,6 @@ export class ContainerRuntime implements WorkerRuntime {
       try {
         if (this.#closing) throw new Error('the container runtime is shutting down');
         const startMs = await this.#run(id, spec, events);
-        if (init) this.#init = 'supported';
         this.#timed({ endpointId: spec.endpointId, workerId: spec.workerId, reused: false, imageMs: tImage - t0, createMs: tCreate - tImage, startMs, totalMs: performance.now() - t0 });
         return { workerId: spec.workerId, reused: false };
       } catch (err) {
@@ -383,8 +377,8 @@ export class ContainerRuntime implements WorkerRuntime {
   /** When `err` is the engine's refusal of `HostConfig.Init`: init off from now on (logged once). */
   #initRefused(err: unknown): boolean {
     if (!refusesInit(err)) return false;
-    if (this.#init !== 'unsupported') {
-      this.#init = 'unsupported';
+    if (!this.#noInit) {
+      this.#noInit = true;
       this.#log.warn('the container engine has no init binary; workers run without an init process, so one whose PID 1 ignores SIGTERM (Python without a handler) takes the whole stop grace to stop', {
         reason: (err as Error).message, hint: 'install catatonit (Podman) or docker-init (Docker)',
       });
@@ -480,7 +474,7 @@ export class ContainerRuntime implements WorkerRuntime {
    */
   async #createContainer(spec: LaunchSpec): Promise<{ id: string; init: boolean }> {
     const body = createBody(spec, {
-      instanceId: this.instanceId, diskLimit: this.#diskLimit !== 'unsupported', gpuDriver: this.#gpu?.driver ?? 'nvidia', init: this.#init !== 'unsupported',
+      instanceId: this.instanceId, diskLimit: this.#diskLimit !== 'unsupported', gpuDriver: this.#gpu?.driver ?? 'nvidia', init: !this.#noInit,
     });
     try {
       const { Id } = await this.client.createContainer(body, containerName(spec.workerId));
