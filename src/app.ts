@@ -301,11 +301,34 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
       close: async () => {
         if (closed) return;
         closed = true;
-        for (const c of closers.reverse()) await c();
+        await runClosers(closers, log);
       },
     };
   } catch (err) {
-    for (const c of closers.reverse()) await c();
+    await runClosers(closers, log).catch(() => undefined);
     throw err;
   }
+}
+
+/**
+ * Runs the closers last-registered first, every one of them even when one fails: a closer that
+ * threw used to skip the rest, leaving the listener, the database and the data-dir lock open
+ * (a process that then never exits). Each failure is logged; the first is thrown at the end,
+ * with the others named in its message.
+ */
+export async function runClosers(closers: (() => Promise<void> | void)[], log: Logger): Promise<void> {
+  const failures: Error[] = [];
+  for (const c of closers.reverse()) {
+    try {
+      await c();
+    } catch (err) {
+      const e = err instanceof Error ? err : new Error(String(err));
+      failures.push(e);
+      log.error('a step of the shutdown failed; the others still run', { err: e });
+    }
+  }
+  const [first, ...others] = failures;
+  if (!first) return;
+  if (others.length) first.message += ` (and ${others.length} more: ${others.map((e) => e.message).join('; ')})`;
+  throw first;
 }

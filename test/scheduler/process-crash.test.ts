@@ -1,0 +1,153 @@
+/**
+ * The process runtime's crash loops and recycled workers: the crash backoff, its cap and its reset
+ * by a PATCH, unhealthy counts within max, start failures, and refresh_worker.
+ */
+import t from 'tap';
+import { ManualClock } from '../../src/core/clock.js';
+import { startAgent, cpuBody, type TestAgent } from '../helpers/agent.js';
+import { REPO_ROOT } from '../helpers/spawn-flashd.js';
+import { until } from '../helpers/wait.js';
+
+const health = async (a: TestAgent, ep: string) => (await a.req('GET', `/v2/${ep}/health`)).json;
+
+t.test('a PATCH that replaces a crash-looping configuration starts its worker without the old backoff', async (t) => {
+  const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT, takeHoldMs: 1000 });
+  const ep = (await a.req('POST', '/v2/serverless', {
+    body: cpuBody({ args: 'python3 -c "import sys; sys.exit(1)"', workers: { min: 1, max: 1, idleTimeout: 30 } }),
+  })).json.id as string;
+  // Five crashes within a minute: the next start would wait 8 s.
+  await until('five crashes', async () => {
+    const lines = (await a.req('GET', `/v2/serverless/${ep}/logs`)).json as { line: string }[];
+    return lines.filter((l) => /exited unexpectedly/.test(l.line)).length >= 5;
+  }, 40_000);
+  const patched = await a.req('PATCH', `/v2/serverless/${ep}`, { body: { args: 'python3 -u test/fixtures/workers/echo.py' } });
+  t.same(patched.json.restartReasons, ['args']);
+  const started = performance.now();
+  const r = await a.req('POST', `/v2/${ep}/runsync`, { body: { input: { ok: 1 } } });
+  t.equal(r.json.status, 'COMPLETED');
+  const took = performance.now() - started;
+  t.ok(took < 5000, `the fixed configuration ran a job ${Math.round(took)} ms after the PATCH`);
+});
+
+t.test('a crash loop backs off up to 60 s and stays there: the wait never falls back as old crashes age', async (t) => {
+  const clock = new ManualClock();
+  const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT }, { clock });
+  const ep = (await a.req('POST', '/v2/serverless', {
+    body: cpuBody({ args: 'python3 -c "import sys; sys.exit(1)"', workers: { min: 1, max: 1, idleTimeout: 30 } }),
+  })).json.id as string;
+  const crashes = async () =>
+    ((await a.req('GET', `/v2/serverless/${ep}/logs?limit=10000`)).json as { line: string }[]).filter((l) => /exited unexpectedly/.test(l.line)).length;
+  await until('three crashes in a row', async () => (await crashes()) >= 3, 20_000);
+  const said = async (re: RegExp) => ((await a.req('GET', `/v2/serverless/${ep}/logs?limit=10000`)).json as { line: string }[]).some((l) => re.test(l.line));
+  await until('the backoff in the log', () => said(/^3 workers crashed in a row: no new worker for 2 s \(crash backoff\)$/), 5000);
+  // Then 2, 4, 8, 16 and 32 s between starts: the clock moves exactly that far each time.
+  let n = 3;
+  for (const wait of [2, 4, 8, 16, 32]) {
+    clock.advance(wait * 1000);
+    n++;
+    await until(`crash ${n} after the ${wait} s backoff`, async () => (await crashes()) >= n, 10_000);
+  }
+  // Eight crashes in a row: the next start waits 60 s. (With the crashes of a sliding minute,
+  // the first ones had aged out by now and the wait fell back to 8 s.)
+  clock.advance(9_000);
+  await new Promise((r) => setTimeout(r, 2500));
+  t.equal(await crashes(), 8, 'no start 9 s after the eighth crash');
+  t.ok(await said(/^8 workers crashed in a row: no new worker for 60 s/), 'the log says how long starts wait');
+  clock.advance(51_000);
+  await until('a start once the 60 s are over', async () => (await crashes()) >= 9, 10_000);
+  clock.advance(30_000);
+  await new Promise((r) => setTimeout(r, 2500));
+  t.equal(await crashes(), 9, 'still 60 s after the ninth crash, not less');
+});
+
+t.test('a crash loop shows at most workers.max workers, the crashed ones included: unhealthy does not pile up', async (t) => {
+  const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT });
+  const ep = (await a.req('POST', '/v2/serverless', {
+    body: cpuBody({ args: 'python3 -c "import sys; sys.exit(3)"', workers: { min: 1, max: 1, idleTimeout: 30 } }),
+  })).json.id as string;
+  const crashes = async () =>
+    ((await a.req('GET', `/v2/serverless/${ep}/logs`)).json as { line: string }[]).filter((l) => /exited unexpectedly/.test(l.line)).length;
+  let most = 0;
+  let mostUnhealthy = 0;
+  const seen: string[] = [];
+  // Crashes at once, at once, then after 2 and 4 s of backoff: four within about 7 s.
+  await until('four crashes', async () => {
+    const w = (await health(a, ep)).workers;
+    most = Math.max(most, w.initializing + w.idle + w.running + w.unhealthy);
+    mostUnhealthy = Math.max(mostUnhealthy, w.unhealthy);
+    seen.push(JSON.stringify(w));
+    return (await crashes()) >= 4;
+  }, 20_000);
+  t.equal(mostUnhealthy, 1, `the crashed worker is shown unhealthy, one at a time: at most ${mostUnhealthy}`);
+  t.equal(most, 1, `never more workers shown than max (1): ${most}`);
+  await until('the last crash shown during its backoff', async () => (await health(a, ep)).workers.unhealthy === 1, 5000);
+  t.pass(`samples: ${[...new Set(seen)].join(' ')}`);
+});
+
+t.test('a worker that cannot be started gets one log line that says why, not an exit it never had', async (t) => {
+  const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT });
+  const ep = (await a.req('POST', '/v2/serverless', {
+    body: cpuBody({ args: 'no-such-command-flashd-test --flag', workers: { min: 1, max: 1, idleTimeout: 30 } }),
+  })).json.id as string;
+  const lines = await until('the failed start in the log', async () => {
+    const l = (await a.req('GET', `/v2/serverless/${ep}/logs`)).json as { line: string; workerId: string }[];
+    return l.some((x) => /failed to start/.test(x.line)) && l;
+  }, 10_000);
+  const first = lines.find((l) => /failed to start/.test(l.line)) as { line: string; workerId: string };
+  t.match(first.line, /^worker wkr_\w+ failed to start: cannot start "no-such-command-flashd-test": .*ENOENT/, 'it says why');
+  const about = lines.filter((l) => l.workerId === first.workerId && !/^starting worker/.test(l.line)).map((l) => l.line);
+  t.same(about, [first.line], `one line for the failed start: ${about.join(' | ')}`);
+  t.notOk(lines.some((l) => /exited unexpectedly|code \?/.test(l.line)), 'no exit of a process that never ran');
+  t.ok(a.logs.some((l) => /worker failed to start/.test(l)), "flashd's log says it too");
+  t.notOk(a.logs.some((l) => /worker exited unexpectedly/.test(l)), 'once');
+});
+
+t.test('refresh_worker with concurrency above 1 stays within max: the replacement waits for the old worker to exit', async (t) => {
+  const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT, takeHoldMs: 1000, leaseMs: 5000 });
+  const ep = (await a.req('POST', '/v2/serverless', {
+    body: cpuBody({
+      args: 'python3 -u test/fixtures/workers/echo.py', env: { ECHO_CONCURRENCY: '3', ECHO_REFRESH: '1' },
+      scaling: { type: 'QUEUE_DELAY', queueDelay: 1 }, workers: { min: 0, max: 1, idleTimeout: 5 },
+    }),
+  })).json.id as string;
+  const ids: string[] = [];
+  for (let i = 0; i < 6; i++) ids.push((await a.req('POST', `/v2/${ep}/run`, { body: { input: { sleep: i % 3 === 0 ? 0.2 : 1.5, i } } })).json.id as string);
+  let most = 0;
+  const workersSeen = new Set<string>();
+  const done = await until('every job to complete', async () => {
+    const w = (await health(a, ep)).workers;
+    most = Math.max(most, w.initializing + w.idle + w.running);
+    const s = await Promise.all(ids.map(async (id) => (await a.req('GET', `/v2/${ep}/status/${id}`)).json));
+    for (const x of s) if (x.workerId) workersSeen.add(x.workerId);
+    return s.every((x) => x.status === 'COMPLETED') ? s : undefined;
+  }, 60_000);
+  t.equal(done.length, 6);
+  t.equal(most, 1, `never more than max (1) worker at once: ${most}`);
+  t.ok(workersSeen.size >= 2, `the worker was refreshed: ${workersSeen.size} workers ran the jobs`);
+});
+
+t.test('refresh_worker after a cancelled job: the worker is recycled, not counted as a crash', async (t) => {
+  const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT, takeHoldMs: 1000, leaseMs: 5000 });
+  const ep = (await a.req('POST', '/v2/serverless', {
+    body: cpuBody({ args: 'python3 -u test/fixtures/workers/echo.py', env: { ECHO_REFRESH: '1' }, workers: { min: 0, max: 1, idleTimeout: 30 } }),
+  })).json.id as string;
+  const id = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { sleep: 1.5 } } })).json.id as string;
+  const first = await until('the job to start', async () => {
+    const s = (await a.req('GET', `/v2/${ep}/status/${id}`)).json;
+    return s.status === 'IN_PROGRESS' && (s.workerId as string);
+  }, 30_000);
+  t.equal((await a.req('POST', `/v2/${ep}/cancel/${id}`)).json.status, 'CANCELLED');
+  const lines = await until('the worker to exit', async () => {
+    const l = (await a.req('GET', `/v2/serverless/${ep}/logs`)).json as { line: string; workerId: string }[];
+    return l.some((x) => x.workerId === first && /^worker \S+ (stopped|exited)/.test(x.line)) && l;
+  }, 20_000);
+  const end = lines.find((x) => x.workerId === first && /^worker \S+ (stopped|exited)/.test(x.line))?.line ?? '';
+  t.match(end, /stopped \(code 0\)/, `a recycle, not a crash: ${end}`);
+  const stopping = lines.find((x) => x.workerId === first && /^stopping worker/.test(x.line))?.line;
+  t.match(stopping, /: recycled: the worker asked for it \(stopPod: refresh_worker, or a handler that exited\)$/, `the log says which recycle: ${stopping}`);
+  t.equal((await health(a, ep)).workers.unhealthy, 0, 'no unhealthy worker');
+  const next = await a.req('POST', `/v2/${ep}/runsync`, { body: { input: { n: 2 } } });
+  t.equal(next.json.status, 'COMPLETED', next.text);
+  t.not(next.json.workerId, first, 'a fresh worker runs the next job');
+});
+
