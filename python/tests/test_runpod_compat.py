@@ -172,12 +172,15 @@ class AliasModulesTest(unittest.TestCase):
                 "from runpod import RunPodLogger\n"
                 "log = RunPodLogger()\n"
                 "log.info('text line', request_id='j1')\n"
+                "log.warn('careful')\n"
                 "log.debug('not at INFO')\n")
         out = self.run_code(code, VENDOR_LOG_FORMAT="text")
-        self.assertEqual(out.stdout.splitlines(), ["INFO  | j1 | text line"], out.stderr)
+        # runpod-python's text lines: the level padded to 7, WARN rather than WARNING.
+        self.assertEqual(out.stdout.splitlines(), ["INFO   | j1 | text line", "WARN   | careful"], out.stderr)
         out = self.run_code(code, RUNPOD_ENDPOINT_ID="ep")
         self.assertEqual([json.loads(line) for line in out.stdout.splitlines()],
-                         [{"requestId": "j1", "message": "text line", "level": "INFO"}], out.stderr)
+                         [{"requestId": "j1", "message": "text line", "level": "INFO"},
+                          {"requestId": None, "message": "careful", "level": "WARN"}], out.stderr)
 
 
 if __name__ == "__main__":

@@ -28,12 +28,17 @@ _LEVELS = {"DEBUG": logging.DEBUG, "TRACE": TRACE, "INFO": logging.INFO, "WARN":
            "WARNING": logging.WARNING, "ERROR": logging.ERROR, "NOTSET": SILENT}
 
 
+def _level(record: logging.LogRecord) -> str:
+    """runpod-python's level names: ``WARN``, not ``WARNING``."""
+    return "WARN" if record.levelno == logging.WARNING else record.levelname
+
+
 class _JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         line = {
             "requestId": getattr(record, "job_id", None),
             "message": record.getMessage(),
-            "level": "WARN" if record.levelno == logging.WARNING else record.levelname,
+            "level": _level(record),
         }
         if record.exc_info:
             line["message"] += "\n" + self.formatException(record.exc_info)
@@ -43,7 +48,8 @@ class _JsonFormatter(logging.Formatter):
 class _TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         job = getattr(record, "job_id", None)
-        prefix = f"{record.levelname:<5} | " + (f"{job} | " if job else "")
+        # runpod-python's text lines: "INFO    | message", "WARN    | job-id | message".
+        prefix = f"{_level(record):<7}| " + (f"{job} | " if job else "")
         text = prefix + record.getMessage()
         if record.exc_info:
             text += "\n" + self.formatException(record.exc_info)
