@@ -155,6 +155,14 @@ class SyncHandlerTest(ServeApiCase):
                     self.assertEqual((answer["detail"][0]["type"], answer["detail"][0]["loc"]), (kind, loc))
                     self.assertTrue(answer["detail"][0]["msg"])
 
+    def test_a_bad_content_length_is_a_400(self):
+        for value in ("-5", "abc"):
+            with self.subTest(content_length=value), socket.create_connection((self.server.host, self.server.port), timeout=20) as s:
+                s.sendall(f"POST /runsync HTTP/1.1\r\nHost: x\r\nContent-Length: {value}\r\n\r\n".encode())
+                head = s.makefile("rb").read().decode("latin-1")  # the server closes the connection after it
+                self.assertTrue(head.startswith("HTTP/1.0 400") or head.startswith("HTTP/1.1 400"), head)
+                self.assertIn("bad Content-Length", head)
+
     def test_unknown_routes_and_methods(self):
         self.assertEqual(self.server.request("GET", "/nope"), (404, {"detail": "Not Found"}))
         self.assertEqual(self.server.request("GET", "/runsync"), (405, {"detail": "Method Not Allowed"}))

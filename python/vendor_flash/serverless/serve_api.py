@@ -370,8 +370,10 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             length = int(self.headers.get("Content-Length") or 0)
         except ValueError:
+            length = -1
+        if length < 0:
             self.close_connection = True
-            raise RequestError(400, "bad Content-Length") from None
+            raise RequestError(400, "bad Content-Length")
         if length > MAX_BODY:
             self.close_connection = True
             raise RequestError(413, f"body too large: {length} bytes, the limit is {MAX_BODY} bytes")
