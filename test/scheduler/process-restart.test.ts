@@ -7,11 +7,9 @@ import { spawn } from 'node:child_process';
 import { createServer } from 'node:http';
 import { readFileSync, utimesSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { startAgent, cpuBody, ADMIN_KEY, type TestAgent } from '../helpers/agent.js';
+import { startAgent, cpuBody, ADMIN_KEY } from '../helpers/agent.js';
 import { REPO_ROOT, cleanEnv, run, startFlashd } from '../helpers/spawn-flashd.js';
 import { until } from '../helpers/wait.js';
-
-const health = async (a: TestAgent, ep: string) => (await a.req('GET', `/v2/${ep}/health`)).json;
 
 /**
  * flashd as its own process (`--runtime process`) with one worker process running a 60 s job:
