@@ -12,6 +12,7 @@ import Database from 'better-sqlite3';
 import { hashKey } from '../../src/auth/tokens.js';
 import { startAgent, type TestAgent } from '../helpers/agent.js';
 import { databaseAtVersion } from '../helpers/old-db.js';
+import { testDataDir } from '../helpers/data-dir.js';
 
 const A = 'admin-passphrase-leaked-0001';
 const B = 'admin-passphrase-rotated-0002';
@@ -25,7 +26,7 @@ const refused = async (t: Parameters<typeof startAgent>[0], a: TestAgent, key: s
 };
 
 t.test('a changed FLASHD_ADMIN_API_KEY revokes the key the old value registered; generated and API-made keys stay', async (t) => {
-  const dir = t.testdir();
+  const dir = testDataDir(t);
   // First start without the variable: flashd generates a key and saves it.
   const first = await startAgent(t, { adminApiKey: null }, { dir });
   const generated = first.agent.generatedAdminKey as string;
@@ -75,7 +76,7 @@ t.test('a changed FLASHD_ADMIN_API_KEY revokes the key the old value registered;
 });
 
 t.test('the variable set to a key made through the API revokes the old environment key but never that key later', async (t) => {
-  const dir = t.testdir();
+  const dir = testDataDir(t);
   const a = await startAgent(t, { adminApiKey: A }, { dir });
   const made = (await a.req('POST', '/v2/api-keys', { key: A, body: { name: 'ci', scopes: ['admin'] } })).json as { key: string };
   await a.agent.close();
@@ -89,7 +90,7 @@ t.test('the variable set to a key made through the API revokes the old environme
 });
 
 t.test('keys an older flashd registered from the variable (rotated before this fix) are revoked by the next start with it (migration 13)', async (t) => {
-  const dir = t.testdir();
+  const dir = testDataDir(t);
   const old = databaseAtVersion(dir, 12);
   old.prepare("INSERT INTO users (id, name, is_admin, created_at) VALUES ('usr_admin', 'admin', 1, 0)").run();
   const insert = old.prepare(`INSERT INTO api_keys (id, name, kind, user_id, scopes, hash, prefix, created_at)

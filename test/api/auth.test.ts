@@ -9,6 +9,7 @@ import { generateApiKey } from '../../src/auth/index.js';
 import { ManualClock } from '../../src/core/clock.js';
 import { assertProblem, cpuBody, queueBody, startAgent, type Reply, type TestAgent } from '../helpers/agent.js';
 import { assertErrorAt, createEndpoint, makeGlobalVolume, makeNetworkVolume, makeRegistry, makeTemplate, makeUser, mustCreate, mustPost } from '../helpers/expect.js';
+import { testDataDir } from '../helpers/data-dir.js';
 
 function assert401(t: Test, r: Reply, detail?: RegExp, label?: string): void {
   assertProblem(t, r, 401, label);
@@ -301,7 +302,7 @@ t.test('a key cannot revoke or change a key of its user that holds scopes it lac
 });
 
 t.test('a revoked FLASHD_ADMIN_API_KEY is not revived by a restart', async (t) => {
-  const dir = t.testdir();
+  const dir = testDataDir(t);
   const first = await startAgent(t, { adminApiKey: 'automation-key-to-revoke-0001' }, { dir });
   const keys = (await first.req('GET', '/v2/api-keys', { key: 'automation-key-to-revoke-0001' })).json;
   t.equal(keys.length, 1);

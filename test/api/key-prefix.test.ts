@@ -10,12 +10,13 @@ import { createLogger } from '../../src/core/logger.js';
 import { openDb } from '../../src/store/index.js';
 import { startAgent } from '../helpers/agent.js';
 import { databaseAtVersion } from '../helpers/old-db.js';
+import { testDataDir } from '../helpers/data-dir.js';
 
 const CHOSEN = 'homelab-admin-passphrase-2026';
 const NEXT = 'my-own-admin-passphrase-2026';
 
 t.test('a chosen admin key is listed by a prefix that shows none of it, and kept across a restart', async (t) => {
-  const dir = t.testdir();
+  const dir = testDataDir(t);
   const a = await startAgent(t, { adminApiKey: CHOSEN }, { dir });
   const dashboard = (await a.req('POST', '/v2/api-keys', { key: CHOSEN, body: { name: 'dashboard', scopes: ['jobs:read'] } })).json;
   t.equal(dashboard.prefix, dashboard.key.slice(0, 11), 'a generated key still shows fd_usr_ and 4 of its random characters');
@@ -39,7 +40,7 @@ t.test('a chosen admin key is listed by a prefix that shows none of it, and kept
 });
 
 t.test('chosen keys listed by an older flashd lose the characters they showed when the database is opened (migration 12)', (t) => {
-  const dir = t.testdir();
+  const dir = testDataDir(t);
   const old = databaseAtVersion(dir, 11);
   old.prepare("INSERT INTO users (id, name, is_admin, created_at) VALUES ('usr_admin', 'admin', 1, 0)").run();
   const insert = old.prepare(`INSERT INTO api_keys (id, name, kind, user_id, scopes, hash, prefix, created_at)

@@ -10,6 +10,7 @@ import t from 'tap';
 import { ADMIN_KEY, cpuBody } from '../helpers/agent.js';
 import { cleanEnv, REPO_ROOT, startFlashd } from '../helpers/spawn-flashd.js';
 import { until } from '../helpers/wait.js';
+import { testDataDir } from '../helpers/data-dir.js';
 
 const LINES = 200_000;
 const LINE = 'L'.repeat(400);
@@ -17,7 +18,7 @@ const LINE = 'L'.repeat(400);
 const rssBytes = (pid: number): number => Number(/VmRSS:\s+(\d+)/.exec(readFileSync(`/proc/${pid}/status`, 'utf8'))?.[1]) * 1024;
 
 t.test('a follower that stops reading does not make flashd buffer the log for it', { skip: !existsSync('/proc/self/status') && 'needs /proc' }, async (t) => {
-  const dir = t.testdir();
+  const dir = testDataDir(t);
   const go = join(dir, 'go');
   const flashd = await startFlashd(t, process.execPath, [
     'dist/flashd.mjs', '--port', '0', '--data-dir', dir, '--runtime', 'process', '--process-workdir', REPO_ROOT, '--worker-stop-grace-ms', '1000',

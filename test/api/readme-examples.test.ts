@@ -13,6 +13,7 @@ import { promisify } from 'node:util';
 import t from 'tap';
 import { cpuBody, startAgent } from '../helpers/agent.js';
 import { REPO_ROOT } from '../helpers/spawn-flashd.js';
+import { testDataDir } from '../helpers/data-dir.js';
 
 interface Example {
   section: string;
@@ -67,7 +68,7 @@ t.test('README\'s worker Dockerfile builds an image whose worker takes a job', {
   const handler = /cat > handler\.py <<'PY'\n([\s\S]*?)\nPY\n/.exec(readme)?.[1];
   if (!dockerfile || !handler) return t.fail(`README has a Dockerfile (${!!dockerfile}) and the handler.py it copies (${!!handler})`);
   t.match(dockerfile, /^FROM python:\S+-slim$/m, 'FROM an official Python image');
-  const ctx = t.testdir();
+  const ctx = testDataDir(t);
   writeFileSync(join(ctx, 'Dockerfile'), dockerfile.replace(/^FROM .*$/m, `FROM ${IMAGE}`));
   writeFileSync(join(ctx, 'handler.py'), handler + '\n');
   cpSync(join(REPO_ROOT, 'python/vendor_flash'), join(ctx, 'vendor_flash'), { recursive: true, filter: (p) => !p.includes('__pycache__') });

@@ -6,6 +6,7 @@ import { chmodSync, mkdirSync, statSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { assertProblem, startAgent, ADMIN_KEY, queueBody } from '../helpers/agent.js';
 import { generateApiKey } from '../../src/auth/tokens.js';
+import { testDataDir } from '../helpers/data-dir.js';
 
 t.test('healthz answers without auth', async (t) => {
   const a = await startAgent(t);
@@ -103,7 +104,7 @@ t.test('a client that sends its whole body before reading gets the 413, not a br
 });
 
 t.test('first start creates an admin key, prints it once and saves it 0600', async (t) => {
-  const dir = t.testdir();
+  const dir = testDataDir(t);
   const first = await startAgent(t, { adminApiKey: null }, { dir });
   const file = join(dir, 'admin-api-key');
   const key = readFileSync(file, 'utf8').trim();
@@ -122,7 +123,7 @@ t.test('first start creates an admin key, prints it once and saves it 0600', asy
 });
 
 t.test('the database files are owner-only even in a data directory made beforehand with mode 0755', async (t) => {
-  const dir = join(t.testdir(), 'var-lib-flashd');
+  const dir = join(testDataDir(t), 'var-lib-flashd');
   mkdirSync(dir);
   chmodSync(dir, 0o755);
   const files = ['flashd.db', 'flashd.db-wal', 'flashd.db-shm', 'secret.key'];
@@ -153,7 +154,7 @@ t.test('a FLASHD_ADMIN_API_KEY that starts with fd_ but is not a flashd key stop
 });
 
 t.test('a restart keeps everything', async (t) => {
-  const dir = t.testdir();
+  const dir = testDataDir(t);
   const a = await startAgent(t, {}, { dir });
   const created = await a.req('POST', '/v2/serverless', { body: queueBody({ name: 'persist-me' }) });
   t.equal(created.status, 201);

@@ -12,6 +12,7 @@ import { join } from 'node:path';
 import configSchema from '../../schema/config.schema.json' with { type: 'json' };
 import pkg from '../../package.json' with { type: 'json' };
 import { cleanEnv, REPO_ROOT, run, startFlashd } from '../helpers/spawn-flashd.js';
+import { testDataDir } from '../helpers/data-dir.js';
 
 const BUNDLE = join(REPO_ROOT, 'dist/flashd.mjs');
 const node = process.execPath;
@@ -70,7 +71,7 @@ t.test('bad usage exits 2 with a message on stderr', async (t) => {
 
   // Above 2^31-1 ms Node's setTimeout fires at once: every webhook try went out together.
   // Port 0 and a test dir, so that a build that accepts it serves nothing of the user's.
-  const overflow = run(node, [BUNDLE, '--webhook-retry-delay-ms', '3000000000', '--port', '0', '--data-dir', t.testdir()]);
+  const overflow = run(node, [BUNDLE, '--webhook-retry-delay-ms', '3000000000', '--port', '0', '--data-dir', testDataDir(t)]);
   t.equal(overflow.status, 2, 'a delay no timer can hold');
   t.match(overflow.stderr, /flag --webhook-retry-delay-ms: webhookRetryDelayMs must be <= 3600000\n$/);
 
@@ -92,7 +93,7 @@ async function occupiedPort(t: Test): Promise<number> {
 }
 
 t.test('starts on --port 0, answers /healthz, prints the first admin key once, exits 0 on SIGTERM', async (t) => {
-  const dir = t.testdir();
+  const dir = testDataDir(t);
   // Flags win over env: were FLASHD_PORT used, listening would fail on the taken port.
   const taken = await occupiedPort(t);
   const f = await startFlashd(t, node, [BUNDLE, '--port', '0', '--data-dir', dir], cleanEnv({ FLASHD_PORT: String(taken) }));
@@ -127,7 +128,7 @@ t.test('starts on --port 0, answers /healthz, prints the first admin key once, e
 });
 
 t.test('a SIGTERM while flashd is still starting stops it cleanly once started (exit 0, not 143)', async (t) => {
-  const dir = t.testdir();
+  const dir = testDataDir(t);
   const child = spawn(node, [BUNDLE, '--port', '0', '--data-dir', dir, '--runtime', 'none'], { env: cleanEnv(), stdio: ['ignore', 'ignore', 'pipe'] });
   let stderr = '';
   let first = '';
@@ -147,7 +148,7 @@ t.test('a SIGTERM while flashd is still starting stops it cleanly once started (
 });
 
 t.test('FLASHD_* env configures the server without flags', async (t) => {
-  const dir = t.testdir();
+  const dir = testDataDir(t);
   const adminKey = 'cli-test-admin-key-0123456789';
   const f = await startFlashd(t, node, [BUNDLE], cleanEnv({ FLASHD_PORT: '0', FLASHD_DATA_DIR: dir, FLASHD_ADMIN_API_KEY: adminKey, FLASHD_LOG_FORMAT: 'json' }));
   t.equal((await fetch(`${f.url}/healthz`)).status, 200);

@@ -12,6 +12,7 @@ import { createServer as createHttpServer, type Server as HttpServer } from 'nod
 import { createServer as createNetServer, type Server as NetServer, type Socket } from 'node:net';
 import { networkInterfaces } from 'node:os';
 import { cleanEnv, REPO_ROOT } from '../helpers/spawn-flashd.js';
+import { testDataDir } from '../helpers/data-dir.js';
 
 const BUNDLE = join(REPO_ROOT, 'dist/flashd.mjs');
 
@@ -77,7 +78,7 @@ t.test('worker-env formats: dotenv as the values are, shell single-quoted as sh 
   t.same(bad, [], "every line is export KEY='value' with no quote inside the value");
   const printed = Object.fromEntries(lines.map((l) => [l.slice(7, l.indexOf('=')), l.slice(l.indexOf('=') + 2, -1)]));
   t.match(printed['RUNPOD_WEBHOOK_GET_JOB'], /\/job-take\/\$ID\?gpu=O%27Brien\+%231$/);
-  const file = join(t.testdir(), 'worker.env');
+  const file = join(testDataDir(t), 'worker.env');
   writeFileSync(file, shell.stdout);
   const sourced = await run('sh', ['-c', '. "$1" && env', 'sh', file], cleanEnv());
   t.equal(sourced.status, 0, sourced.stderr);
@@ -107,7 +108,7 @@ t.test('worker-env fails clearly', async (t) => {
   const usage = await run(process.execPath, [BUNDLE, 'worker-env'], cleanEnv());
   t.equal(usage.status, 2);
   t.match(usage.stderr, /Usage: flashd worker-env/);
-  const noKey = await run(process.execPath, [BUNDLE, 'worker-env', 'x', '--url', a.url, '--data-dir', t.testdir()], cleanEnv());
+  const noKey = await run(process.execPath, [BUNDLE, 'worker-env', 'x', '--url', a.url, '--data-dir', testDataDir(t)], cleanEnv());
   t.equal(noKey.status, 2);
   t.match(noKey.stderr, /no API key/);
   // README's `worker-env $EP --api-key $KEY --format shell` with KEY unset.
@@ -209,7 +210,7 @@ t.test('worker-env warns when asked over the network but the job URLs are loopba
 t.test('worker-env takes the key from a file or stdin, off the command line; --api-key still works', async (t) => {
   const a = await startAgent(t);
   const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
-  const file = join(t.testdir(), 'admin.key');
+  const file = join(testDataDir(t), 'admin.key');
   writeFileSync(file, `${ADMIN_KEY}\n`, { mode: 0o600 });
   const workerOf = (stdout: string) => /^# worker (wkr_\w+) for endpoint/m.exec(stdout)?.[1];
 
@@ -229,14 +230,14 @@ t.test('worker-env takes the key from a file or stdin, off the command line; --a
   const both = await run(process.execPath, [BUNDLE, 'worker-env', ep, '--url', a.url, '--api-key', ADMIN_KEY, '--api-key-file', file], cleanEnv());
   t.equal(both.status, 2);
   t.match(both.stderr, /^flashd worker-env: give --api-key or --api-key-file, not both\n/);
-  const missing = await run(process.execPath, [BUNDLE, 'worker-env', ep, '--url', a.url, '--api-key-file', join(t.testdir(), 'nope')], cleanEnv());
+  const missing = await run(process.execPath, [BUNDLE, 'worker-env', ep, '--url', a.url, '--api-key-file', join(testDataDir(t), 'nope')], cleanEnv());
   t.equal(missing.status, 2);
   t.match(missing.stderr, /^flashd worker-env: cannot read the API key from .*nope: ENOENT/);
   const empty = await run(process.execPath, [BUNDLE, 'worker-env', ep, '--url', a.url, '--api-key-file', '-'], cleanEnv(), 60_000, '\n');
   t.equal(empty.status, 2);
   t.equal(empty.stderr, 'flashd worker-env: stdin holds no API key (it is empty)\n');
   t.equal(empty.stdout, '');
-  const noKey = await run(process.execPath, [BUNDLE, 'worker-env', ep, '--url', a.url, '--data-dir', t.testdir()], cleanEnv());
+  const noKey = await run(process.execPath, [BUNDLE, 'worker-env', ep, '--url', a.url, '--data-dir', testDataDir(t)], cleanEnv());
   t.match(noKey.stderr, /no API key: set FLASHD_API_KEY, pass --api-key-file \(- for stdin\) or --api-key/);
 
   const help = (await run(process.execPath, [BUNDLE, 'worker-env', '--help'], cleanEnv())).stdout;

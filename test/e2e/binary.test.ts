@@ -8,6 +8,7 @@ import { join } from 'node:path';
 import configSchema from '../../schema/config.schema.json' with { type: 'json' };
 import pkg from '../../package.json' with { type: 'json' };
 import { cleanEnv, REPO_ROOT, run, startFlashd } from '../helpers/spawn-flashd.js';
+import { testDataDir } from '../helpers/data-dir.js';
 
 const BINARY = join(REPO_ROOT, 'dist/flashd');
 const skip = process.env['FLASHD_TEST_BINARY'] === '1'
@@ -20,7 +21,7 @@ t.test('single binary: build, --help, --version, serve from extracted native add
   t.ok(statSync(BINARY).mode & 0o100, 'dist/flashd is executable');
   t.ok(statSync(BINARY).size > 50e6, 'it carries the node runtime');
 
-  const cache = t.testdir();
+  const cache = testDataDir(t);
   // Outside the repo, without node_modules to fall back on.
   const env = cleanEnv({ XDG_CACHE_HOME: cache, NODE_PATH: '' });
 

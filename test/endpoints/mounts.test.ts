@@ -6,6 +6,7 @@
 import t from 'tap';
 import { cpuBody, queueBody, startAgent, type TestAgent } from '../helpers/agent.js';
 import { assertErrorAt, createEndpoint, makeGlobalVolume, makeNetworkVolume, makeUser, mustCreate } from '../helpers/expect.js';
+import { testDataDir } from '../helpers/data-dir.js';
 
 const net = (...ids: string[]) => ids.map((volumeId) => ({ volumeId }));
 const patch = (a: TestAgent, id: string, body: unknown) => a.req('PATCH', `/v2/serverless/${id}`, { body });
@@ -74,7 +75,7 @@ t.test('another account\'s volumes are a 404', async (t) => {
 });
 
 t.test('data centers: one network volume per data center, and within dataCenterIds', async (t) => {
-  const dir = t.testdir();
+  const dir = testDataDir(t);
   const first = await startAgent(t, { dataCenterId: 'DC-A' }, { dir });
   const inA = await makeNetworkVolume(t, first, { name: 'in-a' });
   t.equal(inA.dataCenterId, 'DC-A');

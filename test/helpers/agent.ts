@@ -1,6 +1,7 @@
 /**
- * Starts a real flashd (createAgent) on 127.0.0.1 port 0 with its SQLite file in a tap
- * testdir, and closes it on teardown. Requests go over real HTTP with fetch.
+ * Starts a real flashd (createAgent) on 127.0.0.1 port 0 with its SQLite file in a test data
+ * directory (testDataDir), and closes it on teardown, before that directory is removed.
+ * Requests go over real HTTP with fetch.
  */
 import type { Test } from 'tap';
 import Database from 'better-sqlite3';
@@ -8,6 +9,7 @@ import { join } from 'node:path';
 import { createAgent, type Agent } from '../../src/app.js';
 import { loadConfig, type FlashdConfig } from '../../src/config/index.js';
 import type { Clock } from '../../src/core/clock.js';
+import { testDataDir } from './data-dir.js';
 
 export const ADMIN_KEY = 'test-admin-key-0123456789abcdef';
 
@@ -32,7 +34,7 @@ export async function startAgent(
   overrides: Partial<FlashdConfig> = {},
   options: { clock?: Clock; dir?: string } = {},
 ): Promise<TestAgent> {
-  const dir = options.dir ?? t.testdir();
+  const dir = options.dir ?? testDataDir(t);
   const config = loadConfig({
     // runtime none unless a test asks: the default (auto) would pick up any engine socket on the machine.
     overrides: { host: '127.0.0.1', port: 0, dataDir: dir, logLevel: 'info', adminApiKey: ADMIN_KEY, runtime: 'none', ...overrides },

@@ -9,10 +9,11 @@ import t, { type Test } from 'tap';
 import { ManualClock } from '../../src/core/clock.js';
 import { startAgent, cpuBody, type TestAgent } from '../helpers/agent.js';
 import { TestWorker } from '../helpers/worker.js';
+import { testDataDir } from '../helpers/data-dir.js';
 
 const LEASE = 3000;
 
-async function setup(t: Test, dir = t.testdir(), clock = new ManualClock()) {
+async function setup(t: Test, dir = testDataDir(t), clock = new ManualClock()) {
   const a = await startAgent(t, { takeHoldMs: 200, leaseMs: LEASE, maxAttempts: 3 }, { clock, dir });
   const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
   return { a, dir, clock, ep };

@@ -8,9 +8,10 @@ import t from 'tap';
 import Database from 'better-sqlite3';
 import { join } from 'node:path';
 import { startAgent, cpuBody } from '../helpers/agent.js';
+import { testDataDir } from '../helpers/data-dir.js';
 
 t.test('stopping during the deletion of a large endpoint throws nothing', async (t) => {
-  const dir = t.testdir();
+  const dir = testDataDir(t);
   const first = await startAgent(t, {}, { dir });
   const gone = (await first.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
   await first.agent.close();

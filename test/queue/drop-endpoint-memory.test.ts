@@ -13,6 +13,7 @@ import vm from 'node:vm';
 import { startAgent, cpuBody, seedQueued, type TestAgent } from '../helpers/agent.js';
 import { TestWorker } from '../helpers/worker.js';
 import { until } from '../helpers/wait.js';
+import { testDataDir } from '../helpers/data-dir.js';
 
 v8.setFlagsFromString('--expose-gc');
 const gc = vm.runInNewContext('gc') as () => void;
@@ -49,7 +50,7 @@ const endpoint = async (a: TestAgent) => (await a.req('POST', '/v2/serverless', 
 
 /** A server restarted on `rows` queued jobs (recovered into memory), `endpointOf(i)` each. */
 async function withBacklog(t: Test, names: number, endpointOf: (i: number, eps: string[]) => string, rows = BACKLOG) {
-  const dir = t.testdir();
+  const dir = testDataDir(t);
   const first = await startAgent(t, {}, { dir });
   const eps: string[] = [];
   for (let i = 0; i < names; i++) eps.push(await endpoint(first));

@@ -12,6 +12,7 @@ import Database from 'better-sqlite3';
 import { join } from 'node:path';
 import { startAgent, cpuBody, type TestAgent } from '../helpers/agent.js';
 import { until } from '../helpers/wait.js';
+import { testDataDir } from '../helpers/data-dir.js';
 
 /**
  * The most rows one commit may delete: about 5 µs a row (the row, its index entries, the
@@ -126,7 +127,7 @@ t.test('two large endpoints deleted together take turns: still one slice a commi
 });
 
 t.test('a start after a crash mid-deletion deletes the rows left one slice a commit, and recovers the other endpoints', async (t) => {
-  const dir = t.testdir();
+  const dir = testDataDir(t);
   const first = await startAgent(t, {}, { dir });
   const gone = await endpoint(first);
   const kept = await endpoint(first);

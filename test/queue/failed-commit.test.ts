@@ -12,6 +12,7 @@ import { openDb, WriteBatch } from '../../src/store/index.js';
 import { createLogger } from '../../src/core/logger.js';
 import { startAgent, cpuBody, type TestAgent } from '../helpers/agent.js';
 import { TestWorker } from '../helpers/worker.js';
+import { testDataDir } from '../helpers/data-dir.js';
 
 const failInserts = (a: TestAgent) =>
   a.agent.db.exec(`CREATE TEMP TRIGGER insert_fails BEFORE INSERT ON jobs BEGIN SELECT RAISE(ABORT, 'simulated write failure'); END`);
@@ -30,7 +31,7 @@ async function runsyncWithFailedInsert(t: Parameters<typeof startAgent>[0]) {
 }
 
 t.test('a batch whose commit failed is never durable, whatever later commits cover', async (t) => {
-  const dir = t.testdir();
+  const dir = testDataDir(t);
   const log = createLogger({ level: 'error', sink: { write: () => undefined } });
   const db = openDb({ dataDir: dir, synchronous: 'normal', log });
   t.teardown(() => db.close());

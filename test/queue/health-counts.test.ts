@@ -7,10 +7,11 @@ import t from 'tap';
 import { ManualClock } from '../../src/core/clock.js';
 import { startAgent, cpuBody } from '../helpers/agent.js';
 import { TestWorker } from '../helpers/worker.js';
+import { testDataDir } from '../helpers/data-dir.js';
 
 t.test('health job counters through requeue, cancel, timeouts, retry, restart and expiry', async (t) => {
   const clock = new ManualClock();
-  const dir = t.testdir();
+  const dir = testDataDir(t);
   const a = await startAgent(t, { takeHoldMs: 200, leaseMs: 3000, maxAttempts: 3 }, { clock, dir });
   const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
   const [w1, w2] = [await TestWorker.create(a, ep), await TestWorker.create(a, ep)];

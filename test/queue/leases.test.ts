@@ -7,6 +7,7 @@ import { ManualClock } from '../../src/core/clock.js';
 import { startAgent, assertProblem, cpuBody, type TestAgent } from '../helpers/agent.js';
 import { TestWorker } from '../helpers/worker.js';
 import { until } from '../helpers/wait.js';
+import { testDataDir } from '../helpers/data-dir.js';
 
 async function setup(t: Test, overrides: Record<string, unknown> = {}, epExtra: Record<string, unknown> = {}) {
   const clock = new ManualClock();
@@ -204,7 +205,7 @@ t.test('results are kept 30 min after /run, 1 min after /runsync (up to 5 with ?
 });
 
 t.test('a restart keeps queued jobs in order and lets a surviving worker finish its job', async (t) => {
-  const dir = t.testdir();
+  const dir = testDataDir(t);
   const a = await startAgent(t, { takeHoldMs: 300 }, { dir });
   const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id;
   const w = await TestWorker.create(a, ep);
@@ -259,7 +260,7 @@ t.test('a claim is written once the job has run 100 ms, or by its final state', 
 
 t.test('health counts of finished jobs survive a restart and leave with retries and expiry', async (t) => {
   const clock = new ManualClock();
-  const dir = t.testdir();
+  const dir = testDataDir(t);
   const a = await startAgent(t, { takeHoldMs: 300 }, { clock, dir });
   const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
   const w = await TestWorker.create(a, ep);
@@ -309,7 +310,7 @@ t.test('deleting an endpoint with many rows deletes them in slices, leaving othe
 });
 
 t.test('after a restart, a late result for a job flashd ended is still discarded with a 2xx, and a stranger still gets 409', async (t) => {
-  const dir = t.testdir();
+  const dir = testDataDir(t);
   const a = await startAgent(t, { takeHoldMs: 300 }, { dir });
   const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
   const w = await TestWorker.create(a, ep);
@@ -326,7 +327,7 @@ t.test('after a restart, a late result for a job flashd ended is still discarded
 });
 
 t.test('a late result for a job flashd failed after its attempts ran out is discarded, not a duplicate, in memory and read from the row', async (t) => {
-  const dir = t.testdir();
+  const dir = testDataDir(t);
   const clock = new ManualClock();
   const a = await startAgent(t, { takeHoldMs: 300, leaseMs: 3000, maxAttempts: 1 }, { clock, dir });
   const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;

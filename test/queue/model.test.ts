@@ -14,6 +14,7 @@ import t, { type Test } from 'tap';
 import { ManualClock } from '../../src/core/clock.js';
 import { startAgent, cpuBody, type TestAgent } from '../helpers/agent.js';
 import { TestWorker } from '../helpers/worker.js';
+import { testDataDir } from '../helpers/data-dir.js';
 
 const LEASE = 3000;
 const MAX_ATTEMPTS = 3;
@@ -810,7 +811,7 @@ function targetFor(c: Ctx, sw: SimWorker): string | undefined {
 
 async function runSeed(t: Test, seed: number, steps: number) {
   const clock = new ManualClock();
-  const dir = t.testdir();
+  const dir = testDataDir(t);
   const a = await startAgent(t, agentConfig, { clock, dir });
   const eps: string[] = [];
   for (let i = 0; i < 2; i++) eps.push((await a.req('POST', '/v2/serverless', { body: cpuBody({ name: `ep${i}`, workers: { min: 0, max: 0 } }) })).json.id);

@@ -9,11 +9,12 @@
 import t from 'tap';
 import { startAgent, cpuBody, seedQueued } from '../helpers/agent.js';
 import { until } from '../helpers/wait.js';
+import { testDataDir } from '../helpers/data-dir.js';
 
 const BACKLOG = 20_000;
 
 t.test('a purge in flight when its endpoint is deleted answers', async (t) => {
-  const dir = t.testdir();
+  const dir = testDataDir(t);
   const first = await startAgent(t, {}, { dir });
   const gone = (await first.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
   await first.agent.close();

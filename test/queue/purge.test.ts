@@ -10,6 +10,7 @@ import { ManualClock } from '../../src/core/clock.js';
 import { EXPIRE_SLICE_ROWS, PURGE_SLICE_JOBS } from '../../src/queue/job-queue.js';
 import { startAgent, cpuBody, type TestAgent } from '../helpers/agent.js';
 import { TestWorker } from '../helpers/worker.js';
+import { testDataDir } from '../helpers/data-dir.js';
 
 const N = 10 * PURGE_SLICE_JOBS + 17;
 
@@ -147,7 +148,7 @@ t.test('deleting the endpoint during a purge ends the purge early; nothing goes 
 });
 
 t.test('a purge whose commit fails loses nothing: the rest goes back on the queue, the floor stays down, a restart recovers every queued row', async (t) => {
-  const dir = t.testdir();
+  const dir = testDataDir(t);
   const clock = new ManualClock();
   const a = await startAgent(t, { sqliteSynchronous: 'normal' }, { clock, dir });
   const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;

@@ -11,6 +11,7 @@ import { ManualClock } from '../../src/core/clock.js';
 import { JobsRepo } from '../../src/store/index.js';
 import { startAgent, cpuBody, type TestAgent } from '../helpers/agent.js';
 import { TestWorker } from '../helpers/worker.js';
+import { testDataDir } from '../helpers/data-dir.js';
 
 const floorOf = (a: TestAgent): number =>
   Number(a.agent.db.prepare("SELECT value FROM settings WHERE key = 'jobs.recovery_floor'").pluck().get());
@@ -24,7 +25,7 @@ async function checkInvariant(t: Test, a: TestAgent, what: string): Promise<void
   if (low !== null && low < floorOf(a)) t.fail(`${what}: active row ${low} below the floor ${floorOf(a)}`);
 }
 
-async function setup(t: Test, dir = t.testdir(), clock = new ManualClock()) {
+async function setup(t: Test, dir = testDataDir(t), clock = new ManualClock()) {
   const a = await startAgent(t, { takeHoldMs: 200, leaseMs: 3000, maxAttempts: 3 }, { clock, dir });
   return { a, dir, clock };
 }
@@ -279,7 +280,7 @@ t.test('polling /status with the same ?ttl= on a queued job writes it once', asy
 
 t.test('recovery reads the backlog a slice at a time: every row comes back, in order, with its text intact', async (t) => {
   const clock = new ManualClock();
-  const dir = t.testdir();
+  const dir = testDataDir(t);
   const a = await startAgent(t, { takeHoldMs: 200, leaseMs: 3000, jobRateLimitPercent: 0 }, { clock, dir });
   const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
   const w = await TestWorker.create(a, ep);

@@ -11,6 +11,7 @@ import t, { type Test } from 'tap';
 import { ManualClock } from '../../src/core/clock.js';
 import { startAgent, cpuBody, type TestAgent } from '../helpers/agent.js';
 import { TestWorker } from '../helpers/worker.js';
+import { testDataDir } from '../helpers/data-dir.js';
 
 /**
  * One agent on a data dir with a manual clock (lease 3 s), an endpoint without managed workers,
@@ -18,7 +19,7 @@ import { TestWorker } from '../helpers/worker.js';
  */
 async function scene(t: Test) {
   const clock = new ManualClock();
-  const dir = t.testdir();
+  const dir = testDataDir(t);
   const config = { takeHoldMs: 100, leaseMs: 3000 };
   const s = {
     clock,

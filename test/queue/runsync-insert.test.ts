@@ -7,6 +7,7 @@ import { ManualClock } from '../../src/core/clock.js';
 import { startAgent, cpuBody, type TestAgent } from '../helpers/agent.js';
 import { TestWorker } from '../helpers/worker.js';
 import { until } from '../helpers/wait.js';
+import { testDataDir } from '../helpers/data-dir.js';
 
 const rowOf = (a: TestAgent, id: string) =>
   a.agent.db.prepare('SELECT status, input, output, worker_id AS workerId, attempt, started_at AS startedAt FROM jobs WHERE id = ?').get(id) as
@@ -57,7 +58,7 @@ t.test('a queued /runsync job whose wait runs out is in SQLite when the caller g
 });
 
 t.test('a clean stop writes deferred /runsync jobs, and the restart runs them', async (t) => {
-  const dir = t.testdir();
+  const dir = testDataDir(t);
   const { a, ep, w } = await setup(t, dir);
   const reply = a.req('POST', `/v2/${ep}/runsync`, { body: { input: { across: 'restart' } } }).catch(() => undefined);
   await until('the job is queued', async () => (await a.req('GET', `/v2/${ep}/health`)).json.jobs.inQueue === 1, 2000);

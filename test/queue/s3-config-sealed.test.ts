@@ -16,6 +16,7 @@ import { startAgent, cpuBody } from '../helpers/agent.js';
 import { TestWorker } from '../helpers/worker.js';
 import { databaseAtVersion } from '../helpers/old-db.js';
 import { until } from '../helpers/wait.js';
+import { testDataDir } from '../helpers/data-dir.js';
 
 const SECRET = 'wJalrXUtnFEMI-K7MDENG-bPxRfiCYzz9sealed';
 const ACCESS_ID = 'AKIAFLASHDSEALTEST';
@@ -44,7 +45,7 @@ const sealed = (t: T, dir: string, id: string, when: string) => {
   t.notMatch(extra, ACCESS_ID, `${when}: nothing of it in clear`);
 };
 
-async function setup(t: T, dir = t.testdir()) {
+async function setup(t: T, dir = testDataDir(t)) {
   const a = await startAgent(t, { takeHoldMs: 100 }, { dir });
   const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
   return { a, ep, dir, w: await TestWorker.create(a, ep) };
@@ -131,7 +132,7 @@ t.test('plain s3Config rows an older flashd wrote are sealed by the next start (
 });
 
 t.test('an older database with many s3Config rows keeps no copy of them in clear after the upgrade: none in the free space of its pages, also of rows migration 11 cleared', async (t) => {
-  const dir = t.testdir();
+  const dir = testDataDir(t);
   // Enough rows that the jobs table spans several pages (splits leave copies of old cells behind).
   const old = databaseAtVersion(dir, 10);
   const insert = old.prepare(`INSERT INTO jobs (id, endpoint_id, status, input, extra, execution_timeout_ms, ttl_ms, retention_ms, retries, created_at)
@@ -178,7 +179,7 @@ t.test('an owed webhook sent by a start whose secret.key changed opens no s3Conf
   await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
   t.teardown(() => server.close());
   const webhook = `http://127.0.0.1:${(server.address() as { port: number }).port}/hook`;
-  const dir = t.testdir();
+  const dir = testDataDir(t);
   const options = { takeHoldMs: 100, webhookAllowPrivate: true, webhookRetryDelayMs: 60_000 };
   const a = await startAgent(t, options, { dir });
   const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;

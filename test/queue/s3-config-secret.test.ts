@@ -16,6 +16,7 @@ import { startAgent, cpuBody, type TestAgent } from '../helpers/agent.js';
 import { TestWorker } from '../helpers/worker.js';
 import { until } from '../helpers/wait.js';
 import { databaseAtVersion } from '../helpers/old-db.js';
+import { testDataDir } from '../helpers/data-dir.js';
 
 const SECRET = 'wJalrXUtnFEMI-K7MDENG-bPxRfiCYzz9secret';
 const s3Config = { accessId: 'AKIAFLASHDTEST', accessSecret: SECRET, bucketName: 'b', endpointUrl: 'https://s3.example' };
@@ -31,7 +32,7 @@ const row = (dir: string, id: string): string | null => {
   }
 };
 
-async function setup(t: Parameters<typeof startAgent>[0], dir = t.testdir()) {
+async function setup(t: Parameters<typeof startAgent>[0], dir = testDataDir(t)) {
   const a = await startAgent(t, { takeHoldMs: 100, webhookAllowPrivate: true }, { dir });
   const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
   return { a, ep, dir, w: await TestWorker.create(a, ep) };
@@ -144,7 +145,7 @@ for (const restart of [false, true]) {
 }
 
 t.test('rows an older flashd ended COMPLETED or CANCELLED lose their s3Config when the database is opened (migration 11)', (t) => {
-  const dir = t.testdir();
+  const dir = testDataDir(t);
   const old = databaseAtVersion(dir, 10);
   const extra = JSON.stringify({ s3Config });
   const insert = old.prepare(`INSERT INTO jobs (id, endpoint_id, status, input, extra, execution_timeout_ms, ttl_ms, retention_ms, retries, created_at)

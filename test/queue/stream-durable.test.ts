@@ -15,6 +15,7 @@ import { join } from 'node:path';
 import { ManualClock } from '../../src/core/clock.js';
 import { startAgent, assertProblem, cpuBody, type TestAgent } from '../helpers/agent.js';
 import { TestWorker } from '../helpers/worker.js';
+import { testDataDir } from '../helpers/data-dir.js';
 
 async function endpoint(a: TestAgent): Promise<string> {
   const r = await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) });
@@ -46,7 +47,7 @@ function crashCopy(t: Test, dir: string): string {
 }
 
 t.test('acknowledged chunks and progress survive a clean restart; each chunk is handed out once, in order', async (t) => {
-  const dir = t.testdir();
+  const dir = testDataDir(t);
   const { a, ep, w, id } = await runningJob(t, dir);
   t.equal(await w.stream(id, 'a'), 200);
   t.equal(await w.stream(id, 'b'), 200);
@@ -78,7 +79,7 @@ t.test('acknowledged chunks and progress survive a clean restart; each chunk is 
 });
 
 t.test('acknowledged chunks and progress survive a crash (a copy of the data taken while flashd runs)', async (t) => {
-  const dir = t.testdir();
+  const dir = testDataDir(t);
   const { a, ep, w, id } = await runningJob(t, dir);
   t.equal(await w.stream(id, 'a'), 200);
   t.same(await outputs(a, ep, id), ['a'], 'read before the crash');
@@ -100,7 +101,7 @@ t.test('acknowledged chunks and progress survive a crash (a copy of the data tak
 });
 
 t.test('a chunk posted right after the take writes the claim: after a crash the job is still running on its worker', async (t) => {
-  const dir = t.testdir();
+  const dir = testDataDir(t);
   const { a, ep, w, id } = await runningJob(t, dir);
   // Before CLAIM_SAVE_DELAY_MS has passed: only the chunk's commit can have written the claim.
   t.equal(await w.stream(id, 'a'), 200);
@@ -211,7 +212,7 @@ t.test('a /retry drops the old run\'s chunks; deleting the endpoint drops its jo
 
 t.test('a lost lease drops the abandoned attempt\'s unread chunks in the requeue\'s commit; its later chunks are refused as stale', async (t) => {
   const clock = new ManualClock();
-  const dir = t.testdir();
+  const dir = testDataDir(t);
   const a = await startAgent(t, { takeHoldMs: 300, leaseMs: 3000 }, { clock, dir });
   const ep = await endpoint(a);
   const w1 = await TestWorker.create(a, ep);
@@ -251,7 +252,7 @@ t.test('a lost lease drops the abandoned attempt\'s unread chunks in the requeue
 
 t.test('a progress update is stored with the running job and cleared when it goes back to the queue', async (t) => {
   const clock = new ManualClock();
-  const dir = t.testdir();
+  const dir = testDataDir(t);
   const a = await startAgent(t, { takeHoldMs: 300, leaseMs: 3000 }, { clock, dir });
   const ep = await endpoint(a);
   const w = await TestWorker.create(a, ep);

@@ -10,13 +10,14 @@ import { ManualClock } from '../../src/core/clock.js';
 import type { Job } from '../../src/queue/types.js';
 import { startAgent, cpuBody, type TestAgent } from '../helpers/agent.js';
 import { TestWorker } from '../helpers/worker.js';
+import { testDataDir } from '../helpers/data-dir.js';
 
 const LONG = 86_400_000;
 const config = { takeHoldMs: 100, leaseMs: 3000, sqliteSynchronous: 'normal' as const };
 
 async function scene(t: Test, overrides: Record<string, unknown> = {}) {
   const clock = new ManualClock();
-  const dir = t.testdir();
+  const dir = testDataDir(t);
   const a = await startAgent(t, { ...config, ...overrides }, { clock, dir });
   const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
   return { a, ep, clock, dir };

@@ -7,11 +7,12 @@ import t from 'tap';
 import { ManualClock } from '../../src/core/clock.js';
 import { startAgent, cpuBody } from '../helpers/agent.js';
 import { TestWorker } from '../helpers/worker.js';
+import { testDataDir } from '../helpers/data-dir.js';
 
 for (const restart of [false, true]) {
   t.test(`a ?ttl set on a failed job holds for its retried run${restart ? ' across a restart' : ''}`, async (t) => {
     const clock = new ManualClock();
-    const dir = t.testdir();
+    const dir = testDataDir(t);
     const config = { takeHoldMs: 100, leaseMs: 3000 };
     let a = await startAgent(t, config, { clock, dir });
     const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;

@@ -10,6 +10,7 @@ import { ManualClock } from '../../src/core/clock.js';
 import { startAgent, cpuBody, type TestAgent } from '../helpers/agent.js';
 import { TestWorker } from '../helpers/worker.js';
 import { until } from '../helpers/wait.js';
+import { testDataDir } from '../helpers/data-dir.js';
 
 /** A loopback receiver keeping each raw body; answers `state.status`. */
 async function receiver(t: Parameters<typeof startAgent>[0]) {
@@ -96,7 +97,7 @@ t.test('a cancelled job and one timed out deep in the queue (its input in SQLite
 t.test('a webhook sent again after a restart carries input, and is the body the live try sent', async (t) => {
   const hook = await receiver(t);
   hook.state.status = 503;
-  const dir = t.testdir();
+  const dir = testDataDir(t);
   // The first try fails and the next one is a minute away when the server stops.
   const first = await startAgent(t, { takeHoldMs: 500, webhookAllowPrivate: true, webhookRetryDelayMs: 60_000 }, { dir });
   const ep = await endpoint(first);

@@ -12,6 +12,7 @@ import { startAgent, cpuBody, type TestAgent } from '../helpers/agent.js';
 import { until } from '../helpers/wait.js';
 import { webhookReceiver } from '../helpers/webhook-receiver.js';
 import { ManualClock } from '../../src/core/clock.js';
+import { testDataDir } from '../helpers/data-dir.js';
 
 /** Open connections now, across every receiver. */
 const open = { now: 0, max: 0 };
@@ -63,7 +64,7 @@ t.test('a stop with deliveries waiting leaves them owed; the next start sends th
   open.now = open.max = 0;
   const hook = await webhookReceiver(t, { holdMs: 20, counter: open });
   hook.state.held = true;
-  const dir = t.testdir();
+  const dir = testDataDir(t);
   const first = await startAgent(t, { takeHoldMs: 500, webhookAllowPrivate: true }, { dir });
   const ep = await endpoint(first);
   const ids: string[] = [];

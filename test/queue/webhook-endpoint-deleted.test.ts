@@ -10,6 +10,7 @@ import { join } from 'node:path';
 import { startAgent, cpuBody, type TestAgent } from '../helpers/agent.js';
 import { until } from '../helpers/wait.js';
 import { webhookReceiver } from '../helpers/webhook-receiver.js';
+import { testDataDir } from '../helpers/data-dir.js';
 
 const submit = (a: TestAgent, ep: string, webhook: string, i: number) =>
   a.agent.queue.submit({
@@ -58,7 +59,7 @@ t.test('deliveries waiting their turn when the endpoint is deleted are still sen
 t.test('webhooks owed when the endpoint is deleted are still sent by the next start', async (t) => {
   const hook = await webhookReceiver(t);
   hook.state.status = 503; // every first try fails; the next is a minute away
-  const dir = t.testdir();
+  const dir = testDataDir(t);
   const options = { takeHoldMs: 500, webhookAllowPrivate: true, webhookRetryDelayMs: 60_000 };
   const first = await startAgent(t, options, { dir });
   const ep = await endpoint(first);

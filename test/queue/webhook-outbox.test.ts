@@ -11,6 +11,7 @@ import { startAgent, cpuBody, type TestAgent } from '../helpers/agent.js';
 import { TestWorker } from '../helpers/worker.js';
 import { until } from '../helpers/wait.js';
 import { ManualClock } from '../../src/core/clock.js';
+import { testDataDir } from '../helpers/data-dir.js';
 
 async function receiver(t: Parameters<typeof startAgent>[0]) {
   const state = { status: 503, received: [] as { status: number; body: any }[] };
@@ -48,7 +49,7 @@ async function finishOne(a: TestAgent, hook: string, output: unknown) {
 
 t.test('a webhook still owed at a stop is delivered by the next start, once', async (t) => {
   const hook = await receiver(t);
-  const dir = t.testdir();
+  const dir = testDataDir(t);
   // The first try fails and the next one is a minute away when the server stops.
   const first = await startAgent(t, { takeHoldMs: 500, webhookAllowPrivate: true, webhookRetryDelayMs: 60_000 }, { dir });
   const id = await finishOne(first, hook.url, { n: 1 });
@@ -78,7 +79,7 @@ const jobRows = (dir: string, id: string) => {
 
 t.test('a result that expires while its webhook is owed is kept for it: a restart still sends it', async (t) => {
   const hook = await receiver(t);
-  const dir = t.testdir();
+  const dir = testDataDir(t);
   const clock = new ManualClock();
   const first = await startAgent(t, { takeHoldMs: 500, webhookAllowPrivate: true, webhookRetryDelayMs: 60_000 }, { dir, clock });
   const id = await finishOne(first, hook.url, { n: 2 });

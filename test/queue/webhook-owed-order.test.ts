@@ -13,6 +13,7 @@ import { until } from '../helpers/wait.js';
 import { randomBytes } from 'node:crypto';
 import { JobsRepo } from '../../src/store/jobs.js';
 import { createSecretBox } from '../../src/core/secret-box.js';
+import { testDataDir } from '../helpers/data-dir.js';
 
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 
@@ -31,7 +32,7 @@ t.test('webhooks owed at a stop are sent by the next start in the order their jo
   await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
   t.teardown(() => server.close());
   const hook = `http://127.0.0.1:${(server.address() as { port: number }).port}/hook`;
-  const dir = t.testdir();
+  const dir = testDataDir(t);
   const options = { takeHoldMs: 500, webhookAllowPrivate: true, webhookRetryDelayMs: 60_000 };
   const first = await startAgent(t, options, { dir });
   const ep = (await first.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;

@@ -9,13 +9,14 @@ import { SOCKET, IMAGE, until, docker, instanceOf, containersOf, start, endpoint
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { testDataDir } from '../helpers/data-dir.js';
 import t from 'tap';
 import { ADMIN_KEY, cpuBody, startAgent } from '../helpers/agent.js';
 import { cleanEnv, startFlashd } from '../helpers/spawn-flashd.js';
 import { LABELS, createBody, type LaunchSpec } from '../../src/runtime/index.js';
 
 t.test('after a restart, containers left by the previous run are removed; none leak', async (t) => {
-  const dir = t.testdir();
+  const dir = testDataDir(t);
   const first = await startAgent(t, { runtime: 'docker', containerSocket: SOCKET }, { dir });
   await first.agent.close();
   const instance = instanceOf(dir);
@@ -40,7 +41,7 @@ t.test('after a restart, containers left by the previous run are removed; none l
 });
 
 t.test('a second SIGTERM during a clean stop exits 1 at once and leaves no container behind', async (t) => {
-  const dir = t.testdir();
+  const dir = testDataDir(t);
   const flashd = await startFlashd(t, process.execPath, [
     'dist/flashd.mjs', '--port', '0', '--data-dir', dir, '--runtime', 'docker', '--container-socket', SOCKET, '--worker-stop-grace-ms', '60000',
   ], cleanEnv({ FLASHD_ADMIN_API_KEY: ADMIN_KEY }));
@@ -93,7 +94,7 @@ t.test('a second SIGTERM while a container is being started leaves that containe
     },
   });
   t.teardown(() => engine.close());
-  const dir = t.testdir();
+  const dir = testDataDir(t);
   const flashd = await startFlashd(t, process.execPath, [
     'dist/flashd.mjs', '--port', '0', '--data-dir', dir, '--runtime', 'docker', '--container-socket', join(sockets, 'engine.sock'),
   ], cleanEnv({ FLASHD_ADMIN_API_KEY: ADMIN_KEY }));

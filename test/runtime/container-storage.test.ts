@@ -5,6 +5,7 @@
  * Deadlines are generous and every wait polls: CI has 2 loaded cores.
  */
 import { SOCKET, until, docker, instanceOf, containersOf, start, endpoint, runsync, logLines } from '../helpers/containers.js';
+import { testDataDir } from '../helpers/data-dir.js';
 import t from 'tap';
 import { startAgent } from '../helpers/agent.js';
 import { makeNetworkVolume, makeRegistry } from '../helpers/expect.js';
@@ -67,7 +68,7 @@ t.test('deleting a network volume removes its engine volume, once no worker moun
 });
 
 t.test('the engine volume of a volume deleted while a worker still used it goes at the next start, after a crash', async (t) => {
-  const dir = t.testdir();
+  const dir = testDataDir(t);
   const first = await startAgent(t, { runtime: 'docker', containerSocket: SOCKET }, { dir });
   const instance = instanceOf(dir);
   const gone = await makeNetworkVolume(t, first, { name: 'deleted' });

@@ -10,6 +10,7 @@ import { join } from 'node:path';
 import { startAgent, cpuBody, ADMIN_KEY } from '../helpers/agent.js';
 import { REPO_ROOT, cleanEnv, run, startFlashd } from '../helpers/spawn-flashd.js';
 import { until } from '../helpers/wait.js';
+import { testDataDir } from '../helpers/data-dir.js';
 
 /**
  * flashd as its own process (`--runtime process`) with one worker process running a 60 s job:
@@ -54,7 +55,7 @@ const alive = (pid: number): boolean => {
 };
 
 t.test('after a kill -9 of flashd, the next start stops its orphaned workers, revokes their keys and requeues their jobs at once', async (t) => {
-  const dir = t.testdir();
+  const dir = testDataDir(t);
   const { flashd, ep, id, pid } = await withRunningJob(t, dir, ['--lease-ms', '30000']);
   await flashd.stop('SIGKILL');
   t.ok(alive(pid), 'the worker outlived flashd');
@@ -84,7 +85,7 @@ t.test("a job the next start fails (its orphaned worker's attempt was the last) 
   await new Promise<void>((resolve) => hook.listen(0, '127.0.0.1', resolve));
   t.teardown(() => hook.close());
   const webhook = `http://127.0.0.1:${(hook.address() as { port: number }).port}/hook`;
-  const dir = t.testdir();
+  const dir = testDataDir(t);
   const { flashd, ep, id } = await withRunningJob(t, dir, ['--lease-ms', '30000', '--max-attempts', '1', '--webhook-allow-private'], { webhook });
   await flashd.stop('SIGKILL');
   const b = await startAgent(t, { runtime: 'none', leaseMs: 30_000, maxAttempts: 1, webhookAllowPrivate: true }, { dir });
@@ -108,7 +109,7 @@ t.test("a retried job the next start fails keeps the first run's owed webhook ro
   await new Promise<void>((resolve) => hook.listen(0, '127.0.0.1', resolve));
   t.teardown(() => hook.close());
   const webhook = `http://127.0.0.1:${(hook.address() as { port: number }).port}/hook`;
-  const dir = t.testdir();
+  const dir = testDataDir(t);
   const flashd = await startFlashd(t, process.execPath, [
     'dist/flashd.mjs', '--port', '0', '--data-dir', dir, '--runtime', 'process', '--process-workdir', REPO_ROOT, '--lease-ms', '3000',
     '--max-attempts', '1', '--webhook-allow-private', '--webhook-retry-delay-ms', '60000',
@@ -166,7 +167,7 @@ function bystander(t: Test): number {
 
 t.test('a recorded pid that now belongs to another process is not killed at start', async (t) => {
   t.test('a pid alone, as flashd recorded it before, written before that process started (a reboot since)', async (t) => {
-    const dir = t.testdir();
+    const dir = testDataDir(t);
     const pid = bystander(t);
     const file = join(dir, 'process-workers.pids');
     writeFileSync(file, `${pid}\n`);
@@ -178,7 +179,7 @@ t.test('a recorded pid that now belongs to another process is not killed at star
     t.notOk(a.logs.some((l) => /stopped orphaned worker process/.test(l)), 'nothing was stopped');
   });
   t.test('a pid with another start time', async (t) => {
-    const dir = t.testdir();
+    const dir = testDataDir(t);
     const pid = bystander(t);
     const boot = readFileSync('/proc/sys/kernel/random/boot_id', 'utf8').trim();
     writeFileSync(join(dir, 'process-workers.pids'), `${pid} 1 ${boot}\n`);
@@ -187,7 +188,7 @@ t.test('a recorded pid that now belongs to another process is not killed at star
     t.ok(alive(pid), 'alive');
   });
   t.test('a pid alone for a process that was running when the file was written is still stopped (an upgrade after a crash)', async (t) => {
-    const dir = t.testdir();
+    const dir = testDataDir(t);
     const pid = bystander(t);
     await new Promise((r) => setTimeout(r, 1100));
     writeFileSync(join(dir, 'process-workers.pids'), `${pid}\n`);
@@ -198,7 +199,7 @@ t.test('a recorded pid that now belongs to another process is not killed at star
 });
 
 t.test('a second flashd on a live data directory is refused before it touches anything; kill -9 frees the directory', async (t) => {
-  const dir = t.testdir();
+  const dir = testDataDir(t);
   const { flashd, call, ep, id, pid } = await withRunningJob(t, dir, ['--lease-ms', '30000']);
 
   // Another port, the same data dir: before the lock this one reaped the live worker and requeued its job.
@@ -220,7 +221,7 @@ t.test('a second flashd on a live data directory is refused before it touches an
 });
 
 t.test('a second SIGTERM during a clean stop exits 1 at once and leaves no worker running', async (t) => {
-  const dir = t.testdir();
+  const dir = testDataDir(t);
   const { flashd, ep, id, pid } = await withRunningJob(t, dir, ['--worker-stop-grace-ms', '30000']);
   flashd.child.kill('SIGTERM');
   await until('the clean stop to begin', async () => /shutting down/.test(flashd.stderr()), 5000);
