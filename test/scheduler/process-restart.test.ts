@@ -12,6 +12,14 @@ import { REPO_ROOT, cleanEnv, run, startFlashd } from '../helpers/spawn-flashd.j
 import { until } from '../helpers/wait.js';
 import { testDataDir } from '../helpers/data-dir.js';
 
+/** JSON requests with the admin key to a flashd started as its own process. */
+const adminCall = (url: string) => async (method: string, path: string, body?: unknown): Promise<any> => {
+  const r = await fetch(url + path, {
+    method, headers: { authorization: `Bearer ${ADMIN_KEY}`, 'content-type': 'application/json' }, ...(body ? { body: JSON.stringify(body) } : {}),
+  });
+  return r.json();
+};
+
 /**
  * flashd as its own process (`--runtime process`) with one worker process running a 60 s job:
  * the setup of the crash, lock and signal tests. The worker's process group is killed on teardown.
@@ -20,12 +28,7 @@ async function withRunningJob(t: Test, dir: string, extra: string[], job: Record
   const flashd = await startFlashd(t, process.execPath, [
     'dist/flashd.mjs', '--port', '0', '--data-dir', dir, '--runtime', 'process', '--process-workdir', REPO_ROOT, ...extra,
   ], cleanEnv({ FLASHD_ADMIN_API_KEY: ADMIN_KEY }));
-  const call = async (method: string, path: string, body?: unknown) => {
-    const r = await fetch(flashd.url + path, {
-      method, headers: { authorization: `Bearer ${ADMIN_KEY}`, 'content-type': 'application/json' }, ...(body ? { body: JSON.stringify(body) } : {}),
-    });
-    return r.json() as Promise<any>;
-  };
+  const call = adminCall(flashd.url);
   const ep = (await call('POST', '/v2/serverless', cpuBody({ args: 'python3 -u test/fixtures/workers/echo.py', workers: { min: 0, max: 1, idleTimeout: 30 } }))).id as string;
   const id = (await call('POST', `/v2/${ep}/run`, { input: { sleep: 60 }, ...job })).id as string;
   await until('the job to start', async () => (await call('GET', `/v2/${ep}/status/${id}`)).status === 'IN_PROGRESS', 20_000);
@@ -114,12 +117,7 @@ t.test("a retried job the next start fails keeps the first run's owed webhook ro
     'dist/flashd.mjs', '--port', '0', '--data-dir', dir, '--runtime', 'process', '--process-workdir', REPO_ROOT, '--lease-ms', '3000',
     '--max-attempts', '1', '--webhook-allow-private', '--webhook-retry-delay-ms', '60000',
   ], cleanEnv({ FLASHD_ADMIN_API_KEY: ADMIN_KEY }));
-  const call = async (method: string, path: string, body?: unknown) => {
-    const r = await fetch(flashd.url + path, {
-      method, headers: { authorization: `Bearer ${ADMIN_KEY}`, 'content-type': 'application/json' }, ...(body ? { body: JSON.stringify(body) } : {}),
-    });
-    return r.json() as Promise<any>;
-  };
+  const call = adminCall(flashd.url);
   const ep = (await call('POST', '/v2/serverless', cpuBody({ args: 'python3 -u test/fixtures/workers/echo.py', workers: { min: 0, max: 1, idleTimeout: 30 } }))).id as string;
   // The first run times out (its webhook is owed: the receiver fails); the retried run is running at the crash.
   const id = (await call('POST', `/v2/${ep}/run`, { input: { sleep: 6 }, webhook, policy: { executionTimeout: 5000 } })).id as string;
