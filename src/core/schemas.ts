@@ -62,7 +62,21 @@ export function hasSchema(name: string): boolean {
 /** One line per failure, pointing at the offending place in the body (JSON Pointer). */
 export function formatSchemaErrors(errors: readonly ErrorObject[]): string[] {
   const out: string[] = [];
+  // A member that may also be null (`anyOf: [X, {type: null}]`) whose value fails X also fails the
+  // null branch: that "must be null" is noise beside what X says, and a wrong type there is
+  // "must be X or null".
+  const nullBranches = new Set<ErrorObject>();
+  const orNull = new Set<ErrorObject>();
   for (const e of errors) {
+    if (e.keyword !== 'type' || (e.params as Record<string, unknown>)['type'] !== 'null' || !/\/(anyOf|oneOf)\/\d+\/type$/.test(e.schemaPath)) continue;
+    const others = errors.filter((o) => o !== e && o.keyword !== 'anyOf' && o.keyword !== 'oneOf'
+      && (o.instancePath === e.instancePath || o.instancePath.startsWith(`${e.instancePath}/`)));
+    if (others.length === 0) continue;
+    nullBranches.add(e);
+    for (const o of others) if (o.keyword === 'type' && o.instancePath === e.instancePath) orNull.add(o);
+  }
+  for (const e of errors) {
+    if (nullBranches.has(e)) continue;
     const at = e.instancePath || '(body)';
     const p = e.params as Record<string, unknown>;
     let line: string;
@@ -105,6 +119,11 @@ export function formatSchemaErrors(errors: readonly ErrorObject[]): string[] {
       case 'anyOf':
       case 'oneOf':
         continue; // the branch errors around it say more
+      case 'type': {
+        const types = [...String(p['type']).split(','), ...(orNull.has(e) ? ['null'] : [])];
+        line = `${at}: must be ${types.join(' or ')}`;
+        break;
+      }
       default:
         line = `${at}: ${e.message ?? 'is invalid'}`;
     }

@@ -90,3 +90,26 @@ t.test('a body that is not UTF-8 is refused, not stored with replacement charact
   const ok = await a.req('POST', `/v2/${ep}/run`, { body: { input: { s: 'é ✓ 😀' } } });
   t.equal(ok.status, 200, 'UTF-8 text beyond ASCII is taken');
 });
+
+t.test('a member that may also be null is not reported as "must be null" when its value is wrong', async (t) => {
+  const a = await startAgent(t);
+  const ep = await a.req('POST', '/v2/serverless', { body: queueBody() });
+  t.equal(ep.status, 201);
+  const id = ep.json.id as string;
+  const cases: [string, Record<string, unknown>, string[]][] = [
+    ['policy member out of range', { input: {}, policy: { executionTimeout: 1000 } }, ['/policy/executionTimeout: must be >= 5000']],
+    ['unknown policy member', { input: {}, policy: { foo: 1 } }, ['/policy/foo: unknown property']],
+    ['policy of the wrong type', { input: {}, policy: 5 }, ['/policy: must be object or null']],
+  ];
+  for (const [label, body, errors] of cases) {
+    const r = await a.req('POST', `/v2/${id}/run`, { body });
+    assertProblem(t, r, 400, label);
+    t.same(r.json.errors, errors, `${label}: ${JSON.stringify(r.json.errors)}`);
+    t.equal(r.json.detail, errors[0], `${label}: the detail is that one error`);
+  }
+  const cuda = await a.req('POST', '/v2/serverless', { body: queueBody({ gpu: { pools: ['ADA_24'], minCudaVersion: 'abc' } }) });
+  assertProblem(t, cuda, 400);
+  t.same(cuda.json.errors, ['/gpu/minCudaVersion: must match pattern "^\\d+\\.\\d+$"'], `minCudaVersion: ${JSON.stringify(cuda.json.errors)}`);
+  const nul = await a.req('POST', `/v2/${id}/run`, { body: { input: {}, policy: null } });
+  t.equal(nul.status, 200, 'policy null is still accepted');
+});
