@@ -43,7 +43,8 @@ export function endpointOf(endpoints: EndpointService, principal: Principal, id:
 
 function queueEndpoint(row: ResourceRow<EndpointSpec>): ResourceRow<EndpointSpec> {
   if (row.data.type !== 'QUEUE') {
-    throw new AgentError('BAD_REQUEST', `Endpoint ${row.id} is a LOAD_BALANCER endpoint; send requests to its requestUrls.base instead.`);
+    // Not "send it to requestUrls.base": flashd stores load-balancing endpoints but routes none of their traffic yet.
+    throw new AgentError('BAD_REQUEST', `Endpoint ${row.id} is a LOAD_BALANCER endpoint: only QUEUE endpoints take jobs (run, runsync, status, stream, cancel, retry, purge-queue, health). Its workers would serve HTTP at its requestUrls.base, but flashd does not route load-balancing traffic yet.`);
   }
   return row;
 }

@@ -1,0 +1,19 @@
+/**
+ * Error replies of the queue job API and the worker routes, as a new user meets them: the
+ * status, a detail that says what was wrong and what to send, errors[] pointing at the place.
+ */
+import t from 'tap';
+import { assertProblem, queueBody, startAgent } from '../helpers/agent.js';
+
+t.test('job routes on a LOAD_BALANCER endpoint say it takes no jobs, not where to send them', async (t) => {
+  const a = await startAgent(t);
+  const lb = await a.req('POST', '/v2/serverless', { body: queueBody({ name: 'lb', type: 'LOAD_BALANCER', scaling: { type: 'REQUEST_COUNT', requestCount: 4 } }) });
+  t.equal(lb.status, 201, lb.text);
+  for (const [method, path] of [['POST', 'run'], ['POST', 'runsync'], ['GET', 'status/abc'], ['POST', 'cancel/abc'], ['GET', 'health']] as const) {
+    const r = await a.req(method, `/v2/${lb.json.id}/${path}`, method === 'POST' ? { body: { input: {} } } : {});
+    assertProblem(t, r, 400, `${method} /${path}`);
+    t.match(r.json.detail, new RegExp(`^Endpoint ${lb.json.id} is a LOAD_BALANCER endpoint: only QUEUE endpoints take jobs`), `${path}: says why`);
+    t.notMatch(r.json.detail, /requestUrls\.base instead/, `${path}: does not send the client to a URL flashd does not route`);
+    t.match(r.json.detail, /does not route load-balancing traffic yet/, `${path}: says that base is not served either`);
+  }
+});
