@@ -48,7 +48,8 @@ export function isJsonContentType(value: string | undefined): boolean {
  */
 export function jsonSyntaxDetail(err: unknown): string {
   const message = err instanceof Error ? err.message : '';
-  if (/ in JSON at position \d+(?: \(line \d+ column \d+\))?$/.test(message) || message === 'Unexpected end of JSON input') return message;
+  // "Unexpected non-whitespace character after JSON at position 13": a second value after the first.
+  if (/ (?:in|after) JSON at position \d+(?: \(line \d+ column \d+\))?$/.test(message) || message === 'Unexpected end of JSON input') return message;
   return message.startsWith('Unexpected token') ? 'Unexpected token' : 'Syntax error';
 }
 

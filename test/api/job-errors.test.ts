@@ -17,3 +17,18 @@ t.test('job routes on a LOAD_BALANCER endpoint say it takes no jobs, not where t
     t.match(r.json.detail, /does not route load-balancing traffic yet/, `${path}: says that base is not served either`);
   }
 });
+
+t.test('a body with more after its JSON value says so and where, not "Syntax error"', async (t) => {
+  const a = await startAgent(t);
+  const ep = await a.req('POST', '/v2/serverless', { body: queueBody() });
+  const headers = { 'content-type': 'application/json' };
+  for (const [raw, at] of [['{"input":{}} x', 13], ['{"input":{}}{"input":{"n":2}}', 12]] as const) {
+    const r = await a.req('POST', `/v2/${ep.json.id}/run`, { raw, headers });
+    assertProblem(t, r, 400, raw);
+    t.equal(r.json.code, 'INVALID_JSON');
+    // Newer V8 adds " (line 1 column N)".
+    t.match(r.json.detail, new RegExp(`^The body is not valid JSON: Unexpected non-whitespace character after JSON at position ${at}(?: \\(line 1 column ${at + 1}\\))?\\.$`), `${raw}: what and where`);
+  }
+  const health = await a.req('GET', `/v2/${ep.json.id}/health`);
+  t.equal(health.json.jobs.inQueue, 0, 'no job was queued');
+});
