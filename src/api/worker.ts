@@ -11,6 +11,7 @@ import type { IncomingRequest, OutgoingReply } from '../http/index.js';
 import { SDK_DEFAULT_ENV, workerEnv, workerJobBody, type DoneBody, type DoneOutcome, type JobQueue } from '../queue/index.js';
 import type { LogLine } from '../store/index.js';
 import type { LogHub } from '../scheduler/index.js';
+import { jsonSyntaxDetail } from './dispatch.js';
 import { NO_STORE, type RouteDef } from './route.js';
 
 export interface WorkerRouteServices {
@@ -64,14 +65,29 @@ async function failTooLarge(s: WorkerRouteServices, { req, principal, params }: 
   await s.queue.done(endpointId, params['workerId'] as string, params['jobId'] as string, { error });
 }
 
-function parseRaw(body: Buffer): DoneBody {
+/** What a worker may post to job-done and to job-stream, for the detail of a refused body. */
+const SEND = {
+  result: 'Send a JSON object: {"output": …}, {"error": "…"} or a progress update {"status": "IN_PROGRESS", "output": …}.',
+  'stream chunk': 'Send a JSON object: {"output": …}.',
+} as const;
+
+/** "an array", "a string", "null": what a JSON value that is not an object is. */
+function jsonKind(value: unknown): string {
+  if (value === null) return 'null';
+  if (Array.isArray(value)) return 'an array';
+  return typeof value === 'object' ? 'an object' : `a ${typeof value}`;
+}
+
+function parseRaw(body: Buffer, what: keyof typeof SEND): DoneBody {
   // runpod-python posts JSON as application/x-www-form-urlencoded: read the raw bytes as JSON.
   if (body.length === 0) return {};
   let text = body.toString('utf8');
   let parsed: unknown;
+  let syntax: unknown;
   try {
     parsed = JSON.parse(text) as unknown;
-  } catch {
+  } catch (err) {
+    syntax = err;
     // A Python worker's NaN or Infinity (json.dumps allows them): stored as null, as JavaScript would.
     const finite = nonFiniteToNull(text);
     try {
@@ -82,13 +98,16 @@ function parseRaw(body: Buffer): DoneBody {
         if (error !== undefined && /^-?(?:NaN|Infinity)$/.test(error.trim()) && parsed !== null && typeof parsed === 'object') {
           (parsed as DoneBody).error = error.trim();
         }
+        syntax = undefined;
       }
     } catch {
-      // Invalid for another reason: refused below.
+      // Invalid for another reason: refused below, with JSON.parse's first complaint.
     }
   }
+  // Refused without touching the job: it stays with this worker, which may post again.
+  if (syntax !== undefined) throw new AgentError('INVALID_JSON', `The ${what} body is not valid JSON: ${jsonSyntaxDetail(syntax)}. ${SEND[what]}`);
   if (parsed === null || typeof parsed !== 'object' || Array.isArray(parsed)) {
-    throw new AgentError('INVALID_JSON', 'The result body must be a JSON object.');
+    throw new AgentError('INVALID_JSON', `The ${what} body must be a JSON object, not ${jsonKind(parsed)}. ${SEND[what].replace('Send a JSON object: ', 'Send ')}`);
   }
   const done = parsed as DoneBody;
   // The output as the worker sent it, so it is stored and served without re-serialising.
@@ -162,7 +181,7 @@ export function workerRoutes(s: WorkerRouteServices): RouteDef[] {
         const endpointId = params['endpointId'] as string;
         checkWorker(s, principal, endpointId, params['workerId'] as string);
         const jobId = params['jobId'] as string;
-        return outcomeReply(await s.queue.done(endpointId, params['workerId'] as string, jobId, parseRaw(req.body)), jobId);
+        return outcomeReply(await s.queue.done(endpointId, params['workerId'] as string, jobId, parseRaw(req.body, 'result')), jobId);
       },
     },
     {
@@ -175,7 +194,7 @@ export function workerRoutes(s: WorkerRouteServices): RouteDef[] {
         checkWorker(s, principal, endpointId, params['workerId'] as string);
         const jobId = params['jobId'] as string;
         // Answered once the chunk is durable in SQLite (job_chunks).
-        return outcomeReply(await s.queue.stream(endpointId, params['workerId'] as string, jobId, parseRaw(req.body)), jobId);
+        return outcomeReply(await s.queue.stream(endpointId, params['workerId'] as string, jobId, parseRaw(req.body, 'stream chunk')), jobId);
       },
     },
     {

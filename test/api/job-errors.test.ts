@@ -32,3 +32,36 @@ t.test('a body with more after its JSON value says so and where, not "Syntax err
   const health = await a.req('GET', `/v2/${ep.json.id}/health`);
   t.equal(health.json.jobs.inQueue, 0, 'no job was queued');
 });
+
+t.test('a worker post that is not a JSON object says what is wrong and what to send; the job goes on', async (t) => {
+  const a = await startAgent(t);
+  const ep = (await a.req('POST', '/v2/serverless', { body: queueBody() })).json.id as string;
+  const env = (await a.req('GET', `/v2/serverless/${ep}/worker-env`)).json;
+  const key = env.env.RUNPOD_AI_API_KEY as string;
+  const wid = env.workerId as string;
+  const job = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { n: 1 } } })).json.id as string;
+  const taken = await a.req('GET', `/v2/${ep}/job-take/${wid}?gpu=gpu`, { key });
+  t.equal(taken.json?.id, job, 'the worker holds the job');
+  const form = { 'content-type': 'application/x-www-form-urlencoded' };
+  const cases: [string, string, RegExp][] = [
+    ['job-done', '{"output": 1', /^The result body is not valid JSON: (?:Unexpected end of JSON input|Expected ',' or '}' after property value in JSON at position 12)\. Send a JSON object: \{"output": …\}, \{"error": "…"\} or a progress update \{"status": "IN_PROGRESS", "output": …\}\.$/],
+    ['job-done', 'done', /^The result body is not valid JSON: Unexpected token\. Send a JSON object: \{"output": …\}/],
+    ['job-done', '[1, 2]', /^The result body must be a JSON object, not an array\. Send \{"output": …\}, \{"error": "…"\}/],
+    ['job-done', '"ok"', /^The result body must be a JSON object, not a string\./],
+    ['job-done', 'null', /^The result body must be a JSON object, not null\./],
+    ['job-stream', '{"output": "a"', /^The stream chunk body is not valid JSON: .*\. Send a JSON object: \{"output": …\}\.$/],
+    ['job-stream', '7', /^The stream chunk body must be a JSON object, not a number\. Send \{"output": …\}\.$/],
+  ];
+  for (const [route, raw, detail] of cases) {
+    const r = await a.req('POST', `/v2/${ep}/${route}/${wid}/${job}?gpu=gpu&isStream=false`, { raw, key, headers: form });
+    assertProblem(t, r, 400, `${route} ${raw}`);
+    t.equal(r.json.code, 'INVALID_JSON', `${route} ${raw}: code`);
+    t.match(r.json.detail, detail, `${route} ${raw}: detail`);
+    const s = await a.req('GET', `/v2/${ep}/status/${job}`);
+    t.equal(s.json.status, 'IN_PROGRESS', `${route} ${raw}: the job is still held by the worker`);
+  }
+  const ok = await a.req('POST', `/v2/${ep}/job-done/${wid}/${job}?gpu=gpu&isStream=false`, { raw: '{"output": 1}', key, headers: form });
+  t.same(ok.json, { ok: true }, 'its valid result is then taken');
+  const s = await a.req('GET', `/v2/${ep}/status/${job}`);
+  t.same([s.json.status, s.json.output], ['COMPLETED', 1]);
+});
