@@ -50,6 +50,13 @@ function queueEndpoint(row: ResourceRow<EndpointSpec>): ResourceRow<EndpointSpec
 }
 
 function intQuery(query: URLSearchParams, name: string, min: number, max: number): number | undefined {
+  // Twice is ambiguous: taking the first would drop the other, even a wrong one, unsaid.
+  const count = query.getAll(name).length;
+  if (count > 1) {
+    throw new AgentError('VALIDATION_FAILED', `?${name} was given ${count} times; give it once, an integer from ${min} to ${max} (milliseconds).`, {
+      errors: [`?${name}: was given ${count} times; give it once`],
+    });
+  }
   const raw = query.get(name);
   if (raw === null || raw === '') return undefined;
   if (!/^\d+$/.test(raw) || Number(raw) < min || Number(raw) > max) {

@@ -65,3 +65,22 @@ t.test('a worker post that is not a JSON object says what is wrong and what to s
   const s = await a.req('GET', `/v2/${ep}/status/${job}`);
   t.same([s.json.status, s.json.output], ['COMPLETED', 1]);
 });
+
+t.test('?wait and ?ttl given twice are refused, whichever of the two is wrong; nothing is queued', async (t) => {
+  const a = await startAgent(t);
+  const ep = (await a.req('POST', '/v2/serverless', { body: queueBody() })).json.id as string;
+  for (const query of ['wait=1000&wait=abc', 'wait=abc&wait=2000', 'wait=1000&wait=2000']) {
+    const r = await a.req('POST', `/v2/${ep}/runsync?${query}`, { body: { input: {} } });
+    assertProblem(t, r, 400, query);
+    t.equal(r.json.detail, '?wait was given 2 times; give it once, an integer from 1000 to 300000 (milliseconds).', `${query}: detail`);
+    t.same(r.json.errors, ['?wait: was given 2 times; give it once'], `${query}: errors`);
+  }
+  t.equal((await a.req('GET', `/v2/${ep}/health`)).json.jobs.inQueue, 0, 'no job was queued');
+  const job = (await a.req('POST', `/v2/${ep}/run`, { body: { input: {} } })).json.id as string;
+  const r = await a.req('GET', `/v2/${ep}/status/${job}?ttl=5000&ttl=x`);
+  assertProblem(t, r, 400, 'ttl twice');
+  t.equal(r.json.detail, '?ttl was given 2 times; give it once, an integer from 1000 to 604800000 (milliseconds).');
+  const sync = await a.req('GET', `/v2/${ep}/status-sync/${job}?wait=1000&wait=1000`);
+  assertProblem(t, sync, 400, 'status-sync wait twice');
+  t.equal((await a.req('GET', `/v2/${ep}/status/${job}?ttl=5000`)).status, 200, 'once is fine');
+});
