@@ -223,6 +223,8 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
     closers.push(() => autoscaler.close());
     // A launched worker's first job-take: the next QUEUE_DELAY step may start now, not at the next tick.
     queue.workers.onUp = (endpointId) => autoscaler.trigger(endpointId);
+    // A key revoked through the API: the workers using it stop waiting on it and stop counting.
+    auth.onRevoked = (keyId, named) => queue.keyRevoked(keyId, named);
     queue.on({
       jobQueued: (endpointId) => autoscaler.trigger(endpointId),
       // stopPod: the queue marked the worker (recycling); the next decision stops it once idle.

@@ -161,7 +161,7 @@ export function workerRoutes(s: WorkerRouteServices): RouteDef[] {
           return false;
         }
       };
-      const jobs = await s.queue.take(endpointId, params['workerId'] as string, size, req.cancel, stillAllowed);
+      const jobs = await s.queue.take(endpointId, params['workerId'] as string, size, req.cancel, stillAllowed, undefined, principal.keyId);
       // Refused during the hold: the 401 (revoked, expired) a new poll would get.
       if (jobs.length === 0 && !req.cancel.aborted) s.auth.authenticate(req.headers);
       const reply = jobsReply(jobs, batch);
@@ -203,7 +203,9 @@ export function workerRoutes(s: WorkerRouteServices): RouteDef[] {
       handle: async ({ req, principal, params }) => {
         const endpointId = params['endpointId'] as string;
         checkWorker(s, principal, endpointId, params['workerId'] as string);
-        const ids = await s.queue.stopSignals(endpointId, params['workerId'] as string, req.signal);
+        const ids = await s.queue.stopSignals(endpointId, params['workerId'] as string, req.signal, undefined, principal.keyId);
+        // Answered early because the key was revoked (JobQueue.keyRevoked): the 401 a new poll would get.
+        if (ids.length === 0 && !req.signal.aborted) s.auth.authenticate(req.headers);
         return ids.length ? { status: 200, body: { jobsToStop: ids } } : { status: 204 };
       },
     },
@@ -214,7 +216,7 @@ export function workerRoutes(s: WorkerRouteServices): RouteDef[] {
         const endpointId = params['endpointId'] as string;
         checkWorker(s, principal, endpointId, params['workerId'] as string);
         const ids = (req.query.get('job_id') ?? '').split(',').map((x) => x.trim()).filter(Boolean);
-        s.queue.ping(endpointId, params['workerId'] as string, ids, req.query.get('status') === 'unhealthy');
+        s.queue.ping(endpointId, params['workerId'] as string, ids, req.query.get('status') === 'unhealthy', principal.keyId);
         return { status: 200, body: { ok: true } };
       },
     },

@@ -105,6 +105,13 @@ export class AuthService {
    * entry recompute on its next use. Session tokens are not cached.
    */
   readonly #keys = new Map<string, CachedKey>();
+  /**
+   * Called after revokeKey (DELETE /v2/api-keys/{id}) revoked a key: the queue answers the polls
+   * of the workers using it and stops counting them (JobQueue.keyRevoked). `named`: the worker a
+   * worker key was made for. Not called by revokeKeyById (a stopped managed worker's key) nor
+   * by the revocations at start or of a deleted endpoint's keys.
+   */
+  onRevoked: ((keyId: string, named?: { endpointId: string; workerId: string }) => void) | null = null;
 
   constructor(repo: IdentityRepo, clock: Clock, log: Logger, sessionTtlSeconds: number) {
     this.#repo = repo;
@@ -386,8 +393,11 @@ export class AuthService {
 
   revokeKey(caller: Principal, id: string): void {
     const row = this.#keyToManage(caller, id);
-    this.#repo.revokeKey(id, this.#clock.now());
+    const revoked = this.#repo.revokeKey(id, this.#clock.now());
     this.#log.info('api key revoked', { keyId: id, kind: row.kind, endpointId: row.endpointId });
+    if (!revoked) return;
+    const workerId = workerIdOfKey(row);
+    this.onRevoked?.(id, row.endpointId !== null && workerId !== null ? { endpointId: row.endpointId, workerId } : undefined);
   }
 
   // Users and teams -------------------------------------------------------------------------

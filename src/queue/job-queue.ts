@@ -825,10 +825,11 @@ export class JobQueue {
    * job-take: returns up to `max` jobs at once, or holds the request until one arrives (woken
    * by submit, never by a timer) and gives [] after `holdMs`. A held take is handed jobs only
    * while `allowed` says so (the caller's credential, checked when it was parked, may be
-   * revoked during the hold); when it says no, the take gets [] at once.
+   * revoked during the hold); when it says no, the take gets [] at once. `keyId`: that
+   * credential's key (WorkerInfo.keyId); its revocation answers the take at once (keyRevoked).
    */
-  take(endpointId: string, workerId: string, max: number, cancel: Cancellation, allowed?: () => boolean, holdMs = this.settings.takeHoldMs): Promise<ClaimedJob[]> {
-    const worker = this.workers.seen(endpointId, workerId, true);
+  take(endpointId: string, workerId: string, max: number, cancel: Cancellation, allowed?: () => boolean, holdMs = this.settings.takeHoldMs, keyId?: string): Promise<ClaimedJob[]> {
+    const worker = this.workers.seen(endpointId, workerId, true, keyId);
     // Being stopped, or a worker flashd launched that is to be replaced (recycling()): no job.
     // Its parked polls were answered at once so its SDK sees the SIGTERM and exits; a poll
     // after that waits a little, never a tight loop.
@@ -1027,8 +1028,8 @@ export class JobQueue {
   }
 
   /** ping: renews the leases of the jobs the worker lists; tells it to stop jobs no longer its own. */
-  ping(endpointId: string, workerId: string, jobIds: readonly string[], unhealthy: boolean): void {
-    const worker = this.workers.seen(endpointId, workerId);
+  ping(endpointId: string, workerId: string, jobIds: readonly string[], unhealthy: boolean, keyId?: string): void {
+    const worker = this.workers.seen(endpointId, workerId, false, keyId);
     if (unhealthy) {
       this.workers.markUnhealthy(endpointId, workerId);
       this.#log.warn('worker reported unhealthy', { endpointId, workerId });
@@ -1167,8 +1168,8 @@ export class JobQueue {
    * job-stop: the ids this worker must stop. Held until a stop falls due or `holdMs` passes; a
    * pending stop is offered again at most once a second (never in a tight loop).
    */
-  stopSignals(endpointId: string, workerId: string, signal: AbortSignal, holdMs = this.settings.takeHoldMs): Promise<string[]> {
-    const worker = this.workers.seen(endpointId, workerId);
+  stopSignals(endpointId: string, workerId: string, signal: AbortSignal, holdMs = this.settings.takeHoldMs, keyId?: string): Promise<string[]> {
+    const worker = this.workers.seen(endpointId, workerId, false, keyId);
     const first = this.#dueStops(worker);
     if (first.ids.length || signal.aborted) return Promise.resolve(first.ids);
     if (worker.draining) return drained<string>(signal, Math.min(DRAIN_POLL_HOLD_MS, holdMs));
@@ -1188,7 +1189,7 @@ export class JobQueue {
       };
       const check = () => {
         const { ids, nextInMs } = this.#dueStops(worker);
-        if (ids.length || worker.draining || this.#closing) return finish(ids);
+        if (ids.length || worker.draining || worker.revoked || this.#closing) return finish(ids);
         if (!worker.stopWaiters.includes(check)) worker.stopWaiters.push(check);
         clearTimeout(timer);
         if (Number.isFinite(nextInMs)) timer = setTimeout(check, nextInMs);
@@ -1233,6 +1234,27 @@ export class JobQueue {
     worker.retired = false;
     worker.recycle = false;
     worker.refresh = false;
+  }
+
+  /**
+   * An API key was revoked (AuthService.onRevoked): the workers that use it (WorkerRegistry.keyRevoked)
+   * get their parked job-take and job-stop polls answered now, so the SDK meets the 401 at once
+   * instead of at the end of the hold, and leave `/health` and the autoscaler's idle workers.
+   * Jobs they hold stay theirs until their leases lapse (then requeued, as for any worker that
+   * stopped calling). A managed worker (an admin revoked its key) is replaced, as for a new
+   * configuration: stopped once idle, with a new key for its successor. Not called when flashd
+   * revokes a stopped managed worker's key (revokeKeyById): that path is unchanged.
+   */
+  keyRevoked(keyId: string, named?: { endpointId: string; workerId: string }): void {
+    for (const worker of this.workers.keyRevoked(keyId, named)) {
+      this.#answerTakes(worker);
+      for (const wake of [...worker.stopWaiters]) wake();
+      if (worker.managed) {
+        this.recycling(worker.endpointId, worker.id);
+        for (const l of this.#listeners) l.recycleWorker?.(worker.endpointId, worker.id);
+      }
+      this.#log.info('worker key revoked: its polls answered, no longer counted', { endpointId: worker.endpointId, workerId: worker.id, keyId });
+    }
   }
 
   /** Answers a worker's parked job-takes with no job. */

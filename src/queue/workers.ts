@@ -58,6 +58,18 @@ export interface WorkerInfo {
   draining: boolean;
   /** It has asked for a job (job-take) at least once. */
   asked: boolean;
+  /**
+   * The API key it last authenticated with on a job-take, ping or job-stop (null: none yet, as
+   * for a record recovered at start from a running job): the principal's keyId, so revoking a
+   * key can find the workers that use it (WorkerRegistry.keyRevoked).
+   */
+  keyId: string | null;
+  /**
+   * That key was revoked (WorkerRegistry.keyRevoked): every request it makes is refused, so it
+   * is left out of `/health` and, external, of the autoscaler's workers (see `silent`), until it
+   * calls with another key.
+   */
+  revoked: boolean;
   /** When its last job-take was answered (monotonic; -Infinity: never). */
   answeredAt: number;
   /** That answer held fewer jobs than it asked for: it has free slots and asks again at once (see WorkerRegistry.returningMs). */
@@ -69,7 +81,7 @@ function record(endpointId: string, workerId: string, now: number, init: Partial
   return {
     id: workerId, endpointId, managed: false, phase: 'up', jobs: new Set(), lastSeen: now, idleSince: now,
     parked: 0, stops: new Map(), letGo: new Set(), fenced: new Set(), stopWaiters: [], recycle: false, refresh: false, retired: false, draining: false, asked: false,
-    answeredAt: -Infinity, wantsMore: false, ...init,
+    keyId: null, revoked: false, answeredAt: -Infinity, wantsMore: false, ...init,
   };
 }
 
@@ -128,8 +140,10 @@ export class WorkerRegistry {
    * that retired (stopPod) is not brought back by the last ping or job-stop poll of the process
    * on its way out (runpod-python's heartbeat runs in its own process): those get a detached,
    * draining record. Only a job-take (`wantsJobs`), a new incarnation asking for work, brings it back.
+   * `keyId`: the key the call authenticated with (see WorkerInfo.keyId); a key other than the one
+   * recorded takes its place, and ends a `revoked` mark, since this call's key is good.
    */
-  seen(endpointId: string, workerId: string, wantsJobs = false): WorkerInfo {
+  seen(endpointId: string, workerId: string, wantsJobs = false, keyId?: string): WorkerInfo {
     const now = this.#clock.monotonic();
     const map = this.#map(endpointId);
     let w = map.get(workerId);
@@ -153,9 +167,30 @@ export class WorkerRegistry {
     const firstAsk = wantsJobs && w.managed && !w.asked;
     if (wantsJobs) w.asked = true;
     if (w.phase !== 'unhealthy' || wantsJobs) w.phase = 'up';
+    if (keyId !== undefined && keyId !== w.keyId) {
+      w.keyId = keyId;
+      w.revoked = false;
+    }
     w.lastSeen = now;
     if (firstAsk) this.onUp?.(endpointId, workerId);
     return w;
+  }
+
+  /**
+   * An API key was revoked: marks `revoked` and returns the workers that last authenticated with
+   * it, and the worker a worker key was made for (`named`: its endpoint and worker id) when that
+   * one has recorded no key yet. A scan of every worker, but only at a revocation: nothing is
+   * added to job-take or job-done.
+   */
+  keyRevoked(keyId: string, named?: { endpointId: string; workerId: string }): WorkerInfo[] {
+    const out: WorkerInfo[] = [];
+    for (const w of this.all()) {
+      if (w.keyId === keyId || (w.keyId === null && named !== undefined && w.endpointId === named.endpointId && w.id === named.workerId)) {
+        w.revoked = true;
+        out.push(w);
+      }
+    }
+    return out;
   }
 
   /** Removes a worker that asked to be recycled and holds nothing (see `seen`). */
@@ -230,10 +265,13 @@ export class WorkerRegistry {
    * An external worker that holds no job and has no job-take open, and has not called for
    * SILENT_MS: it has most likely gone (an SDK re-polls job-take at once after every answer).
    * It is left out of `/health` and of the autoscaler's idle workers, which would otherwise hold
-   * off a QUEUE_DELAY scale-up until the sweep forgets it (2 × lease).
+   * off a QUEUE_DELAY scale-up until the sweep forgets it (2 × lease). An external worker whose
+   * key was revoked (`revoked`) is silent at once, whatever it holds: each call it makes is
+   * refused, so it takes no job and posts no result (the jobs it held go back to the queue when
+   * their leases lapse, as for any worker that stopped calling).
    */
   silent(w: WorkerInfo): boolean {
-    return !w.managed && w.jobs.size === 0 && w.parked === 0 && this.#clock.monotonic() - w.lastSeen > SILENT_MS;
+    return !w.managed && (w.revoked || (w.jobs.size === 0 && w.parked === 0 && this.#clock.monotonic() - w.lastSeen > SILENT_MS));
   }
 
   /**
@@ -265,7 +303,8 @@ export class WorkerRegistry {
   counts(endpointId: string): WorkerCounts {
     const c: WorkerCounts = { idle: 0, initializing: 0, ready: 0, running: 0, throttled: this.#throttled.get(endpointId) ?? 0, unhealthy: 0 };
     for (const w of this.list(endpointId)) {
-      if (this.silent(w)) continue;
+      // A managed worker whose key was revoked is being replaced (JobQueue.keyRevoked): not counted either.
+      if (this.silent(w) || w.revoked) continue;
       if (this.unheard(w)) {
         c.unhealthy++;
         continue;

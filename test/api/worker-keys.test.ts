@@ -127,3 +127,43 @@ t.test("a worker key acts only as its own worker: another worker's id in the pat
   t.equal((await wb.done(job, { output: 'by B' })).status, 200, "B's own result is taken");
   t.match((await a.req('GET', `/v2/${ep}/status/${job}`)).json, { status: 'COMPLETED', output: 'by B' });
 });
+
+t.test('revoking a worker key answers its parked polls at once and takes its worker out of /health', async (t) => {
+  // A take or job-stop hold far longer than the test: only the revocation can end them.
+  const a = await startAgent(t, { takeHoldMs: 30_000 });
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  const envOf = async () => (await a.req('GET', `/v2/serverless/${ep}/worker-env`)).json as { workerId: string; keyId: string; env: Record<string, string> };
+  const health = async () => (await a.req('GET', `/v2/${ep}/health`)).json.workers as Record<string, number>;
+
+  const busyEnv = await envOf();
+  const busy = new TestWorker(busyEnv);
+  const running = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { n: 1 } } })).json.id as string;
+  t.match(await busy.take(), { id: running }, 'one worker holds a job');
+  const idleEnv = await envOf();
+  const idle = new TestWorker(idleEnv);
+  const takeUrl = `${(idleEnv.env.RUNPOD_WEBHOOK_GET_JOB as string).replace('$ID', idle.workerId)}&job_in_progress=0`;
+  const since = Date.now();
+  const timed = (p: Promise<Response>) => p.then(async (r) => ({ status: r.status, ms: Date.now() - since, text: await r.text() }));
+  const take = timed(fetch(takeUrl, { headers: { authorization: idle.key } }));
+  const stop = timed(fetch(takeUrl.replace('/job-take/', '/job-stop/'), { headers: { authorization: idle.key } }));
+  await new Promise((resolve) => setTimeout(resolve, 300));
+  t.match(await health(), { idle: 1, running: 1, ready: 2 }, 'both count before');
+
+  t.equal((await a.req('DELETE', `/v2/api-keys/${idleEnv.keyId}`)).status, 204);
+  t.equal((await a.req('DELETE', `/v2/api-keys/${busyEnv.keyId}`)).status, 204);
+  t.match(await health(), { idle: 0, running: 0, ready: 0 }, 'neither counts once its key is revoked');
+  const [took, stopped] = await Promise.all([take, stop]);
+  t.equal(took.status, 401, 'the parked job-take is answered with the 401 a new poll gets');
+  t.match(JSON.parse(took.text), { detail: /revoked/ });
+  t.equal(stopped.status, 401, 'so is the parked job-stop');
+  t.ok(took.ms < 5000 && stopped.ms < 5000, `both at once, not after the 30 s hold (${took.ms} ms, ${stopped.ms} ms)`);
+
+  const queued = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { n: 2 } } })).json.id as string;
+  t.match(await health(), { idle: 0, ready: 0 }, 'a queued job is not taken to have an idle worker waiting for it');
+  t.match((await a.req('GET', `/v2/${ep}/status/${running}`)).json, { status: 'IN_PROGRESS' }, 'the revoked worker\'s job keeps its lease rules: requeued when the lease lapses');
+
+  t.equal((await a.req('GET', `/v2/${ep}/ping/${idle.workerId}?gpu=cpu`)).status, 200, 'the same worker id calling with a good key (an admin key)');
+  t.match(await health(), { idle: 1, running: 0 }, 'counts again');
+  const good = await TestWorker.create(a, ep);
+  t.match(await good.take(), { id: queued }, 'a worker with a good key takes the queued job');
+});

@@ -322,3 +322,35 @@ t.test('a worker whose boot takes longer than idleTimeout is idle from its first
   registry.seen(ep, 'wkr_boot');
   t.equal(clock.monotonic() - w.idleSince, 1000, 'later contacts do not reset it');
 });
+
+t.test("an admin revoking a managed worker's key has it replaced; a worker stopped by flashd has its key revoked as before", async (t) => {
+  const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT, takeHoldMs: 20_000, leaseMs: 3000 });
+  const created = await a.req('POST', '/v2/serverless', {
+    body: cpuBody({ args: 'python3 -u test/fixtures/workers/echo.py', workers: { min: 1, max: 1, idleTimeout: 1 } }),
+  });
+  t.equal(created.status, 201, created.text);
+  const ep = created.json.id as string;
+  type Key = { id: string; name: string; endpointId: string };
+  const liveKeys = async () => ((await a.req('GET', '/v2/api-keys?kind=worker')).json as Key[]).filter((k) => k.endpointId === ep);
+  const first = await until('the min worker up', async () => {
+    const keys = await liveKeys();
+    return (await health(a, ep)).workers.idle === 1 && keys.length === 1 && keys[0];
+  }, 20_000);
+  const firstId = first.name.replace('managed worker ', '');
+
+  t.equal((await a.req('DELETE', `/v2/api-keys/${first.id}`)).status, 204);
+  t.match((await health(a, ep)).workers, { idle: 0, ready: 0 }, 'the worker with the revoked key no longer counts');
+  const second = await until('a replacement with a key of its own', async () => {
+    const keys = await liveKeys();
+    return (await health(a, ep)).workers.idle === 1 && keys.length === 1 && keys[0]?.id !== first.id && keys[0];
+  }, 20_000);
+  const lines = (await a.req('GET', `/v2/serverless/${ep}/logs`)).json as { line: string; workerId: string }[];
+  t.ok(lines.some((l) => l.workerId === firstId && /^stopping worker/.test(l.line)), 'the worker with the revoked key was stopped');
+
+  // The usual stop (min 0, idle timeout): flashd revokes the key itself, by its own path.
+  t.equal((await a.req('PATCH', `/v2/serverless/${ep}`, { body: { workers: { min: 0 } } })).status, 200);
+  await until('the idle worker stopped and its key revoked', async () => (await liveKeys()).length === 0, 20_000);
+  const revokedLog = a.logs.filter((l) => l.includes('worker key revoked'));
+  t.equal(revokedLog.length, 1, 'only the admin\'s revocation went through the queue');
+  t.notOk(revokedLog.some((l) => l.includes(second.id)), 'not the key flashd revoked at the stop');
+});
