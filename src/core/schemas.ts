@@ -116,6 +116,20 @@ export function formatSchemaErrors(errors: readonly ErrorObject[]): string[] {
           : p['pattern'] === NO_CONTROL_PATTERN ? `${at}: must not contain a control character (U+0000 to U+001F, U+007F)`
           : `${at}: ${e.message ?? 'is invalid'}`;
         break;
+      case 'minLength':
+      case 'minItems': {
+        // Ajv's "must NOT have fewer than 1 characters": say it as a person would.
+        const n = Number(p['limit']);
+        line = n === 1 ? `${at}: must not be empty`
+          : e.keyword === 'minLength' ? `${at}: must be at least ${n} characters long` : `${at}: must have at least ${n} items`;
+        break;
+      }
+      case 'maxLength':
+        line = `${at}: must be at most ${String(p['limit'])} characters long`;
+        break;
+      case 'maxItems':
+        line = `${at}: must have at most ${String(p['limit'])} items`;
+        break;
       case 'anyOf':
       case 'oneOf':
         continue; // the branch errors around it say more

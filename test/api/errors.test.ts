@@ -113,3 +113,14 @@ t.test('a member that may also be null is not reported as "must be null" when it
   const nul = await a.req('POST', `/v2/${id}/run`, { body: { input: {}, policy: null } });
   t.equal(nul.status, 200, 'policy null is still accepted');
 });
+
+t.test('length and count limits read as sentences, not as Ajv\'s "must NOT have fewer than 1 characters"', async (t) => {
+  const a = await startAgent(t);
+  const ep = (await a.req('POST', '/v2/serverless', { body: queueBody() })).json.id as string;
+  const empty = await a.req('POST', `/v2/${ep}/run`, { body: { input: {}, webhook: '' } });
+  assertProblem(t, empty, 400);
+  t.same(empty.json.errors, ['/webhook: must not be empty']);
+  const long = await a.req('POST', '/v2/serverless', { body: cpuBody({ name: 'a'.repeat(300), cpu: [] }) });
+  assertProblem(t, long, 400);
+  t.same(long.json.errors, ['/name: must be at most 191 characters long', '/cpu: must not be empty']);
+});
