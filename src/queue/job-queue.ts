@@ -1247,8 +1247,7 @@ export class JobQueue {
    */
   keyRevoked(keyId: string, named?: { endpointId: string; workerId: string }): void {
     for (const worker of this.workers.keyRevoked(keyId, named)) {
-      this.#answerTakes(worker);
-      for (const wake of [...worker.stopWaiters]) wake();
+      this.#answerPolls(worker);
       if (worker.managed) {
         this.recycling(worker.endpointId, worker.id);
         for (const l of this.#listeners) l.recycleWorker?.(worker.endpointId, worker.id);
@@ -1276,6 +1275,11 @@ export class JobQueue {
     const worker = this.workers.get(endpointId, workerId);
     if (!worker) return;
     worker.draining = true;
+    this.#answerPolls(worker);
+  }
+
+  /** Answers a worker's parked job-take and job-stop polls now (it is stopping, or its key was revoked). */
+  #answerPolls(worker: WorkerInfo): void {
     this.#answerTakes(worker);
     for (const wake of [...worker.stopWaiters]) wake();
   }
