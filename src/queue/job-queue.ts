@@ -342,6 +342,9 @@ const STOP_REOFFER_MS = 1000;
 export const DRAIN_POLL_HOLD_MS = 250;
 
 
+/** A running job's fields that #finish changes (see JobQueue.#unfinish). */
+type RunningState = Pick<Job, 'rowid' | 'inserted' | 'input' | 'extra' | 'progress' | 'claimSaved' | 'writeSeq' | 'completedAt' | 'expiresAt'>;
+
 export interface DoneBody {
   status?: unknown;
   output?: unknown;
@@ -925,15 +928,56 @@ export class JobQueue {
     }
     if (body.stopPod === true) this.#recycleAsked(endpointId, workerId);
     const output = body.output === undefined ? null : body.outputJson ?? JSON.stringify(body.output);
+    const running = this.#runningState(job);
     job.resultBy = workerId;
-    if (truthy(body.error)) {
-      const error = typeof body.error === 'string' ? body.error : JSON.stringify(body.error);
-      await this.#finishCommitted(job, 'FAILED', output, error);
-    } else {
-      await this.#finishCommitted(job, 'COMPLETED', output, null);
+    const failed = truthy(body.error);
+    const status = failed ? 'FAILED' : 'COMPLETED';
+    try {
+      await this.#finishCommitted(job, status, output, failed ? (typeof body.error === 'string' ? body.error : JSON.stringify(body.error)) : null);
+    } catch (err) {
+      // Not stored (a full disk): the caller gets a 500 and the job stays this worker's, as if
+      // the post had not come, so its retry is written rather than taken for a stored repeat.
+      this.#unfinish(job, status, running);
+      throw err;
     }
     if (body.stopPod === true) this.#retireIfIdle(endpointId, workerId, worker);
     return 'accepted';
+  }
+
+  /** What #finish changes on a running job, for #unfinish. */
+  #runningState(job: Job): RunningState {
+    const { rowid, inserted, input, extra, progress, claimSaved, writeSeq, completedAt, expiresAt } = job;
+    return { rowid, inserted, input, extra, progress, claimSaved, writeSeq, completedAt, expiresAt };
+  }
+
+  /**
+   * A worker's result whose commit failed (it was rolled back): the job goes back to running on
+   * that worker, as memory held it before #finish, unless something else happened to it since.
+   * Otherwise memory says COMPLETED while the row still says IN_PROGRESS: /status shows a result
+   * that is nowhere, the worker's retry is answered `duplicate`, and a restart runs the job again.
+   */
+  #unfinish(job: Job, status: JobStatus, before: RunningState): void {
+    const workerId = job.resultBy;
+    if (workerId === null || job.status !== status || this.#get(job.id) !== job || !this.#batch.hasFailed(job.writeSeq)) return;
+    // Still in #finishedOrder unless #evict let it go (and took its characters off then).
+    if (this.#finishedOrder.take((j) => j === job)) this.#finishedChars = Math.max(0, this.#finishedChars - heldChars(job));
+    Object.assign(job, before);
+    job.status = 'IN_PROGRESS';
+    job.output = null;
+    job.error = null;
+    job.resultBy = null;
+    job.leaseDeadline = this.#clock.monotonic() + this.settings.leaseMs;
+    const owed = (this.#webhooksPending.get(job.id) ?? 0) - 1;
+    if (job.webhook !== null) {
+      if (owed > 0) this.#webhooksPending.set(job.id, owed);
+      else this.#webhooksPending.delete(job.id);
+    }
+    this.#running.add(job);
+    const q = this.#queue(job.endpointId);
+    q.inProgress++;
+    if (job.lowPriority) q.lowInProgress++;
+    const worker = this.workers.get(job.endpointId, workerId);
+    if (worker) worker.jobs.add(job.id);
   }
 
   /** The worker asked to be recycled (stopPod, runpod-python's refresh_worker). */
