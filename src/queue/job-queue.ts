@@ -342,8 +342,8 @@ const STOP_REOFFER_MS = 1000;
 export const DRAIN_POLL_HOLD_MS = 250;
 
 
-/** A running job's fields that #finish changes (see JobQueue.#unfinish). */
-type RunningState = Pick<Job, 'rowid' | 'inserted' | 'input' | 'extra' | 'progress' | 'claimSaved' | 'writeSeq' | 'completedAt' | 'expiresAt'>;
+/** A queued or running job's fields that #finish changes (see JobQueue.#unfinish). */
+type LiveState = Pick<Job, 'status' | 'resultBy' | 'output' | 'error' | 'rowid' | 'inserted' | 'input' | 'extra' | 'progress' | 'claimSaved' | 'writeSeq' | 'completedAt' | 'expiresAt'>;
 
 export interface DoneBody {
   status?: unknown;
@@ -928,7 +928,7 @@ export class JobQueue {
     }
     if (body.stopPod === true) this.#recycleAsked(endpointId, workerId);
     const output = body.output === undefined ? null : body.outputJson ?? JSON.stringify(body.output);
-    const running = this.#runningState(job);
+    const running = this.#liveState(job);
     job.resultBy = workerId;
     const failed = truthy(body.error);
     const status = failed ? 'FAILED' : 'COMPLETED';
@@ -944,40 +944,44 @@ export class JobQueue {
     return 'accepted';
   }
 
-  /** What #finish changes on a running job, for #unfinish. */
-  #runningState(job: Job): RunningState {
-    const { rowid, inserted, input, extra, progress, claimSaved, writeSeq, completedAt, expiresAt } = job;
-    return { rowid, inserted, input, extra, progress, claimSaved, writeSeq, completedAt, expiresAt };
+  /** What #finish changes on a queued or running job, for #unfinish. */
+  #liveState(job: Job): LiveState {
+    const { status, resultBy, output, error, rowid, inserted, input, extra, progress, claimSaved, writeSeq, completedAt, expiresAt } = job;
+    return { status, resultBy, output, error, rowid, inserted, input, extra, progress, claimSaved, writeSeq, completedAt, expiresAt };
   }
 
   /**
-   * A worker's result whose commit failed (it was rolled back): the job goes back to running on
-   * that worker, as memory held it before #finish, unless something else happened to it since.
-   * Otherwise memory says COMPLETED while the row still says IN_PROGRESS: /status shows a result
-   * that is nowhere, the worker's retry is answered `duplicate`, and a restart runs the job again.
+   * A final state whose commit failed (it was rolled back): a worker's result or a /cancel. The
+   * job goes back to what memory held before #finish (queued, or running on its worker), unless
+   * something else happened to it since. Otherwise memory says it ended while its row does not:
+   * /status shows a result or a cancel that is nowhere, the retried post or cancel is answered
+   * as already done without a write, and a restart runs the job again.
    */
-  #unfinish(job: Job, status: JobStatus, before: RunningState): void {
-    const workerId = job.resultBy;
-    if (workerId === null || job.status !== status || this.#get(job.id) !== job || !this.#batch.hasFailed(job.writeSeq)) return;
+  #unfinish(job: Job, endedAs: JobStatus, before: LiveState): void {
+    if (job.status !== endedAs || this.#get(job.id) !== job || !this.#batch.hasFailed(job.writeSeq)) return;
     // Still in #finishedOrder unless #evict let it go (and took its characters off then).
     if (this.#finishedOrder.take((j) => j === job)) this.#finishedChars = Math.max(0, this.#finishedChars - heldChars(job));
-    Object.assign(job, before);
-    job.status = 'IN_PROGRESS';
-    job.output = null;
-    job.error = null;
-    job.resultBy = null;
-    job.leaseDeadline = this.#clock.monotonic() + this.settings.leaseMs;
-    const owed = (this.#webhooksPending.get(job.id) ?? 0) - 1;
     if (job.webhook !== null) {
+      const owed = (this.#webhooksPending.get(job.id) ?? 0) - 1;
       if (owed > 0) this.#webhooksPending.set(job.id, owed);
       else this.#webhooksPending.delete(job.id);
     }
-    this.#running.add(job);
+    Object.assign(job, before);
     const q = this.#queue(job.endpointId);
-    q.inProgress++;
-    if (job.lowPriority) q.lowInProgress++;
-    const worker = this.workers.get(job.endpointId, workerId);
-    if (worker) worker.jobs.add(job.id);
+    if (job.status === 'IN_PROGRESS') {
+      job.leaseDeadline = this.#clock.monotonic() + this.settings.leaseMs;
+      this.#running.add(job);
+      q.inProgress++;
+      if (job.lowPriority) q.lowInProgress++;
+      const worker = job.workerId ? this.workers.get(job.endpointId, job.workerId) : undefined;
+      if (worker) worker.jobs.add(job.id);
+    } else {
+      // Its old entry may still be in a deque (ended jobs leave them lazily): out first, so it is
+      // queued once, behind jobs submitted meanwhile (out of rowid order for the floor walk).
+      for (const d of [q.retry, q.normal, q.low]) d.retain((j) => j !== job);
+      this.#outOfOrder.add(job);
+      this.#enqueue(q, job, job.attempt > 0);
+    }
   }
 
   /** The worker asked to be recycled (stopPod, runpod-python's refresh_worker). */
@@ -1739,12 +1743,20 @@ export class JobQueue {
     if (!snap) throw jobNotFound(jobId);
     const job = this.#get(jobId);
     if (!job || job.endpointId !== endpointId) return snap;
+    // A cancel that is not stored (a full disk) leaves the job as it was: the caller gets a 500.
+    const live = this.#liveState(job);
     if (job.status === 'IN_QUEUE') {
       this.#leave(job);
-      await this.#finishCommitted(job, 'CANCELLED', null, null);
+      await this.#finishCommitted(job, 'CANCELLED', null, null).catch((err: unknown) => {
+        this.#unfinish(job, 'CANCELLED', live);
+        throw err;
+      });
     } else if (job.status === 'IN_PROGRESS') {
       const worker = job.workerId ? this.workers.get(endpointId, job.workerId) : undefined;
-      await this.#finishCommitted(job, 'CANCELLED', null, null);
+      await this.#finishCommitted(job, 'CANCELLED', null, null).catch((err: unknown) => {
+        this.#unfinish(job, 'CANCELLED', live);
+        throw err;
+      });
       if (worker) this.#requestStop(worker, job.id, job);
     }
     return job;
