@@ -80,6 +80,8 @@ export class Autoscaler {
   readonly #heldBack = new Map<string, string>();
   /** Endpoints whose low-priority jobs wait with no worker up, as last logged (see #noteLowOnly). */
   readonly #lowOnly = new Set<string>();
+  /** Endpoints whose jobs wait with workers.max 0 and no worker up, as last logged (see #noteNoMax). */
+  readonly #noMax = new Set<string>();
   readonly #dirty = new Set<string>();
   /** Per endpoint: a wake-up for when its oldest job will have waited `queueDelay` (decision.recheckInMs). */
   readonly #rechecks = new Map<string, { at: number; timer: NodeJS.Timeout }>();
@@ -185,8 +187,10 @@ export class Autoscaler {
     });
     registry.setThrottled(endpointId, decision.throttled);
     this.#noteHeldBack(endpointId, spec, decision.throttled > 0 && capacity <= 0, runtimeRoom, gpuBlocked);
-    this.#noteLowOnly(endpointId, !!this.#o.runtime && load.queued === 0 && load.lowQueued > 0 && decision.start === 0
-      && !live.some((w) => registry.state(w) !== 'unhealthy'), load.lowQueued);
+    const noneUp = !live.some((w) => registry.state(w) !== 'unhealthy');
+    this.#noteNoMax(endpointId, !!this.#o.runtime && spec.workers.max === 0 && load.queued + load.lowQueued > 0 && noneUp, load.queued + load.lowQueued);
+    this.#noteLowOnly(endpointId, !!this.#o.runtime && spec.workers.max > 0 && load.queued === 0 && load.lowQueued > 0 && decision.start === 0
+      && noneUp, load.lowQueued);
     if (decision.recheckInMs > 0) this.#recheckIn(endpointId, decision.recheckInMs);
     // A crash backoff holds starts back: decide again when it ends, not at the next 1 s tick
     // after (armed at every decision during it, so an earlier wake-up that finds the backoff
@@ -381,6 +385,22 @@ export class Autoscaler {
     this.#o.log.info('low-priority jobs wait with no worker up', { endpointId, lowQueued: count });
   }
 
+  /**
+   * Says once, in the endpoint log and flashd's, that jobs wait with no worker up because
+   * workers.max is 0: flashd starts none for them (the setting for external workers only), and
+   * without this line /health showed only a queue that never moved and the log nothing at all.
+   */
+  #noteNoMax(endpointId: string, waiting: boolean, count: number): void {
+    if (!waiting) {
+      this.#noMax.delete(endpointId);
+      return;
+    }
+    if (this.#noMax.has(endpointId)) return;
+    this.#noMax.add(endpointId);
+    this.#o.logs.append(endpointId, null, 'system', `${count} job(s) wait with no worker up: workers.max is 0, so flashd starts no worker; they run on a worker you start yourself (worker-env) or once workers.max is raised, or expire at their policy.ttl`);
+    this.#o.log.warn('jobs wait with workers.max 0 and no worker up', { endpointId, queued: count });
+  }
+
   /** A kept worker is gone for good: its key goes too. */
   #discard(workerId: string): void {
     const kept = this.#kept.get(workerId);
@@ -485,6 +505,7 @@ export class Autoscaler {
     this.#clearRechecks(endpointId);
     this.#heldBack.delete(endpointId);
     this.#lowOnly.delete(endpointId);
+    this.#noMax.delete(endpointId);
     const ours = [...this.#managed].filter(([, m]) => m.endpointId === endpointId);
     await Promise.all(ours.map(([id, m]) => this.#stopForGood(id, m, 'endpoint deleted')));
     await this.#o.runtime?.discardEndpoint?.(endpointId);

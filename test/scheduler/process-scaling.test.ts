@@ -238,3 +238,30 @@ t.test('low-priority jobs with no worker up wait, and the endpoint log says why,
     await until(`low-priority job ${id}`, async () => (await a.req('GET', `/v2/${ep}/status/${id}`)).json.status === 'COMPLETED', 15_000);
   }
 });
+
+t.test('jobs to an endpoint with workers.max 0 wait, and the endpoint log says why, once', async (t) => {
+  const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT, takeHoldMs: 1000, leaseMs: 3000 });
+  const ep = (await a.req('POST', '/v2/serverless', {
+    body: cpuBody({ args: 'python3 -u test/fixtures/workers/echo.py', workers: { min: 0, max: 0 } }),
+  })).json.id as string;
+  const ids = [
+    (await a.req('POST', `/v2/${ep}/run`, { body: { input: { n: 1 } } })).json.id as string,
+    (await a.req('POST', `/v2/${ep}/run`, { body: { input: { n: 2 }, policy: { lowPriority: true } } })).json.id as string,
+  ];
+  type Line = { line: string; workerId: string | null; stream: string };
+  const said = (l: Line) => l.stream === 'system' && /^\d+ job\(s\) wait with no worker up: workers\.max is 0, so flashd starts no worker/.test(l.line);
+  const lines = await until('the log to say why they wait', async () => {
+    const all = (await a.req('GET', `/v2/serverless/${ep}/logs`)).json as Line[];
+    return all.some(said) && all;
+  }, 5000);
+  await new Promise((r) => setTimeout(r, 2500));
+  const later = (await a.req('GET', `/v2/serverless/${ep}/logs`)).json as Line[];
+  t.equal(later.filter(said).length, 1, 'said once, not at every tick');
+  t.equal(later.filter((l) => /low-priority job\(s\) wait/.test(l.line)).length, 0, 'not blamed on lowPriority: a normal job waits too');
+  t.equal(lines.filter((l) => /^starting worker/.test(l.line)).length, 0, 'no worker started');
+  // Raising max starts a worker, which runs them.
+  t.equal((await a.req('PATCH', `/v2/serverless/${ep}`, { body: { workers: { max: 1 } } })).status, 200);
+  for (const id of ids) {
+    await until(`job ${id}`, async () => (await a.req('GET', `/v2/${ep}/status/${id}`)).json.status === 'COMPLETED', 15_000);
+  }
+});
