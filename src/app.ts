@@ -240,7 +240,7 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
     endpoints.on({
       // A lower workers.max is a restart reason for the API (the spec's "worker counts may require
       // restarting"), but the scaler's over-max rule handles it without replacing anyone.
-      changed: (id, _spec, restartReasons) => autoscaler.endpointChanged(id, restartReasons.some((r) => r !== 'workers')),
+      changed: (id, _spec, restartReasons) => autoscaler.endpointChanged(id, restartReasons.some((r) => r !== 'workers'), restartReasons),
       deleting: (id) => {
         // Writes already queued for this endpoint commit before its rows go.
         batch.flush(true);

@@ -486,11 +486,21 @@ export class Autoscaler {
    * reply's restartReasons, e.g. a new image or env), managed workers are replaced as they become
    * idle; otherwise (a name, the scaler, min/max) they stay, and the next decision applies it.
    */
-  endpointChanged(endpointId: string, restart: boolean): void {
+  endpointChanged(endpointId: string, restart: boolean, reasons: readonly string[] = []): void {
     if (restart) {
       // The crashes were of the old configuration: the new one starts without their backoff.
       this.#crashes.delete(endpointId);
-      for (const w of this.#o.queue.workers.list(endpointId)) if (w.managed) this.#o.queue.recycling(endpointId, w.id);
+      const what = reasons.filter((r) => r !== 'workers').join(', ');
+      for (const w of this.#o.queue.workers.list(endpointId)) {
+        if (!w.managed) continue;
+        const m = this.#managed.get(w.id);
+        // A busy one is said at the change (its stop comes only when its jobs are done); an idle
+        // or starting one stops at once, with its own line.
+        if (m && !m.stopping && !(w.recycle && !w.refresh) && this.#o.queue.workers.state(w) === 'running') {
+          this.#o.logs.append(endpointId, w.id, 'system', `worker ${w.id} runs the endpoint's old configuration${what ? ` (changed: ${what})` : ''}: it finishes its jobs, takes no new one and is replaced`);
+        }
+        this.#o.queue.recycling(endpointId, w.id);
+      }
       // Workers kept for a FlashBoot restart run the old configuration, with live keys: gone now
       // rather than at the next launch or when their time runs out. One being stopped now (a
       // scale-down, which may keep it) is told again, so it is not kept once it exits.

@@ -127,6 +127,9 @@ export function decideScale(s: ScaleInput): ScaleDecision {
   const active = serving.length;
   const idle = serving.filter((w) => w.state === 'idle');
   const starting = serving.filter((w) => w.state === 'initializing').length;
+  // Workers of an old configuration finishing their jobs (a PATCH that needs a restart): up, but
+  // serving no new job. A start beside them says so, not "no worker up".
+  const replacing = live.filter((w) => w.managed && w.recycle && !w.refresh).length;
 
   let desired = active;
   let why = '';
@@ -148,7 +151,9 @@ export function decideScale(s: ScaleInput): ScaleDecision {
   } else if (s.queued > 0 && idle.length === 0) {
     if (active === 0) {
       desired = 1;
-      why = `cold start: ${s.queued} job(s) waiting and no worker up`;
+      why = replacing > 0
+        ? `${s.queued} job(s) waiting and no worker of the endpoint's new configuration up`
+        : `cold start: ${s.queued} job(s) waiting and no worker up`;
     } else if (starting === 0 && s.oldestWaitMs >= s.scaling.queueDelay * 1000) {
       desired = active + 1;
       why = `QUEUE_DELAY: the oldest job has waited ${secs(s.oldestWaitMs)} s (queueDelay ${s.scaling.queueDelay} s) and no worker is idle`;
@@ -157,6 +162,7 @@ export function decideScale(s: ScaleInput): ScaleDecision {
     }
   }
   if (desired < s.min) why = `workers.min is ${s.min}`;
+  if (replacing > 0 && why) why += ` (replacing ${replacing} worker(s) of the old configuration, which finish their jobs and take no new one)`;
   desired = Math.min(s.max, Math.max(s.min, desired));
 
   // A managed worker that asked to be recycled (refresh_worker) and still runs jobs keeps its

@@ -187,6 +187,11 @@ t.test('a decision says why its workers start and stop, for the logs', async (t)
     'QUEUE_DELAY: the oldest job has waited 4.5 s (queueDelay 4 s) and no worker is idle',
   );
   t.equal(decideScale({ ...base, min: 2 }).startReason, 'workers.min is 2');
+  t.equal(
+    decideScale({ ...base, queued: 1, workers: [w('a', 'running', 0, { recycle: true })] }).startReason,
+    '1 job(s) waiting and no worker of the endpoint\'s new configuration up (replacing 1 worker(s) of the old configuration, which finish their jobs and take no new one)',
+    'a worker of the old configuration is up: not a cold start with "no worker up"',
+  );
   t.equal(decideScale({ ...base, min: 1, queued: 1 }).startReason, 'cold start: 1 job(s) waiting and no worker up', 'the job, not min, when both want one');
   t.equal(
     decideScale({ ...base, scaling: { type: 'REQUEST_COUNT', requestCount: 2 }, queued: 3, inProgress: 2, max: 10 }).startReason,

@@ -265,3 +265,28 @@ t.test('jobs to an endpoint with workers.max 0 wait, and the endpoint log says w
     await until(`job ${id}`, async () => (await a.req('GET', `/v2/${ep}/status/${id}`)).json.status === 'COMPLETED', 15_000);
   }
 });
+
+t.test('a PATCH that needs a restart says in the log which busy workers are replaced, and their replacement says why it starts', async (t) => {
+  const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT, takeHoldMs: 1000, leaseMs: 3000 });
+  const ep = (await a.req('POST', '/v2/serverless', {
+    body: cpuBody({ args: 'python3 -u test/fixtures/workers/echo.py', workers: { min: 0, max: 2, idleTimeout: 5 } }),
+  })).json.id as string;
+  const long = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { sleep: 6 } } })).json.id as string;
+  await until('the first job to run', async () => (await a.req('GET', `/v2/${ep}/status/${long}`)).json.status === 'IN_PROGRESS', 10_000);
+  const old = (await a.req('GET', `/v2/${ep}/status/${long}`)).json.workerId as string;
+  const patched = await a.req('PATCH', `/v2/serverless/${ep}`, { body: { env: { V: '2' } } });
+  t.same(patched.json.restartReasons, ['env']);
+  const next = await a.req('POST', `/v2/${ep}/runsync?wait=30000`, { body: { input: { n: 1 } } });
+  t.equal(next.json.status, 'COMPLETED', next.text);
+  t.not(next.json.workerId, old, 'the job after the PATCH ran on a new worker');
+  type Line = { line: string; workerId: string | null; stream: string };
+  const lines = ((await a.req('GET', `/v2/serverless/${ep}/logs`)).json as Line[]).filter((l) => l.stream === 'system');
+  const said = lines.find((l) => l.workerId === old && /runs the endpoint's old configuration/.test(l.line));
+  t.ok(said, `the busy worker's replacement is announced: ${lines.map((l) => l.line).join(' | ')}`);
+  t.match(said?.line, /\(changed: env\): it finishes its jobs, takes no new one and is replaced$/);
+  const start = lines.find((l) => l.workerId === next.json.workerId && /^starting worker/.test(l.line));
+  t.ok(start, 'the replacement start is logged');
+  t.notMatch(start?.line, /no worker up/, `a worker (of the old configuration) was up: ${start?.line}`);
+  t.match(start?.line, /replacing 1 worker\(s\) of the old configuration/);
+  await until('the long job to complete', async () => (await a.req('GET', `/v2/${ep}/status/${long}`)).json.status === 'COMPLETED', 15_000);
+});
