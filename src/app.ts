@@ -214,6 +214,7 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
       : containers;
     const autoscaler = new Autoscaler({
       queue, endpoints, runtime, auth, logs, clock, log: log.child({ component: 'autoscaler' }),
+      noRuntimeReason: config.runtime === 'none' ? '--runtime none' : 'no container engine socket was found at start-up',
       baseUrl: () => config.workerUrl ?? containers?.workerBaseUrl() ?? urls.queueBaseUrl(), pingIntervalMs,
       stopGraceMs: config.workerStopGraceMs, initTimeoutMs: config.workerInitTimeoutMs,
       registryAuth: (ownerId, id) => endpoints.registryAuth(ownerId, id),

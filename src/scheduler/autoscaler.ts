@@ -25,6 +25,8 @@ export interface AutoscalerOptions {
   endpoints: EndpointService;
   /** null: flashd launches nothing (external workers only). */
   runtime: WorkerRuntime | null;
+  /** With no runtime: why (`--runtime none`, or no engine found), for the endpoint log. */
+  noRuntimeReason?: string;
   auth: AuthService;
   logs: LogHub;
   clock: Clock;
@@ -186,8 +188,10 @@ export class Autoscaler {
       backoff: crash !== undefined && mono < crash.backoffUntil,
     });
     registry.setThrottled(endpointId, decision.throttled);
-    this.#noteHeldBack(endpointId, spec, decision.throttled > 0 && capacity <= 0, runtimeRoom, gpuBlocked);
     const noneUp = !live.some((w) => registry.state(w) !== 'unhealthy');
+    // With no runtime, said only while no worker is up: beside busy external workers a backlog
+    // is the usual case, not news.
+    this.#noteHeldBack(endpointId, spec, decision.throttled > 0 && capacity <= 0 && (!!this.#o.runtime || noneUp), runtimeRoom, gpuBlocked);
     this.#noteNoMax(endpointId, !!this.#o.runtime && spec.workers.max === 0 && load.queued + load.lowQueued > 0 && noneUp, load.queued + load.lowQueued);
     this.#noteLowOnly(endpointId, !!this.#o.runtime && spec.workers.max > 0 && load.queued === 0 && load.lowQueued > 0 && decision.start === 0
       && noneUp, load.lowQueued);
@@ -354,7 +358,8 @@ export class Autoscaler {
    */
   #noteHeldBack(endpointId: string, spec: EndpointSpec, heldBack: boolean, runtimeRoom: number, gpuBlocked: string | null): void {
     const runtime = this.#o.runtime;
-    const reason = !heldBack || !runtime ? undefined
+    const reason = !heldBack ? undefined
+      : !runtime ? `flashd starts no workers (${this.#o.noRuntimeReason ?? '--runtime none'}); start one yourself with \`flashd worker-env ${endpointId}\``
       : gpuBlocked !== null ? gpuBlocked
       : runtimeRoom <= 0 ? `the ${runtime.name} runtime has no room (is the container engine reachable? see flashd's log)`
       : (this.#placement.whyNot(endpointId, spec) ?? undefined);

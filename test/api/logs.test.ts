@@ -180,3 +180,23 @@ t.test('a follow with no line yet sends its status line and whole header block a
   const lines = body.split('\n').filter((l) => l !== '');
   t.same(lines.map((l) => JSON.parse(l).line), ['first'], 'the first line follows on the same response');
 });
+
+t.test('with no worker runtime, jobs that wait with no worker up are explained once in the endpoint log', async (t) => {
+  const a = await startAgent(t);
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 2, idleTimeout: 5 } }) })).json.id as string;
+  const said = async () => ((await a.req('GET', `/v2/serverless/${ep}/logs`)).json as { line: string; stream: string; workerId: string | null }[])
+    .filter((l) => l.line.includes('flashd starts no workers'));
+  t.same(await said(), [], 'nothing before a job waits');
+  for (let i = 0; i < 2; i++) t.equal((await a.req('POST', `/v2/${ep}/run`, { body: { input: { i } } })).status, 200);
+  let lines = await said();
+  for (let i = 0; i < 60 && lines.length === 0; i++) {
+    await new Promise((r) => setTimeout(r, 100));
+    lines = await said();
+  }
+  t.equal(lines.length, 1, 'said once the jobs wait');
+  t.match(lines[0], { stream: 'system', workerId: null });
+  t.equal(lines[0]?.line, `no worker can start: flashd starts no workers (--runtime none); start one yourself with \`flashd worker-env ${ep}\`; jobs wait in the queue (throttled)`);
+  // The loop decides every second: it is not said again while the reason holds.
+  await new Promise((r) => setTimeout(r, 2200));
+  t.equal((await said()).length, 1, 'not repeated at each decision');
+});
