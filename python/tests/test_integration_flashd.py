@@ -6,12 +6,14 @@ when they are missing or when the server has no worker routes yet.
 
 import json
 import os
+import re
 import shutil
 import signal
 import tempfile
 import time
 import unittest
 
+import vendor_flash.serverless
 from flashd_harness import Flashd, Unavailable, WorkerProcess, wait_until
 from vendor_flash.serverless.env import WorkerEnv
 from vendor_flash.serverless.http import HttpClient
@@ -129,6 +131,25 @@ class JobTest(IntegrationCase):
         self.assertIn("Traceback", info["error_traceback"])
         self.assertTrue(info["worker_id"].startswith("wkr_"))
         self.assertIn("runpod_version", info)
+
+    def test_handler_exception_traceback_starts_at_the_handler_call(self):
+        # runpod-python's error_traceback is one SDK frame (the call into the handler), then the
+        # handler's frames. The SDK's hand-off to the main thread or the event loop put four to
+        # six more SDK and concurrent.futures frames (_run_single, call, `raise error`, result…)
+        # ahead of the handler's, for every handler form.
+        sdk_dir = os.path.dirname(os.path.realpath(vendor_flash.serverless.__file__))
+        for name in ("sync", "async", "gen_agg", "agen_agg"):
+            body = runsync(ENDPOINTS[name], {"raise": f"broken {name}"})
+            self.assertEqual(body["status"], "FAILED", body)
+            if name in ("sync", "async"):
+                tb = json.loads(body["error"])["error_traceback"]
+            else:
+                self.assertTrue(body["error"].startswith(f"handler: broken {name} \ntraceback: "), body)
+                tb = body["error"].split("\ntraceback: ", 1)[1]
+            files = re.findall(r'^  File "([^"]+)", line \d+, in ', tb, re.M)
+            self.assertEqual(os.path.dirname(os.path.realpath(files[0])), sdk_dir, (name, tb))
+            self.assertTrue(files[1:] and all(f.endswith("handlers.py") for f in files[1:]), (name, tb))
+            self.assertTrue(tb.endswith(f"ValueError: broken {name}\n"), (name, tb))
 
     def test_error_key_in_output_fails(self):
         body = runsync(ENDPOINTS["sync"], {"return": {"error": "bad thing", "partial": 1}})

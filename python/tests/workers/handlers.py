@@ -85,6 +85,8 @@ async def async_handler(job):
     RUNNING["now"] += 1
     peak = RUNNING["now"]
     try:
+        if "raise" in inp:
+            raise ValueError(inp["raise"])
         if "wait" in inp:
             end = time.monotonic() + inp["wait"]
             while time.monotonic() < end:
@@ -108,12 +110,16 @@ def gen_handler(job):
     for i in range(job["input"].get("n", 3)):
         if i == 1 and "big" in job["input"]:
             yield "x" * job["input"]["big"]
+        if i == 1 and "raise" in job["input"]:
+            raise ValueError(job["input"]["raise"])
         yield {"chunk": i}
 
 
 async def agen_handler(job):
     for i in range(job["input"].get("n", 3)):
         await asyncio.sleep(0.01)
+        if i == 1 and "raise" in job["input"]:
+            raise ValueError(job["input"]["raise"])
         yield f"token-{i}"
 
 

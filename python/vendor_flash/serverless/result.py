@@ -14,7 +14,10 @@ same to flashd, to clients and to log parsers:
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import json
+import os
 import traceback
 from typing import Any, Dict, List, Optional
 
@@ -22,6 +25,49 @@ from ..version import __version__
 
 #: Value of the ``runpod_version`` key in error reports (kept for log parsers).
 SDK_VERSION_TAG = f"vendor-flash/{__version__}"
+
+
+def _source_dir(module: Any) -> str:
+    return os.path.dirname(os.path.realpath(module.__file__))
+
+
+#: Where the code that carries a job to the handler lives: this module's directory (not its
+#: ``utils``), and the stdlib modules it hands work through (a future, the event loop).
+#: Frames from there ahead of the handler's own are left out of an error's traceback.
+_SDK_DIR = os.path.dirname(os.path.realpath(__file__))
+_STDLIB_DISPATCH_DIRS = (_source_dir(concurrent.futures), _source_dir(asyncio))
+_dispatch_cache: Dict[str, bool] = {}
+
+
+def _is_dispatch(filename: str) -> bool:
+    known = _dispatch_cache.get(filename)
+    if known is None:
+        path = os.path.realpath(filename)
+        known = (os.path.dirname(path) == _SDK_DIR
+                 or any(path.startswith(d + os.sep) for d in _STDLIB_DISPATCH_DIRS))
+        _dispatch_cache[filename] = known
+    return known
+
+
+def format_handler_traceback(exc: BaseException) -> str:
+    """The traceback of a handler's exception, as runpod-python shows it: one frame of the SDK
+    (the call into the handler), then the handler's own frames.
+
+    The SDK hands a handler's call to the main thread or the event loop and raises the exception
+    again in the job's thread, which put several SDK and stdlib frames (``_run_single``,
+    ``call``, ``raise error``, ``concurrent.futures``' ``result``…) ahead of the handler's. Those
+    leading frames are left out but the last; an exception with no frame outside them (raised
+    by the SDK itself) keeps its whole traceback.
+    """
+    tb = exc.__traceback__
+    start = tb
+    node = tb
+    while node is not None and _is_dispatch(node.tb_frame.f_code.co_filename):
+        start = node
+        node = node.tb_next
+    if node is None:  # nothing but SDK frames: show them all
+        start = tb
+    return "".join(traceback.format_exception(type(exc), exc, start))
 
 
 def normalize_output(output: Any) -> Dict[str, Any]:
@@ -57,7 +103,7 @@ def error_info(exc: BaseException, worker_id: str = "unknown", hostname: str = "
     (``str(exc)``), ``error_traceback``, ``hostname``, ``worker_id``, ``runpod_version`` (here
     ``"vendor-flash/<version>"``) and ``vendor_flash_version`` (the bare version).
     """
-    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    tb = format_handler_traceback(exc)
     return {
         "error_type": str(type(exc)),
         "error_message": str(exc),
@@ -76,7 +122,7 @@ def exception_result(exc: BaseException, worker_id: str = "unknown", hostname: s
 
 def generator_exception_result(exc: BaseException, message: Optional[str] = None) -> Dict[str, str]:
     """The job-done body for an exception raised inside a generator handler."""
-    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    tb = format_handler_traceback(exc)
     return {"error": f"handler: {exc if message is None else message} \ntraceback: {tb}"}
 
 
