@@ -106,13 +106,17 @@ class RunTest(unittest.TestCase):
             raise ValueError("logged mid-stream")
 
         with self.assertLogs("vendor_flash", level="ERROR") as logs:
-            self.run_job(bad)
+            result, _ = self.run_job(bad)
             self.run_job(bad_stream)
-        self.assertEqual(len(logs.records), 2)
-        self.assertIn("Captured Handler Exception", logs.output[0])
-        self.assertIn("Traceback", logs.output[0])
-        self.assertIn("RuntimeError", logs.output[0])
-        self.assertIn("logged mid-stream", logs.output[1])
+        # as runpod-python's run_job: "Captured Handler Exception" alone (a log alert can match
+        # the message exactly), then the error report as JSON indented by 4, each its own record
+        self.assertEqual(len(logs.records), 3, logs.output)
+        self.assertEqual(logs.records[0].getMessage(), "Captured Handler Exception")
+        report = logs.records[1].getMessage()
+        self.assertTrue(report.startswith('{\n    "error_type": "<class \'RuntimeError\'>",\n'), report)
+        self.assertEqual(json.loads(report), json.loads(result["error"]))
+        self.assertIn("Traceback", report)
+        self.assertIn("logged mid-stream", logs.output[2])
 
     def test_async_exception(self):
         async def bad(job):

@@ -15,6 +15,7 @@ import collections
 import concurrent.futures
 import enum
 import inspect
+import json
 import threading
 import time
 from typing import Any, Callable, Dict, List, Optional
@@ -352,9 +353,12 @@ class JobRun:
         except BaseException as exc:  # noqa: BLE001 - every handler error is reported
             if self.cancelled:
                 raise JobCancelled(self.job.get("id")) from exc
-            body = results.exception_result(exc, self.worker_id, self.hostname)
-            get_logger().error("Captured Handler Exception\n%s", body["error"], extra={"job_id": self.job.get("id")})
-            return body
+            info = results.error_info(exc, self.worker_id, self.hostname)
+            # as runpod-python's run_job: the bare message, then the report indented by 4
+            extra = {"job_id": self.job.get("id")}
+            get_logger().error("Captured Handler Exception", extra=extra)
+            get_logger().error("%s", json.dumps(info, indent=4), extra=extra)
+            return {"error": json.dumps(info)}
 
     def _run_stream(self) -> Dict[str, Any]:
         chunks: List[Any] = []
