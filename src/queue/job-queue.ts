@@ -1687,6 +1687,9 @@ export class JobQueue {
   setRetention(endpointId: string, jobId: string, ms: number): Promise<void> {
     const job = this.#get(jobId);
     const now = this.#clock.now();
+    // Expired since the caller found it: gone for good (an expired row kept for its webhook has
+    // already left job_counts, and a new expiry would have it counted off again when it goes).
+    if (job && job.expiresAt !== null && job.expiresAt <= now) return Promise.resolve();
     if (job && job.endpointId === endpointId) {
       const changed = job.retentionMs !== ms;
       job.retentionMs = ms;
@@ -1704,7 +1707,7 @@ export class JobQueue {
       return this.#batch.isDurable(job.writeSeq) ? Promise.resolve() : this.#batch.committed();
     }
     const row = this.#repo.getWithoutInput(jobId);
-    if (!row || row.endpointId !== endpointId || row.completedAt === null) return Promise.resolve();
+    if (!row || row.endpointId !== endpointId || row.completedAt === null || (row.expiresAt !== null && row.expiresAt <= now)) return Promise.resolve();
     this.#batch.write(() => this.#repo.setExpiry(jobId, now + ms, ms));
     return this.#batch.committed();
   }
@@ -2293,9 +2296,13 @@ export class JobQueue {
         const gone = new Map<string, { endpointId: string; status: JobStatus; jobs: number; retries: number }>();
         // Their unread stream chunks went with them (trigger).
         if (this.#unread.size) for (const r of rows) this.#unread.delete(r.id);
-        for (const r of rows) {
+        // Kept for a webhook still owed, the others leave the counts at their expiry too (once the
+        // slices are done: then the rows left expired and counted are only those). A row that
+        // left them so is not counted when it goes (`counted`).
+        const uncounted = rows.length < EXPIRE_SLICE_ROWS ? this.#repo.uncountOwed(now) : [];
+        for (const r of [...rows, ...uncounted]) {
           // A deleted endpoint's rows go too, but its counts are gone already.
-          if (!TERMINAL.has(r.status) || !this.#endpointExists(r.endpointId)) continue;
+          if (('counted' in r && !r.counted) || !TERMINAL.has(r.status) || !this.#endpointExists(r.endpointId)) continue;
           const key = `${r.endpointId}\u0000${r.status}`;
           const g = gone.get(key) ?? { endpointId: r.endpointId, status: r.status, jobs: 0, retries: 0 };
           g.jobs--;

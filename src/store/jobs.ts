@@ -36,6 +36,11 @@ export interface JobRow {
   lostMs: number;
   startedAt: number | null;
   completedAt: number | null;
+  /**
+   * When the result expires (wall clock ms). Negative once it expired while a webhook was still
+   * owed: the row stays for that delivery, but it left job_counts at -expiresAt (uncountOwed),
+   * so its deletion takes nothing off them again.
+   */
   expiresAt: number | null;
   /** A queued job: the worker it is fenced from (it may still run an old attempt), or null. */
   fencedFrom: string | null;
@@ -134,6 +139,7 @@ export class JobsRepo {
   readonly #input: Statement;
   readonly #getLight: Statement;
   readonly #anyExpired: Statement;
+  readonly #uncountOwed: Statement;
   readonly #outboxAdd: Statement;
   readonly #outboxDelete: Statement;
   readonly #outboxAll: Statement;
@@ -207,6 +213,12 @@ export class JobsRepo {
     // can still send it (the row answers no /status: find() leaves expired rows out).
     this.#expire = db.prepare(`DELETE FROM jobs WHERE rowid IN (SELECT rowid FROM jobs WHERE expires_at IS NOT NULL AND expires_at <= ?
       AND NOT EXISTS (SELECT 1 FROM webhook_outbox WHERE job_id = jobs.id) LIMIT ?)
+      RETURNING id, endpoint_id AS endpointId, status, retries, expires_at > 0 AS counted`);
+    // A result that expired while its webhook is owed leaves job_counts at its expiry, like any
+    // other (/health counts the results still kept), though its row stays for the delivery: its
+    // expiry turns negative, which find() still reads as expired, so it is taken off once.
+    this.#uncountOwed = db.prepare(`UPDATE jobs SET expires_at = -expires_at WHERE expires_at > 0 AND expires_at <= ?
+      AND EXISTS (SELECT 1 FROM webhook_outbox WHERE job_id = jobs.id)
       RETURNING id, endpoint_id AS endpointId, status, retries`);
     this.#counts = db.prepare('SELECT status, jobs, retries FROM job_counts WHERE endpoint_id = ?');
     this.#addCount = db.prepare(`INSERT INTO job_counts (endpoint_id, status, jobs, retries) VALUES (?, ?, ?, ?)
@@ -225,8 +237,9 @@ export class JobsRepo {
     // full scan inside the DELETE request (1M rows: ~330 ms of the event loop).
     this.#owedOf = db.prepare('SELECT o.job_id FROM webhook_outbox o CROSS JOIN jobs j ON j.id = o.job_id WHERE j.endpoint_id = ?').pluck();
     this.#deleteOne = db.prepare('DELETE FROM jobs WHERE id = ?');
+    // Also an expired row owed a webhook that is still counted (uncountOwed).
     this.#anyExpired = db.prepare(`SELECT 1 FROM jobs WHERE expires_at IS NOT NULL AND expires_at <= ?
-      AND NOT EXISTS (SELECT 1 FROM webhook_outbox WHERE job_id = jobs.id) LIMIT 1`).pluck();
+      AND (expires_at > 0 OR NOT EXISTS (SELECT 1 FROM webhook_outbox WHERE job_id = jobs.id)) LIMIT 1`).pluck();
     this.#outboxAdd = db.prepare('INSERT OR IGNORE INTO webhook_outbox (job_id) VALUES (?)');
     this.#outboxDelete = db.prepare('DELETE FROM webhook_outbox WHERE job_id = ?');
     // In the order the jobs ended (then rowid), as they were first sent: the outbox is keyed by
@@ -508,9 +521,20 @@ export class JobsRepo {
     return this.#anyExpired.get(now) !== undefined;
   }
 
-  /** Deletes expired rows (their stream chunks go with them: trigger); returns them (for job_counts). */
-  deleteExpired(now: number, limit: number): { id: string; endpointId: string; status: JobStatus; retries: number }[] {
-    return this.#expire.all(now, limit) as { id: string; endpointId: string; status: JobStatus; retries: number }[];
+  /**
+   * Deletes expired rows (their stream chunks go with them: trigger); returns them (for
+   * job_counts: `counted` is 0 for a row that already left them, uncountOwed).
+   */
+  deleteExpired(now: number, limit: number): { id: string; endpointId: string; status: JobStatus; retries: number; counted: number }[] {
+    return this.#expire.all(now, limit) as { id: string; endpointId: string; status: JobStatus; retries: number; counted: number }[];
+  }
+
+  /**
+   * Expired rows kept for a webhook still owed, not yet taken off job_counts: marked taken off
+   * (a negative expires_at) and returned, so the caller takes them off in the same write.
+   */
+  uncountOwed(now: number): { id: string; endpointId: string; status: JobStatus; retries: number }[] {
+    return this.#uncountOwed.all(now) as { id: string; endpointId: string; status: JobStatus; retries: number }[];
   }
 
   /** A running job's latest progress update (raw JSON); a no-op once the job left IN_PROGRESS. */

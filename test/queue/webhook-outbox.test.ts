@@ -99,6 +99,38 @@ t.test('a result that expires while its webhook is owed is kept for it: a restar
   t.equal(jobRows(dir, id), 0, 'delivered, the expired row goes');
 });
 
+t.test('a result kept past its expiry for its webhook leaves /health at its expiry, and only once', async (t) => {
+  const hook = await receiver(t);
+  const dir = testDataDir(t);
+  const clock = new ManualClock();
+  const settings = { takeHoldMs: 500, webhookAllowPrivate: true, webhookRetryDelayMs: 60_000 };
+  const first = await startAgent(t, settings, { dir, clock });
+  const ep = (await first.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  const w = await TestWorker.create(first, ep);
+  const health = async (a: TestAgent) => (await a.req('GET', `/v2/${ep}/health`)).json.jobs;
+  const id = (await first.req('POST', `/v2/${ep}/run`, { body: { input: {}, webhook: hook.url } })).json.id as string;
+  await w.take();
+  await w.done(id, { output: 1 });
+  await until('the first try', async () => hook.state.received.length === 1);
+  t.match(await health(first), { completed: 1 }, 'kept: counted');
+  clock.advance(31 * 60_000); // past the 30 min retention of a /run result
+  first.agent.queue.expire();
+  await first.agent.queue.durable();
+  t.equal((await first.req('GET', `/v2/${ep}/status/${id}`)).status, 404, 'expired: /status says 404');
+  t.equal(jobRows(dir, id), 1, 'the row stays while its webhook is owed');
+  t.match(await health(first), { completed: 0 }, 'expired: no longer counted, though its row stays for the webhook');
+  await first.agent.close();
+  hook.state.status = 200;
+  const second = await startAgent(t, settings, { dir, clock: new ManualClock(clock.now()) });
+  t.match(await health(second), { completed: 0 }, 'still not counted after a restart');
+  await until('the delivery after the restart', async () => hook.state.received.length === 2);
+  await until('settled', async () => (await second.agent.queue.durable(), owed(dir).length === 0));
+  second.agent.queue.expire();
+  await second.agent.queue.durable();
+  t.equal(jobRows(dir, id), 0, 'delivered, the expired row goes');
+  t.same(await health(second), { completed: 0, failed: 0, inProgress: 0, inQueue: 0, retried: 0 }, 'its deletion takes nothing more off the counts');
+});
+
 t.test('a webhook whose tries ran out is no longer owed', async (t) => {
   const hook = await receiver(t);
   const a = await startAgent(t, { takeHoldMs: 500, webhookAllowPrivate: true, webhookRetryDelayMs: 10 });
