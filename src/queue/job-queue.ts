@@ -505,7 +505,8 @@ export class JobQueue {
       } else {
         job.leaseDeadline = mono + this.settings.leaseMs;
         const elapsed = row.startedAt === null ? 0 : Math.max(0, now - row.startedAt);
-        job.execDeadline = mono + Math.max(0, job.executionTimeoutMs - elapsed);
+        // Past already when it ran out while flashd was down: reap ends it at once, dated then.
+        job.execDeadline = mono + job.executionTimeoutMs - elapsed;
         this.#armDeadline(Math.min(job.execDeadline, job.ttlDeadline), mono);
         if (job.workerId) this.workers.seen(job.endpointId, job.workerId).jobs.add(job.id);
         this.#running.add(job);
@@ -552,7 +553,7 @@ export class JobQueue {
       attempt: row.attempt, claimSaved: row.attempt, writeSeq: 0, retries: row.retries, workerId: row.workerId,
       resultBy: row.status === 'COMPLETED' || row.status === 'FAILED' ? row.workerId : null, output: row.output, error: row.error, progress: null,
       streamSeq: -1, createdAt: row.createdAt, queuedAt: row.queuedAt, lostMs: row.lostMs, startedAt: row.startedAt, completedAt: row.completedAt, expiresAt: row.expiresAt,
-      ttlDeadline: mono + Math.max(0, row.ttlMs - (now - row.queuedAt)), fencedFrom, fencedUntil: fencedFrom === null ? 0 : mono + this.settings.leaseMs, queueGen: 0, leaseDeadline: 0, execDeadline: 0, waiters: NO_WAITERS,
+      ttlDeadline: mono + row.ttlMs - (now - row.queuedAt), fencedFrom, fencedUntil: fencedFrom === null ? 0 : mono + this.settings.leaseMs, queueGen: 0, leaseDeadline: 0, execDeadline: 0, waiters: NO_WAITERS,
     };
   }
 
@@ -729,7 +730,7 @@ export class JobQueue {
     if (job.status !== 'IN_QUEUE') return false; // cancelled or purged while queued
     q.left(job);
     if (mono < job.ttlDeadline) return true;
-    this.#finish(job, 'TIMED_OUT', null, 'Job expired in the queue before a worker took it (policy.ttl).');
+    this.#finish(job, 'TIMED_OUT', null, 'Job expired in the queue before a worker took it (policy.ttl).', job.queuedAt + job.ttlMs);
     return false;
   }
 
@@ -1348,8 +1349,15 @@ export class JobQueue {
     return worker;
   }
 
-  #finish(job: Job, status: JobStatus, output: string | null, error: string | null): void {
-    const now = this.#clock.now();
+  /**
+   * Ends a job. `endedAt` (wall clock): when it ended by rule, a deadline that may have passed
+   * while flashd was down, so its completedAt, and with it executionTime or delayTime, is the
+   * deadline's and not the moment flashd noticed (never later than now). Its retention still
+   * counts from now, when the result can first be read.
+   */
+  #finish(job: Job, status: JobStatus, output: string | null, error: string | null, endedAt = Infinity): void {
+    const recorded = this.#clock.now();
+    const now = Math.min(recorded, endedAt);
     if (job.status === 'IN_PROGRESS') this.#release(job);
     job.status = status;
     job.output = output;
@@ -1367,7 +1375,7 @@ export class JobQueue {
     const dropExtra = status === 'COMPLETED' || status === 'CANCELLED';
     if (dropExtra) job.extra = null;
     job.completedAt = now;
-    job.expiresAt = now + job.retentionMs;
+    job.expiresAt = recorded + job.retentionMs;
     // No longer active, so out of the floor walk's set (which is not pruned after a failed commit).
     this.#outOfOrder.delete(job);
     const { id, expiresAt, workerId, attempt, startedAt } = job;
@@ -2177,10 +2185,10 @@ export class JobQueue {
       if (mono < job.execDeadline && mono < job.ttlDeadline) next = Math.min(next, job.execDeadline, job.ttlDeadline);
       const worker = job.workerId ? this.workers.get(job.endpointId, job.workerId) : undefined;
       if (mono >= job.execDeadline) {
-        this.#finish(job, 'TIMED_OUT', null, `Execution timed out after ${job.executionTimeoutMs} ms.`);
+        this.#finish(job, 'TIMED_OUT', null, `Execution timed out after ${job.executionTimeoutMs} ms.`, (job.startedAt ?? Infinity) + job.executionTimeoutMs);
         if (worker) this.#requestStop(worker, job.id, job);
       } else if (mono >= job.ttlDeadline) {
-        this.#finish(job, 'TIMED_OUT', null, 'Job exceeded its time to live (policy.ttl).');
+        this.#finish(job, 'TIMED_OUT', null, 'Job exceeded its time to live (policy.ttl).', job.queuedAt + job.ttlMs);
         if (worker) this.#requestStop(worker, job.id, job);
       } else if (mono >= job.leaseDeadline) {
         // A worker still heard from whose heartbeats no longer list the job dropped it (runpod-python
@@ -2238,7 +2246,7 @@ export class JobQueue {
         }
         budget--;
         q.left(job);
-        this.#finish(job, 'TIMED_OUT', null, 'Job expired in the queue before a worker took it (policy.ttl).');
+        this.#finish(job, 'TIMED_OUT', null, 'Job expired in the queue before a worker took it (policy.ttl).', job.queuedAt + job.ttlMs);
       }
       if (cut) more = true;
       // Jobs ended while queued (cancelled, expired) stay on their deque until a take passes

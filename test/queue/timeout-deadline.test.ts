@@ -4,7 +4,9 @@
  * then completed it).
  */
 import t from 'tap';
+import { ManualClock } from '../../src/core/clock.js';
 import { cpuBody, startAgent } from '../helpers/agent.js';
+import { testDataDir } from '../helpers/data-dir.js';
 import { TestWorker } from '../helpers/worker.js';
 import { until } from '../helpers/wait.js';
 
@@ -38,4 +40,26 @@ t.test('jobs started a quarter second apart each time out at their own deadline'
     t.ok((ended[id]?.executionTime ?? 0) >= TIMEOUT_MS, `not before its timeout (${ended[id]?.executionTime} ms)`);
     t.ok((ended[id]?.executionTime ?? Infinity) <= TIMEOUT_MS + SLACK_MS, `at its deadline: ${ended[id]?.executionTime} ms for a ${TIMEOUT_MS} ms timeout`);
   }
+});
+
+t.test('a deadline that passed while flashd was down ends the job at the deadline, not at the restart', async (t) => {
+  const clock = new ManualClock();
+  const dir = testDataDir(t);
+  const config = { takeHoldMs: 100, leaseMs: 60_000 };
+  let a = await startAgent(t, config, { clock, dir });
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  const w = await TestWorker.create(a, ep);
+  const running = (await a.req('POST', `/v2/${ep}/run`, { body: { input: {}, policy: { executionTimeout: 5000 } } })).json.id as string;
+  t.equal((await w.take())?.id, running);
+  const queued = (await a.req('POST', `/v2/${ep}/run`, { body: { input: {}, policy: { ttl: 10_000 } } })).json.id as string;
+  clock.advance(1000);
+  await a.agent.close();
+  clock.advance(60_000); // flashd is down well past both deadlines
+  a = await startAgent(t, config, { clock, dir });
+  a.agent.queue.reap();
+  await a.agent.queue.durable();
+  const r = (await a.req('GET', `/v2/${ep}/status/${running}`)).json;
+  t.match(r, { status: 'TIMED_OUT', executionTime: 5000 }, `executionTime is the timeout, not the downtime (${r.executionTime} ms)`);
+  const q = (await a.req('GET', `/v2/${ep}/status/${queued}`)).json;
+  t.match(q, { status: 'TIMED_OUT', delayTime: 10_000 }, `delayTime is the ttl, not the downtime (${q.delayTime} ms)`);
 });
