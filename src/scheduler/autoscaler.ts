@@ -57,6 +57,8 @@ interface Managed {
   initTimedOut?: boolean;
   /** When the runtime reported it running (monotonic): the init timeout counts from there, not from an image pull. */
   runningSince?: number;
+  /** When flashd began stopping it (monotonic): it holds its place under max until its exit, within bounds. */
+  stoppingSince?: number;
 }
 
 const UNHEALTHY_SHOWN_MS = 60_000;
@@ -178,12 +180,16 @@ export class Autoscaler {
           uncounted: state === 'running' && !this.#o.queue.runsCountedJob(w), returningMs: registry.returningMs(w),
         };
       }),
-      // A worker that asked to be recycled, or one stopped for the init timeout (it was never
-      // idle, so nothing else replaces it), holds its place under max until it has exited.
+      // Every worker being stopped holds its place under max until it has exited (decideScale
+      // leaves out one replaced for a new configuration): counting only those that asked to be
+      // recycled or hit the init timeout, a job arriving while an idle-stopped worker exited
+      // cold-started a second process beside it, past max.
+      // Not past the stop grace and DRAIN_SLACK_MS, by which the runtime has killed it: an exit
+      // never reported (an engine gone) must not hold the place for good.
       exiting: listed.filter((w) => {
         const m = this.#managed.get(w.id);
-        return m?.stopping === true && (w.refresh || m.initTimedOut === true);
-      }).length,
+        return m?.stopping === true && mono - (m.stoppingSince ?? mono) < this.#graceMs + DRAIN_SLACK_MS;
+      }).map((w) => ({ id: w.id, replaced: w.recycle && !w.refresh })),
       capacity,
       backoff: crash !== undefined && mono < crash.backoffUntil,
     });
@@ -468,6 +474,7 @@ export class Autoscaler {
     const m = this.#managed.get(workerId);
     if (!m || m.stopping || !this.#o.runtime) return;
     m.stopping = true;
+    m.stoppingSince = this.#o.clock.monotonic();
     this.#o.logs.append(m.endpointId, workerId, 'system', `stopping worker ${workerId}: ${why}`);
     this.#o.log.info('worker stopping', { endpointId: m.endpointId, workerId, reason: why });
     this.#o.queue.stopping(m.endpointId, workerId);

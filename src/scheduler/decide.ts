@@ -15,6 +15,10 @@
  *   answer and its next take): it takes a queued job itself, and the loop looks again once it
  *   is overdue.
  * - Low-priority jobs never cause a scale-up.
+ * - `max` caps the managed workers that exist: one being stopped (`exiting`: idle, above max,
+ *   init timeout, asked to be recycled) keeps its place until it has exited, so a job arriving
+ *   while it exits waits for the exit and then starts a worker. One replaced for a new
+ *   configuration is the exception (below).
  * - Idle workers stop after `idleTimeout` (down to `min`; REQUEST_COUNT, which has no
  *   idleTimeout: down to its target, after the loop's grace), longest idle first; above `max`
  *   (a lowered `max`), starting and idle workers stop at once and busy ones are retired: they
@@ -75,10 +79,22 @@ export interface ScaleInput {
   /** True while crash-loop backoff holds new starts back. */
   backoff: boolean;
   /**
-   * Workers stopped and not yet exited (not in `workers`) whose places under max are still
-   * taken: those that asked to be recycled, and those stopped for the init timeout.
+   * Managed workers being stopped that have not exited yet (not in `workers`). Each takes its
+   * place under max until it has exited (max caps the processes or containers that exist, as
+   * the device ledger does for GPUs), except one replaced for the endpoint's new configuration.
    */
-  exiting?: number;
+  exiting?: readonly ExitingSnapshot[];
+}
+
+/** A managed worker flashd is stopping (SIGTERM sent) that has not exited yet. */
+export interface ExitingSnapshot {
+  id: string;
+  /**
+   * Replaced for the endpoint's new configuration (a PATCH that needs a restart): like the busy
+   * workers of the old configuration it holds no place under max, so jobs submitted after the
+   * PATCH do not wait for it.
+   */
+  replaced?: boolean;
 }
 
 export interface ScaleDecision {
@@ -107,12 +123,17 @@ export interface ScaleDecision {
 const secs = (ms: number): string => String(Math.round(ms / 100) / 10);
 
 export function decideScale(s: ScaleInput): ScaleDecision {
+  // Stopped for idleness, above max, for the init timeout or because it asked: until it has
+  // exited it still runs (a handler's cleanup, a deaf one's whole stop grace), so a job arriving
+  // meanwhile waits for the exit and then cold-starts, rather than a second worker running
+  // beside it past max.
+  const exiting = (s.exiting ?? []).filter((e) => !e.replaced).length;
   // Retired workers (busy above a lowered max) that fit under max again, beside the serving
   // workers and those holding their places, serve again: a PATCH that raises max back does not
   // leave them idle until they stop, to be replaced by cold starts.
   const unretire: string[] = [];
   const retiredNow = (w: WorkerSnapshot) => w.managed && w.recycle && w.retired === true && w.state !== 'unhealthy';
-  let room = s.max - (s.exiting ?? 0) - s.workers.filter((w) => w.state !== 'unhealthy' && !retiredNow(w) && (!(w.recycle && w.managed) || w.refresh)).length;
+  let room = s.max - exiting - s.workers.filter((w) => w.state !== 'unhealthy' && !retiredNow(w) && (!(w.recycle && w.managed) || w.refresh)).length;
   for (const w of s.workers) {
     if (room <= 0) break;
     if (!retiredNow(w)) continue;
@@ -168,8 +189,9 @@ export function decideScale(s: ScaleInput): ScaleDecision {
   // A managed worker that asked to be recycled (refresh_worker) and still runs jobs keeps its
   // place under max: with concurrency above 1 every job it finishes asks again, and a
   // replacement per request would run past max. One replaced for a new configuration does not.
-  // (An idle one is stopped below, in this same decision; it holds its place until it has exited.)
-  const holding = (s.exiting ?? 0) + live.filter((w) => w.refresh && w.managed).length;
+  // (An idle one is stopped below, in this same decision; it holds its place until it has
+  // exited, as every worker being stopped does, one replaced for a new configuration apart.)
+  const holding = exiting + live.filter((w) => w.refresh && w.managed).length;
   let start = Math.max(0, Math.min(desired, s.max - holding) - active);
   let throttled = 0;
   if (start > 0 && s.backoff) start = 0;

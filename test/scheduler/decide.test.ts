@@ -150,7 +150,31 @@ const cases: { name: string; input: Partial<ScaleInput>; start: number; stop?: s
   },
   {
     name: 'and until it has exited',
-    input: { max: 1, queued: 3, exiting: 1 }, start: 0,
+    input: { max: 1, queued: 3, exiting: [{ id: 'a' }] }, start: 0,
+  },
+  {
+    name: 'max caps the workers that exist: one stopped for idleness holds its place until it has exited (the job waits, then cold-starts)',
+    input: { max: 1, queued: 1, exiting: [{ id: 'a' }] }, start: 0, throttled: 0,
+  },
+  {
+    name: 'below max a job arriving while one exits starts a worker beside it',
+    input: { max: 2, queued: 1, exiting: [{ id: 'a' }] }, start: 1,
+  },
+  {
+    name: 'QUEUE_DELAY: no step past max while one exits',
+    input: { max: 2, queued: 2, oldestWaitMs: 9_000, workers: [w('b', 'running')], exiting: [{ id: 'a' }] }, start: 0,
+  },
+  {
+    name: 'workers.min waits for the exit too (a lowered max stopped the surplus)',
+    input: { min: 2, max: 2, workers: [w('b', 'idle')], exiting: [{ id: 'a' }] }, start: 0,
+  },
+  {
+    name: 'a retired worker does not serve again while max is taken by one exiting',
+    input: { max: 2, workers: [w('b', 'idle'), w('c', 'running', 0, { recycle: true, refresh: true, retired: true })], exiting: [{ id: 'a' }] }, start: 0, unretire: [],
+  },
+  {
+    name: 'one replaced for the new configuration holds no place while it exits: its replacement starts at once',
+    input: { max: 1, queued: 1, exiting: [{ id: 'a', replaced: true }] }, start: 1,
   },
   {
     name: 'REQUEST_COUNT: a refreshing worker holds its place under max too',
