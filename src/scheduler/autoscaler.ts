@@ -386,14 +386,10 @@ export class Autoscaler {
    * workers: without a runtime every job waits for an external worker alike.
    */
   #noteLowOnly(endpointId: string, waiting: boolean, count: number): void {
-    if (!waiting) {
-      this.#lowOnly.delete(endpointId);
-      return;
-    }
-    if (this.#lowOnly.has(endpointId)) return;
-    this.#lowOnly.add(endpointId);
-    this.#o.logs.append(endpointId, null, 'system', `${count} low-priority job(s) wait with no worker up: policy.lowPriority never starts a worker; they run once workers.min or a job without lowPriority brings one up, or expire at their policy.ttl`);
-    this.#o.log.info('low-priority jobs wait with no worker up', { endpointId, lowQueued: count });
+    this.#sayOnce(this.#lowOnly, endpointId, waiting, () => {
+      this.#o.logs.append(endpointId, null, 'system', `${count} low-priority job(s) wait with no worker up: policy.lowPriority never starts a worker; they run once workers.min or a job without lowPriority brings one up, or expire at their policy.ttl`);
+      this.#o.log.info('low-priority jobs wait with no worker up', { endpointId, lowQueued: count });
+    });
   }
 
   /**
@@ -402,15 +398,23 @@ export class Autoscaler {
    * without this line /health showed only a queue that never moved and the log nothing at all.
    */
   #noteNoMax(endpointId: string, waiting: boolean, count: number): void {
+    this.#sayOnce(this.#noMax, endpointId, waiting, () => {
+      this.#o.logs.append(endpointId, null, 'system', `${count} job(s) wait with no worker up: workers.max is 0, so flashd starts no worker; they run on a worker you start yourself (worker-env) or once workers.max is raised, or expire at their policy.ttl`);
+      this.#o.log.warn('jobs wait with workers.max 0 and no worker up', { endpointId, queued: count });
+    });
+  }
+
+  /** Runs `say` when `waiting` becomes true for an endpoint, not again until it has been false (`said` holds those said). */
+  #sayOnce(said: Set<string>, endpointId: string, waiting: boolean, say: () => void): void {
     if (!waiting) {
-      this.#noMax.delete(endpointId);
+      said.delete(endpointId);
       return;
     }
-    if (this.#noMax.has(endpointId)) return;
-    this.#noMax.add(endpointId);
-    this.#o.logs.append(endpointId, null, 'system', `${count} job(s) wait with no worker up: workers.max is 0, so flashd starts no worker; they run on a worker you start yourself (worker-env) or once workers.max is raised, or expire at their policy.ttl`);
-    this.#o.log.warn('jobs wait with workers.max 0 and no worker up', { endpointId, queued: count });
+    if (said.has(endpointId)) return;
+    said.add(endpointId);
+    say();
   }
+
 
   /** A kept worker is gone for good: its key goes too. */
   #discard(workerId: string): void {
