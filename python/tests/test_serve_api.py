@@ -288,5 +288,33 @@ class ShutdownTest(unittest.TestCase):
             server.stop()
 
 
+class BindErrorTest(unittest.TestCase):
+    """A port that cannot be had (flashd's own default port 8000, another test API) is said in
+    one line naming the address and the flag, and start() exits 1, as uvicorn does for
+    runpod-python: no traceback."""
+
+    def run_serve(self, *args):
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("RUNPOD_", "VENDOR_"))}
+        env.update(PYTHONPATH=PYTHON_DIR, VENDOR_LOG_FORMAT="text")
+        return subprocess.run([sys.executable, SCRIPT, "sync", "--rp_serve_api", *args], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=20)
+
+    def test_a_port_in_use_is_one_clear_line_and_exit_1(self):
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            port = taken.getsockname()[1]
+            done = self.run_serve("--rp_api_host", "127.0.0.1", "--rp_api_port", str(port))
+        self.assertEqual(done.returncode, 1, done.stdout)
+        self.assertNotIn("Traceback", done.stdout)
+        self.assertRegex(done.stdout, rf"ERROR +\| local test API cannot listen on 127\.0\.0\.1:{port}: .*in use.*--rp_api_port")
+
+    def test_a_port_out_of_range_is_one_clear_line_and_exit_1(self):
+        done = self.run_serve("--rp_api_port", "70000")
+        self.assertEqual(done.returncode, 1, done.stdout)
+        self.assertNotIn("Traceback", done.stdout)
+        self.assertRegex(done.stdout, r"ERROR +\| local test API cannot listen on localhost:70000: .*--rp_api_port")
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -395,6 +395,18 @@ def serve(config: Dict[str, Any], env: Optional[WorkerEnv] = None, host: Optiona
           port: Optional[int] = None, concurrency: Optional[int] = None) -> int:
     """Start the local test API and serve until SIGINT/SIGTERM; returns the exit status."""
     set_local_only()
-    api = DevApi(config, env, host or DEFAULT_HOST, DEFAULT_PORT if port is None else port,
-                 1 if concurrency is None else concurrency)
+    host = host or DEFAULT_HOST
+    port = DEFAULT_PORT if port is None else port
+    try:
+        api = DevApi(config, env, host, port, 1 if concurrency is None else concurrency)
+    except (OSError, OverflowError) as exc:
+        # A port in use (8000 is flashd's default port too), a port out of range or a host that
+        # does not resolve: said in one line and exit 1, as uvicorn does for runpod-python,
+        # instead of a traceback out of socketserver.
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc).rstrip(".")
+        also = " (8000 is also flashd's default port)" if port == DEFAULT_PORT else ""
+        get_logger().error("local test API cannot listen on %s:%s: %s; choose another port with "
+                           "--rp_api_port%s, or another address with --rp_api_host",
+                           host, port, reason, also)
+        return 1
     return api.run()
