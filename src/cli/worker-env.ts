@@ -101,6 +101,12 @@ function workerEnvBody(text: string): { workerId: string; keyId?: string; env: R
     : { workerId: b.workerId, env: env as Record<string, string> };
 }
 
+/** Why a fetch failed: its cause's message (an AggregateError's first, for a name with several addresses). */
+function fetchFailure(err: Error): string {
+  const cause = (err as { cause?: unknown }).cause as { message?: string; code?: string; errors?: { message?: string }[] } | undefined;
+  return cause?.message || cause?.errors?.[0]?.message || cause?.code || err.message;
+}
+
 export async function workerEnvCommand(args: string[], env: NodeJS.ProcessEnv): Promise<number> {
   const opts: Record<string, string> = {};
   const positional: string[] = [];
@@ -186,9 +192,12 @@ export async function workerEnvCommand(args: string[], env: NodeJS.ProcessEnv): 
     text = await res.text();
   } catch (err) {
     const e = err as Error;
+    // fetch says only "fetch failed"; the reason (connect ECONNREFUSED …, getaddrinfo ENOTFOUND …)
+    // is its cause. Asked at the default address, the likely fix is --url: flashd on another --port.
+    const hint = opts['url'] === undefined && !env['FLASHD_URL'] ? ' For a flashd on another port or machine, give --url http://HOST:PORT (or set FLASHD_URL)' : '';
     process.stderr.write(e.name === 'TimeoutError'
       ? `flashd worker-env: no answer from ${url} within ${timeoutMs / 1000} s\n`
-      : `flashd worker-env: cannot reach flashd at ${url}: ${e.message}\n`);
+      : `flashd worker-env: cannot reach flashd at ${url}: ${fetchFailure(e)}; is it running?${hint}\n`);
     return 1;
   }
   if (!res.ok) {

@@ -125,6 +125,23 @@ t.test('worker-env fails clearly', async (t) => {
   t.equal((await run(process.execPath, [BUNDLE, 'worker-env', '-h'], cleanEnv())).stdout, help.stdout, '-h is the same');
 });
 
+t.test('worker-env with nothing listening says why and how to point it elsewhere, not just "fetch failed"', async (t) => {
+  // A port that was free a moment ago: nothing answers there.
+  const probe = createNetServer();
+  await new Promise<void>((resolve) => probe.listen(0, '127.0.0.1', resolve));
+  const port = (probe.address() as { port: number }).port;
+  await new Promise<void>((resolve) => probe.close(() => resolve()));
+  // README's flow with flashd on another --port: worker-env asks the default address.
+  const byDefault = await run(process.execPath, [BUNDLE, 'worker-env', 'ep', '--api-key', ADMIN_KEY], cleanEnv({ FLASHD_PORT: String(port) }));
+  t.equal(byDefault.status, 1);
+  t.notMatch(byDefault.stderr, /fetch failed/);
+  t.match(byDefault.stderr, new RegExp(`^flashd worker-env: cannot reach flashd at http://127\\.0\\.0\\.1:${port}: connect ECONNREFUSED 127\\.0\\.0\\.1:${port}; is it running\\? For a flashd on another port or machine, give --url http://HOST:PORT \\(or set FLASHD_URL\\)\n$`));
+  // An address given explicitly: the reason, without the hint to give one.
+  const given = await run(process.execPath, [BUNDLE, 'worker-env', 'ep', '--api-key', ADMIN_KEY, '--url', `http://127.0.0.1:${port}`], cleanEnv());
+  t.equal(given.status, 1);
+  t.equal(given.stderr, `flashd worker-env: cannot reach flashd at http://127.0.0.1:${port}: connect ECONNREFUSED 127.0.0.1:${port}; is it running?\n`);
+});
+
 t.test('worker-env refuses a --url or FLASHD_URL without http(s)://, instead of saying flashd is unreachable', async (t) => {
   const a = await startAgent(t);
   const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
