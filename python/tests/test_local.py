@@ -66,6 +66,27 @@ class LocalModeTest(unittest.TestCase):
         self.assertEqual(rc, 0, out)
         self.assertEqual(json.loads(last), {"output": {"argv": ["--model", "m1", "-v"]}})
 
+    def test_help_lists_the_sdk_flags_and_exits_0_without_running_the_handler(self):
+        # as runpod-python, whose start() parses its flags with argparse's -h/--help: a user who
+        # tries `python3 handler.py --help` learns the flags instead of running the job (here
+        # ./test_input.json) or, with a worker environment loaded, starting a worker
+        with tempfile.TemporaryDirectory() as d:
+            with open(os.path.join(d, "test_input.json"), "w") as fh:
+                json.dump({"input": {"q": 1}}, fh)
+            for flag in ("--help", "-h"):
+                rc, _, out = run_local("echo", flag, cwd=d)
+                self.assertEqual(rc, 0, out)
+                self.assertIn("usage: ", out)
+                for sdk_flag in ("--test_input", "--rp_serve_api", "--rp_api_port", "--rp_api_host",
+                                 "--rp_api_concurrency", "--rp_log_level", "--rp_debugger"):
+                    self.assertIn(sdk_flag, out)
+                self.assertNotIn("local_test", out)
+            rc, _, out = run_local("echo", "--help", cwd=d,
+                                   env_extra={"VENDOR_WEBHOOK_GET_JOB": "http://127.0.0.1:9/take/$ID"})
+            self.assertEqual(rc, 0, out)
+            self.assertIn("usage: ", out)
+            self.assertNotIn("WEBHOOK_POST_OUTPUT", out)
+
     def test_test_input_json_file(self):
         with tempfile.TemporaryDirectory() as d:
             with open(os.path.join(d, "test_input.json"), "w") as fh:

@@ -27,16 +27,31 @@ __all__ = ["start", "progress_update", "WorkerEnv", "Worker", "RunPodLogger", "u
 
 
 def _parse_args(argv: List[str]) -> Tuple[argparse.Namespace, List[str]]:
-    """The SDK's own flags, and the arguments that are not its own."""
-    parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--test_input", default=None)
-    parser.add_argument("--rp_log_level", "--log_level", dest="log_level", default=None)
-    parser.add_argument("--rp_serve_api", action="store_true")
-    parser.add_argument("--rp_debugger", action="store_true")
+    """The SDK's own flags, and the arguments that are not its own.
+
+    ``-h``/``--help`` prints them and exits 0, as runpod-python's parser does (it is argparse's
+    default there), instead of running the handler on ./test_input.json or starting a worker.
+    """
+    parser = argparse.ArgumentParser(
+        description="vendor-flash serverless worker arguments (runpod-python's). With a job-take URL "
+                    "in the environment (VENDOR_WEBHOOK_GET_JOB or RUNPOD_WEBHOOK_GET_JOB) the handler "
+                    "serves a flashd endpoint; without one, or with --test_input, it runs once on "
+                    "--test_input or ./test_input.json; with --rp_serve_api it serves the local test API.")
+    parser.add_argument("--test_input", default=None, metavar="JSON",
+                        help='run the handler once on this job, e.g. \'{"input": {...}}\', and exit 0 or 1')
+    parser.add_argument("--rp_log_level", "--log_level", dest="log_level", default=None, metavar="LEVEL",
+                        help="DEBUG, TRACE, INFO (default), WARN, ERROR or NOTSET")
+    parser.add_argument("--rp_serve_api", action="store_true",
+                        help="serve the local test API (/runsync, /run, /status, /stream; no authentication)")
+    parser.add_argument("--rp_debugger", action="store_true",
+                        help="add rp_debugger timings to each dict output")
     # --rp_serve_api's settings, with runpod-python's types and defaults (serve_api.py)
-    parser.add_argument("--rp_api_port", type=int, default=8000)
-    parser.add_argument("--rp_api_concurrency", type=int, default=1)
-    parser.add_argument("--rp_api_host", default="localhost")
+    parser.add_argument("--rp_api_port", type=int, default=8000, metavar="PORT",
+                        help="the local test API's port (default 8000, flashd's default port too)")
+    parser.add_argument("--rp_api_concurrency", type=int, default=1, metavar="N",
+                        help="jobs the local test API runs at once (default 1)")
+    parser.add_argument("--rp_api_host", default="localhost", metavar="HOST",
+                        help="address the local test API listens on (default localhost)")
     return parser.parse_known_args(argv)
 
 
