@@ -100,6 +100,18 @@ class JobTest(IntegrationCase):
         for key in ("id", "delayTime", "executionTime", "workerId"):
             self.assertIn(key, body)
 
+    def test_job_lines_read_as_runpod_python(self):
+        # runpod-python's per-job lines, word for word: "Started." and, after the result post,
+        # "Finished.", both tagged with the job id.
+        body = runsync(ENDPOINTS["sync"], {"return": "logged"})
+        self.assertEqual(body["status"], "COMPLETED", self.dump_logs())
+        log = wait_until(lambda: f"INFO   | {body['id']} | Finished." in WORKERS[0].log() and WORKERS[0].log(),
+                         10, what="the Finished. line")
+        lines = [line for line in log.splitlines() if f"| {body['id']} |" in line]
+        self.assertEqual(lines[0], f"INFO   | {body['id']} | Started.", lines)
+        self.assertEqual(lines[-1], f"INFO   | {body['id']} | Finished.", lines)
+        self.assertRegex(lines[-2], r"^INFO   \| [^|]+ \| done in \d+\.\d{3} s \(ok\)$")
+
     def test_run_and_status(self):
         ref = run(ENDPOINTS["sync"], {"sleep": 0.2, "return": [1, "two"]})
         self.assertEqual(ref["status"], "IN_QUEUE")
@@ -373,7 +385,7 @@ class FailureModesTest(IntegrationCase):
         self.assertIn("sys.exit(3)", info["error_message"])
         wait_until(lambda: worker.proc.poll() is not None, 15, what="the worker to exit")
         self.assertEqual(worker.proc.returncode, 3, worker.log())
-        self.assertEqual(worker.log().count(f"{body['id']} | started"), 1, worker.log())
+        self.assertEqual(worker.log().count(f"{body['id']} | Started."), 1, worker.log())
 
     def test_result_over_the_body_limit_fails_the_job(self):
         endpoint = SERVER.create_endpoint("big")
@@ -430,7 +442,7 @@ class LeaseTest(unittest.TestCase):
         body = wait_until(lambda: (lambda b: b if b["status"] in FINAL else None)(self.job(ref["id"])), 30, what="final status")
         self.assertEqual(body["status"], "COMPLETED", body)
         self.assertEqual(body["output"], "kept")
-        self.assertEqual(worker.log().count(f"{ref['id']} | started"), 1, worker.log())
+        self.assertEqual(worker.log().count(f"{ref['id']} | Started."), 1, worker.log())
         self.assertNotIn("409", worker.log())
 
     def test_result_for_a_job_held_by_another_worker_gets_409_once(self):
@@ -504,7 +516,7 @@ class RestartTest(unittest.TestCase):
     def _result_across_an_outage(self, outage_s, value):
         """A job whose result post meets flashd down for `outage_s` more seconds: posted once it is back, run once."""
         _, ref = self.server.call("POST", f"/v2/{self.endpoint}/run", {"input": {"sleep": 1.0, "return": value}})
-        wait_until(lambda: f"{ref['id']} | started" in self.worker.log(), 15, what="the job to start")
+        wait_until(lambda: f"{ref['id']} | Started." in self.worker.log(), 15, what="the job to start")
         # flashd writes a claim once its job has run 100 ms (a job claimed just before a crash
         # is queued again instead); past that, the worker keeps its job across the restart
         time.sleep(0.3)
@@ -515,7 +527,7 @@ class RestartTest(unittest.TestCase):
         self.server.start()
         body = self.final(ref["id"], timeout=45)
         self.assertEqual((body["status"], body.get("output")), ("COMPLETED", value), self.worker.log())
-        self.assertEqual(self.worker.log().count(f"{ref['id']} | started"), 1, self.worker.log())
+        self.assertEqual(self.worker.log().count(f"{ref['id']} | Started."), 1, self.worker.log())
 
     def test_result_posted_across_a_server_restart(self):
         self._result_across_an_outage(0.0, "survived")

@@ -72,6 +72,32 @@ class BasicFlowTest(WorkerTestCase):
         self.assertEqual(take.query["job_in_progress"], "0")
         self.assertEqual(take.headers["authorization"], "worker-key")
 
+    def job_lines(self, handler):
+        """(level, message) of the lines a job logs, tagged with its id, at INFO and above."""
+        self.start_worker({"handler": handler})
+        with self.assertLogs("vendor_flash", level="INFO") as logs:
+            job_id = self.fake.submit({})
+            self.final_post(job_id)
+            self.fake.wait_for(lambda: any(r.getMessage() == "Finished." for r in logs.records))
+        return [(r.levelname, r.getMessage()) for r in logs.records if getattr(r, "job_id", None) == job_id]
+
+    def test_job_lines_read_as_runpod_python(self):
+        # runpod-python logs "Started." and, after the result post, "Finished." (INFO, tagged
+        # with the job id); log-based alerts and runbooks match them word for word.
+        lines = self.job_lines(lambda job: "ok")
+        self.assertEqual(lines[0], ("INFO", "Started."), lines)
+        self.assertEqual(lines[-1], ("INFO", "Finished."), lines)
+        self.assertRegex(lines[-2][1], r"^done in \d+\.\d{3} s \(ok\)$")
+
+    def test_generator_job_lines_read_as_runpod_python(self):
+        def gen(job):
+            yield 1
+
+        lines = self.job_lines(gen)
+        self.assertEqual(lines[0], ("INFO", "Started."), lines)
+        self.assertEqual(lines[-1], ("INFO", "Finished."), lines)
+        self.assertEqual([m for _, m in lines].count("Finished."), 1, lines)
+
     def test_generator_streams_then_ends(self):
         def gen(job):
             for i in range(3):
@@ -638,8 +664,8 @@ class UndeliverableTest(WorkerTestCase):
         with self.assertLogs("vendor_flash", level="INFO") as logs:
             job_id = self.fake.submit({})
             self.assertIn("not JSON serialisable", self.final_post(job_id).json()["error"])
-            self.fake.wait_for(lambda: any("finished in" in line for line in logs.output))
-        finished = [line for line in logs.output if "finished in" in line]
+            self.fake.wait_for(lambda: any("done in" in line for line in logs.output))
+        finished = [line for line in logs.output if "done in" in line]
         self.assertIn("(error", finished[0])
         self.assertNotIn("(ok", finished[0])
 

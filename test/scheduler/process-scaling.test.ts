@@ -77,10 +77,10 @@ t.test('QUEUE_DELAY under a backlog: the next worker starts as soon as the last 
   }, 20_000);
   const starts = lines.filter((l) => l.stream === 'system' && /^starting worker /.test(l.line));
   t.equal(starts.length, 4);
-  // A worker is up once it takes its first job; the SDK logs "started" for it just after (the
+  // A worker is up once it takes its first job; the SDK logs "Started." for it just after (the
   // next worker may start before that line arrives). The cold-started first worker is up before
   // the oldest job has waited queueDelay, so the steps after the second one show the wake-up.
-  const upAt = (workerId: string) => Date.parse((lines.find((l) => l.workerId === workerId && l.stream === 'stdout' && /"message": "started"/.test(l.line)) as Line).at);
+  const upAt = (workerId: string) => Date.parse((lines.find((l) => l.workerId === workerId && l.stream === 'stdout' && /"message": "Started\."/.test(l.line)) as Line).at);
   const gaps = starts.slice(2).map((s, i) => Date.parse(s.at) - upAt((starts[i + 1] as Line).workerId));
   t.ok(gaps.every((ms) => ms > -300 && ms < 300), `each next worker started ${gaps.join(', ')} ms after the previous one was up`);
 });
@@ -103,11 +103,11 @@ t.test('a worker to be replaced stops as soon as its last job is done, not at th
   const lines = await until('the three stops and the three finished lines', async () => {
     const all = (await a.req('GET', `/v2/serverless/${ep}/logs?limit=10000`)).json as Line[];
     const has = (workerId: string, re: RegExp) => all.some((l) => l.workerId === workerId && re.test(l.line));
-    return done.every((j) => has(j.workerId, /finished in/) && has(j.workerId, /^stopping worker .*: recycled/)) && all;
+    return done.every((j) => has(j.workerId, /"message": "Finished\."/) && has(j.workerId, /^stopping worker .*: recycled/)) && all;
   }, 10_000);
-  // The SDK logs "finished in …" after its result post got its answer.
+  // The SDK logs "Finished." (runpod-python's line) after its result post got its answer.
   const lags = done.map((j) => {
-    const finished = lines.find((l) => l.workerId === j.workerId && /finished in/.test(l.line)) as Line;
+    const finished = lines.find((l) => l.workerId === j.workerId && /"message": "Finished\."/.test(l.line)) as Line;
     const stopping = lines.find((l) => l.workerId === j.workerId && /^stopping worker .*: recycled/.test(l.line)) as Line;
     return Date.parse(stopping.at) - Date.parse(finished.at);
   });

@@ -193,7 +193,7 @@ class DevApi:
             on_main = self.kind in (HandlerKind.SYNC, HandlerKind.GENERATOR) and self.main.acquire()
             if on_main:
                 run.call = self.main.call
-            self.log.info("started", extra=extra)
+            self.log.info("Started.", extra=extra)
             try:
                 body = run.run()
             finally:
@@ -213,7 +213,8 @@ class DevApi:
         failed = bool(body.get("error"))
         with self.lock:
             self.counts["failed" if failed else "completed"] += 1
-        self.log.info("finished (%s)", "error" if failed else "ok", extra=extra)
+        self.log.info("done (%s)", "error" if failed else "ok", extra=extra)
+        self.log.info("Finished.", extra=extra)
         if run.exit_exception is not None:
             self.exit_exception = run.exit_exception
         return body

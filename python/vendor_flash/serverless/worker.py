@@ -334,8 +334,11 @@ class Worker:
             )
             active = ActiveJob(job=job, run=run)
             self.jobs[job_id] = active
+        # runpod-python's line, word for word (log alerts and metrics match it)
+        self.log.info("Started.", extra=extra)
         batch = job.get("batchId")
-        self.log.info("started%s", f" [batchId={batch}]" if batch else "", extra=extra)
+        if batch:
+            self.log.debug("batchId: %s", batch, extra=extra)
         thread = threading.Thread(target=self._job_thread, args=(active,), name=f"job-{job_id}", daemon=True)
         active.thread = thread
         try:
@@ -404,11 +407,14 @@ class Worker:
             else:
                 fate = f", result {delivery.outcome.value}"
             self.log.log(logging.ERROR if failed and not body.get("error") else logging.INFO,
-                         "finished in %.3f s (%s%s)", time.monotonic() - started,
+                         "done in %.3f s (%s%s)", time.monotonic() - started,
                          "error" if failed else "ok", fate, extra=extra)
         except BaseException:  # noqa: BLE001 - never let a job thread die silently
             self.log.exception("internal error while running the job", extra=extra)
         finally:
+            # runpod-python's last line for a job, word for word: after its result post,
+            # whatever became of it (and here also when no result is posted: a stopped job)
+            self.log.info("Finished.", extra=extra)
             if on_main:  # an internal error before the reservation was ended
                 self.main.release()
             with self.cond:
