@@ -116,7 +116,35 @@ class RunTest(unittest.TestCase):
         self.assertTrue(report.startswith('{\n    "error_type": "<class \'RuntimeError\'>",\n'), report)
         self.assertEqual(json.loads(report), json.loads(result["error"]))
         self.assertIn("Traceback", report)
-        self.assertIn("logged mid-stream", logs.output[2])
+        self.assertEqual(logs.records[2].getMessage(), "logged mid-stream")
+
+    def test_generator_exception_is_logged_as_runpod_python(self):
+        # runpod-python's run_job_generator logs str(err) at ERROR (no traceback: that is in the
+        # job's error), then "Finished running generator." at INFO, both with the job id.
+        def bad_stream(job):
+            yield 1
+            raise ValueError("broke mid-stream")
+
+        def good_stream(job):
+            yield 1
+
+        def silent(job):
+            yield 1
+            raise ValueError()
+
+        with self.assertLogs("vendor_flash", level="DEBUG") as logs:
+            result, _ = self.run_job(bad_stream)
+        lines = [(r.levelname, r.getMessage(), getattr(r, "job_id", None)) for r in logs.records]
+        self.assertEqual(lines[0], ("ERROR", "broke mid-stream", "j1"), lines)
+        self.assertEqual(lines[-1], ("INFO", "Finished running generator.", "j1"), lines)
+        # the whole error string, traceback included, only at DEBUG
+        self.assertIn(("DEBUG", result["error"], "j1"), lines)
+        with self.assertLogs("vendor_flash", level="INFO") as logs:
+            self.run_job(good_stream)
+            self.run_job(silent)
+        self.assertEqual([(r.levelname, r.getMessage()) for r in logs.records],
+                         [("INFO", "Finished running generator."), ("ERROR", "ValueError"),
+                          ("INFO", "Finished running generator.")])
 
     def test_async_exception(self):
         async def bad(job):

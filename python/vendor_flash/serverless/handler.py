@@ -361,6 +361,13 @@ class JobRun:
             return {"error": json.dumps(info)}
 
     def _run_stream(self) -> Dict[str, Any]:
+        try:
+            return self._run_stream_body()
+        finally:
+            # runpod-python's run_job_generator logs this when the generator ends, however it ended
+            get_logger().info("Finished running generator.", extra={"job_id": self.job.get("id")})
+
+    def _run_stream_body(self) -> Dict[str, Any]:
         chunks: List[Any] = []
         try:
             if self.kind is HandlerKind.ASYNC_GENERATOR:
@@ -382,7 +389,11 @@ class JobRun:
             if self.cancelled:
                 raise JobCancelled(self.job.get("id")) from exc
             body = results.generator_exception_result(exc)
-            get_logger().error("%s", body["error"], extra={"job_id": self.job.get("id")})
+            extra = {"job_id": self.job.get("id")}
+            # as runpod-python: str(err) alone (its type name when that is empty); the traceback
+            # is in the job's error, and in the DEBUG line after
+            get_logger().error("%s", str(exc) or type(exc).__name__, extra=extra)
+            get_logger().debug("%s", body["error"], extra=extra)
             return body
         if terminal is not None:
             return terminal
