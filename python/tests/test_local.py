@@ -99,7 +99,30 @@ class LocalModeTest(unittest.TestCase):
         with tempfile.TemporaryDirectory() as d:
             rc, _, out = run_local("echo", cwd=d)
         self.assertEqual(rc, 1, out)
-        self.assertIn("test_input.json not found", out)
+        # runpod-python's line and level, word for word
+        self.assertIn("WARN   | test_input.json not found, exiting.\n", out)
+
+    def test_lines_read_as_runpod_python(self):
+        # runpod-python's rp_local lines, word for word (a runbook or CI check may grep them)
+        rc, last, out = run_local("echo", "--test_input", '{"input": {"q": "hi"}}')
+        self.assertEqual(rc, 0, out)
+        lines = out.strip().splitlines()
+        for expected in ("INFO   | test_input set, using test_input as job input.",
+                         "INFO   | local_test | Started.",
+                         "INFO   | Job local_test completed successfully.",
+                         "INFO   | Local testing complete, exiting."):
+            self.assertIn(expected, lines)
+        self.assertEqual(lines[-2], "INFO   | Local testing complete, exiting.", out)
+        with tempfile.TemporaryDirectory() as d:
+            with open(os.path.join(d, "test_input.json"), "w") as fh:
+                json.dump({"id": "file-job", "input": 5}, fh)
+            rc, _, out = run_local("echo", cwd=d)
+        self.assertEqual(rc, 0, out)
+        self.assertIn("INFO   | Using test_input.json as job input.", out.splitlines())
+        rc, _, out = run_local("fail", "--test_input", '{"input": {}}')
+        self.assertEqual(rc, 1, out)
+        self.assertTrue(any(l.startswith("ERROR  | Job local_test failed with error: {") for l in out.splitlines()), out)
+        self.assertNotIn("Local testing complete", out)
 
     def test_exception_exits_1(self):
         rc, last, out = run_local("fail", "--test_input", '{"input": {}}')

@@ -18,6 +18,9 @@ from .log import get_logger, job_extra
 from .progress import set_local_only
 from .utils import rp_debugger
 
+#: runpod-python's words when there is no job to run (logged at WARN).
+NO_TEST_INPUT = "test_input.json not found, exiting."
+
 
 def load_test_job(test_input: Optional[str], cwd: str = ".") -> Tuple[Optional[Dict[str, Any]], str]:
     """Return ``(job, problem)``: the job to run, or ``None`` and why it cannot run."""
@@ -27,7 +30,7 @@ def load_test_job(test_input: Optional[str], cwd: str = ".") -> Tuple[Optional[D
     else:
         path = os.path.join(cwd, "test_input.json")
         if not os.path.exists(path):
-            return None, "test_input.json not found and no --test_input given, exiting."
+            return None, NO_TEST_INPUT
         source = path
         with open(path, "r", encoding="utf-8") as fh:
             text = fh.read()
@@ -49,11 +52,21 @@ def run_local(config: Dict[str, Any], test_input: Optional[str], env: Optional[W
     """
     log = get_logger()
     env = env or WorkerEnv.from_environ()
+    # runpod-python's rp_local lines, word for word and at its levels
+    if test_input is not None:
+        log.info("test_input set, using test_input as job input.")
+    elif os.path.exists("test_input.json"):
+        log.info("Using test_input.json as job input.")
     job, problem = load_test_job(test_input)
     if job is None:
-        log.error(problem)
+        if problem == NO_TEST_INPUT:
+            log.warning(problem)
+        else:
+            log.error(problem)
         return 1
     job_id = str(job["id"])
+    log.debug("Retrieved local job: %s", job)
+    log.info("Started.", extra=job_extra(job_id))
     set_local_only()
     loop = LoopThread()
     try:
@@ -66,12 +79,13 @@ def run_local(config: Dict[str, Any], test_input: Optional[str], env: Optional[W
     if rp_args.get("rp_debugger"):
         rp_debugger.attach_debugger_output(result, rp_args.get("ready_delay_ms"))
     if result.get("error"):
-        log.error("Job %s failed with error: %s", job_id, result["error"], extra=job_extra(job_id))
+        log.error("Job %s failed with error: %s", job_id, result["error"])
         print(json.dumps(result, ensure_ascii=False, default=str))
         if run.exit_exception is not None:
             # the handler called sys.exit(): end the process with its code, as it would have
             raise SystemExit(results.process_exit_code(run.exit_exception))
         return 1
-    log.info("Job %s completed successfully.", job_id, extra=job_extra(job_id))
+    log.info("Job %s completed successfully.", job_id)
+    log.info("Local testing complete, exiting.")
     print(json.dumps(result, ensure_ascii=False, default=str))
     return 0
