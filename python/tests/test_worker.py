@@ -98,6 +98,21 @@ class BasicFlowTest(WorkerTestCase):
         self.assertEqual(lines[-1], ("INFO", "Finished."), lines)
         self.assertEqual([m for _, m in lines].count("Finished."), 1, lines)
 
+    def test_job_posts_carry_the_job_id_as_x_request_id(self):
+        # runpod-python sends X-Request-ID: <job id> on its job-done and job-stream posts (progress
+        # included); flashd takes it as the request id of its own log lines and error answers.
+        def gen(job):
+            progress_update(job, {"pct": 1})
+            yield "chunk"
+
+        self.start_worker({"handler": gen})
+        job_id = self.fake.submit({})
+        self.final_post(job_id)
+        posts = self.done_posts(job_id) + self.fake.recorded("job-stream", job_id)
+        self.assertEqual(len(posts), 3, posts)  # progress, chunk, result
+        self.assertEqual([p.headers.get("x-request-id") for p in posts], [job_id] * 3)
+        self.assertNotIn("x-request-id", self.fake.recorded("job-take")[0].headers)
+
     def test_generator_streams_then_ends(self):
         def gen(job):
             for i in range(3):

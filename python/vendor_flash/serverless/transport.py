@@ -243,6 +243,9 @@ class Transport:
         ``still_held``: checked before each retry; when it turns false the post is given up.
         """
         extra = job_extra(job_id)
+        # as runpod-python: the job id as the request id (flashd uses it in its log lines and as
+        # an error answer's "instance"); left out for an id no header can carry
+        headers = {"X-Request-ID": job_id} if job_id.isascii() and job_id.isprintable() else None
         started = time.monotonic()
         slept = 0.0
         delay = 0.0
@@ -257,7 +260,7 @@ class Transport:
         while True:
             retry_after: Optional[float] = None
             try:
-                response = self.client.request("POST", url, body=data)
+                response = self.client.request("POST", url, body=data, headers=headers)
             except RequestAborted:
                 self.log.error("%s not sent: client closed", what, extra=extra)
                 detail = "client closed"
