@@ -244,10 +244,19 @@ export class AuthService {
     const key = this.#repo.keyById(claims.k);
     if (!key) throw unauthenticated('The session token is not valid.');
     this.#checkUsable(key);
-    // Spec, Authentication 3: X-Team-Id applies only when the user owns or belongs to the team;
-    // otherwise the request runs against the user's own account.
     let teamId: string | null = null;
-    if (teamHeader && this.#repo.member(teamHeader.trim(), claims.u)) teamId = teamHeader.trim();
+    if (key.teamId !== null) {
+      // A session opened with a team key acts for that team only, as the key does (spec,
+      // Authentication 3: keys created inside a team act for that team), and only while its user
+      // belongs to it: otherwise a key meant for the team (one handed to CI) would open the user's
+      // own account, and keep acting after the user left the team.
+      if (!this.#repo.member(key.teamId, claims.u)) throw unauthenticated('The API key belongs to a team its user is no longer a member of.');
+      teamId = key.teamId;
+    } else if (teamHeader && this.#repo.member(teamHeader.trim(), claims.u)) {
+      // Spec, Authentication 3: X-Team-Id applies only when the user owns or belongs to the team;
+      // otherwise the request runs against the user's own account.
+      teamId = teamHeader.trim();
+    }
     return {
       via: 'session',
       userId: claims.u,

@@ -266,6 +266,33 @@ t.test('console sessions: act for the user, X-Team-Id only for own teams', async
   assert401(t, await a.req('GET', '/v2/serverless', { key: fresh }), /revoked/, 'revoking the key ends its sessions');
 });
 
+t.test('a session opened with a team key acts for that team only, while its user is a member', async (t) => {
+  const a = await startAgent(t);
+  const owner = await makeUser(t, a, 'team-owner');
+  const user = await makeUser(t, a, 'team-key-user');
+  const team = await mustPost(t, a, '/v2/teams', { name: 'ci-team' }, owner.key);
+  t.equal((await a.req('POST', `/v2/teams/${team.id}/members`, { key: owner.key, body: { userId: user.id } })).status, 204);
+  const ownTeam = await mustPost(t, a, '/v2/teams', { name: 'own-team' }, user.key);
+  const personal = await mustCreate(t, a, queueBody({ name: 'personal' }), user.key);
+  const teamKey = await mustPost(t, a, '/v2/api-keys', { name: 'ci', scopes: ['endpoints:read', 'endpoints:write'], teamId: team.id }, user.key);
+  const teamEp = await mustCreate(t, a, queueBody({ name: 'team-ep' }), teamKey.key);
+  const ids = async (key: string, headers: Record<string, string> = {}) => (await a.req('GET', '/v2/serverless', { key, headers })).json.map((e: { id: string }) => e.id);
+  t.same(await ids(teamKey.key), [teamEp.id], 'the team key sees the team');
+
+  const opened = await a.req('POST', '/v2/sessions', { key: teamKey.key });
+  t.equal(opened.status, 201);
+  const token: string = opened.json.token;
+  t.same(await ids(token), [teamEp.id], "its session acts for the team, not for the user's own account");
+  t.same(await ids(token, { 'x-team-id': ownTeam.id }), [teamEp.id], 'X-Team-Id of another team of the user changes nothing');
+  assertProblem(t, await a.req('GET', `/v2/serverless/${personal.id}`, { key: token }), 404, 'a personal endpoint is a 404 to it');
+
+  t.equal((await a.req('DELETE', `/v2/teams/${team.id}/members/${user.id}`, { key: owner.key })).status, 204, 'the owner removes the user');
+  assert401(t, await a.req('GET', '/v2/serverless', { key: teamKey.key }), /no longer a member/, 'the team key after its user left');
+  assert401(t, await a.req('GET', '/v2/serverless', { key: token }), /no longer a member/, 'its session after its user left');
+  const personalSession = (await a.req('POST', '/v2/sessions', { key: user.key })).json.token;
+  t.same(await ids(personalSession), [personal.id], "a session of the user's own key still acts for the own account");
+});
+
 t.test('admins manage every user key; others only their own', async (t) => {
   const a = await startAgent(t);
   const u1 = await makeUser(t, a, 'keys-u1');
