@@ -107,7 +107,8 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
   }];
   try {
     const identity = new IdentityRepo(db);
-    const auth = new AuthService(identity, clock, log.child({ component: 'auth' }), config.sessionTtlSeconds);
+    const fileKey = loadSecretKey(dataDir);
+    const auth = new AuthService(identity, clock, log.child({ component: 'auth' }), config.sessionTtlSeconds, fileKey);
     const { generated } = auth.bootstrap(config.adminApiKey);
     if (generated) {
       const file = join(dataDir, 'admin-api-key');
@@ -127,7 +128,7 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
     };
     const dataCenters = [{ id: config.dataCenterId, name: `${config.dataCenterId} (this installation)` }];
     // Seals registry passwords and jobs' extra keys (s3Config) at rest.
-    const secrets = createSecretBox(loadSecretKey(dataDir));
+    const secrets = createSecretBox(fileKey);
     const endpoints = new EndpointService({
       db, clock, log: log.child({ component: 'endpoints' }), secrets,
       dataCenterIds: () => dataCenters.map((d) => d.id),

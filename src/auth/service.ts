@@ -1,4 +1,4 @@
-import { randomBytes } from 'node:crypto';
+import { createHmac, randomBytes } from 'node:crypto';
 import type { Clock } from '../core/clock.js';
 import { AgentError } from '../core/errors.js';
 import { newId } from '../core/ids.js';
@@ -113,7 +113,13 @@ export class AuthService {
    */
   onRevoked: ((keyId: string, named?: { endpointId: string; workerId: string }) => void) | null = null;
 
-  constructor(repo: IdentityRepo, clock: Clock, log: Logger, sessionTtlSeconds: number) {
+  /**
+   * `fileKey`: the 32 bytes of `<data-dir>/secret.key`. Sessions are signed with a key derived
+   * from it and the random `session_secret` setting, so neither the database nor the key file
+   * alone can mint a session: with the setting alone, a copy of flashd.db (a backup) would let
+   * anyone sign a token for any key id, the admin key's included, with any expiry.
+   */
+  constructor(repo: IdentityRepo, clock: Clock, log: Logger, sessionTtlSeconds: number, fileKey: Buffer) {
     this.#repo = repo;
     this.#clock = clock;
     this.#log = log;
@@ -123,7 +129,7 @@ export class AuthService {
       secret = randomBytes(32).toString('base64url');
       repo.putSetting('session_secret', secret);
     }
-    this.#sessionSecret = secret;
+    this.#sessionSecret = createHmac('sha256', fileKey).update(`flashd session v1\0${secret}`).digest('base64url');
   }
 
   /**
@@ -242,7 +248,8 @@ export class AuthService {
     if (!claims) throw unauthenticated('The session token is not valid.');
     if (claims.e <= this.#clock.now()) throw unauthenticated('The session token has expired. Sign in again.');
     const key = this.#repo.keyById(claims.k);
-    if (!key) throw unauthenticated('The session token is not valid.');
+    // openSession signs the key's own user: any other pairing was not made here.
+    if (!key || key.userId !== claims.u || key.kind !== 'user') throw unauthenticated('The session token is not valid.');
     this.#checkUsable(key);
     let teamId: string | null = null;
     if (key.teamId !== null) {

@@ -3,6 +3,8 @@
  * users, teams and console sessions. Another account's resource is a 404, never a leak.
  */
 import t, { type Test } from 'tap';
+import Database from 'better-sqlite3';
+import { createHmac } from 'node:crypto';
 import { readdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { generateApiKey } from '../../src/auth/index.js';
@@ -291,6 +293,30 @@ t.test('a session opened with a team key acts for that team only, while its user
   assert401(t, await a.req('GET', '/v2/serverless', { key: token }), /no longer a member/, 'its session after its user left');
   const personalSession = (await a.req('POST', '/v2/sessions', { key: user.key })).json.token;
   t.same(await ids(personalSession), [personal.id], "a session of the user's own key still acts for the own account");
+});
+
+t.test('a copy of flashd.db alone cannot mint a session; a token pairs a key with its own user only', async (t) => {
+  const a = await startAgent(t);
+  const user = await makeUser(t, a, 'forge-target');
+  const adminKeyId: string = (await a.req('GET', '/v2/api-keys')).json.find((k: { name: string }) => k.name.startsWith('admin')).id;
+  const db = new Database(join(a.dir, 'flashd.db'), { readonly: true });
+  const setting = (db.prepare("SELECT value FROM settings WHERE key = 'session_secret'").get() as { value: string }).value;
+  db.close();
+  const sign = (claims: object, secret: string) => {
+    const payload = Buffer.from(JSON.stringify(claims)).toString('base64url');
+    return `fds_${payload}.${createHmac('sha256', secret).update(payload).digest('base64url')}`;
+  };
+  const forever = Date.now() + 10 * 365 * 86_400_000;
+  const fromDbOnly = sign({ u: 'usr_admin', k: adminKeyId, e: forever }, setting);
+  assert401(t, await a.req('GET', '/v2/api-keys', { key: fromDbOnly }), /not valid/, 'a token signed with the setting read from flashd.db');
+
+  // With secret.key as well (the whole data directory) tokens verify, but only for the key's own user.
+  const fileKey = Buffer.from(readFileSync(join(a.dir, 'secret.key'), 'utf8').trim(), 'base64');
+  const derived = createHmac('sha256', fileKey).update(`flashd session v1\0${setting}`).digest('base64url');
+  t.equal((await a.req('GET', '/v2/api-keys', { key: sign({ u: 'usr_admin', k: adminKeyId, e: forever }, derived) })).status, 200, 'the derived key signs valid tokens');
+  assert401(t, await a.req('GET', '/v2/serverless', { key: sign({ u: user.id, k: adminKeyId, e: forever }, derived) }), /not valid/, "the admin key's id with another user");
+  const opened = await a.req('POST', '/v2/sessions', { key: user.key });
+  t.equal((await a.req('GET', '/v2/serverless', { key: opened.json.token })).status, 200, 'a session opened through the API works');
 });
 
 t.test('admins manage every user key; others only their own', async (t) => {
