@@ -84,7 +84,7 @@ export function identityRoutes(s: ApiServices): RouteDef[] {
       body: 'json', requestSchema: 'TeamCreate', successStatus: 201, responseSchema: 'Team', problems: [400, ...AUTHN, 415],
       handle: ({ principal, body }) => {
         const b = assertSchema<{ name: string }>('TeamCreate', body);
-        if (principal.teamId !== null && principal.via === 'key') throw new AgentError('FORBIDDEN', 'Team keys cannot create teams.');
+        if (principal.teamBound) throw new AgentError('FORBIDDEN', 'Team keys cannot create teams.');
         return { status: 201, body: teamView(s.auth.createTeam(principal, b.name)) };
       },
     },

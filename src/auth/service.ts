@@ -14,6 +14,11 @@ export interface Principal {
   /** The account the request acts for: a team id or the user's own id. */
   readonly ownerId: string;
   readonly teamId: string | null;
+  /**
+   * The credential is confined to `teamId`: a key created inside a team, or a session opened
+   * with one. False for a personal key, and for a session acting for a team through X-Team-Id.
+   */
+  readonly teamBound: boolean;
   readonly scopes: ReadonlySet<Scope>;
   readonly keyId: string;
   /** Worker keys are bound to one endpoint. */
@@ -227,6 +232,7 @@ export class AuthService {
       userId: row.userId,
       ownerId: row.teamId ?? row.userId,
       teamId: row.teamId,
+      teamBound: row.teamId !== null,
       scopes: new Set(row.scopes as Scope[]),
       keyId: row.id,
       endpointId: row.endpointId,
@@ -269,6 +275,7 @@ export class AuthService {
       userId: claims.u,
       ownerId: teamId ?? claims.u,
       teamId,
+      teamBound: key.teamId !== null,
       scopes: new Set(key.scopes as Scope[]),
       keyId: key.id,
       endpointId: null,
@@ -301,6 +308,11 @@ export class AuthService {
     }
     if (!this.#repo.getUser(userId)) throw new AgentError('NOT_FOUND', `User ${userId} does not exist.`);
     const teamId = input.teamId ?? null;
+    // A team key acts for its team only: a key it made for the user's own account or another of
+    // the user's teams would take it out of the team.
+    if (!isAdmin && caller.teamBound && teamId !== caller.teamId) {
+      throw new AgentError('FORBIDDEN', `A key of team ${caller.teamId} can only create keys for that team (set teamId to ${caller.teamId}).`);
+    }
     if (teamId !== null && !this.#repo.member(teamId, userId)) {
       throw new AgentError('NOT_FOUND', `Team ${teamId} does not exist or the user is not a member.`);
     }

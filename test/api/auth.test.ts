@@ -295,6 +295,30 @@ t.test('a session opened with a team key acts for that team only, while its user
   t.same(await ids(personalSession), [personal.id], "a session of the user's own key still acts for the own account");
 });
 
+t.test('a team key (or its session) creates keys and teams for its team only', async (t) => {
+  const a = await startAgent(t);
+  const user = await makeUser(t, a, 'team-key-minter');
+  const team = await mustPost(t, a, '/v2/teams', { name: 'minter-team' }, user.key);
+  const ownTeam = await mustPost(t, a, '/v2/teams', { name: 'minter-other-team' }, user.key);
+  const personal = await mustCreate(t, a, queueBody({ name: 'minter-personal' }), user.key);
+  const teamKey = await mustPost(t, a, '/v2/api-keys', { name: 'ci', scopes: ['endpoints:read'], teamId: team.id }, user.key);
+  const session: string = (await a.req('POST', '/v2/sessions', { key: teamKey.key })).json.token;
+  for (const [label, key] of [['team key', teamKey.key], ['its session', session]] as const) {
+    const escaped = await a.req('POST', '/v2/api-keys', { key, body: { name: 'escape', scopes: ['endpoints:read'] } });
+    assertProblem(t, escaped, 403, `${label}: no key for the user's own account`);
+    if (escaped.status === 201) t.notOk((await a.req('GET', '/v2/serverless', { key: escaped.json.key })).json.some((e: { id: string }) => e.id === personal.id), 'the minted key reaches the personal endpoint');
+    assertProblem(t, await a.req('POST', '/v2/api-keys', { key, body: { name: 'other', scopes: ['endpoints:read'], teamId: ownTeam.id } }), 403, `${label}: no key for another team of the user`);
+    const same = await a.req('POST', '/v2/api-keys', { key, body: { name: 'same-team', scopes: ['endpoints:read'], teamId: team.id } });
+    t.equal(same.status, 201, `${label}: a key of its own team`);
+    t.equal(same.json.teamId, team.id);
+    assertProblem(t, await a.req('POST', '/v2/teams', { key, body: { name: 'new' } }), 403, `${label}: no new team`);
+  }
+  t.equal((await a.req('POST', '/v2/api-keys', { key: user.key, body: { name: 'personal-2', scopes: ['endpoints:read'] } })).status, 201, 'a personal key still creates personal keys');
+  const personalSession: string = (await a.req('POST', '/v2/sessions', { key: user.key })).json.token;
+  t.equal((await a.req('POST', '/v2/api-keys', { key: personalSession, headers: { 'x-team-id': team.id }, body: { name: 'via-console', scopes: ['endpoints:read'], teamId: ownTeam.id } })).status, 201,
+    'a session of a personal key acting for a team through X-Team-Id is not confined to it');
+});
+
 t.test('a copy of flashd.db alone cannot mint a session; a token pairs a key with its own user only', async (t) => {
   const a = await startAgent(t);
   const user = await makeUser(t, a, 'forge-target');
