@@ -371,12 +371,19 @@ export class AuthService {
   }
 
   /**
-   * Keys visible to the caller: admins see every key of the kind, others their own. Worker keys
+   * Keys visible to the caller: admins see every key of the kind, others their own (a team key
+   * or its session: those of its team). Worker keys
    * (`kind` 'worker') are listed only while unrevoked.
    */
   listKeys(caller: Principal, kind: 'user' | 'worker' = 'user'): ApiKeyRow[] {
     const userId = caller.scopes.has('admin') ? null : caller.userId;
-    return kind === 'worker' ? this.#repo.workerKeys(userId) : this.#repo.userKeys(userId);
+    const rows = kind === 'worker' ? this.#repo.workerKeys(userId) : this.#repo.userKeys(userId);
+    return userId !== null && caller.teamBound ? rows.filter((k) => k.teamId === caller.teamId) : rows;
+  }
+
+  /** Whether a caller without `admin` confined to a team (Principal.teamBound) stays out of `teamId`. */
+  #outsideTeam(caller: Principal, teamId: string | null): boolean {
+    return caller.teamBound && !caller.scopes.has('admin') && teamId !== caller.teamId;
   }
 
   /**
@@ -385,7 +392,7 @@ export class AuthService {
    */
   keyFor(caller: Principal, id: string): ApiKeyRow {
     const row = this.#repo.keyById(id);
-    if (!row || (row.userId !== caller.userId && !caller.scopes.has('admin'))) {
+    if (!row || (row.userId !== caller.userId && !caller.scopes.has('admin')) || this.#outsideTeam(caller, row.teamId)) {
       throw new AgentError('NOT_FOUND', `API key ${id} not found.`);
     }
     return row;
@@ -452,13 +459,14 @@ export class AuthService {
   }
 
   teamsOf(caller: Principal): TeamRow[] {
-    return this.#repo.teamsOf(caller.userId);
+    const teams = this.#repo.teamsOf(caller.userId);
+    return caller.teamBound ? teams.filter((t) => t.id === caller.teamId) : teams;
   }
 
   /** A team the caller belongs to (or any team, for admins), else 404. */
   team(caller: Principal, teamId: string): { team: TeamRow; members: ReturnType<IdentityRepo['members']> } {
     const team = this.#repo.getTeam(teamId);
-    if (!team || (!this.#repo.member(teamId, caller.userId) && !caller.scopes.has('admin'))) {
+    if (!team || (!this.#repo.member(teamId, caller.userId) && !caller.scopes.has('admin')) || this.#outsideTeam(caller, teamId)) {
       throw new AgentError('NOT_FOUND', `Team ${teamId} not found.`);
     }
     return { team, members: this.#repo.members(teamId) };

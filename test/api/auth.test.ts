@@ -319,6 +319,29 @@ t.test('a team key (or its session) creates keys and teams for its team only', a
     'a session of a personal key acting for a team through X-Team-Id is not confined to it');
 });
 
+t.test("a team key (or its session) sees and manages its team's keys and membership only", async (t) => {
+  const a = await startAgent(t);
+  const user = await makeUser(t, a, 'confined-user');
+  const outsider = await makeUser(t, a, 'outsider');
+  const team = await mustPost(t, a, '/v2/teams', { name: 'confined-team' }, user.key);
+  const other = await mustPost(t, a, '/v2/teams', { name: 'users-other-team' }, user.key);
+  const teamKey = await mustPost(t, a, '/v2/api-keys', { name: 'ci', scopes: ['endpoints:read', 'endpoints:write'], teamId: team.id }, user.key);
+  const session: string = (await a.req('POST', '/v2/sessions', { key: teamKey.key })).json.token;
+  for (const [label, key] of [['team key', teamKey.key], ['its session', session]] as const) {
+    t.same((await a.req('GET', '/v2/teams', { key })).json.map((x: { id: string }) => x.id), [team.id], `${label}: lists its team only`);
+    t.equal((await a.req('GET', `/v2/teams/${team.id}`, { key })).status, 200, `${label}: reads its team`);
+    assertProblem(t, await a.req('GET', `/v2/teams/${other.id}`, { key }), 404, `${label}: another team of the user is a 404`);
+    assertProblem(t, await a.req('POST', `/v2/teams/${other.id}/members`, { key, body: { userId: outsider.id } }), 404, `${label}: cannot add a member to another team of the user`);
+    assertProblem(t, await a.req('DELETE', `/v2/teams/${other.id}/members/${user.id}`, { key }), 404, `${label}: cannot remove a member there`);
+    t.same((await a.req('GET', '/v2/api-keys', { key })).json.map((k: { id: string }) => k.id), [teamKey.id], `${label}: lists its team's keys, not the user's own`);
+    assertProblem(t, await a.req('GET', `/v2/api-keys/${user.keyId}`, { key }), 404, `${label}: the user's personal key is a 404`);
+    assertProblem(t, await a.req('DELETE', `/v2/api-keys/${user.keyId}`, { key }), 404, `${label}: and cannot be revoked`);
+  }
+  t.equal((await a.req('GET', '/v2/serverless', { key: user.key })).status, 200, 'the personal key still works');
+  t.same((await a.req('GET', `/v2/teams/${other.id}`, { key: user.key })).json.members.map((m: { userId: string }) => m.userId), [user.id], 'no outsider was added');
+  t.equal((await a.req('GET', '/v2/teams', { key: user.key })).json.length, 2, 'the personal key lists both teams');
+});
+
 t.test('a copy of flashd.db alone cannot mint a session; a token pairs a key with its own user only', async (t) => {
   const a = await startAgent(t);
   const user = await makeUser(t, a, 'forge-target');
