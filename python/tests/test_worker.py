@@ -496,11 +496,15 @@ class ShutdownTest(WorkerTestCase):
         self.assertEqual(self.final_post(job_id, timeout=0.1).json(), {"output": "drained"})
 
     def test_refresh_worker_config(self):
-        worker, thread, result = self.start_worker({"handler": lambda job: "once", "refresh_worker": True})
-        job_id = self.fake.submit({})
-        self.assertEqual(self.final_post(job_id).json(), {"output": "once", "stopPod": True})
-        thread.join(10)
+        with self.assertLogs("vendor_flash", level="INFO") as logs:
+            worker, thread, result = self.start_worker({"handler": lambda job: "once", "refresh_worker": True})
+            job_id = self.fake.submit({})
+            self.assertEqual(self.final_post(job_id).json(), {"output": "once", "stopPod": True})
+            thread.join(10)
         self.assertEqual(result.get("rc"), 0)
+        # runpod-python's line, word for word, with the job id
+        said = [r for r in logs.records if r.getMessage() == "refresh_worker flag set, stopping pod after job."]
+        self.assertEqual([(r.levelname, getattr(r, "job_id", None)) for r in said], [("INFO", job_id)])
 
     def test_refresh_worker_from_output(self):
         worker, thread, result = self.start_worker(

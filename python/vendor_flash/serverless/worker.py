@@ -381,6 +381,7 @@ class Worker:
                 if active.run.exit_exception is not None:
                     self._exit_after_jobs(active.run.exit_exception, job_id)
             if self.refresh_always:
+                self.log.info("refresh_worker flag set, stopping pod after job.", extra=extra)
                 body["stopPod"] = True
             if self.debugger_ready_ms is not None:
                 rp_debugger.attach_debugger_output(body, self.debugger_ready_ms)
