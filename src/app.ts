@@ -11,6 +11,7 @@ import { AuthService, JobRateLimiter, RateLimiter } from './auth/index.js';
 import type { FlashdConfig } from './config/index.js';
 import { systemClock, type Clock } from './core/clock.js';
 import { createLogger, type LogSink, type Logger } from './core/logger.js';
+import { secureDataDir } from './core/data-dir.js';
 import { createSecretBox } from './core/secret-box.js';
 import { EndpointService, type PublicUrls } from './endpoints/index.js';
 import { createHttpServer, type HttpServer } from './http/index.js';
@@ -92,7 +93,10 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
   const clock = options.clock ?? systemClock;
   const log = createLogger({ level: config.logLevel, format: config.logFormat, ...(options.logSink ? { sink: options.logSink } : {}) });
   const dataDir = resolve(config.dataDir);
-  // First (it also makes the directory, 0700): nothing below (migrations, recovery, reaping a crashed run's workers) may run while
+  // Made 0700, or an existing one that group or others may write tightened (or refused when
+  // another user owns it): before any file in it is opened.
+  secureDataDir(dataDir, log);
+  // Then the lock, before anything else: nothing below (migrations, recovery, reaping a crashed run's workers) may run while
   // another flashd serves this data directory.
   const lock = lockDataDir(dataDir);
   let db: Db;

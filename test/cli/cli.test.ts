@@ -4,7 +4,7 @@
  * clean shutdown on SIGTERM.
  */
 import t, { type Test } from 'tap';
-import { readFileSync, statSync, existsSync } from 'node:fs';
+import { chmodSync, chownSync, readFileSync, statSync, existsSync } from 'node:fs';
 import { spawn } from 'node:child_process';
 import { once } from 'node:events';
 import { createServer } from 'node:net';
@@ -125,6 +125,24 @@ t.test('starts on --port 0, answers /healthz, prints the first admin key once, e
   t.notOk(again.stdout().includes('fd_usr_'), 'no key printed on a second start');
   t.equal((await fetch(`${again.url}/v2/serverless`, { headers: { authorization: `Bearer ${key}` } })).status, 200, 'the key survives a restart');
   t.equal(await again.stop('SIGINT'), 0, 'SIGINT exits 0 too');
+});
+
+t.test('a data directory others may write: tightened to 0700 with a warning when flashd owns it, else refused (exit 1)', async (t) => {
+  const dir = testDataDir(t);
+  chmodSync(dir, 0o777);
+  const f = await startFlashd(t, node, [BUNDLE, '--port', '0', '--data-dir', dir, '--runtime', 'none'], cleanEnv());
+  t.equal(statSync(dir).mode & 0o7777, 0o700, 'made 0700');
+  t.match(f.stderr(), /warn\s+data directory was writable by group or others: made owner-only .*oldMode=0777 newMode=0700/);
+  t.equal(await f.stop(), 0);
+  if (process.getuid?.() !== 0) return;
+  const other = testDataDir(t);
+  chownSync(other, 65534, 65534);
+  chmodSync(other, 0o777);
+  const r = run(node, [BUNDLE, '--port', '0', '--data-dir', other, '--runtime', 'none']);
+  t.equal(r.status, 1, 'another user\'s: exit 1');
+  t.match(r.stderr, `flashd: cannot start: data directory ${other} is writable by group or others (mode 0777) and owned by uid 65534`);
+  t.equal(statSync(other).mode & 0o7777, 0o777, 'left as it was');
+  t.notOk(existsSync(join(other, 'flashd.db')), 'nothing made in it');
 });
 
 t.test('a SIGTERM while flashd is still starting stops it cleanly once started (exit 0, not 143)', async (t) => {
