@@ -2,7 +2,6 @@
  * Composition root: `createAgent(config)` builds every component with explicit arguments, in
  * order, and `close()` takes them down in reverse. No module-level state. Tests use it too.
  */
-import { chmodSync, existsSync, readFileSync, writeFileSync } from 'node:fs';
 import { randomBytes } from 'node:crypto';
 import { join, resolve } from 'node:path';
 import pkg from '../package.json' with { type: 'json' };
@@ -11,7 +10,7 @@ import { AuthService, JobRateLimiter, RateLimiter } from './auth/index.js';
 import type { FlashdConfig } from './config/index.js';
 import { systemClock, type Clock } from './core/clock.js';
 import { createLogger, type LogSink, type Logger } from './core/logger.js';
-import { secureDataDir } from './core/data-dir.js';
+import { createOwnerOnlyFile, readOwnerOnlyFile, secureDataDir, writeOwnerOnlyFile } from './core/data-dir.js';
 import { createSecretBox } from './core/secret-box.js';
 import { EndpointService, type PublicUrls } from './endpoints/index.js';
 import { createHttpServer, type HttpServer } from './http/index.js';
@@ -61,11 +60,18 @@ export interface Agent {
   killWorkersNow(): Promise<void>;
 }
 
-/** The 32-byte key that seals secrets at rest; created with mode 0600 on first start. */
-function loadSecretKey(dataDir: string): Buffer {
+/**
+ * The 32-byte key that seals secrets at rest: created exclusively (O_EXCL, never through a link
+ * or over another file) with mode 0600 on first start; an existing one must be a regular file
+ * of flashd's user, and is set to 0600 (one warning) when group or others may read or write it.
+ */
+function loadSecretKey(dataDir: string, log: Logger): Buffer {
   const file = join(dataDir, 'secret.key');
-  if (!existsSync(file)) writeFileSync(file, randomBytes(32).toString('base64'), { mode: 0o600 });
-  const key = Buffer.from(readFileSync(file, 'utf8').trim(), 'base64');
+  // Not created when one is there (a lost race included): the one there is read.
+  createOwnerOnlyFile(file, randomBytes(32).toString('base64'));
+  const text = readOwnerOnlyFile(file, log);
+  if (text === null) throw new Error(`${file} went away while it was read`);
+  const key = Buffer.from(text.trim(), 'base64');
   if (key.length !== 32) throw new Error(`${file} is not a 32-byte base64 key`);
   return key;
 }
@@ -100,7 +106,11 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
   // another flashd serves this data directory.
   const lock = lockDataDir(dataDir);
   let db: Db;
+  let fileKey: Buffer;
   try {
+    // The secrets' files, checked (owner, mode, no link) before the database is touched.
+    fileKey = loadSecretKey(dataDir, log);
+    readOwnerOnlyFile(join(dataDir, 'admin-api-key'), log);
     db = openDb({ dataDir, synchronous: config.sqliteSynchronous, log: log.child({ component: 'store' }) });
   } catch (err) {
     lock.release();
@@ -111,13 +121,11 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
   }];
   try {
     const identity = new IdentityRepo(db);
-    const fileKey = loadSecretKey(dataDir);
     const auth = new AuthService(identity, clock, log.child({ component: 'auth' }), config.sessionTtlSeconds, fileKey);
     const { generated } = auth.bootstrap(config.adminApiKey);
     if (generated) {
       const file = join(dataDir, 'admin-api-key');
-      writeFileSync(file, generated + '\n', { mode: 0o600 });
-      chmodSync(file, 0o600);
+      writeOwnerOnlyFile(file, generated + '\n', log);
       (options.announce ?? ((t) => process.stdout.write(t)))(
         `\nFirst start: created an admin API key. It is shown once here and saved to ${file} (mode 0600):\n\n    ${generated}\n\n`,
       );

@@ -1,10 +1,12 @@
 /**
  * The data directory's own permissions, checked at start as OpenSSH's StrictModes checks
- * `~/.ssh`: the directory must be flashd's user's and closed to group and others for writing.
- * What flashd owns and can fix it tightens, with one warning naming the old and new mode;
- * what another user owns it refuses to use. Not on platforms without uids (process.getuid).
+ * `~/.ssh`: the directory must be flashd's user's or closed to writers but its owner, the
+ * secrets in it (`secret.key`, `admin-api-key`) regular files of flashd's user closed to group
+ * and others. What flashd owns and can fix it tightens,
+ * with one warning naming the old and new mode; what another user owns it refuses to use,
+ * since that user could replace it. Not on platforms without uids (process.getuid).
  */
-import { chmodSync, mkdirSync, statSync } from 'node:fs';
+import { chmodSync, closeSync, constants, fchmodSync, fstatSync, fsyncSync, ftruncateSync, mkdirSync, openSync, readFileSync, statSync, writeSync } from 'node:fs';
 import type { Logger } from './logger.js';
 
 function octal(mode: number): string {
@@ -29,4 +31,90 @@ export function secureDataDir(dir: string, log: Logger): void {
   }
   chmodSync(dir, 0o700);
   log.warn('data directory was writable by group or others: made owner-only', { dataDir: dir, oldMode: octal(mode), newMode: '0700' });
+}
+
+/**
+ * Checks the open file `fd` (`file`) is a regular file of flashd's user, and sets it to 0600
+ * (one warning) when group or others may read or write it. Throws otherwise.
+ */
+function checkOwnerOnly(fd: number, file: string, log: Logger): void {
+  const st = fstatSync(fd);
+  if (!st.isFile()) throw new Error(`${file} is not a regular file`);
+  const me = process.getuid?.();
+  if (me === undefined) return;
+  if (st.uid !== me) {
+    throw new Error(`${file} is owned by uid ${st.uid}, not by flashd's user (uid ${me}): whoever owns it can read or replace it. `
+      + `Check where it came from, then chown it to flashd's user (or remove it)`);
+  }
+  const mode = st.mode & 0o7777;
+  if ((mode & 0o077) === 0) return;
+  fchmodSync(fd, 0o600);
+  log.warn('secret file was readable or writable by group or others: made owner-only', { file, oldMode: octal(mode), newMode: '0600' });
+}
+
+function openNoFollow(file: string, flags: number, mode?: number): number | null {
+  try {
+    return openSync(file, flags | constants.O_NOFOLLOW, mode);
+  } catch (err) {
+    const code = (err as NodeJS.ErrnoException).code;
+    if (code === 'ENOENT') return null;
+    if (code === 'ELOOP') throw new Error(`${file} is a symbolic link; flashd reads and writes its secrets only as regular files of its own`);
+    throw err;
+  }
+}
+
+/**
+ * The text of the owner-only file `file` (checked as above, without following a symbolic
+ * link), or null when there is none.
+ */
+export function readOwnerOnlyFile(file: string, log: Logger): string | null {
+  // O_NONBLOCK: a FIFO planted under the name must not hang the start (it fails the check).
+  const fd = openNoFollow(file, constants.O_RDONLY | constants.O_NONBLOCK);
+  if (fd === null) return null;
+  try {
+    checkOwnerOnly(fd, file, log);
+    return readFileSync(fd, 'utf8');
+  } finally {
+    closeSync(fd);
+  }
+}
+
+/**
+ * Creates `file` with mode 0600 and `text`, exclusively (O_EXCL: never through a link or over
+ * a file already there) and synced. False when it already exists: whoever made it won.
+ */
+export function createOwnerOnlyFile(file: string, text: string): boolean {
+  let fd: number;
+  try {
+    fd = openSync(file, constants.O_WRONLY | constants.O_CREAT | constants.O_EXCL | constants.O_NOFOLLOW, 0o600);
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === 'EEXIST') return false;
+    throw err;
+  }
+  try {
+    writeSync(fd, text);
+    fsyncSync(fd);
+  } finally {
+    closeSync(fd);
+  }
+  return true;
+}
+
+/**
+ * Writes `text` to the owner-only file `file`: created 0600, or an existing one (checked as
+ * above, never through a symbolic link) truncated and rewritten.
+ */
+export function writeOwnerOnlyFile(file: string, text: string, log: Logger): void {
+  if (createOwnerOnlyFile(file, text)) return;
+  const fd = openNoFollow(file, constants.O_WRONLY | constants.O_NONBLOCK);
+  if (fd === null) throw new Error(`${file} went away while it was written`);
+  try {
+    checkOwnerOnly(fd, file, log);
+    // Through the fd: the file just checked, not whatever the name points at by now.
+    ftruncateSync(fd, 0);
+    writeSync(fd, text, 0);
+    fsyncSync(fd);
+  } finally {
+    closeSync(fd);
+  }
 }
