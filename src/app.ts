@@ -279,7 +279,8 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
     closers.push(() => timers.forEach(clearInterval));
 
     const api = createApi({
-      services: { endpoints, auth, urls, dataCenters: () => dataCenters, inventory: () => ledger.inventory(), version: VERSION },
+      services: { endpoints, auth, urls, dataCenters: () => dataCenters, inventory: () => ledger.inventory(), version: VERSION,
+        commandsRunOnHost: config.runtime === 'process' },
       auth, rateLimiter, jobRateLimiter, log: log.child({ component: 'api' }), maxBodyBytes: config.maxBodyBytes,
       extraRoutes: [
         ...jobRoutes({ queue, endpoints, now: () => clock.now(), webhookAllowPrivate: config.webhookAllowPrivate }),

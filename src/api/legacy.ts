@@ -9,6 +9,7 @@ import { AgentError, validationError } from '../core/errors.js';
 import { assertSchema } from '../core/schemas.js';
 import type { EndpointSpec } from '../endpoints/index.js';
 import type { ResourceRow } from '../store/index.js';
+import { requireAdminForHostCommand } from './management.js';
 import type { RouteDef } from './route.js';
 import type { ApiServices } from './services.js';
 
@@ -137,6 +138,7 @@ export function legacyRoutes(s: ApiServices): RouteDef[] {
       auth: 'user', scope: 'endpoints:write', body: 'json', requestSchema: 'LegacyEndpointCreate', successStatus: 201, responseSchema: 'LegacyEndpoint',
       problems: [400, 401, 403, 404, 413, 415, 422, 429],
       handle: ({ principal, body }) => {
+        requireAdminForHostCommand(s, principal, 'creating an endpoint');
         const b = assertSchema<LegacyBody>('LegacyEndpointCreate', body);
         const v2 = toV2(b);
         let row: ResourceRow<EndpointSpec>;

@@ -1,10 +1,25 @@
 /** /v2/serverless, /v2/templates, /v2/network-volumes, /v2/global-volumes, /v2/registry-credentials. */
+import type { Principal } from '../auth/index.js';
+import { AgentError } from '../core/errors.js';
 import type { ResourceRepo, ResourceRow } from '../store/index.js';
 import {
-  endpointView, globalVolumeView, networkVolumeView, registryView, templateView,
+  endpointView, globalVolumeView, launchChanges, networkVolumeView, registryView, templateView,
 } from '../endpoints/index.js';
 import type { RouteDef } from './route.js';
 import type { ApiServices } from './services.js';
+
+/**
+ * With the process runtime an endpoint's command runs on the host as flashd's user, which can
+ * read the data directory (admin-api-key, secret.key, flashd.db): `endpoints:write` there would
+ * be admin in all but name. So creating an endpoint (`what` 'creating an endpoint') or changing
+ * what it runs needs the admin scope; other runtimes keep the route's own scope.
+ */
+export function requireAdminForHostCommand(s: ApiServices, principal: Principal, what: string): void {
+  if (!s.commandsRunOnHost || principal.scopes.has('admin')) return;
+  throw new AgentError('FORBIDDEN',
+    `With the process runtime, endpoint commands run on the host as flashd's user, so ${what} needs the "admin" scope, `
+    + 'which the credential lacks; ask an admin, or run flashd with a container runtime (--runtime docker).');
+}
 
 const READ = [401, 403, 404, 429];
 const WRITE = [400, 401, 403, 404, 413, 415, 422, 429];
@@ -64,7 +79,10 @@ export function managementRoutes(s: ApiServices): RouteDef[] {
       method: 'POST', path: '/v2/serverless', operationId: 'createEndpoint', summary: 'Create a serverless endpoint', tag: 'Endpoints',
       auth: 'user', scope: 'endpoints:write', body: 'json', requestSchema: 'EndpointCreate', successStatus: 201, responseSchema: 'Endpoint',
       problems: WRITE,
-      handle: ({ principal, body }) => ({ status: 201, body: view(s.endpoints.create(principal.ownerId, body)) }),
+      handle: ({ principal, body }) => {
+        requireAdminForHostCommand(s, principal, 'creating an endpoint');
+        return { status: 201, body: view(s.endpoints.create(principal.ownerId, body)) };
+      },
     },
     {
       method: 'GET', path: '/v2/serverless', operationId: 'listEndpoints', summary: 'List serverless endpoints', tag: 'Endpoints',
@@ -82,7 +100,10 @@ export function managementRoutes(s: ApiServices): RouteDef[] {
       auth: 'user', scope: 'endpoints:write', body: 'json', requestSchema: 'EndpointUpdate', successStatus: 200, responseSchema: 'EndpointUpdateResult',
       problems: WRITE,
       handle: ({ principal, params, body }) => {
-        const { row, restartReasons } = s.endpoints.update(principal.ownerId, params['endpointId'] as string, body);
+        const { row, restartReasons } = s.endpoints.update(principal.ownerId, params['endpointId'] as string, body, (current, next) => {
+          const changed = launchChanges(current, next);
+          if (changed.length) requireAdminForHostCommand(s, principal, `changing what an endpoint runs (this request changes ${changed.join(', ')})`);
+        });
         return { status: 200, body: { ...view(row), restartRequired: restartReasons.length > 0, restartReasons } };
       },
     },

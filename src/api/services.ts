@@ -13,4 +13,9 @@ export interface ApiServices {
   dataCenters(): readonly { id: string; name: string }[];
   inventory(): readonly InventoryGpu[];
   version: string;
+  /**
+   * Workers run the endpoint's command on the host as flashd's user (`--runtime process`):
+   * creating an endpoint or changing what it runs needs the admin scope.
+   */
+  commandsRunOnHost: boolean;
 }

@@ -95,9 +95,16 @@ export class EndpointService {
     return this.endpoints.list(ownerId);
   }
 
-  update(ownerId: string, id: string, body: unknown): { row: ResourceRow<EndpointSpec> } & Omit<UpdateOutcome, 'spec'> {
+  /**
+   * `authorize` sees the validated change before it is stored and may refuse it by throwing
+   * (the process runtime's admin rule for what an endpoint runs).
+   */
+  update(
+    ownerId: string, id: string, body: unknown, authorize?: (current: EndpointSpec, next: EndpointSpec) => void,
+  ): { row: ResourceRow<EndpointSpec> } & Omit<UpdateOutcome, 'spec'> {
     const current = this.get(ownerId, id);
     const { spec, restartReasons } = updateEndpoint(current.data, body, this.#context(ownerId));
+    authorize?.(current.data, spec);
     const row = this.endpoints.update(current, spec, this.#clock.now());
     this.#byId.delete(id);
     this.#log.info('endpoint updated', { endpointId: id, restartReasons: restartReasons.join(',') || undefined });
