@@ -170,6 +170,14 @@ const postedByRow = (row: Omit<JobRow, 'input'> & { endedByFlashd: boolean }, wo
   row.workerId === workerId && (row.status === 'COMPLETED' || (row.status === 'FAILED' && !row.endedByFlashd));
 
 /** Queued again by `/retry` (a new run: attempts start again, queued_at is the retry's time). */
+/**
+ * The error of a job whose TTL ran out while it was queued: never taken, or taken and put back
+ * after its worker was lost (`attempt` counts those runs; a /retry starts it again at 0).
+ */
+const queuedExpiry = (job: { attempt: number }): string => (job.attempt === 0
+  ? 'Job expired in the queue before a worker took it (policy.ttl).'
+  : `Job expired in the queue (policy.ttl) while waiting to run again, after ${job.attempt === 1 ? 'its worker was lost' : `losing its worker ${job.attempt} times`}.`);
+
 const manuallyRetried = (row: ActiveJobRow): boolean => row.attempt === 0 && row.queuedAt > row.createdAt;
 
 /**
@@ -730,7 +738,7 @@ export class JobQueue {
     if (job.status !== 'IN_QUEUE') return false; // cancelled or purged while queued
     q.left(job);
     if (mono < job.ttlDeadline) return true;
-    this.#finish(job, 'TIMED_OUT', null, 'Job expired in the queue before a worker took it (policy.ttl).', job.queuedAt + job.ttlMs);
+    this.#finish(job, 'TIMED_OUT', null, queuedExpiry(job), job.queuedAt + job.ttlMs);
     return false;
   }
 
@@ -2246,7 +2254,7 @@ export class JobQueue {
         }
         budget--;
         q.left(job);
-        this.#finish(job, 'TIMED_OUT', null, 'Job expired in the queue before a worker took it (policy.ttl).', job.queuedAt + job.ttlMs);
+        this.#finish(job, 'TIMED_OUT', null, queuedExpiry(job), job.queuedAt + job.ttlMs);
       }
       if (cut) more = true;
       // Jobs ended while queued (cancelled, expired) stay on their deque until a take passes

@@ -63,3 +63,23 @@ t.test('a deadline that passed while flashd was down ends the job at the deadlin
   const q = (await a.req('GET', `/v2/${ep}/status/${queued}`)).json;
   t.match(q, { status: 'TIMED_OUT', delayTime: 10_000 }, `delayTime is the ttl, not the downtime (${q.delayTime} ms)`);
 });
+
+t.test('a job put back after its worker was lost that then expires in the queue says so, not "before a worker took it"', async (t) => {
+  const clock = new ManualClock();
+  const a = await startAgent(t, { takeHoldMs: 100, leaseMs: 3000 }, { clock });
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  const w = await TestWorker.create(a, ep);
+  const never = (await a.req('POST', `/v2/${ep}/run`, { body: { input: {}, policy: { ttl: 10_000 } } })).json.id as string;
+  t.equal((await w.take())?.id, never, 'taken once');
+  const queued = (await a.req('POST', `/v2/${ep}/run`, { body: { input: {}, policy: { ttl: 10_000 } } })).json.id as string;
+  clock.advance(4000); // past the lease: the first job goes back to the queue
+  a.agent.queue.reap();
+  t.equal((await a.req('GET', `/v2/${ep}/status/${never}`)).json.status, 'IN_QUEUE', 'requeued');
+  clock.advance(7000); // past both TTLs, no worker taking
+  a.agent.queue.reap();
+  await a.agent.queue.durable();
+  const lost = (await a.req('GET', `/v2/${ep}/status/${never}`)).json;
+  t.match(lost, { status: 'TIMED_OUT', error: 'Job expired in the queue (policy.ttl) while waiting to run again, after its worker was lost.' });
+  const plain = (await a.req('GET', `/v2/${ep}/status/${queued}`)).json;
+  t.match(plain, { status: 'TIMED_OUT', error: 'Job expired in the queue before a worker took it (policy.ttl).' });
+});
