@@ -96,15 +96,16 @@ export class EndpointService {
   }
 
   /**
-   * `authorize` sees the validated change before it is stored and may refuse it by throwing
-   * (the process runtime's admin rule for what an endpoint runs).
+   * `authorize` sees the validated change's restart reasons (the fields that differ, as the
+   * reply names them) before it is stored and may refuse it by throwing (the process runtime's
+   * admin rule for what an endpoint runs).
    */
   update(
-    ownerId: string, id: string, body: unknown, authorize?: (current: EndpointSpec, next: EndpointSpec) => void,
+    ownerId: string, id: string, body: unknown, authorize?: (restartReasons: readonly string[]) => void,
   ): { row: ResourceRow<EndpointSpec> } & Omit<UpdateOutcome, 'spec'> {
     const current = this.get(ownerId, id);
     const { spec, restartReasons } = updateEndpoint(current.data, body, this.#context(ownerId));
-    authorize?.(current.data, spec);
+    authorize?.(restartReasons);
     const row = this.endpoints.update(current, spec, this.#clock.now());
     this.#byId.delete(id);
     this.#log.info('endpoint updated', { endpointId: id, restartReasons: restartReasons.join(',') || undefined });

@@ -327,18 +327,6 @@ export interface UpdateOutcome {
 // workers.min above 0 there might never be one.
 const RESTART_FIELDS = ['image', 'args', 'env', 'disk', 'ports', 'registry', 'gpu', 'cpu', 'dataCenterIds', 'mounts', 'flashboot'] as const;
 
-/**
- * What a worker of the endpoint runs: its image, its command (`entrypoint` + `cmd`; `args` is
- * their text form) and its environment. With the process runtime these run on the host as
- * flashd's user, so changing them needs the admin scope there (api/management.ts).
- */
-export const LAUNCH_FIELDS = ['image', 'entrypoint', 'cmd', 'env'] as const;
-
-/** The LAUNCH_FIELDS that differ between two specs (env key order is no change). */
-export function launchChanges(current: EndpointSpec, next: EndpointSpec): string[] {
-  return LAUNCH_FIELDS.filter((f) => sortedJson(next[f]) !== sortedJson(current[f]));
-}
-
 /** Applies a PATCH body to a stored spec (spec, "Update semantics"). */
 export function updateEndpoint(current: EndpointSpec, raw: unknown, ctx: ValidationContext): UpdateOutcome {
   if (isObject(raw)) {
