@@ -143,7 +143,10 @@ export function legacyRoutes(s: ApiServices): RouteDef[] {
         const v2 = toV2(b);
         let row: ResourceRow<EndpointSpec>;
         try {
-          row = s.endpoints.create(principal.ownerId, v2, b.computeType !== 'CPU' && b.gpuTypeIds ? { gpuTypePriority: b.gpuTypeIds } : {});
+          row = s.endpoints.create(principal.ownerId, v2, {
+            commandByAdmin: principal.scopes.has('admin'),
+            ...(b.computeType !== 'CPU' && b.gpuTypeIds ? { gpuTypePriority: b.gpuTypeIds } : {}),
+          });
         } catch (err) {
           throw toV1Error(err);
         }

@@ -3,7 +3,7 @@ import type { Principal } from '../auth/index.js';
 import { AgentError } from '../core/errors.js';
 import type { ResourceRepo, ResourceRow } from '../store/index.js';
 import {
-  endpointView, globalVolumeView, networkVolumeView, registryView, templateView,
+  endpointView, globalVolumeView, LAUNCH_REASONS, networkVolumeView, registryView, templateView,
 } from '../endpoints/index.js';
 import type { RouteDef } from './route.js';
 import type { ApiServices } from './services.js';
@@ -20,12 +20,6 @@ export function requireAdminForHostCommand(s: ApiServices, principal: Principal,
     `With the process runtime, endpoint commands run on the host as flashd's user, so ${what} needs the "admin" scope, `
     + 'which the credential lacks; ask an admin, or run flashd with a container runtime (--runtime docker).');
 }
-
-/**
- * The restart reasons that change what a worker runs: its image, its command (`args`, with
- * `entrypoint` and `cmd` its parsed form) and its environment.
- */
-const LAUNCH_REASONS: ReadonlySet<string> = new Set(['image', 'args', 'env']);
 
 const READ = [401, 403, 404, 429];
 const WRITE = [400, 401, 403, 404, 413, 415, 422, 429];
@@ -87,7 +81,7 @@ export function managementRoutes(s: ApiServices): RouteDef[] {
       problems: WRITE,
       handle: ({ principal, body }) => {
         requireAdminForHostCommand(s, principal, 'creating an endpoint');
-        return { status: 201, body: view(s.endpoints.create(principal.ownerId, body)) };
+        return { status: 201, body: view(s.endpoints.create(principal.ownerId, body, { commandByAdmin: principal.scopes.has('admin') })) };
       },
     },
     {
@@ -106,7 +100,7 @@ export function managementRoutes(s: ApiServices): RouteDef[] {
       auth: 'user', scope: 'endpoints:write', body: 'json', requestSchema: 'EndpointUpdate', successStatus: 200, responseSchema: 'EndpointUpdateResult',
       problems: WRITE,
       handle: ({ principal, params, body }) => {
-        const { row, restartReasons } = s.endpoints.update(principal.ownerId, params['endpointId'] as string, body, (reasons) => {
+        const { row, restartReasons } = s.endpoints.update(principal.ownerId, params['endpointId'] as string, body, principal.scopes.has('admin'), (reasons) => {
           const changed = reasons.filter((r) => LAUNCH_REASONS.has(r));
           if (changed.length) requireAdminForHostCommand(s, principal, `changing what an endpoint runs (this request changes ${changed.join(', ')})`);
         });

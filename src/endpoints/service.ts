@@ -8,7 +8,7 @@ import type { Db, ResourceRepo, ResourceRow } from '../store/index.js';
 import { ResourceRepo as Repo } from '../store/index.js';
 import { parseArgs, CommandError } from './command.js';
 import type { EndpointSpec, GlobalVolumeSpec, NetworkVolumeSpec, RegistryCredentialSpec, TemplateSpec } from './types.js';
-import { buildEndpoint, updateEndpoint, type UpdateOutcome, type ValidationContext } from './validate.js';
+import { buildEndpoint, LAUNCH_REASONS, namesLaunchField, updateEndpoint, type UpdateOutcome, type ValidationContext } from './validate.js';
 
 export interface EndpointEvents {
   /**
@@ -76,8 +76,11 @@ export class EndpointService {
 
   // Endpoints ---------------------------------------------------------------------------------
 
-  /** `extra` carries internal fields a translated body cannot express (older REST priority). */
-  create(ownerId: string, body: unknown, extra: Pick<EndpointSpec, 'gpuTypePriority'> = {}): ResourceRow<EndpointSpec> {
+  /**
+   * `extra` carries internal fields a body cannot express: the older REST priority, and whether
+   * an admin key made it (`commandByAdmin`, which the process runtime needs to start it).
+   */
+  create(ownerId: string, body: unknown, extra: Pick<EndpointSpec, 'gpuTypePriority' | 'commandByAdmin'> = {}): ResourceRow<EndpointSpec> {
     const spec = { ...buildEndpoint(body, this.#context(ownerId)), ...extra };
     const row = this.endpoints.insert(newEndpointId(), ownerId, spec, this.#clock.now());
     this.#log.info('endpoint created', { endpointId: row.id, type: spec.type, hardware: spec.gpu ? 'gpu' : 'cpu' });
@@ -98,14 +101,17 @@ export class EndpointService {
   /**
    * `authorize` sees the validated change's restart reasons (the fields that differ, as the
    * reply names them) before it is stored and may refuse it by throwing (the process runtime's
-   * admin rule for what an endpoint runs).
+   * admin rule for what an endpoint runs). `byAdmin` says whether the caller holds the admin
+   * scope: a change to what the endpoint runs by a key without it clears `commandByAdmin`, and a
+   * body from an admin that names any of those fields sets it, the same values sent again too.
    */
   update(
-    ownerId: string, id: string, body: unknown, authorize?: (restartReasons: readonly string[]) => void,
+    ownerId: string, id: string, body: unknown, byAdmin: boolean, authorize?: (restartReasons: readonly string[]) => void,
   ): { row: ResourceRow<EndpointSpec> } & Omit<UpdateOutcome, 'spec'> {
     const current = this.get(ownerId, id);
     const { spec, restartReasons } = updateEndpoint(current.data, body, this.#context(ownerId));
     authorize?.(restartReasons);
+    if (byAdmin ? namesLaunchField(body) : restartReasons.some((r) => LAUNCH_REASONS.has(r))) spec.commandByAdmin = byAdmin;
     const row = this.endpoints.update(current, spec, this.#clock.now());
     this.#byId.delete(id);
     this.#log.info('endpoint updated', { endpointId: id, restartReasons: restartReasons.join(',') || undefined });

@@ -45,6 +45,14 @@ export interface EndpointSpec {
   templateId: string | null;
   /** GPU types in the order placement should try them (older REST `gpuTypeIds`); empty: any order. */
   gpuTypePriority?: string[];
+  /**
+   * Whether a key with the admin scope set what the endpoint runs (its image, command and env):
+   * at its create, or by a PATCH naming one of them. False once a key without admin sets them
+   * (possible under a container runtime), and the process runtime then starts no worker for it,
+   * since there the command runs on the host as flashd's user. Absent in rows written before
+   * flashd recorded it, which are taken as set by an admin. Never shown in responses.
+   */
+  commandByAdmin?: boolean;
 }
 
 export interface TemplateSpec {

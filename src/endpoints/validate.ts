@@ -327,6 +327,17 @@ export interface UpdateOutcome {
 // workers.min above 0 there might never be one.
 const RESTART_FIELDS = ['image', 'args', 'env', 'disk', 'ports', 'registry', 'gpu', 'cpu', 'dataCenterIds', 'mounts', 'flashboot'] as const;
 
+/**
+ * The restart reasons that change what a worker runs: its image, its command (`args`, with
+ * `entrypoint` and `cmd` its parsed form) and its environment.
+ */
+export const LAUNCH_REASONS: ReadonlySet<string> = new Set(['image', 'args', 'env']);
+
+/** Whether an update body names any field of what a worker runs (changed or not). */
+export function namesLaunchField(body: unknown): boolean {
+  return isObject(body) && ['image', 'args', 'entrypoint', 'cmd', 'env'].some((k) => body[k] !== undefined);
+}
+
 /** Applies a PATCH body to a stored spec (spec, "Update semantics"). */
 export function updateEndpoint(current: EndpointSpec, raw: unknown, ctx: ValidationContext): UpdateOutcome {
   if (isObject(raw)) {

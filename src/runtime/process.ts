@@ -110,6 +110,7 @@ interface Running {
 
 export class ProcessRuntime implements WorkerRuntime {
   readonly name = 'process';
+  readonly runsOnHost = true;
   readonly #pidFile: string;
   readonly #workdir: string;
   readonly #log: Logger;

@@ -59,6 +59,11 @@ export interface LaunchResult {
 
 export interface WorkerRuntime {
   readonly name: string;
+  /**
+   * Workers run as host processes of flashd's own user (the process runtime), not in a
+   * container: only endpoints whose command an admin set may start (`EndpointSpec.commandByAdmin`).
+   */
+  readonly runsOnHost?: boolean;
   /** Starts a worker; rejects when it cannot be started (bad command, image pull failure). */
   launch(spec: LaunchSpec, events: WorkerEvents): Promise<LaunchResult>;
   /**

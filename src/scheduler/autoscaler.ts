@@ -63,6 +63,14 @@ interface Managed {
 
 const UNHEALTHY_SHOWN_MS = 60_000;
 const DEFAULT_INIT_TIMEOUT_MS = 7 * 60_000;
+/**
+ * Why the process runtime starts no worker for an endpoint whose command a key without admin
+ * set (under a container runtime, before flashd was started with `--runtime process`).
+ */
+const HOST_COMMAND_NOT_ADMIN = 'its image, command or env was last set by a key without the "admin" scope, and the process runtime '
+  + "runs commands on the host as flashd's user; a PATCH from an admin key that names image, args or env (the same values will do) "
+  + 'lets it start, or run flashd with a container runtime';
+
 /** How long past the stop grace a shutdown waits for the runtime to confirm its workers' exits. */
 const DRAIN_SLACK_MS = 5000;
 
@@ -161,8 +169,9 @@ export class Autoscaler {
     const listed = registry.list(endpointId);
     // The workers that count: answering, and not being stopped.
     const live = listed.filter((w) => !registry.silent(w) && !this.#managed.get(w.id)?.stopping);
-    const gpuBlocked = spec.gpu ? (this.#o.runtime?.gpuBlocked?.() ?? null) : null;
-    const runtimeRoom = this.#o.runtime && gpuBlocked === null ? this.#o.runtime.capacity(endpointId) : 0;
+    const blocked = this.#o.runtime?.runsOnHost && spec.commandByAdmin === false ? HOST_COMMAND_NOT_ADMIN
+      : spec.gpu ? (this.#o.runtime?.gpuBlocked?.() ?? null) : null;
+    const runtimeRoom = this.#o.runtime && blocked === null ? this.#o.runtime.capacity(endpointId) : 0;
     const capacity = this.#o.runtime ? Math.min(runtimeRoom, this.#placement.capacity(endpointId, spec)) : 0;
     const decision = decideScale({
       min: spec.workers.min,
@@ -197,7 +206,7 @@ export class Autoscaler {
     const noneUp = !live.some((w) => registry.state(w) !== 'unhealthy');
     // With no runtime, said only while no worker is up: beside busy external workers a backlog
     // is the usual case, not news.
-    this.#noteHeldBack(endpointId, spec, decision.throttled > 0 && capacity <= 0 && (!!this.#o.runtime || noneUp), runtimeRoom, gpuBlocked);
+    this.#noteHeldBack(endpointId, spec, decision.throttled > 0 && capacity <= 0 && (!!this.#o.runtime || noneUp), runtimeRoom, blocked);
     this.#noteNoMax(endpointId, !!this.#o.runtime && spec.workers.max === 0 && load.queued + load.lowQueued > 0 && noneUp, load.queued + load.lowQueued);
     this.#noteLowOnly(endpointId, !!this.#o.runtime && spec.workers.max > 0 && load.queued === 0 && load.lowQueued > 0 && decision.start === 0
       && noneUp, load.lowQueued);
@@ -362,11 +371,11 @@ export class Autoscaler {
    * unreachable), and again only when the reason changes: without it an endpoint whose GPUs
    * cannot be placed only showed `throttled` in /health.
    */
-  #noteHeldBack(endpointId: string, spec: EndpointSpec, heldBack: boolean, runtimeRoom: number, gpuBlocked: string | null): void {
+  #noteHeldBack(endpointId: string, spec: EndpointSpec, heldBack: boolean, runtimeRoom: number, blocked: string | null): void {
     const runtime = this.#o.runtime;
     const reason = !heldBack ? undefined
       : !runtime ? `flashd starts no workers (${this.#o.noRuntimeReason ?? '--runtime none'}); start one yourself with \`flashd worker-env ${endpointId}\``
-      : gpuBlocked !== null ? gpuBlocked
+      : blocked !== null ? blocked
       : runtimeRoom <= 0 ? `the ${runtime.name} runtime has no room (is the container engine reachable? see flashd's log)`
       : (this.#placement.whyNot(endpointId, spec) ?? undefined);
     if (reason === this.#heldBack.get(endpointId)) return;

@@ -13,6 +13,7 @@ import { assertProblem, cpuBody, startAgent, type Reply } from '../helpers/agent
 import { makeUser, mustCreate, mustPost } from '../helpers/expect.js';
 import { REPO_ROOT } from '../helpers/spawn-flashd.js';
 import { setTimeout as sleep } from 'node:timers/promises';
+import { until } from '../helpers/wait.js';
 
 const ALL_USER_SCOPES = ['endpoints:read', 'endpoints:write', 'jobs:run', 'jobs:read'];
 
@@ -106,4 +107,42 @@ t.test('runtime none: endpoints:write creates and changes commands as before', a
   const ep = await mustCreate(t, a, cpuBody({ args: 'python3 handler.py' }), bob.key);
   const r = await a.req('PATCH', `/v2/serverless/${ep.id}`, { body: { args: 'python3 other.py', env: { A: '1' } }, key: bob.key });
   t.equal(r.status, 200, r.text);
+});
+
+t.test('process runtime: an endpoint whose command a non-admin key set under another runtime does not start until an admin approves it', async (t) => {
+  const workdir = mkdtempSync(join(tmpdir(), 'flashd-procapprove-'));
+  t.teardown(() => rmSync(workdir, { recursive: true, force: true }));
+  const ran = (name: string) => existsSync(join(workdir, name));
+  const logText = async (a: Awaited<ReturnType<typeof startAgent>>, ep: string) =>
+    ((await a.req('GET', `/v2/serverless/${ep}/logs`)).json as { line: string }[]).map((l) => l.line).join('\n');
+  const warm = { min: 1, max: 1, idleTimeout: 5 };
+
+  // Under runtime none (a container runtime alike) endpoints:write sets commands freely.
+  const first = await startAgent(t, { runtime: 'none' });
+  const ops = await mustPost(t, first, '/v2/api-keys', { name: 'ops', scopes: ALL_USER_SCOPES });
+  const byAdmin = await mustCreate(t, first, cpuBody({ name: 'admin-made', args: 'touch admin-ran', workers: { min: 0, max: 1, idleTimeout: 5 } }));
+  const byOps = await mustCreate(t, first, cpuBody({ name: 'ops-made', args: 'touch ops-ran', workers: warm }), ops.key);
+  const changed = await mustCreate(t, first, cpuBody({ name: 'ops-changed', args: 'touch admin-set', workers: warm }));
+  const patch = (a: Awaited<ReturnType<typeof startAgent>>, ep: string, body: unknown, key?: string) =>
+    a.req('PATCH', `/v2/serverless/${ep}`, { body, ...(key ? { key } : {}) });
+  t.equal((await patch(first, changed.id, { args: 'touch ops-changed-ran' }, ops.key)).status, 200, 'a non-admin changes an admin endpoint\'s command');
+  t.equal((await patch(first, byAdmin.id, { workers: warm }, ops.key)).status, 200, 'and scales the other one, which changes nothing it runs');
+  await first.agent.close();
+
+  // The same data dir under the process runtime.
+  const a = await startAgent(t, { runtime: 'process', processWorkdir: workdir }, { dir: first.dir });
+  await until('the admin-made endpoint to start its worker', async () => ran('admin-ran'));
+  await until('the held-back line', async () => /no worker can start: its image, command or env was last set by a key without the "admin" scope/.test(await logText(a, byOps.id)));
+  t.match(await logText(a, byOps.id), /a PATCH from an admin key that names image, args or env \(the same values will do\) lets it start/, 'the line says what to do');
+  await sleep(1000);
+  t.notOk(ran('ops-ran'), 'the non-admin\'s endpoint ran nothing on the host');
+  t.notOk(ran('ops-changed-ran'), 'nor the admin endpoint whose command a non-admin changed');
+  t.notOk(ran('admin-set'), 'nor its earlier command');
+
+  const approve = await patch(a, byOps.id, { args: 'touch ops-ran' });
+  t.equal(approve.status, 200, `an admin sends the same args again: ${approve.text}`);
+  t.same(approve.json.restartReasons, [], 'which changes nothing');
+  t.notOk('commandByAdmin' in approve.json, 'the flag is not shown');
+  await until('the approved endpoint to start', async () => ran('ops-ran'));
+  t.notOk(ran('ops-changed-ran'), 'the other stays held back');
 });
