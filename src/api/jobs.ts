@@ -184,6 +184,9 @@ export function jobRoutes(s: JobRouteServices): RouteDef[] {
         const rawWait = req.query.get('wait');
         const wait = rawWait !== null && /^\d+$/.test(rawWait) ? Math.min(Number(rawWait), 300_000) : 0;
         await s.queue.durable();
+        // Gone while the writes in flight were synced: nothing is drained into a reply nobody
+        // reads; the chunks stay for its next poll.
+        if (req.cancel.aborted) return json(200, '{"stream":[]}');
         let drained = s.queue.drainStream(ep.id, jobId);
         const live = wait > 0 && drained?.stream.length === 0 && !TERMINAL.has(drained.status) ? s.queue.live(jobId) : undefined;
         if (live && live.endpointId === ep.id) {
@@ -191,6 +194,7 @@ export function jobRoutes(s: JobRouteServices): RouteDef[] {
           // Gone: the chunks stay for its next poll.
           if (req.cancel.aborted) return json(200, `{"status":"${live.status}","stream":[]}`);
           await s.queue.durable();
+          if (req.cancel.aborted) return json(200, `{"status":"${live.status}","stream":[]}`);
           drained = s.queue.drainStream(ep.id, jobId);
         }
         if (!drained) throw jobNotFound(jobId);
