@@ -172,6 +172,15 @@ export function createDispatcher(options: DispatcherOptions): (method: string, p
           let bodyText: string | undefined;
           if (route.body !== undefined) {
             const hasBody = req.body.length > 0;
+            // A compressed body would be read as JSON text and refused as "not UTF-8" (gzip) or
+            // as a syntax error; one labelled compressed but sent plain would be taken as it is.
+            // flashd decodes no content coding: 415 saying so (RFC 9110 §15.5.16).
+            const coding = req.headers['content-encoding'];
+            if (hasBody && coding !== undefined && !/^\s*(?:identity\s*)?$/i.test(coding)) {
+              throw new AgentError('UNSUPPORTED_MEDIA_TYPE', `Content-Encoding ${JSON.stringify(coding)} is not supported: send the body uncompressed, without a Content-Encoding header.`, {
+                headers: { 'accept-encoding': 'identity' },
+              });
+            }
             if (route.body === 'json' && !isJsonContentType(req.headers['content-type'])) {
               throw new AgentError('UNSUPPORTED_MEDIA_TYPE', `Send the body as application/json (got ${req.headers['content-type'] ? JSON.stringify(req.headers['content-type']) : 'no Content-Type'}).`);
             }

@@ -4,6 +4,7 @@
  * JSON-pointer strings. (Transport cases — 404/405/415/413/500 — are also in server.test.ts.)
  */
 import t from 'tap';
+import { brotliCompressSync, deflateSync, gzipSync } from 'node:zlib';
 import { ERROR_CODES } from '../../src/core/errors.js';
 import { ManualClock } from '../../src/core/clock.js';
 import { ADMIN_KEY, assertProblem, cpuBody, queueBody, startAgent, type Reply } from '../helpers/agent.js';
@@ -89,6 +90,34 @@ t.test('a body that is not UTF-8 is refused, not stored with replacement charact
   t.same((await a.req('GET', `/v2/${ep}/health`)).json.jobs, { completed: 0, failed: 0, inProgress: 0, inQueue: 0, retried: 0 }, 'no job was queued');
   const ok = await a.req('POST', `/v2/${ep}/run`, { body: { input: { s: 'é ✓ 😀' } } });
   t.equal(ok.status, 200, 'UTF-8 text beyond ASCII is taken');
+});
+
+t.test('a compressed body (Content-Encoding) is refused with 415 saying to send it uncompressed; nothing is queued', async (t) => {
+  const a = await startAgent(t, { jobRateLimitPercent: 0 });
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  const plain = '{"input":{"n":1}}';
+  const z = (b: Buffer): Uint8Array<ArrayBuffer> => new Uint8Array(b);
+  const cases: [string, string, Uint8Array<ArrayBuffer> | string][] = [
+    [`/v2/${ep}/run`, 'gzip', z(gzipSync(plain))],
+    [`/v2/${ep}/runsync?wait=1000`, 'gzip', z(gzipSync(plain))],
+    [`/v2/${ep}/run`, 'deflate', z(deflateSync(plain))],
+    [`/v2/${ep}/run`, 'br', z(brotliCompressSync(plain))],
+    // Labelled compressed but sent plain: was queued as if uncompressed.
+    [`/v2/${ep}/run`, 'gzip', plain],
+    ['/v2/templates', 'gzip', z(gzipSync('{"name":"t","image":"x/y:1"}'))],
+  ];
+  for (const [path, coding, body] of cases) {
+    const res = await fetch(a.url + path, { method: 'POST', headers: { authorization: `Bearer ${ADMIN_KEY}`, 'content-type': 'application/json', 'content-encoding': coding }, body });
+    const text = await res.text();
+    const r: Reply = { status: res.status, headers: res.headers, text, json: JSON.parse(text) };
+    assertProblem(t, r, 415, `${path} ${coding}: 415`);
+    t.equal(r.json.code, 'UNSUPPORTED_MEDIA_TYPE');
+    t.equal(r.json.detail, `Content-Encoding "${coding}" is not supported: send the body uncompressed, without a Content-Encoding header.`);
+    t.equal(r.headers.get('accept-encoding'), 'identity', 'Accept-Encoding names what is taken');
+  }
+  t.same((await a.req('GET', `/v2/${ep}/health`)).json.jobs, { completed: 0, failed: 0, inProgress: 0, inQueue: 0, retried: 0 }, 'no job was queued');
+  t.equal((await a.req('POST', `/v2/${ep}/run`, { raw: plain, headers: { 'content-type': 'application/json', 'content-encoding': 'identity' } })).status, 200, 'identity is no coding');
+  t.equal((await a.req('POST', `/v2/${ep}/cancel/nope`, { raw: '', headers: { 'content-encoding': 'gzip' } })).status, 404, 'a coding on an empty body changes nothing');
 });
 
 t.test('a member that may also be null is not reported as "must be null" when its value is wrong', async (t) => {
