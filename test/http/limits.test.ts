@@ -112,3 +112,34 @@ t.test('uWS request limits, at their exact thresholds', async (t) => {
     t.same(await exchange(port, ['\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03']), noReply, 'a TLS ClientHello');
   });
 });
+
+t.test('pipelining: a request that arrives while the one before it awaits its reply closes the connection, unanswered', async (t) => {
+  // uWS answers pipelined requests only when each is answered inside its own callback (flashd's
+  // /healthz, a 404 or 405, /health); one answered later (a /run waits for its commit) has the
+  // connection closed under it when the next request arrives, and neither gets a reply. The
+  // request already read still runs: a pipelined /run queues its job unacknowledged.
+  const handled: string[] = [];
+  const server = createHttpServer({
+    host: '127.0.0.1', port: 0, log,
+    resolve: (_m, path) => ({
+      maxBodyBytes: 1024,
+      handle: path === '/sync'
+        ? () => ({ status: 200, body: 'ok' })
+        : async () => {
+          handled.push(path);
+          await new Promise((r) => setTimeout(r, 20));
+          return { status: 200, body: 'ok' };
+        },
+    }),
+    onEarlyError: () => ({ status: 500 }),
+  });
+  const { port } = await server.listen();
+  t.teardown(() => server.close());
+  const post = (path: string) => `POST ${path} HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}`;
+  const get = (path: string) => `GET ${path} HTTP/1.1\r\nHost: x\r\n\r\n`;
+  t.same(await exchange(port, [post('/async') + get('/sync')]), { status: '', closed: true }, 'an async POST then a GET in one write: closed, no reply');
+  t.same(handled, ['/async'], 'the first request still ran');
+  t.same(await exchange(port, [get('/async') + get('/async')]), { status: '', closed: true }, 'two async GETs: the same');
+  t.same(await exchange(port, [get('/sync') + get('/sync') + get('/sync')], 300), { status: 'HTTP/1.1 200 OK', closed: false }, 'requests answered in their own callback: answered, the connection kept');
+  t.same(await exchange(port, [post('/async'), post('/async')]), { status: 'HTTP/1.1 200 OK', closed: false }, 'the same requests sent one after the other\'s reply: answered');
+});
