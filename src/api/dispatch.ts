@@ -118,6 +118,11 @@ export function createDispatcher(options: DispatcherOptions): (method: string, p
       return staticError(new AgentError('ROUTE_NOT_FOUND', `No route for ${method} ${path}.`));
     }
     const route = match.route;
+    if (method === 'HEAD' && route.headRefused !== undefined) {
+      // No route takes OPTIONS: this lists the methods the path has.
+      const others = router.find('OPTIONS', path).allowed ?? [route.method];
+      return staticError(new AgentError('METHOD_NOT_ALLOWED', `HEAD is not allowed on ${path}: a GET there ${route.headRefused}, which a reply without a body would lose; allowed: ${others.join(', ')}.`), { allow: others.join(', ') });
+    }
     const maxBodyBytes = route.maxBodyBytes ?? options.maxBodyBytes;
     const onTooLarge = route.onTooLarge;
     return {

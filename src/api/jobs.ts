@@ -175,6 +175,7 @@ export function jobRoutes(s: JobRouteServices): RouteDef[] {
     },
     {
       method: 'GET', path: `${P}/stream/{jobId}`, operationId: 'jobStream', jobRateGroup: 'status', summary: 'Stream chunks posted since the last poll',
+      headRefused: 'hands out the chunks posted since the last poll',
       tag: 'Jobs', auth: 'user', scope: 'jobs:read', successStatus: 200, responseSchema: 'JobStream', problems: READ,
       query: [{ name: 'wait', description: 'ms to hold a poll that has no chunks yet, until one comes or the job ends (at most 300000; RunPod\'s Go SDK sends it). Without it, or when it is not a positive integer, the poll answers at once.', schema: { type: 'integer', minimum: 0, maximum: 300000 } }],
       handle: async ({ req, principal, params }) => {

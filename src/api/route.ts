@@ -54,6 +54,11 @@ export interface RouteDef {
   problems: number[];
   query?: QueryParam[];
   maxBodyBytes?: number;
+  /**
+   * What a `GET` here changes ("hands a job to the worker"): `HEAD`, which otherwise takes the
+   * `GET` route, gets 405 saying so, instead of running it and dropping the body.
+   */
+  headRefused?: string;
   /** Requests that do not count against or report rate limits (worker protocol). */
   skipRateLimit?: boolean;
   /**

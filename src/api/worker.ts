@@ -147,6 +147,7 @@ export function workerRoutes(s: WorkerRouteServices): RouteDef[] {
     method: 'GET', path: `${W}/${batch ? 'job-take-batch' : 'job-take'}/{workerId}`, operationId: batch ? 'workerTakeBatch' : 'workerTake',
     summary: batch ? 'Worker: take up to ?batch_size jobs (long-poll; JSON array)' : 'Worker: take one job (long-poll; 204 when none arrived)',
     tag: 'Worker protocol', auth: 'worker', skipRateLimit: true, holdErrorsMs: POLL_ERROR_HOLD_MS, successStatus: 200, responseSchema: 'WorkerJob', responseIsArray: batch,
+    headRefused: batch ? 'hands jobs to the worker' : 'hands a job to the worker',
     problems: [401, 403, 404],
     handle: async ({ req, principal, params }) => {
       const endpointId = params['endpointId'] as string;
@@ -199,6 +200,7 @@ export function workerRoutes(s: WorkerRouteServices): RouteDef[] {
     },
     {
       method: 'GET', path: `${W}/job-stop/{workerId}`, operationId: 'workerStop', summary: 'Worker: jobs to stop (long-poll; 204 when none)',
+      headRefused: 'hands out the jobs the worker must stop',
       tag: 'Worker protocol', auth: 'worker', skipRateLimit: true, successStatus: 200, responseSchema: 'JobsToStop', problems: [401, 403, 404],
       handle: async ({ req, principal, params }) => {
         const endpointId = params['endpointId'] as string;
@@ -222,6 +224,7 @@ export function workerRoutes(s: WorkerRouteServices): RouteDef[] {
     },
     {
       method: 'GET', path: '/v2/serverless/{endpointId}/worker-env', operationId: 'workerEnv',
+      headRefused: 'makes a new worker id and key',
       summary: 'Admin: a new worker id and key, and the environment an external worker needs', tag: 'Workers',
       auth: 'user', scope: 'admin', successStatus: 200, responseSchema: 'WorkerEnv', problems: [401, 403, 404, 409, 429],
       handle: ({ req, principal, params }) => {

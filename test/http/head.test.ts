@@ -7,6 +7,7 @@ import t from 'tap';
 import { connect } from 'node:net';
 import { Agent, request } from 'node:http';
 import { ADMIN_KEY, cpuBody, startAgent } from '../helpers/agent.js';
+import { TestWorker } from '../helpers/worker.js';
 
 /** Writes `raw` and collects what comes back for `ms`. */
 function collect(port: number, raw: string, ms = 500): Promise<string> {
@@ -53,4 +54,38 @@ t.test('HEAD replies carry no body, and the connection stays usable', async (t) 
     r.end();
   });
   t.same([await one('HEAD'), await one('GET'), await one('HEAD'), await one('GET')], ['200 ', `200 ${get.text}`, '200 ', `200 ${get.text}`]);
+});
+
+t.test('HEAD on a GET that changes state gets 405 and changes nothing: no chunk, job or key is handed out', async (t) => {
+  const a = await startAgent(t, { takeHoldMs: 300 });
+  const port = Number(new URL(a.url).port);
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  const w = await TestWorker.create(a, ep);
+  const id = (await a.req('POST', `/v2/${ep}/run`, { body: { input: {} } })).json.id as string;
+  t.equal((await w.take())?.id, id);
+  t.equal(await w.stream(id, 'c1'), 200);
+  const queued = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { n: 2 } } })).json.id as string;
+  const keyRows = (): number => a.agent.db.prepare('SELECT count(*) FROM api_keys').pluck().get() as number;
+  const keys = keyRows();
+
+  const head = async (path: string, key = ADMIN_KEY): Promise<string> =>
+    collect(port, `HEAD ${path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${key}\r\nConnection: close\r\n\r\n`);
+  const cases: [string, string, string][] = [
+    [`/v2/${ep}/stream/${id}`, 'GET, POST', 'chunks'],
+    [`/v2/${ep}/job-take/${w.workerId}`, 'GET', 'a job'],
+    [`/v2/${ep}/job-take-batch/${w.workerId}?batch_size=4`, 'GET', 'jobs'],
+    [`/v2/${ep}/job-stop/${w.workerId}`, 'GET', 'stop'],
+    [`/v2/serverless/${ep}/worker-env`, 'GET', 'worker id and key'],
+  ];
+  for (const [path, allow, what] of cases) {
+    const got = await head(path, path.includes('/job-') ? w.key : ADMIN_KEY);
+    t.match(got, /^HTTP\/1\.1 405 /, `${path}: 405`);
+    t.match(got.toLowerCase(), new RegExp(`\\r\\nallow: ${allow.toLowerCase()}\\r\\n`), `${path}: Allow: ${allow}`);
+    t.notOk(got.includes(what) && got.includes('{'), `${path}: no body`);
+  }
+  t.same((await a.req('GET', `/v2/${ep}/stream/${id}`)).json, { status: 'IN_PROGRESS', stream: [{ output: 'c1' }] }, 'the chunk is still there for a GET');
+  t.equal((await a.req('GET', `/v2/${ep}/status/${queued}`)).json.status, 'IN_QUEUE', 'the queued job was handed to no one');
+  t.equal(keyRows(), keys, 'no worker key was made');
+  t.equal((await w.take())?.id, queued, 'a GET take still gets it');
+  t.match(await head(`/v2/${ep}/status/${id}`), /^HTTP\/1\.1 200 /, 'HEAD on a GET without side effects is still answered');
 });
