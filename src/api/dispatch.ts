@@ -194,6 +194,9 @@ export function createDispatcher(options: DispatcherOptions): (method: string, p
               // JSON is UTF-8 (RFC 8259 §8.1): other bytes would be stored as U+FFFD, silently.
               if (!isUtf8(req.body)) throw new AgentError('INVALID_JSON', 'The body is not valid JSON: it is not UTF-8 text.');
               bodyText = req.body.toString('utf8');
+              // A leading byte order mark (a file saved by Notepad, sent with curl --data-binary @f)
+              // is ignored, as RFC 8259 §8.1 allows: JSON.parse said only "Unexpected token" of it.
+              if (bodyText.charCodeAt(0) === 0xfeff) bodyText = bodyText.slice(1);
               try {
                 body = JSON.parse(bodyText);
               } catch (err) {

@@ -8,6 +8,7 @@ import { brotliCompressSync, deflateSync, gzipSync } from 'node:zlib';
 import { ERROR_CODES } from '../../src/core/errors.js';
 import { ManualClock } from '../../src/core/clock.js';
 import { ADMIN_KEY, assertProblem, cpuBody, queueBody, startAgent, type Reply } from '../helpers/agent.js';
+import { TestWorker } from '../helpers/worker.js';
 
 t.test('problem members on every kind of failure', async (t) => {
   const clock = new ManualClock();
@@ -90,6 +91,22 @@ t.test('a body that is not UTF-8 is refused, not stored with replacement charact
   t.same((await a.req('GET', `/v2/${ep}/health`)).json.jobs, { completed: 0, failed: 0, inProgress: 0, inQueue: 0, retried: 0 }, 'no job was queued');
   const ok = await a.req('POST', `/v2/${ep}/run`, { body: { input: { s: 'é ✓ 😀' } } });
   t.equal(ok.status, 200, 'UTF-8 text beyond ASCII is taken');
+});
+
+t.test('a body that starts with a UTF-8 byte order mark is read without it', async (t) => {
+  const a = await startAgent(t, { jobRateLimitPercent: 0, takeHoldMs: 300 });
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  const bom = '\ufeff';
+  const run = await a.req('POST', `/v2/${ep}/run`, { raw: `${bom}{"input":{"n":1}}`, headers: { 'content-type': 'application/json' } });
+  t.equal(run.status, 200, `/run: ${run.text}`);
+  const w = await TestWorker.create(a, ep);
+  const job = await w.take();
+  t.equal(job?.id, run.json.id);
+  t.same(job?.input, { n: 1 }, 'the worker gets the input');
+  const tpl = await a.req('POST', '/v2/templates', { raw: `${bom}{"name":"bom","image":"x/y:1"}`, headers: { 'content-type': 'application/json' } });
+  t.equal(tpl.status, 201, `a management create: ${tpl.text}`);
+  const twice = await a.req('POST', `/v2/${ep}/run`, { raw: `${bom}${bom}{"input":{}}`, headers: { 'content-type': 'application/json' } });
+  assertProblem(t, twice, 400, 'only one mark is ignored');
 });
 
 t.test('a compressed body (Content-Encoding) is refused with 415 saying to send it uncompressed; nothing is queued', async (t) => {
