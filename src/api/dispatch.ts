@@ -113,6 +113,8 @@ export function createDispatcher(options: DispatcherOptions): (method: string, p
     const { match, allowed } = router.find(method, path);
     if (!match) {
       if (allowed) {
+        // HEAD is served wherever GET is (router.ts), unless that GET refuses it (RFC 9110 §10.2.1: Allow lists them all).
+        if (allowed.includes('GET') && router.find('GET', path).match?.route.headRefused === undefined) allowed.push('HEAD');
         return staticError(new AgentError('METHOD_NOT_ALLOWED', `${method} is not allowed on ${path}; allowed: ${allowed.join(', ')}.`), { allow: allowed.join(', ') });
       }
       return staticError(new AgentError('ROUTE_NOT_FOUND', `No route for ${method} ${path}.`));

@@ -89,3 +89,23 @@ t.test('HEAD on a GET that changes state gets 405 and changes nothing: no chunk,
   t.equal((await w.take())?.id, queued, 'a GET take still gets it');
   t.match(await head(`/v2/${ep}/status/${id}`), /^HTTP\/1\.1 200 /, 'HEAD on a GET without side effects is still answered');
 });
+
+t.test('a 405 lists HEAD in Allow wherever GET answers it, and not where HEAD is refused', async (t) => {
+  const a = await startAgent(t);
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody() })).json.id as string;
+  const cases: [string, string][] = [
+    ['/healthz', 'GET, HEAD'],
+    ['/v2/serverless', 'POST, GET, HEAD'],
+    [`/v2/serverless/${ep}`, 'GET, PATCH, DELETE, HEAD'],
+    [`/v2/${ep}/status/j1`, 'GET, POST, HEAD'],
+    [`/v2/${ep}/run`, 'POST'],
+    [`/v2/${ep}/stream/j1`, 'GET, POST'],
+    [`/v2/serverless/${ep}/worker-env`, 'GET'],
+  ];
+  for (const [path, allow] of cases) {
+    const r = await a.req('PUT', path, { body: {} });
+    t.equal(r.status, 405, `${path}: 405`);
+    t.equal(r.headers.get('allow'), allow, `${path}: Allow: ${allow}`);
+    t.match(r.json.detail, `allowed: ${allow}.`, `${path}: the detail says the same`);
+  }
+});
