@@ -265,7 +265,7 @@ export function workerRoutes(s: WorkerRouteServices): RouteDef[] {
         if (errors.length) throw new AgentError('VALIDATION_FAILED', `${errors.join('; ')}.`, { errors });
         const limit = limitRaw === null ? 500 : Number(limitRaw);
         const since = sinceRaw === null ? undefined : Number(sinceRaw);
-        const lines = s.logs.read(ep.id, since, limit);
+        let lines = s.logs.read(ep.id, since, limit);
         if (followRaw !== 'true' && followRaw !== '1') return { status: 200, body: lines.map(logView) };
         return {
           status: 200,
@@ -273,8 +273,6 @@ export function workerRoutes(s: WorkerRouteServices): RouteDef[] {
             status: 200,
             headers: { 'content-type': 'application/x-ndjson', 'cache-control': 'no-store' },
             stream: (w) => {
-              for (const l of lines) w.write(JSON.stringify(logView(l)) + '\n'); // at most 10,000 lines
-              const after = lines.length ? (lines[lines.length - 1] as LogLine).seq : since ?? 0;
               // The stream outlives the request's authentication: each new line is sent only
               // while the credential that opened it is still good (a key revoked or expired since,
               // a session of such a key, a team key whose user left the team end the stream).
@@ -290,7 +288,7 @@ export function workerRoutes(s: WorkerRouteServices): RouteDef[] {
               // and picks up after the last line sent when the socket drains (the lines wait in
               // SQLite, up to the retention per endpoint). One that never reads again meets the
               // idle timeout, since nothing more is written to it.
-              let last = after;
+              let last = since ?? 0;
               let off = (): void => undefined;
               const follow = (): void => {
                 let paused = false;
@@ -309,7 +307,20 @@ export function workerRoutes(s: WorkerRouteServices): RouteDef[] {
                 }, () => w.end());
                 off = unfollow;
               };
-              follow();
+              // The last lines (up to 10,000 of up to 16 KB each) go out under the same rule: a
+              // client that reads none of them holds back the rest, which wait in SQLite for the
+              // follow (it reads on after the last one sent). The array is let go either way.
+              let held = false;
+              for (const l of lines) {
+                last = l.seq;
+                if (!w.write(JSON.stringify(logView(l)) + '\n')) {
+                  held = true;
+                  break;
+                }
+              }
+              lines = [];
+              if (held) w.drained(follow);
+              else follow();
               w.signal.addEventListener('abort', () => off(), { once: true });
             },
           },

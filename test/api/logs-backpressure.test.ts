@@ -56,3 +56,45 @@ t.test('a follower that stops reading does not make flashd buffer the log for it
   const printed = LINES * (LINE.length + 1);
   t.ok(grown < printed / 2, `flashd grew ${(grown / 1048576).toFixed(1)} MB while ${(printed / 1048576).toFixed(1)} MB of log went to a follower that reads nothing`);
 });
+
+t.test('followers that read none of the last lines they asked for do not make flashd buffer them', { skip: !existsSync('/proc/self/status') && 'needs /proc' }, async (t) => {
+  // 4,000 lines of 16,000 characters: 64 MB of log that each follower asks for with limit=4000.
+  const LONG = 'M'.repeat(16_000);
+  const N = 4_000;
+  const FOLLOWERS = 6;
+  const dir = testDataDir(t);
+  const flashd = await startFlashd(t, process.execPath, [
+    'dist/flashd.mjs', '--port', '0', '--data-dir', dir, '--runtime', 'process', '--process-workdir', REPO_ROOT, '--worker-stop-grace-ms', '1000',
+  ], cleanEnv({ FLASHD_ADMIN_API_KEY: ADMIN_KEY }));
+  t.teardown(() => flashd.stop());
+  const call = async (method: string, path: string, body?: unknown) => {
+    const r = await fetch(flashd.url + path, {
+      method, headers: { authorization: `Bearer ${ADMIN_KEY}`, 'content-type': 'application/json' }, ...(body ? { body: JSON.stringify(body) } : {}),
+    });
+    return r.json() as Promise<any>;
+  };
+  const script = `yes '${LONG}' | head -n ${N}; exec sleep 600`;
+  const ep = (await call('POST', '/v2/serverless', cpuBody({ args: JSON.stringify({ entrypoint: ['sh', '-c', script], cmd: [] }), workers: { min: 1, max: 1 } }))).id as string;
+  const lastSeq = async (): Promise<number> => ((await call('GET', `/v2/serverless/${ep}/logs?limit=1`)) as { seq: number }[])[0]?.seq ?? 0;
+  await until('every line to be stored', async () => (await lastSeq()) >= N, 60_000);
+  await new Promise((r) => setTimeout(r, 1000));
+
+  const pid = flashd.child.pid as number;
+  const before = rssBytes(pid);
+  const { port } = new URL(flashd.url);
+  for (let i = 0; i < FOLLOWERS; i++) {
+    const sock = connect(Number(port), '127.0.0.1');
+    t.teardown(() => sock.destroy());
+    await new Promise<void>((resolve) => {
+      sock.once('data', () => {
+        sock.pause();
+        resolve();
+      });
+      sock.write(`GET /v2/serverless/${ep}/logs?follow=true&limit=${N} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${ADMIN_KEY}\r\n\r\n`);
+    });
+  }
+  await new Promise((r) => setTimeout(r, 1000));
+  const grown = rssBytes(pid) - before;
+  const asked = FOLLOWERS * N * (LONG.length + 1);
+  t.ok(grown < asked / 3, `flashd grew ${(grown / 1048576).toFixed(1)} MB for ${FOLLOWERS} followers that read none of the ${(asked / 1048576).toFixed(0)} MB of lines they asked for`);
+});
