@@ -7,6 +7,12 @@ import type { LogLine, LogsRepo, WriteBatch } from '../store/index.js';
 
 /** The most lines a new follower is sent from between its snapshot and its first live line. */
 const CATCH_UP_LINES = 10_000;
+/**
+ * Lines read from SQLite at a time for that catch-up (at most 1 MB of 16 KB lines): a follower
+ * that lets go after a few (its client reads slowly and comes back here each time it drains)
+ * must not cost a read of the whole log each time.
+ */
+const CATCH_UP_PAGE = 64;
 
 const NOOP = (): void => undefined;
 
@@ -90,8 +96,15 @@ export class LogHub {
     const live = set;
     this.#batch.committed().then(
       () => {
-        if (!live.has(follower)) return;
-        for (const l of this.#repo.read(endpointId, last, CATCH_UP_LINES)) follower.line(l);
+        for (let sent = 0; sent < CATCH_UP_LINES && live.has(follower);) {
+          const page = this.#repo.read(endpointId, last, Math.min(CATCH_UP_PAGE, CATCH_UP_LINES - sent));
+          for (const l of page) {
+            if (!live.has(follower)) return;
+            follower.line(l);
+          }
+          sent += page.length;
+          if (page.length < CATCH_UP_PAGE) return;
+        }
       },
       () => undefined,
     );

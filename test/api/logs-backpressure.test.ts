@@ -98,3 +98,45 @@ t.test('followers that read none of the last lines they asked for do not make fl
   const asked = FOLLOWERS * N * (LONG.length + 1);
   t.ok(grown < asked / 3, `flashd grew ${(grown / 1048576).toFixed(1)} MB for ${FOLLOWERS} followers that read none of the ${(asked / 1048576).toFixed(0)} MB of lines they asked for`);
 });
+
+t.test('a follower that picks up far behind the newest line reads the log from SQLite a page at a time', { skip: !existsSync('/proc/self/clear_refs') && 'needs /proc' }, async (t) => {
+  // 4,000 lines of 16,000 characters (64 MB). A follower that starts at the first one (since=0,
+  // limit=1) and reads nothing is caught up from SQLite: flashd's peak memory must not hold them all.
+  const LONG = 'C'.repeat(16_000);
+  const N = 4_000;
+  const dir = testDataDir(t);
+  const flashd = await startFlashd(t, process.execPath, [
+    'dist/flashd.mjs', '--port', '0', '--data-dir', dir, '--runtime', 'process', '--process-workdir', REPO_ROOT, '--worker-stop-grace-ms', '1000',
+  ], cleanEnv({ FLASHD_ADMIN_API_KEY: ADMIN_KEY }));
+  t.teardown(() => flashd.stop());
+  const call = async (method: string, path: string, body?: unknown) => {
+    const r = await fetch(flashd.url + path, {
+      method, headers: { authorization: `Bearer ${ADMIN_KEY}`, 'content-type': 'application/json' }, ...(body ? { body: JSON.stringify(body) } : {}),
+    });
+    return r.json() as Promise<any>;
+  };
+  const script = `yes '${LONG}' | head -n ${N}; exec sleep 600`;
+  const ep = (await call('POST', '/v2/serverless', cpuBody({ args: JSON.stringify({ entrypoint: ['sh', '-c', script], cmd: [] }), workers: { min: 1, max: 1 } }))).id as string;
+  const lastSeq = async (): Promise<number> => ((await call('GET', `/v2/serverless/${ep}/logs?limit=1`)) as { seq: number }[])[0]?.seq ?? 0;
+  await until('every line to be stored', async () => (await lastSeq()) >= N, 60_000);
+  await new Promise((r) => setTimeout(r, 1000));
+
+  const pid = flashd.child.pid as number;
+  const hwm = (): number => Number(/VmHWM:\s+(\d+)/.exec(readFileSync(`/proc/${pid}/status`, 'utf8'))?.[1]) * 1024;
+  writeFileSync(`/proc/${pid}/clear_refs`, '5'); // the peak starts again from the current RSS
+  const before = hwm();
+  const { port } = new URL(flashd.url);
+  const sock = connect(Number(port), '127.0.0.1');
+  t.teardown(() => sock.destroy());
+  await new Promise<void>((resolve) => {
+    sock.once('data', () => {
+      sock.pause();
+      resolve();
+    });
+    sock.write(`GET /v2/serverless/${ep}/logs?follow=true&since=0&limit=1 HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${ADMIN_KEY}\r\n\r\n`);
+  });
+  await new Promise((r) => setTimeout(r, 1000));
+  const peak = hwm() - before;
+  const log = N * (LONG.length + 1);
+  t.ok(peak < log / 4, `flashd's peak memory rose ${(peak / 1048576).toFixed(1)} MB to catch up a follower that reads nothing on ${(log / 1048576).toFixed(0)} MB of log`);
+});
