@@ -289,6 +289,13 @@ interface UnreadStream {
  * execution allows, and the old attempt's result is refused as stale.
  */
 const CLAIM_SAVE_DELAY_MS = 100;
+/**
+ * The most chunk text one /stream poll hands out (chunks are at most 1 MB each, so at least 16):
+ * a job can hold gigabytes of unread chunks, and one reply with all of them would hold them in
+ * memory at once, or fail past V8's longest string and lose them. The rest go to the next
+ * poll; runpod-python's `stream()` polls on while a poll returns chunks, final status or not.
+ */
+export const STREAM_POLL_CHARS = 16 * 1024 * 1024;
 
 /** The longest delay a Node timer holds (2^31 − 1 ms); a later deadline is looked at again then. */
 const MAX_TIMER_MS = 2_147_483_647;
@@ -1744,8 +1751,8 @@ export class JobQueue {
       return undefined;
     }
     if (!unread || unread.endpointId !== endpointId || unread.read >= unread.upTo) return { status: snap.status, stream: [] };
-    const upTo = unread.upTo;
-    const stream = this.#repo.chunks(jobId, unread.read, upTo);
+    // At most STREAM_POLL_CHARS of them: the rest wait in SQLite for the next poll.
+    const { chunks: stream, last: upTo } = this.#repo.chunks(jobId, unread.read, unread.upTo, STREAM_POLL_CHARS);
     unread.read = upTo;
     this.#batch.write(() => {
       this.#repo.dropChunks(jobId, upTo);

@@ -252,7 +252,7 @@ export class JobsRepo {
     // with their job's row (trigger) or a /retry.
     this.#chunkAdd = db.prepare('INSERT INTO job_chunks (job_id, seq, chunk) VALUES (?, ?, ?)');
     this.#chunkNext = db.prepare('SELECT coalesce(max(seq) + 1, 0) FROM job_chunks WHERE job_id = ?').pluck();
-    this.#chunksRead = db.prepare('SELECT chunk FROM job_chunks WHERE job_id = ? AND seq > ? AND seq <= ? ORDER BY seq').pluck();
+    this.#chunksRead = db.prepare('SELECT seq, chunk FROM job_chunks WHERE job_id = ? AND seq > ? AND seq <= ? ORDER BY seq').raw();
     this.#chunksDrop = db.prepare('DELETE FROM job_chunks WHERE job_id = ? AND seq <= ?');
     this.#chunksDropAll = db.prepare('DELETE FROM job_chunks WHERE job_id = ?');
     this.#chunkedJobs = db.prepare(`SELECT c.job_id, (SELECT endpoint_id FROM jobs WHERE id = c.job_id), max(c.seq)
@@ -552,9 +552,21 @@ export class JobsRepo {
     return this.#chunkNext.get(jobId) as number;
   }
 
-  /** The job's chunks with `after < seq <= upTo`, in seq order. */
-  chunks(jobId: string, after: number, upTo: number): string[] {
-    return this.#chunksRead.all(jobId, after, upTo) as string[];
+  /**
+   * The job's chunks after `after` up to `upTo`, in order, until their text reaches `maxChars` characters
+   * (at least one): `last` is the seq of the last one read (`after` when none).
+   */
+  chunks(jobId: string, after: number, upTo: number, maxChars: number): { chunks: string[]; last: number } {
+    const chunks: string[] = [];
+    let last = after;
+    let size = 0;
+    for (const [seq, chunk] of this.#chunksRead.iterate(jobId, after, upTo) as IterableIterator<[number, string]>) {
+      if (chunks.length > 0 && size + chunk.length > maxChars) break;
+      chunks.push(chunk);
+      size += chunk.length;
+      last = seq;
+    }
+    return { chunks, last };
   }
 
   /** Deletes the job's chunks up to `upTo` (read by a poll). */

@@ -145,8 +145,10 @@ t.test('chunks are not held in memory: 20 MB streamed and never polled, read aft
   const big = Object.values(job).filter((v) => (typeof v === 'string' && v.length > 100_000) || (Array.isArray(v) && v.some((x) => JSON.stringify(x).length > 100_000)));
   t.same(big, [], 'and references no chunk');
   t.equal(chunkRows(a, id), 20, 'in SQLite');
+  // A poll hands out at most 16 MB of chunk text (STREAM_POLL_CHARS): the rest come with the next.
   const read = await poll(a, ep, id);
   t.equal(read.status, 'COMPLETED');
+  for (let more = await poll(a, ep, id); more.stream.length; more = await poll(a, ep, id)) read.stream.push(...more.stream);
   t.same(read.stream.map((c) => (c.output as string).slice(0, 2)), Array.from({ length: 20 }, (_, i) => String(i).padStart(2, '0')), 'all 20, in order');
   t.ok(read.stream.every((c) => (c.output as string).length === MB), 'whole');
   await a.agent.queue.durable();

@@ -1,0 +1,38 @@
+/**
+ * A /stream poll hands out at most STREAM_POLL_CHARS of chunk text; the rest wait in SQLite for
+ * the next poll. A generator that nobody polled for a while can leave gigabytes of chunks, and
+ * one reply with all of them held them all in memory at once (600 MB of chunks: a 500 past V8's
+ * longest string, and the chunks were lost, marked read before the reply failed).
+ */
+import t from 'tap';
+import { startAgent, cpuBody } from '../helpers/agent.js';
+import { TestWorker } from '../helpers/worker.js';
+import { STREAM_POLL_CHARS } from '../../src/queue/job-queue.js';
+
+t.test('a poll hands out a bounded share of a large backlog of chunks; the next polls get the rest, in order, none lost', async (t) => {
+  const a = await startAgent(t, { takeHoldMs: 300 });
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  const w = await TestWorker.create(a, ep);
+  const id = (await a.req('POST', `/v2/${ep}/run`, { body: { input: {} } })).json.id as string;
+  t.equal((await w.take())?.id, id);
+  const CHUNKS = 40;
+  const pad = 'p'.repeat(900_000); // under the 1 MB split: one chunk each
+  for (let i = 0; i < CHUNKS; i++) t.equal(await w.stream(id, `${i}:${pad}`), 200, `chunk ${i} acknowledged`);
+  t.equal((await w.done(id, { output: [] })).status, 200);
+
+  const seen: number[] = [];
+  const sizes: number[] = [];
+  for (let polls = 0; polls < CHUNKS + 2; polls++) {
+    const r = await a.req('GET', `/v2/${ep}/stream/${id}`);
+    t.equal(r.status, 200);
+    const body = r.json as { status: string; stream: { output: string }[] };
+    t.equal(body.status, 'COMPLETED');
+    if (body.stream.length === 0) break;
+    sizes.push(r.text.length);
+    for (const c of body.stream) seen.push(Number(c.output.slice(0, c.output.indexOf(':'))));
+  }
+  t.same(seen, Array.from({ length: CHUNKS }, (_, i) => i), 'every chunk once, in order');
+  t.ok(sizes.length > 1, `the ${CHUNKS} chunks (${(CHUNKS * pad.length / 1048576).toFixed(0)} MB) came in ${sizes.length} polls`);
+  t.ok(Math.max(...sizes) <= STREAM_POLL_CHARS + 1_000_000, `the largest poll was ${(Math.max(...sizes) / 1048576).toFixed(1)} MB`);
+  t.equal(a.agent.db.prepare('SELECT count(*) FROM job_chunks WHERE job_id = ?').pluck().get(id), 0, 'read chunks are deleted');
+});
