@@ -249,7 +249,7 @@ export function workerRoutes(s: WorkerRouteServices): RouteDef[] {
       auth: 'user', scope: 'endpoints:read', successStatus: 200, responseSchema: 'LogLine', responseIsArray: true, problems: [400, 401, 403, 404, 429],
       query: [
         { name: 'since', description: 'Only lines with seq greater than this.', schema: { type: 'integer', minimum: 0 } },
-        { name: 'limit', description: 'At most this many lines (default 500, max 10000).', schema: { type: 'integer', minimum: 1, maximum: 10000 } },
+        { name: 'limit', description: 'At most this many lines (default 500, max 10000), and at most 16 MiB of line text: the newest lines that fit, or with since the oldest after it.', schema: { type: 'integer', minimum: 1, maximum: 10000 } },
         { name: 'follow', description: 'true: keep the response open and stream new lines as NDJSON.', schema: { type: 'boolean' } },
       ],
       handle: ({ req, principal, params }) => {

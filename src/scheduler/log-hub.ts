@@ -13,6 +13,8 @@ const CATCH_UP_LINES = 10_000;
  * must not cost a read of the whole log each time.
  */
 const CATCH_UP_PAGE = 64;
+/** The most line text one read of the log returns (about 1,000 lines of the longest kind). */
+export const READ_CHARS = 16 * 1024 * 1024;
 
 const NOOP = (): void => undefined;
 
@@ -62,9 +64,13 @@ export class LogHub {
     }
   }
 
-  /** Lines after `afterSeq` (oldest first), or the last `limit` lines when it is undefined. */
+  /**
+   * Lines after `afterSeq` (oldest first), or the last `limit` lines when it is undefined, at
+   * most READ_CHARS of line text: 10,000 lines of 16 KB made a 160 MB reply, held in memory until
+   * its client read it (a client that reads nothing held it for good).
+   */
   read(endpointId: string, afterSeq: number | undefined, limit: number): LogLine[] {
-    return this.#repo.read(endpointId, afterSeq, limit);
+    return this.#repo.read(endpointId, afterSeq, limit, READ_CHARS);
   }
 
   /**

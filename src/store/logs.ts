@@ -21,8 +21,8 @@ export class LogsRepo {
     this.#insert = db.prepare('INSERT INTO endpoint_logs (endpoint_id, worker_id, stream, line, at) VALUES (?, ?, ?, ?, ?)');
     this.#since = db.prepare(`SELECT seq, endpoint_id, worker_id, stream, line, at FROM endpoint_logs
       WHERE endpoint_id = ? AND seq > ? ORDER BY seq LIMIT ?`);
-    this.#tail = db.prepare(`SELECT * FROM (SELECT seq, endpoint_id, worker_id, stream, line, at FROM endpoint_logs
-      WHERE endpoint_id = ? ORDER BY seq DESC LIMIT ?) ORDER BY seq`);
+    this.#tail = db.prepare(`SELECT seq, endpoint_id, worker_id, stream, line, at FROM endpoint_logs
+      WHERE endpoint_id = ? ORDER BY seq DESC LIMIT ?`);
     this.#prune = db.prepare(`DELETE FROM endpoint_logs WHERE endpoint_id = ? AND seq <= (
       SELECT seq FROM endpoint_logs WHERE endpoint_id = ? ORDER BY seq DESC LIMIT 1 OFFSET ?)`);
   }
@@ -31,12 +31,23 @@ export class LogsRepo {
     return Number(this.#insert.run(endpointId, workerId, stream, line, at).lastInsertRowid);
   }
 
-  /** Lines after `seq` (oldest first), or the last `limit` lines when `seq` is undefined. */
-  read(endpointId: string, afterSeq: number | undefined, limit: number): LogLine[] {
-    const rows = (afterSeq === undefined ? this.#tail.all(endpointId, limit) : this.#since.all(endpointId, afterSeq, limit)) as {
+  /**
+   * Lines after `seq` (oldest first), or the last `limit` lines when `seq` is undefined; no more
+   * of them than fit in `maxChars` characters of line text (at least one): the oldest after
+   * `seq`, or the newest.
+   */
+  read(endpointId: string, afterSeq: number | undefined, limit: number, maxChars = Infinity): LogLine[] {
+    const rows = (afterSeq === undefined ? this.#tail.iterate(endpointId, limit) : this.#since.iterate(endpointId, afterSeq, limit)) as IterableIterator<{
       seq: number; endpoint_id: string; worker_id: string | null; stream: LogLine['stream']; line: string; at: number;
-    }[];
-    return rows.map((r) => ({ seq: r.seq, endpointId: r.endpoint_id, workerId: r.worker_id, stream: r.stream, line: r.line, at: r.at }));
+    }>;
+    const lines: LogLine[] = [];
+    let size = 0;
+    for (const r of rows) {
+      if (lines.length > 0 && size + r.line.length > maxChars) break;
+      size += r.line.length;
+      lines.push({ seq: r.seq, endpointId: r.endpoint_id, workerId: r.worker_id, stream: r.stream, line: r.line, at: r.at });
+    }
+    return afterSeq === undefined ? lines.reverse() : lines;
   }
 
   /** Keeps the newest `keep` lines of an endpoint. */

@@ -140,3 +140,44 @@ t.test('a follower that picks up far behind the newest line reads the log from S
   const log = N * (LONG.length + 1);
   t.ok(peak < log / 4, `flashd's peak memory rose ${(peak / 1048576).toFixed(1)} MB to catch up a follower that reads nothing on ${(log / 1048576).toFixed(0)} MB of log`);
 });
+
+t.test('a read of the log returns at most 16 MiB of lines: the newest that fit, or the oldest after since', async (t) => {
+  // 1,300 lines of 16,000 characters (21 MB). A reply with all 10,000 lines of the longest kind
+  // was 160 MB, held in memory until its client read it (for good when it read nothing).
+  const N = 1_300;
+  const dir = testDataDir(t);
+  const flashd = await startFlashd(t, process.execPath, [
+    'dist/flashd.mjs', '--port', '0', '--data-dir', dir, '--runtime', 'process', '--process-workdir', REPO_ROOT, '--worker-stop-grace-ms', '1000',
+  ], cleanEnv({ FLASHD_ADMIN_API_KEY: ADMIN_KEY }));
+  t.teardown(() => flashd.stop());
+  const call = async (method: string, path: string, body?: unknown) => {
+    const r = await fetch(flashd.url + path, {
+      method, headers: { authorization: `Bearer ${ADMIN_KEY}`, 'content-type': 'application/json' }, ...(body ? { body: JSON.stringify(body) } : {}),
+    });
+    return r.json() as Promise<any>;
+  };
+  // Each line says its number, padded to 16,000 characters.
+  const script = `i=0; while [ $i -lt ${N} ]; do printf '%05d%015995d\\n' $i 0; i=$((i+1)); done; exec sleep 600`;
+  const ep = (await call('POST', '/v2/serverless', cpuBody({ args: JSON.stringify({ entrypoint: ['sh', '-c', script], cmd: [] }), workers: { min: 1, max: 1 } }))).id as string;
+  type Line = { seq: number; line: string };
+  const numbered = (l: Line[]) => l.filter((x) => x.line.length === 16_000);
+  await until('every line to be stored', async () => numbered(await call('GET', `/v2/serverless/${ep}/logs?limit=1`) as Line[])[0]?.line.startsWith(String(N - 1).padStart(5, '0')) ?? false, 60_000);
+
+  const chars = (l: Line[]) => l.reduce((n, x) => n + x.line.length, 0);
+  const tail = numbered(await call('GET', `/v2/serverless/${ep}/logs?limit=10000`) as Line[]);
+  t.ok(chars(tail) <= 16 * 1024 * 1024, `the last lines: ${tail.length} of them, ${(chars(tail) / 1048576).toFixed(1)} MB`);
+  t.ok(tail.length > 1000 && tail.length < N, 'not all of them');
+  t.equal(tail.at(-1)?.line.slice(0, 5), String(N - 1).padStart(5, '0'), 'ending with the newest');
+  t.same(tail.map((l) => Number(l.line.slice(0, 5))), Array.from({ length: tail.length }, (_, i) => N - tail.length + i), 'in order, none skipped');
+
+  // Paging with since from the start gets every line, each once.
+  const all: number[] = [];
+  for (let since = 0, pages = 0; pages < 10; pages++) {
+    const page = await call('GET', `/v2/serverless/${ep}/logs?since=${since}&limit=10000`) as Line[];
+    if (page.length === 0) break;
+    t.ok(chars(page) <= 16 * 1024 * 1024, `page ${pages}: ${(chars(page) / 1048576).toFixed(1)} MB`);
+    all.push(...numbered(page).map((l) => Number(l.line.slice(0, 5))));
+    since = (page.at(-1) as Line).seq;
+  }
+  t.same(all, Array.from({ length: N }, (_, i) => i), 'paging with since reads them all');
+});
