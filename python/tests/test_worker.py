@@ -303,6 +303,32 @@ class SpinGuardTest(WorkerTestCase):
         time.sleep(2.0)
         self.assertLessEqual(len(self.fake.recorded("job-take")), 4)
 
+    def test_an_html_error_page_is_logged_on_one_line(self):
+        # a reverse proxy in front of flashd answers 502 with a multi-line HTML page: each log
+        # line about it stays one line (a text log is read line by line)
+        page = (b"<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\r\n"
+                b"<center><h1>502 Bad Gateway</h1></center>\r\n<hr><center>nginx</center>\r\n</body>\r\n</html>\r\n")
+        self.fake.hooks["job-take"] = lambda req: (502, page)
+        failed_once = []
+        self.fake.hooks["job-done"] = lambda req: None if failed_once else failed_once.append(1) or (502, page)
+        self.fake.hooks["job-stop"] = lambda req: (502, page)
+        self.fake.hooks["ping"] = lambda req: (502, page)
+        with self.assertLogs("vendor_flash", level="INFO") as logs:
+            worker, _, _ = self.start_worker({"handler": lambda job: "ok"})
+            self.fake.wait_for(lambda: len(self.fake.recorded("job-take")) >= 2)
+            self.fake.hooks.pop("job-take")
+            job_id = self.fake.submit({})
+            self.assertEqual(self.final_post(job_id).json(), {"output": "ok"})
+            self.fake.wait_for(lambda: any("Finished." in line for line in logs.output))
+            self.fake.wait_for(lambda: sum("HTTP 502" in line for line in logs.output) >= 4)
+        about = [line for line in logs.output if "502" in line]
+        for route in ("job-take got HTTP 502", "result post got HTTP 502", "job-stop got HTTP 502", "ping got HTTP 502"):
+            self.assertTrue(any(route in line for line in about), (route, about))
+        for line in about:
+            self.assertNotIn("\n", line)
+            self.assertNotIn("\r", line)
+        self.assertTrue(any("<title>502 Bad Gateway</title></head> <body>" in line for line in about), about)
+
 
 class ConcurrencyTest(WorkerTestCase):
     def test_batch_take_when_several_slots_free(self):

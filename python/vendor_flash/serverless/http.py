@@ -55,6 +55,11 @@ class HttpResponse:
         """The body as text, cut to ``limit`` characters (for log lines)."""
         return self.body[:limit].decode("utf-8", "replace")
 
+    def line(self, limit: int = 500) -> str:
+        """The body for a log line: :meth:`text` with each run of whitespace (the line breaks of
+        a proxy's HTML error page) made one space, so the log line stays one line."""
+        return " ".join(self.text(limit).split())
+
 
 def _new_connection(scheme: str, netloc: str, timeout: float) -> http.client.HTTPConnection:
     if scheme == "https":

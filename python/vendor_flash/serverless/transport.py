@@ -104,7 +104,7 @@ def _problem_detail(response: HttpResponse) -> str:
             value = payload.get(key)
             if isinstance(value, str) and value:
                 return value[:300]
-    return response.text(300).strip()
+    return response.line(300)
 
 
 def retry_after_seconds(headers: Dict[str, str], default: float) -> float:

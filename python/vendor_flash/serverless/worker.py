@@ -307,7 +307,7 @@ class Worker:
             self.log.warning("job-take rate limited, waiting %.1f s", delay)
             return [], delay
         delay = backoff.next()
-        self.log.error("job-take got HTTP %d, retrying in %.1f s: %s", status, delay, response.text())
+        self.log.error("job-take got HTTP %d, retrying in %.1f s: %s", status, delay, response.line())
         return [], delay
 
     def _empty_delay(self, held: float, backoff: Backoff) -> float:
@@ -538,7 +538,7 @@ class Worker:
             else:
                 delay = backoff.next()
                 if response.status != 404 or not warned_404:
-                    self.log.warning("job-stop got HTTP %d: %s", response.status, response.text(200))
+                    self.log.warning("job-stop got HTTP %d: %s", response.status, response.line(200))
                 warned_404 = warned_404 or response.status == 404
             if delay > 0:
                 self.finished.wait(delay)
@@ -547,7 +547,7 @@ class Worker:
         try:
             payload = response.json()
         except ValueError:
-            self.log.warning("job-stop answer is not JSON: %s", response.text(200))
+            self.log.warning("job-stop answer is not JSON: %s", response.line(200))
             return []
         ids = payload.get("jobsToStop") if isinstance(payload, dict) else None
         return [i for i in ids if isinstance(i, str)] if isinstance(ids, list) else []
@@ -662,7 +662,7 @@ class Worker:
         if status == 409:
             self._stale_from_ping(response, ids)
         elif status >= 400:
-            self.log.warning("ping got HTTP %d: %s", status, response.text(200))
+            self.log.warning("ping got HTTP %d: %s", status, response.line(200))
 
     def _stale_from_ping(self, response: HttpResponse, sent: List[str]) -> None:
         """A 409 on ping: drop the jobs it names (or the only job sent, if it names none)."""
@@ -681,7 +681,7 @@ class Worker:
         if not named and len(sent) == 1:
             named = sent
         if not named:
-            self.log.warning("ping refused with 409 without naming jobs: %s", response.text(200))
+            self.log.warning("ping refused with 409 without naming jobs: %s", response.line(200))
         for job_id in named:
             if job_id in sent:
                 self._mark_lost(job_id)
