@@ -305,6 +305,24 @@ class ConcurrencyAndCancelTest(IntegrationCase):
         self.assertEqual(status_of(endpoint, ref["id"])["status"], "CANCELLED")
 
 
+    def test_a_modifier_that_keeps_raising_is_logged_once_and_jobs_still_run(self):
+        # The take loop asks the modifier again every second while the slot is busy: a modifier
+        # that raises every time is said once, not once a second for as long as jobs run.
+        endpoint = SERVER.create_endpoint("modifier-raises")
+        worker = WorkerProcess(SERVER.worker_env(endpoint), "handlers.py", "sync", "modifier_raises",
+                               log_dir=TMP).start()
+        self.addCleanup(worker.stop)
+        ids = [run(endpoint, {"sleep": 2.0, "return": i})["id"] for i in range(2)]
+        bodies = [wait_status(endpoint, i, lambda b: b["status"] in FINAL) for i in ids]
+        self.assertEqual([(b["status"], b.get("output")) for b in bodies], [("COMPLETED", 0), ("COMPLETED", 1)],
+                         worker.log())
+        lines = [line for line in worker.log().splitlines() if "concurrency_modifier" in line]
+        errors = [line for line in lines if line.startswith("ERROR")]
+        self.assertEqual(len(errors), 1, worker.log())
+        self.assertIn("concurrency_modifier failed (RuntimeError: no GPU memory figure)", errors[0])
+        self.assertIsNone(worker.proc.poll())
+
+
 class LifecycleTest(IntegrationCase):
     def test_refresh_worker_posts_stop_pod_and_exits(self):
         endpoint = SERVER.create_endpoint("refresh")

@@ -367,6 +367,31 @@ class ConcurrencyTest(WorkerTestCase):
         allowed.set()
         self.assertEqual(self.final_post(job_id).json(), {"output": "ran"})
 
+    def test_a_failing_modifier_is_said_once_and_again_when_it_works(self):
+        healthy = threading.Event()
+        calls = []
+
+        def modifier(current):
+            calls.append(current)
+            if not healthy.is_set():
+                raise KeyError("gpu")
+            return 1
+
+        gate = threading.Event()
+        self.addCleanup(gate.set)
+        with self.assertLogs("vendor_flash", level="INFO") as logs:
+            self.start_worker({"handler": lambda job: gate.wait(10) and "ran", "concurrency_modifier": modifier})
+            first = self.fake.submit({})
+            self.fake.wait_for(lambda: len(calls) >= 4)  # asked each second while the job runs
+            healthy.set()
+            gate.set()
+            self.assertEqual(self.final_post(first).json(), {"output": "ran"})
+            self.fake.wait_for(lambda: any("works again" in line for line in logs.output))
+        failed = [line for line in logs.output if "concurrency_modifier failed" in line]
+        self.assertEqual(len(failed), 1, logs.output)
+        self.assertIn("ERROR", failed[0])
+        self.assertIn("(KeyError: 'gpu'): keeping concurrency 1", failed[0])
+
     def test_one_slot_waits_for_the_job(self):
         gate = threading.Event()
         self.addCleanup(gate.set)

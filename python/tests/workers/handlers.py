@@ -140,5 +140,10 @@ if "refresh" in FLAGS:
     config["refresh_worker"] = True
 if "concurrency4" in FLAGS:
     config["concurrency_modifier"] = lambda current: 4
+if "modifier_raises" in FLAGS:  # a concurrency_modifier that always raises
+    def failing_modifier(current):
+        raise RuntimeError("no GPU memory figure")
+
+    config["concurrency_modifier"] = failing_modifier
 
 runpod.serverless.start(config)

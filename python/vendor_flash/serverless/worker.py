@@ -133,6 +133,8 @@ class Worker:
         self.debugger_ready_ms: Optional[float] = rp_args.get("ready_delay_ms") if rp_args.get("rp_debugger") else None
         self.modifier: Optional[Callable[[int], int]] = config.get("concurrency_modifier")
         self.concurrency = 1
+        #: The last concurrency_modifier failure logged, so a modifier that keeps failing is said once.
+        self._modifier_failure: Optional[str] = None
         self.log = get_logger()
 
         self.transport = Transport(env)
@@ -245,8 +247,18 @@ class Worker:
         try:
             value = int(self.modifier(self.concurrency))
         except Exception as exc:  # noqa: BLE001 - a bad modifier must not kill the worker
-            self.log.error("concurrency_modifier failed: %s", exc)
+            # asked again every second while the slots are busy: say a failure once, not each time
+            failure = f"{type(exc).__name__}: {exc}"
+            if failure != self._modifier_failure:
+                self.log.error("concurrency_modifier failed (%s): keeping concurrency %d; the same failure "
+                               "again is logged at DEBUG only", failure, self.concurrency)
+                self._modifier_failure = failure
+            else:
+                self.log.debug("concurrency_modifier failed again (%s)", failure)
             return self.concurrency
+        if self._modifier_failure is not None:
+            self.log.info("concurrency_modifier works again: concurrency %d", max(0, value))
+            self._modifier_failure = None
         self.concurrency = max(0, value)  # 0 pauses intake, as in runpod-python
         return self.concurrency
 
