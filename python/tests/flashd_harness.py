@@ -189,3 +189,63 @@ class WorkerProcess:
                 return fh.read().decode("utf-8", "replace")
         except OSError:
             return ""
+
+
+class AnswerDroppingRelay:
+    """An HTTP relay in front of flashd that forwards every request; for the first ``drop_route``
+    POST (e.g. ``job-stream``) it closes the connection once flashd has answered, without passing
+    the answer on: a post that was stored but whose answer was lost (a proxy or network fault)."""
+
+    def __init__(self, upstream_port: int, drop_route: str):
+        import http.client
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        relay = self
+        self.dropped: List[str] = []
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def _relay(self):
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else None
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
+                upstream = http.client.HTTPConnection("127.0.0.1", upstream_port, timeout=120)
+                try:
+                    upstream.request(self.command, self.path, body=body, headers=headers)
+                    answer = upstream.getresponse()
+                    data = answer.read()
+                finally:
+                    upstream.close()
+                if self.command == "POST" and f"/{drop_route}/" in self.path and not relay.dropped:
+                    relay.dropped.append(self.path)
+                    self.close_connection = True
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    return
+                self.send_response(answer.status)
+                for key, value in answer.getheaders():
+                    if key.lower() not in ("connection", "transfer-encoding", "content-length", "keep-alive"):
+                        self.send_header(key, value)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_GET = do_POST = _relay
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        self.upstream_port = upstream_port
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def worker_env(self, env: Dict[str, str]) -> Dict[str, str]:
+        """``env`` (from worker-env) with its URLs pointing at this relay."""
+        return {k: v.replace(f"127.0.0.1:{self.upstream_port}", f"127.0.0.1:{self.port}") for k, v in env.items()}
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

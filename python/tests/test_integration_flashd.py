@@ -14,7 +14,7 @@ import time
 import unittest
 
 import vendor_flash.serverless
-from flashd_harness import Flashd, Unavailable, WorkerProcess, wait_until
+from flashd_harness import AnswerDroppingRelay, Flashd, Unavailable, WorkerProcess, wait_until
 from vendor_flash.serverless.env import WorkerEnv
 from vendor_flash.serverless.http import HttpClient
 from vendor_flash.serverless.transport import PostOutcome, Transport
@@ -258,6 +258,23 @@ class StreamTest(IntegrationCase):
         self.assertEqual(chunks, [f"token-{i}" for i in range(5)])
         body = status_of(ENDPOINTS["agen_agg"], ref["id"])
         self.assertEqual(body["output"], [f"token-{i}" for i in range(5)])
+
+
+    def test_a_chunk_whose_answer_was_lost_is_streamed_once(self):
+        # flashd stores the first chunk, but the connection drops before its answer reaches the
+        # worker, which posts the chunk again: /stream must not show it twice.
+        endpoint = SERVER.create_endpoint("stream-retry")
+        relay = AnswerDroppingRelay(SERVER.port, "job-stream")
+        self.addCleanup(relay.close)
+        worker = WorkerProcess(relay.worker_env(SERVER.worker_env(endpoint)), "handlers.py", "gen", log_dir=TMP).start()
+        self.addCleanup(worker.stop)
+        ref = run(endpoint, {"n": 3})
+        body = wait_status(endpoint, ref["id"], lambda b: b["status"] in FINAL)
+        self.assertEqual(body["status"], "COMPLETED", worker.log())
+        self.assertEqual(len(relay.dropped), 1, "the first chunk's answer was dropped")
+        status, streamed = SERVER.call("GET", f"/v2/{endpoint}/stream/{ref['id']}")
+        self.assertEqual(status, 200, streamed)
+        self.assertEqual(streamed["stream"], [{"output": {"chunk": i}} for i in range(3)], worker.log())
 
 
 class ConcurrencyAndCancelTest(IntegrationCase):

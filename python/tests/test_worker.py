@@ -126,6 +126,7 @@ class BasicFlowTest(WorkerTestCase):
         chunks = self.fake.recorded("job-stream", job_id)
         self.assertEqual([c.json() for c in chunks], [{"output": "t0"}, {"output": "t1"}, {"output": "t2"}])
         self.assertTrue(all(c.query["isStream"] == "false" for c in chunks))
+        self.assertEqual([c.query["chunk"] for c in chunks], ["1", "2", "3"])  # a retry says which chunk it is
         self.assertLess(chunks[-1].at, post.at)
 
     def test_generator_aggregate(self):

@@ -194,8 +194,11 @@ export function workerRoutes(s: WorkerRouteServices): RouteDef[] {
         const endpointId = params['endpointId'] as string;
         checkWorker(s, principal, endpointId, params['workerId'] as string);
         const jobId = params['jobId'] as string;
+        // `chunk`: the worker's number for this chunk (1, 2, …), so that a retried post is stored once.
+        const chunkRaw = req.query.get('chunk');
+        const chunk = chunkRaw !== null && /^[1-9][0-9]{0,14}$/.test(chunkRaw) ? Number(chunkRaw) : undefined;
         // Answered once the chunk is durable in SQLite (job_chunks).
-        return outcomeReply(await s.queue.stream(endpointId, params['workerId'] as string, jobId, parseRaw(req.body, 'stream chunk')), jobId);
+        return outcomeReply(await s.queue.stream(endpointId, params['workerId'] as string, jobId, parseRaw(req.body, 'stream chunk'), chunk), jobId);
       },
     },
     {

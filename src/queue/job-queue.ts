@@ -1020,10 +1020,16 @@ export class JobQueue {
    * job-stream: chunks for /stream, each at most `streamChunkBytes` (larger ones are split),
    * stored in SQLite (job_chunks); resolves once they are durable, so a 200 means stored.
    */
-  async stream(endpointId: string, workerId: string, jobId: string, body: { output?: unknown; outputJson?: string | undefined; metrics?: unknown }): Promise<DoneOutcome> {
-    this.workers.seen(endpointId, workerId);
+  async stream(endpointId: string, workerId: string, jobId: string, body: { output?: unknown; outputJson?: string | undefined; metrics?: unknown }, chunk?: number): Promise<DoneOutcome> {
+    const worker = this.workers.seen(endpointId, workerId);
     const { job, outcome } = this.#owned(endpointId, workerId, jobId);
     if (!job) return outcome as DoneOutcome;
+    if (chunk !== undefined) {
+      // The worker numbers its chunks (`?chunk=`): one it posts again because the answer was lost
+      // (a dropped connection, a proxy's 502 after flashd stored it) is not stored a second time.
+      if (chunk <= (worker.chunks.get(jobId) ?? 0)) return 'duplicate';
+      worker.chunks.set(jobId, chunk);
+    }
     job.leaseDeadline = this.#clock.monotonic() + this.settings.leaseMs;
     const metrics = body.metrics === undefined ? undefined : JSON.stringify(body.metrics);
     const output = body.output === undefined || body.output === null ? 'null' : body.outputJson ?? JSON.stringify(body.output);
@@ -1079,7 +1085,13 @@ export class JobQueue {
       if (this.#get(jobId) !== job || abandoned()) return;
       for (let i = 0; i < pieces.length; i++) this.#repo.addChunk(jobId, first + i, pieces[i] as string);
     });
-    await this.#batch.committed();
+    try {
+      await this.#batch.committed();
+    } catch (err) {
+      // Not stored: the worker's retry of this chunk must be stored, not taken for a duplicate.
+      if (chunk !== undefined && worker.chunks.get(jobId) === chunk) worker.chunks.set(jobId, chunk - 1);
+      throw err;
+    }
     if (this.#get(jobId) !== job) return 'accepted';
     if (abandoned()) return 'stale';
     // Durable and about to be acknowledged: a /stream poll may hand them out from now on.
@@ -1359,6 +1371,7 @@ export class JobQueue {
     const worker = job.workerId ? this.workers.get(job.endpointId, job.workerId) : undefined;
     if (worker) {
       worker.jobs.delete(job.id);
+      worker.chunks.delete(job.id);
       if (worker.jobs.size === 0) worker.idleSince = this.#clock.monotonic();
     }
     return worker;

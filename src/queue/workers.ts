@@ -35,6 +35,13 @@ export interface WorkerInfo {
    */
   readonly letGo: Set<string>;
   /**
+   * For each job it holds, the number of its last stream chunk stored (the `chunk` query of its
+   * job-stream posts, 1 for the first yield): a chunk posted again under a number already stored
+   * (its answer was lost, so the worker retried) is acknowledged without being stored twice.
+   * Dropped when the job leaves the worker.
+   */
+  readonly chunks: Map<string, number>;
+  /**
    * Jobs taken away from this worker while it may still run them (a lapsed lease): it is not
    * handed them again until a ping no longer lists them, or a lease period has passed.
    */
@@ -80,7 +87,7 @@ export interface WorkerInfo {
 function record(endpointId: string, workerId: string, now: number, init: Partial<Pick<WorkerInfo, 'managed' | 'phase' | 'recycle' | 'draining'>> = {}): WorkerInfo {
   return {
     id: workerId, endpointId, managed: false, phase: 'up', jobs: new Set(), lastSeen: now, idleSince: now,
-    parked: 0, stops: new Map(), letGo: new Set(), fenced: new Set(), stopWaiters: [], recycle: false, refresh: false, retired: false, draining: false, asked: false,
+    parked: 0, stops: new Map(), letGo: new Set(), chunks: new Map(), fenced: new Set(), stopWaiters: [], recycle: false, refresh: false, retired: false, draining: false, asked: false,
     keyId: null, revoked: false, answeredAt: -Infinity, wantsMore: false, ...init,
   };
 }

@@ -82,3 +82,33 @@ t.test('/retry answers IN_QUEUE even when a parked worker takes the job before t
   t.same(await r.json(), { id, status: 'IN_QUEUE' });
   t.equal((await parked)?.id, id, 'and the parked worker has it');
 });
+
+t.test('a stream chunk posted again under the same ?chunk= number (its answer was lost) is stored once', async (t) => {
+  const { a, ep } = await setup(t);
+  const e = await ep();
+  const w = await TestWorker.create(a, e);
+  const id = (await a.req('POST', `/v2/${e}/run`, { body: { input: {} } })).json.id as string;
+  t.equal((await w.take())?.id, id);
+  const post = async (chunk: number | null, output: unknown) => {
+    const res = await fetch(`${w.postUrl('stream', id)}${chunk === null ? '' : `&chunk=${chunk}`}`, {
+      method: 'POST', headers: { authorization: w.key, 'content-type': 'application/json' }, body: JSON.stringify({ output }),
+    });
+    return { status: res.status, json: await res.json() };
+  };
+  t.same(await post(1, 'a'), { status: 200, json: { ok: true } });
+  t.same(await post(1, 'a'), { status: 200, json: { ok: true, duplicate: true } }, 'the retry is acknowledged, not stored');
+  t.same(await post(2, 'b'), { status: 200, json: { ok: true } });
+  t.same(await post(2, 'b'), { status: 200, json: { ok: true, duplicate: true } });
+  t.same(await post(null, 'c'), { status: 200, json: { ok: true } }, 'without a number (runpod-python) every post is stored');
+  t.same(await post(null, 'c'), { status: 200, json: { ok: true } });
+  t.same(await post(0, 'd'), { status: 200, json: { ok: true } }, 'a number that is not 1 or more is ignored');
+  const stream = (await a.req('GET', `/v2/${e}/stream/${id}`)).json;
+  t.same(stream.stream, [{ output: 'a' }, { output: 'b' }, { output: 'c' }, { output: 'c' }, { output: 'd' }]);
+  t.equal((await w.done(id, { output: [] }, true)).status, 200);
+
+  // the same worker takes the job's next run: its numbers start again at 1
+  const id2 = (await a.req('POST', `/v2/${e}/run`, { body: { input: {} } })).json.id as string;
+  t.equal((await w.take())?.id, id2);
+  const res = await fetch(`${w.postUrl('stream', id2)}&chunk=1`, { method: 'POST', headers: { authorization: w.key }, body: '{"output":"x"}' });
+  t.same(await res.json(), { ok: true });
+});

@@ -160,11 +160,16 @@ class WorkerEnv:
         url = fill_pod_id(template, self.worker_id).replace("$ID", _quote_id(job_id))
         return append_query(url, [("isStream", "true" if is_stream else "false")])
 
-    def job_stream_url(self, job_id: str) -> str:
-        """``POST`` URL for one streamed chunk (``isStream=false``, as runpod-python sends it)."""
+    def job_stream_url(self, job_id: str, chunk: Optional[int] = None) -> str:
+        """``POST`` URL for one streamed chunk (``isStream=false``, as runpod-python sends it).
+
+        ``chunk``: the chunk's number in its job (1 for the first yield), sent as ``chunk=N`` so
+        that flashd stores a chunk that is posted again (its answer was lost) only once.
+        """
         template = self.post_stream or "JOB_STREAM_URL"
         url = fill_pod_id(template, self.worker_id).replace("$ID", _quote_id(job_id))
-        return append_query(url, [("isStream", "false")])
+        query = [("isStream", "false")] + ([("chunk", str(chunk))] if chunk is not None else [])
+        return append_query(url, query)
 
     def ping_url(self, job_ids: Iterable[str] = (), sdk_version: Optional[str] = None) -> str:
         """``GET`` URL of the heartbeat listing the jobs in progress (``job_id=a,b``)."""

@@ -193,13 +193,16 @@ class Transport:
 
     # -- stream chunks and progress ---------------------------------------------------------
 
-    def deliver_chunk(self, job_id: str, chunk: Any, still_held: Optional[Callable[[], bool]] = None) -> Delivery:
+    def deliver_chunk(self, job_id: str, chunk: Any, still_held: Optional[Callable[[], bool]] = None,
+                      number: Optional[int] = None) -> Delivery:
         """POST one generator chunk to job-stream, retried like a final result.
 
+        ``number``: the chunk's number in its job (1, 2, …), sent as ``chunk=N``: every attempt
+        carries the same one, so flashd stores a chunk whose first answer was lost only once.
         Raises TypeError/ValueError if the chunk is not JSON.
         """
         data = results.encode_body({"output": chunk})
-        return self.send(self.env.job_stream_url(job_id), data, job_id, "stream chunk", final=True,
+        return self.send(self.env.job_stream_url(job_id, number), data, job_id, "stream chunk", final=True,
                          still_held=still_held)
 
     def post_stream(self, job_id: str, chunk: Any) -> PostOutcome:

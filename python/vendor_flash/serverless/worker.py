@@ -468,7 +468,7 @@ class Worker:
         if active is None or not active.held():
             raise JobCancelled(job_id)
         active.chunks += 1
-        delivery = self.transport.deliver_chunk(job_id, value, still_held=active.held)
+        delivery = self.transport.deliver_chunk(job_id, value, still_held=active.held, number=active.chunks)
         if delivery.outcome is PostOutcome.STALE:
             self._mark_lost(job_id)
             raise JobCancelled(job_id)
