@@ -5,13 +5,14 @@
  * only.
  *
  * Workers get their own process group, so a stop reaches their children too. Their pids are
- * recorded in `<data-dir>/process-workers.pids`, each with its start time and the boot it
- * started in; after a crash of flashd the next start stops the ones still running (after
- * checking /proc that they are those very processes, not others that got their pids since), so
- * none leak, whichever runtime that start uses (`reapOrphanProcessWorkers`, called by createAgent).
+ * recorded in `<data-dir>/process-workers.pids`, each with its start time, the boot it
+ * started in and its worker id; after a crash of flashd the next start stops the ones still
+ * running (after checking /proc that they are those very processes, not others that got their
+ * pids since), and what is left of the process group of one whose main process died meanwhile,
+ * so none leak, whichever runtime that start uses (`reapOrphanProcessWorkers`, called by createAgent).
  */
 import { spawn, type ChildProcess } from 'node:child_process';
-import { existsSync, readFileSync, statSync, writeFileSync } from 'node:fs';
+import { existsSync, readdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import type { Logger } from '../core/logger.js';
 import { lineSplitter } from './line-splitter.js';
@@ -35,6 +36,36 @@ function startTicks(pid: number): string | undefined {
     return stat.slice(stat.lastIndexOf(')') + 2).split(' ')[19];
   } catch {
     return undefined;
+  }
+}
+
+/** The processes of process group `pgid` (field 5 of /proc/<pid>/stat), zombies left out. */
+function groupMembers(pgid: number): number[] {
+  const out: number[] = [];
+  let names: string[];
+  try {
+    names = readdirSync('/proc');
+  } catch {
+    return out;
+  }
+  for (const name of names) {
+    if (!/^\d+$/.test(name)) continue;
+    try {
+      const stat = readFileSync(`/proc/${name}/stat`, 'utf8');
+      const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+      if (fields[0] !== 'Z' && Number(fields[2]) === pgid) out.push(Number(name));
+    } catch {
+      // gone meanwhile
+    }
+  }
+  return out;
+}
+
+function environOf(pid: number): string {
+  try {
+    return readFileSync(`/proc/${pid}/environ`, 'utf8');
+  } catch {
+    return '';
   }
 }
 
@@ -68,8 +99,13 @@ function isRecordedWorker(pid: number, fields: string[], fileWrittenMs: number, 
  * and boot, and a flashd worker), and empties the pid file. Called at every start, whatever
  * `--runtime` is now: an orphan would otherwise keep serving jobs with a stdout nobody reads.
  * A recorded pid that now belongs to another process (after a reboot, or reused once the
- * worker had ended) is left alone. `killed` is the log line per process (a second Ctrl-C kills
- * this run's own workers, which are no orphans).
+ * worker had ended) is left alone. A worker whose main process died while flashd was down (a
+ * crash, the OOM killer, a write to the stdout nobody read any more) may have left processes it
+ * started (a model server, a helper) in its process group: the group is stopped when one of
+ * them has that worker's id in its environment, in the same boot (a line that records the
+ * worker id). Linux does not hand out a pid that is still some group's id, so the group id
+ * names that group until its last process ends. `killed` is the log line per process (a second
+ * Ctrl-C kills this run's own workers, which are no orphans).
  */
 export function reapOrphanProcessWorkers(dataDir: string, log: Logger, killed = 'stopped orphaned worker process'): void {
   const file = join(dataDir, PID_FILE);
@@ -81,14 +117,23 @@ export function reapOrphanProcessWorkers(dataDir: string, log: Logger, killed = 
     const pid = Number(fields[0]);
     if (!Number.isInteger(pid) || pid <= 1) continue;
     try {
-      if (!isRecordedWorker(pid, fields, writtenMs, boot)) {
-        if (startTicks(pid) !== undefined) log.info('a recorded worker pid now belongs to another process; left alone', { pid });
+      if (isRecordedWorker(pid, fields, writtenMs, boot) && environOf(pid).includes('VENDOR_POD_ID=wkr_')) {
+        process.kill(-pid, 'SIGKILL');
+        log.warn(killed, { pid });
         continue;
       }
-      const environ = readFileSync(`/proc/${pid}/environ`, 'utf8');
-      if (!environ.includes('VENDOR_POD_ID=wkr_')) continue;
-      process.kill(-pid, 'SIGKILL');
-      log.warn(killed, { pid });
+      // Its main process is gone (or a zombie nobody reaped): what is left of its group, if any.
+      const workerId = fields[3];
+      const leaderGone = startTicks(pid) === undefined || fields[1] === startTicks(pid);
+      if (leaderGone && workerId?.startsWith('wkr_') && fields[2] === boot) {
+        const left = groupMembers(pid);
+        if (left.some((p) => environOf(p).split('\0').includes(`VENDOR_POD_ID=${workerId}`))) {
+          process.kill(-pid, 'SIGKILL');
+          log.warn(killed, { pid, workerId, leftInGroup: left.length });
+        }
+        continue;
+      }
+      if (startTicks(pid) !== undefined) log.info('a recorded worker pid now belongs to another process; left alone', { pid });
     } catch {
       // gone already, or not ours
     }
@@ -122,12 +167,12 @@ export class ProcessRuntime implements WorkerRuntime {
     this.#log = options.log;
   }
 
-  /** One line per worker: `pid startTicks bootId` (see reapOrphanProcessWorkers). */
+  /** One line per worker: `pid startTicks bootId workerId` (see reapOrphanProcessWorkers). */
   #savePids(): void {
     const boot = bootId();
-    const lines = [...this.#workers.values()]
-      .filter((w) => w.child.pid !== undefined && w.startTicks !== undefined)
-      .map((w) => `${w.child.pid} ${w.startTicks} ${boot}\n`);
+    const lines = [...this.#workers.entries()]
+      .filter(([, w]) => w.child.pid !== undefined && w.startTicks !== undefined)
+      .map(([id, w]) => `${w.child.pid} ${w.startTicks} ${boot} ${id}\n`);
     try {
       writeFileSync(this.#pidFile, lines.join(''), { mode: 0o600 });
     } catch (err) {

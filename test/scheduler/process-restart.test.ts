@@ -5,7 +5,7 @@
 import t, { type Test } from 'tap';
 import { spawn } from 'node:child_process';
 import { createServer } from 'node:http';
-import { readFileSync, utimesSync, writeFileSync } from 'node:fs';
+import { existsSync, readdirSync, readFileSync, utimesSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { startAgent, cpuBody, ADMIN_KEY } from '../helpers/agent.js';
 import { REPO_ROOT, cleanEnv, run, startFlashd } from '../helpers/spawn-flashd.js';
@@ -73,6 +73,61 @@ t.test('after a kill -9 of flashd, the next start stops its orphaned workers, re
   const live = b.agent.db.prepare("SELECT count(*) AS n FROM api_keys WHERE name LIKE 'managed worker %' AND revoked_at IS NULL").get() as { n: number };
   t.equal(live.n, 0, "the previous run's worker keys are revoked");
   t.ok(b.logs.some((l) => l.includes('workers of the previous run released')), 'the start says so');
+});
+
+/** The processes of a process group, from /proc (field 5 of /proc/<pid>/stat). */
+function groupMembers(pgid: number): number[] {
+  const out: number[] = [];
+  for (const name of readdirSync('/proc')) {
+    if (!/^\d+$/.test(name)) continue;
+    try {
+      const stat = readFileSync(`/proc/${name}/stat`, 'utf8');
+      const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+      if (Number(fields[2]) === pgid && fields[0] !== 'Z') out.push(Number(name));
+    } catch {
+      // gone meanwhile
+    }
+  }
+  return out;
+}
+
+t.test("after a kill -9 of flashd, a worker whose main process died meanwhile has what is left of its process group stopped at the next start", async (t) => {
+  const dir = testDataDir(t);
+  const flashd = await startFlashd(t, process.execPath, [
+    'dist/flashd.mjs', '--port', '0', '--data-dir', dir, '--runtime', 'process', '--process-workdir', REPO_ROOT,
+  ], cleanEnv({ FLASHD_ADMIN_API_KEY: ADMIN_KEY }));
+  const call = adminCall(flashd.url);
+  await call('POST', '/v2/serverless', cpuBody({ args: 'sh test/fixtures/workers/with_helper.sh', workers: { min: 1, max: 1, idleTimeout: 30 } }));
+  const file = join(dir, 'process-workers.pids');
+  await until('the worker to be recorded', async () => existsSync(file) && readFileSync(file, 'utf8').trim() !== '', 20_000);
+  const pid = Number(readFileSync(file, 'utf8').split(' ')[0]);
+  const isHelper = (p: number) => {
+    try {
+      return readFileSync(`/proc/${p}/cmdline`, 'utf8').startsWith('sleep\0');
+    } catch {
+      return false;
+    }
+  };
+  await until('its helper to start', async () => groupMembers(pid).some(isHelper), 10_000);
+  const helpers = groupMembers(pid).filter(isHelper);
+  t.teardown(() => {
+    try {
+      process.kill(-pid, 'SIGKILL');
+    } catch {
+      // gone, as it should be
+    }
+  });
+  await flashd.stop('SIGKILL');
+  // The worker's main process dies while flashd is down (crashed, OOM-killed, or a write to the
+  // stdout flashd no longer reads); the helper it started lives on in its process group.
+  process.kill(pid, 'SIGKILL');
+  await until('the main process to be gone', async () => !groupMembers(pid).includes(pid), 5000);
+  t.ok(helpers.every(alive), 'its helper outlived it');
+
+  const b = await startAgent(t, { runtime: 'none' }, { dir });
+  await until('the helper to be stopped', async () => !groupMembers(pid).some(isHelper), 5000);
+  t.same(groupMembers(pid), [], 'nothing of the worker is left running');
+  t.ok(b.logs.some((l) => /stopped orphaned worker process/.test(l)), 'the start says so');
 });
 
 t.test("a job the next start fails (its orphaned worker's attempt was the last) has its webhook sent in that run", async (t) => {
