@@ -61,6 +61,16 @@ function groupMembers(pgid: number): number[] {
   return out;
 }
 
+/** Whether process group `pgid` still has a process (a zombie not reaped yet counts). */
+function groupAlive(pgid: number): boolean {
+  try {
+    process.kill(-pgid, 0);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
 function environOf(pid: number): string {
   try {
     return readFileSync(`/proc/${pid}/environ`, 'utf8');
@@ -150,6 +160,8 @@ interface Running {
   /** Its start time (startTicks), read once it has spawned. */
   startTicks?: string;
   stopping: boolean;
+  /** When a stop's grace runs out (performance.now()): the SIGKILL of its group. */
+  killAt?: number;
   exited: Promise<void>;
 }
 
@@ -210,12 +222,9 @@ export class ProcessRuntime implements WorkerRuntime {
         // started, possibly in its own session) keeps the pipes open after the worker is gone.
         child.once('exit', (code, signal) => {
           const pid = child.pid;
-          try {
-            if (pid !== undefined) process.kill(-pid, 'SIGKILL'); // what is left of its group goes with it
-          } catch {
-            // no group left
-          }
           let finished = false;
+          let closed = false;
+          let cut: NodeJS.Timeout | undefined;
           const finish = () => {
             if (finished) return;
             finished = true;
@@ -228,13 +237,35 @@ export class ProcessRuntime implements WorkerRuntime {
             if (started) events.exit({ code, signal, requested: running?.stopping ?? false });
             done();
           };
-          // Give the pipes a moment to drain the worker's last lines, then stop reading them.
-          const cut = setTimeout(() => {
-            child.stdout?.destroy();
-            child.stderr?.destroy();
-            finish();
-          }, 1000);
-          child.once('close', finish);
+          child.once('close', () => {
+            closed = true;
+            if (cut !== undefined) finish();
+          });
+          const settle = () => {
+            try {
+              if (pid !== undefined) process.kill(-pid, 'SIGKILL'); // what is left of its group goes with it
+            } catch {
+              // no group left
+            }
+            if (closed) return finish();
+            // Give the pipes a moment to drain the worker's last lines, then stop reading them.
+            cut = setTimeout(() => {
+              child.stdout?.destroy();
+              child.stderr?.destroy();
+              finish();
+            }, 1000);
+          };
+          // A stop sent SIGTERM to the whole group. A shell that ran the worker without `exec`
+          // dies of it at once, while the worker under it, which got it too, finishes its jobs:
+          // the rest of the group has what is left of the stop grace (then stop's SIGKILL).
+          const running = this.#workers.get(spec.workerId);
+          const killAt = running?.stopping ? running.killAt : undefined;
+          if (killAt === undefined || pid === undefined) return settle();
+          const wait = () => {
+            if (!groupAlive(pid) || performance.now() >= killAt) return settle();
+            setTimeout(wait, 50);
+          };
+          wait();
         });
       });
       child.once('error', (e) => {
@@ -249,6 +280,7 @@ export class ProcessRuntime implements WorkerRuntime {
     const w = this.#workers.get(workerId);
     if (!w) return;
     w.stopping = true;
+    w.killAt = Math.min(w.killAt ?? Number.POSITIVE_INFINITY, performance.now() + graceMs);
     const pid = w.child.pid;
     const signal = (sig: NodeJS.Signals) => {
       try {

@@ -124,6 +124,24 @@ t.test("flashd's own shutdown lets a running job finish and post its result befo
   t.notOk(s.retries, 'never requeued');
 });
 
+t.test("flashd's own shutdown lets a job finish within the grace when the worker runs under a shell script (no exec)", async (t) => {
+  const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT, takeHoldMs: 1000, leaseMs: 3000, workerStopGraceMs: 15_000 });
+  const ep = (await a.req('POST', '/v2/serverless', {
+    body: cpuBody({ args: 'sh test/fixtures/workers/wrapped_echo.sh', workers: { min: 0, max: 1, idleTimeout: 30 } }),
+  })).json.id as string;
+  const id = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { sleep: 1.5 } } })).json.id as string;
+  await until('the job to start', async () => (await a.req('GET', `/v2/${ep}/status/${id}`)).json.status === 'IN_PROGRESS', 20_000);
+  // The shell dies of the SIGTERM at once; the worker under it got the same SIGTERM and finishes.
+  const started = performance.now();
+  await a.agent.close();
+  const took = performance.now() - started;
+  t.ok(took < 10_000, `closed once the worker was done, in ${Math.round(took)} ms`);
+  const b = await startAgent(t, {}, { dir: a.dir });
+  const s = (await b.req('GET', `/v2/${ep}/status/${id}`)).json;
+  t.equal(s.status, 'COMPLETED', `finished during the shutdown, not cut short with its shell: ${JSON.stringify(s)}`);
+  t.notOk(s.retries, 'never requeued');
+});
+
 t.test('a job cut short by the shutdown grace goes back to the queue without using an attempt', async (t) => {
   const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT, takeHoldMs: 1000, leaseMs: 3000, maxAttempts: 1, workerStopGraceMs: 300 });
   const ep = (await a.req('POST', '/v2/serverless', {
