@@ -1265,7 +1265,10 @@ export class JobQueue {
       };
       const check = () => {
         const { ids, nextInMs } = this.#dueStops(worker);
-        if (ids.length || worker.draining || worker.revoked || this.#closing) return finish(ids);
+        // Gone from the registry (its endpoint deleted, its run of flashd over): answered now, not
+        // after the hold; the route then gives the 401 a new poll would get when its key went too.
+        const gone = this.workers.get(endpointId, workerId) !== worker;
+        if (ids.length || worker.draining || worker.revoked || this.#closing || gone) return finish(ids);
         if (!worker.stopWaiters.includes(check)) worker.stopWaiters.push(check);
         clearTimeout(timer);
         if (Number.isFinite(nextInMs)) timer = setTimeout(check, nextInMs);

@@ -95,6 +95,27 @@ t.test('a job-take parked before its key was revoked is handed no job; the job w
 });
 
 
+t.test('deleting an endpoint answers the parked polls of its workers at once with the 401 a new poll gets', async (t) => {
+  // A take or job-stop hold far longer than the test: only the deletion can end them.
+  const a = await startAgent(t, { takeHoldMs: 30_000 });
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  const env = (await a.req('GET', `/v2/serverless/${ep}/worker-env`)).json as { workerId: string; env: Record<string, string> };
+  const worker = new TestWorker(env);
+  const takeUrl = `${(env.env.RUNPOD_WEBHOOK_GET_JOB as string).replace('$ID', worker.workerId)}&job_in_progress=0`;
+  const since = Date.now();
+  const timed = (p: Promise<Response>) => p.then(async (r) => ({ status: r.status, ms: Date.now() - since, text: await r.text() }));
+  const take = timed(fetch(takeUrl, { headers: { authorization: worker.key } }));
+  const stop = timed(fetch(takeUrl.replace('/job-take/', '/job-stop/'), { headers: { authorization: worker.key } }));
+  await new Promise((resolve) => setTimeout(resolve, 300));
+
+  t.equal((await a.req('DELETE', `/v2/serverless/${ep}`)).status, 204);
+  const [took, stopped] = await Promise.all([take, stop]);
+  t.equal(took.status, 401, 'the parked job-take is refused');
+  t.equal(stopped.status, 401, 'so is the parked job-stop');
+  t.match(JSON.parse(stopped.text), { status: 401 });
+  t.ok(took.ms < 5000 && stopped.ms < 5000, `both at once, not after the 30 s hold (${took.ms} ms, ${stopped.ms} ms)`);
+});
+
 t.test("a worker key acts only as its own worker: another worker's id in the path is a 403", async (t) => {
   const a = await startAgent(t, { takeHoldMs: 300 });
   const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
