@@ -263,9 +263,16 @@ export class WorkerRegistry {
   state(w: WorkerInfo): WorkerState {
     if (w.phase === 'unhealthy') return 'unhealthy';
     if (w.phase === 'initializing') return 'initializing';
-    // A job flashd ended (timeout, cancel) that the worker's pings still list is still running
-    // there (a sync handler cannot be interrupted): the worker is busy, not idle.
-    return w.jobs.size > 0 || w.stops.size > 0 ? 'running' : 'idle';
+    // A job flashd ended (timeout, cancel, a lapsed lease) that the worker's pings still list is
+    // still running there (a sync handler cannot be interrupted): the worker is busy, not idle.
+    // Not once it has not called for a whole lease: no ping lists the job any more, so nothing
+    // says it runs it (a hung process: it would be busy for good, holding its place under max).
+    return w.jobs.size > 0 || (w.stops.size > 0 && !this.#unheardFor(w)) ? 'running' : 'idle';
+  }
+
+  /** It has not called (job-take, ping, job-stop) for a whole lease (`--lease-ms`). */
+  #unheardFor(w: WorkerInfo): boolean {
+    return this.#clock.monotonic() - w.lastSeen > this.#forgetAfterMs / 2;
   }
 
   /**
@@ -287,11 +294,12 @@ export class WorkerRegistry {
    * saying so, as when a container dies while the engine's API is down (its exit is reported
    * only once the engine answers again). A live SDK always has a take open or pings every 10 s.
    * `/health` counts it `unhealthy` (neither idle nor ready); the autoscaler still counts it, so
-   * it is stopped as any idle worker (and counted as it is again if it calls).
+   * it is stopped as any idle worker (and counted as it is again if it calls). Stops it was
+   * offered do not keep it busy then (see `state`): a hung worker (handler and heartbeat both
+   * stuck) whose job flashd took back at its lease is unhealthy, not running for good.
    */
   unheard(w: WorkerInfo): boolean {
-    return w.managed && w.phase === 'up' && w.jobs.size === 0 && w.stops.size === 0 && w.parked === 0
-      && this.#clock.monotonic() - w.lastSeen > this.#forgetAfterMs / 2;
+    return w.managed && w.phase === 'up' && w.jobs.size === 0 && w.parked === 0 && this.#unheardFor(w);
   }
 
   /**

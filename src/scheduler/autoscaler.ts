@@ -166,6 +166,14 @@ export class Autoscaler {
       m.initTimedOut = true;
       void this.#stop(w.id, `it did not ask for a job within ${Math.round(initTimeoutMs / 1000)} s of starting (RUNPOD_INIT_TIMEOUT)`, false);
     }
+    // One that holds nothing and has not called for a lease (WorkerRegistry.unheard: hung whole,
+    // or its process died unreported) is stopped: left as it was, it passed for an idle worker,
+    // the one `min` keeps, and the queue waited behind it for good.
+    for (const w of registry.list(endpointId)) {
+      const m = this.#managed.get(w.id);
+      if (!m || m.stopping || !registry.unheard(w)) continue;
+      void this.#stop(w.id, `it has not called for ${Math.round(this.#o.queue.settings.leaseMs / 1000)} s (--lease-ms): hung, or gone unreported`, false);
+    }
     const listed = registry.list(endpointId);
     // The workers that count: answering, and not being stopped.
     const live = listed.filter((w) => !registry.silent(w) && !this.#managed.get(w.id)?.stopping);

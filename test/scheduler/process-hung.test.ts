@@ -1,0 +1,64 @@
+/**
+ * A process worker that hangs whole (handler and heartbeat both stuck: SIGSTOP) while it runs a
+ * job: the job goes back to the queue at its lease, and the worker, which calls no more, counts
+ * as `unhealthy` in `/health`, not `running` for good, and is stopped: it neither holds its place
+ * under `workers.max` nor passes for the idle worker `workers.min` keeps, so the next job runs
+ * on a new worker.
+ */
+import { execFileSync } from 'node:child_process';
+import t from 'tap';
+import { startAgent, cpuBody } from '../helpers/agent.js';
+import { REPO_ROOT } from '../helpers/spawn-flashd.js';
+import { until } from '../helpers/wait.js';
+
+/** Process groups of this test's echo.py workers (the process runtime starts each in its own). */
+function workerGroups(): number[] {
+  const out = execFileSync('ps', ['-eo', 'pid=,ppid=,pgid=,args='], { encoding: 'utf8' });
+  const groups = new Set<number>();
+  for (const line of out.split('\n')) {
+    const m = /^\s*(\d+)\s+(\d+)\s+(\d+)\s+(.*)$/.exec(line);
+    if (m && Number(m[2]) === process.pid && (m[4] as string).includes('test/fixtures/workers/echo.py')) groups.add(Number(m[3]));
+  }
+  return [...groups];
+}
+
+t.test('a hung worker whose job went back at its lease is unhealthy, not running, and is stopped and replaced', async (t) => {
+  const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT, leaseMs: 1500, takeHoldMs: 1000, workerStopGraceMs: 2000 });
+  // min 1: the worker that min keeps must not be the hung one.
+  const ep = (await a.req('POST', '/v2/serverless', {
+    body: cpuBody({ args: 'python3 -u test/fixtures/workers/echo.py', workers: { min: 1, max: 1, idleTimeout: 60 } }),
+  })).json.id as string;
+  const health = async () => (await a.req('GET', `/v2/${ep}/health`)).json;
+
+  await until('the min worker up', async () => (await health()).workers.idle === 1, 30_000);
+  const job = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { sleep: 60 } } })).json.id as string;
+  await until('the job running', async () => (await health()).jobs.inProgress === 1, 10_000);
+  const groups = workerGroups();
+  t.equal(groups.length, 1, 'one worker process group');
+  const pgid = groups[0] as number;
+  t.teardown(() => {
+    try {
+      process.kill(-pgid, 'SIGKILL');
+    } catch {
+      // gone already
+    }
+  });
+  process.kill(-pgid, 'SIGSTOP');
+
+  await until('the job back in the queue at its lease', async () => (await health()).jobs.inQueue === 1, 10_000);
+  t.equal((await health()).jobs.retried, 1);
+  await a.req('POST', `/v2/${ep}/cancel/${job}`);
+  const h = await until('the hung worker counted unhealthy', async () => {
+    const now = await health();
+    return now.workers.unhealthy === 1 ? now : undefined;
+  }, 5000);
+  t.same(h.workers, { idle: 0, initializing: 0, ready: 0, running: 0, throttled: 0, unhealthy: 1 }, 'neither running nor ready');
+
+  // Stopped (SIGKILL once the stop grace is over), and a new worker takes its place under max (1).
+  const r = await a.req('POST', `/v2/${ep}/runsync?wait=30000`, { body: { input: { ok: 1 } } });
+  t.equal(r.json.status, 'COMPLETED', 'the next job ran on a new worker');
+  t.same(workerGroups().filter((g) => g === pgid), [], 'the hung worker was stopped');
+  const logs = (await a.req('GET', `/v2/serverless/${ep}/logs`)).json as { line: string }[];
+  t.ok(logs.some((l) => /has not called for 2 s \(--lease-ms\): hung, or gone unreported/.test(l.line)), 'the endpoint log says why it was stopped');
+  t.notOk(logs.some((l) => /exited unexpectedly/.test(l.line)), 'a stop, not a crash');
+});
