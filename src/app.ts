@@ -201,6 +201,11 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
       queue.workers.remove(w.endpointId, w.workerId);
     }
     if (leftovers.length) log.info('workers of the previous run released', { count: leftovers.length });
+    // What ran out while flashd was down ends now, before the first request, not at the timers'
+    // first pass below: queued jobs past their TTL (TIMED_OUT) and results past their retention,
+    // which /status already answers 404 for and /health would otherwise still count.
+    queue.reap();
+    queue.expire();
     // Webhooks the last run had not delivered (a stop or a crash between a job's end and its 2xx).
     const owed = queue.webhooksOwed();
     for (const w of owed) webhooks.send(w.url, w.jobId);

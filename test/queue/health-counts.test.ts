@@ -76,3 +76,26 @@ t.test('health job counters through requeue, cancel, timeouts, retry, restart an
   t.same(await health(b), { completed: 0, failed: 0, inProgress: 0, inQueue: 0, retried: 0 }, 'expired results leave the counters');
   await b.agent.close();
 });
+
+t.test('after a restart, results that expired and queued jobs whose TTL ran out while flashd was down are out of the counts at once', async (t) => {
+  const clock = new ManualClock();
+  const dir = testDataDir(t);
+  const a = await startAgent(t, { takeHoldMs: 200, leaseMs: 3000 }, { clock, dir });
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  const w = await TestWorker.create(a, ep);
+  const done = (await a.req('POST', `/v2/${ep}/run`, { body: { input: {} } })).json.id as string;
+  t.equal((await w.take())?.id, done);
+  await w.done(done, { output: 1 });
+  const queued = (await a.req('POST', `/v2/${ep}/run`, { body: { input: {}, policy: { ttl: 60_000 } } })).json.id as string;
+  t.same((await a.req('GET', `/v2/${ep}/health`)).json.jobs, { completed: 1, failed: 0, inProgress: 0, inQueue: 1, retried: 0 });
+  await a.agent.close();
+
+  // Down past the result's 30 minutes and the queued job's TTL.
+  clock.advance(30 * 60_000 + 1000);
+  const b = await startAgent(t, { takeHoldMs: 200, leaseMs: 3000 }, { clock, dir });
+  const [health, status] = await Promise.all([b.req('GET', `/v2/${ep}/health`), b.req('GET', `/v2/${ep}/status/${done}`)]);
+  t.equal(status.status, 404, 'the expired result is gone');
+  t.same(health.json.jobs, { completed: 0, failed: 1, inProgress: 0, inQueue: 0, retried: 0 }, 'and out of completed; the expired queued job is failed, not queued');
+  t.equal((await b.req('GET', `/v2/${ep}/status/${queued}`)).json.status, 'TIMED_OUT');
+  await b.agent.close();
+});
