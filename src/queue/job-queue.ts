@@ -1826,6 +1826,7 @@ export class JobQueue {
     job.error = null;
     job.progress = null;
     // A new run: the old run's unread chunks go (below, in the same write).
+    const unread = this.#unread.get(jobId);
     this.#unread.delete(jobId);
     job.workerId = null;
     job.resultBy = null;
@@ -1865,8 +1866,39 @@ export class JobQueue {
     this.#outOfOrder.add(job);
     for (const l of this.#listeners) l.retried?.(job);
     this.#enqueue(this.#queue(endpointId), job, false);
-    await this.#batch.committed();
+    try {
+      await this.#batch.committed();
+    } catch (err) {
+      this.#unretry(job, finished, snap.status, unread);
+      throw err;
+    }
     return job;
+  }
+
+  /**
+   * A /retry whose commit failed (rolled back: the row still has the ended run): the new run's
+   * record goes, off its queue or the worker a parked take handed it to (told to stop it), and
+   * the ended record (or none: the row answers) is the job again, so the client's retry of the
+   * /retry is written. Otherwise the unstored run went to a worker whose claim and result, both
+   * conditional on a queued or running row, changed nothing, the retried /retry was refused 409,
+   * and a restart found the old end. Its counts went with the commit (#count).
+   */
+  #unretry(job: Job, finished: Job | undefined, endedAs: JobStatus, unread: UnreadStream | undefined): void {
+    if (this.#get(job.id) !== job || !this.#batch.hasFailed(job.writeSeq)) return;
+    if (job.status === 'IN_QUEUE') {
+      this.#leave(job);
+    } else if (job.status === 'IN_PROGRESS') {
+      const worker = this.#release(job);
+      if (worker) this.#requestStop(worker, job.id, job);
+    } else {
+      return; // ended meanwhile, and that end stored: it stands
+    }
+    // No longer live: its deque and TTL entries are dropped as stale, its claim is not written.
+    job.status = endedAs;
+    this.#outOfOrder.delete(job);
+    if (finished) this.#jobs.set(job.id, finished);
+    else this.#jobs.delete(job.id);
+    if (unread && !this.#unread.has(job.id)) this.#unread.set(job.id, unread);
   }
 
   /**
