@@ -977,11 +977,7 @@ export class JobQueue {
     if (job.status !== endedAs || this.#get(job.id) !== job || !this.#batch.hasFailed(job.writeSeq)) return;
     // Still in #finishedOrder unless #evict let it go (and took its characters off then).
     if (this.#finishedOrder.take((j) => j === job)) this.#finishedChars = Math.max(0, this.#finishedChars - heldChars(job));
-    if (job.webhook !== null) {
-      const owed = (this.#webhooksPending.get(job.id) ?? 0) - 1;
-      if (owed > 0) this.#webhooksPending.set(job.id, owed);
-      else this.#webhooksPending.delete(job.id);
-    }
+    this.#unowe(job);
     Object.assign(job, before);
     const q = this.#queue(job.endpointId);
     if (job.status === 'IN_PROGRESS') {
@@ -998,6 +994,14 @@ export class JobQueue {
       this.#outOfOrder.add(job);
       this.#enqueue(q, job, job.attempt > 0);
     }
+  }
+
+  /** The webhook #finish owed for an end whose commit failed is owed no more. */
+  #unowe(job: Job): void {
+    if (job.webhook === null) return;
+    const owed = (this.#webhooksPending.get(job.id) ?? 0) - 1;
+    if (owed > 0) this.#webhooksPending.set(job.id, owed);
+    else this.#webhooksPending.delete(job.id);
   }
 
   /** The worker asked to be recycled (stopPod, runpod-python's refresh_worker). */
@@ -1933,6 +1937,8 @@ export class JobQueue {
     }
     let removed = 0;
     let d = 0;
+    // The slice whose commit failed: its jobs go back on the queue with the ones not reached.
+    let unstored = null as { jobs: Job[]; before: LiveState[] } | null;
     this.#floorHeld++;
     // Deleting the endpoint meanwhile finds the jobs still in them here.
     q.held.push(taken);
@@ -1940,6 +1946,8 @@ export class JobQueue {
       while (d < taken.length) {
         // The endpoint was deleted meanwhile: its rows are being deleted, nothing left to end.
         if (this.#queues.get(endpointId) !== q) break;
+        const jobs: Job[] = [];
+        const before: LiveState[] = [];
         for (let n = 0; n < PURGE_SLICE_JOBS && d < taken.length;) {
           const job = (taken[d] as Deque<Job>).shift();
           if (!job) {
@@ -1947,11 +1955,18 @@ export class JobQueue {
             continue;
           }
           if (!mine(job)) continue; // cancelled meanwhile, or ended before the purge
+          jobs.push(job);
+          before.push(this.#liveState(job));
           this.#finish(job, 'CANCELLED', null, null);
           removed++;
           n++;
         }
-        await this.#batch.committed();
+        try {
+          await this.#batch.committed();
+        } catch (err) {
+          unstored = { jobs, before };
+          throw err;
+        }
       }
     } finally {
       this.#floorHeld--;
@@ -1960,6 +1975,7 @@ export class JobQueue {
       // submitted meanwhile, so out of rowid order (the floor walk reads them). Not when the
       // endpoint was deleted: its deletion took these deques (dropEndpoint) and empties them.
       if (this.#queues.get(endpointId) === q) {
+        if (unstored) this.#unpurge(q, unstored.jobs, unstored.before);
         for (; d < taken.length; d++) {
           for (let job = (taken[d] as Deque<Job>).shift(); job; job = (taken[d] as Deque<Job>).shift()) {
             if (!mine(job)) continue;
@@ -1970,6 +1986,34 @@ export class JobQueue {
       }
     }
     return removed;
+  }
+
+  /**
+   * A purge slice whose commit failed (rolled back: its rows are still queued): its jobs go back
+   * on the queue as they were, behind jobs submitted meanwhile, so out of rowid order for the
+   * floor walk. Otherwise memory holds them CANCELLED: the client's retry of the purge skips them
+   * with a 200, /status and /health say so, and a restart runs them. Counts went with the commit.
+   */
+  #unpurge(q: EndpointQueue, jobs: Job[], before: LiveState[]): void {
+    const back = new Set<Job>();
+    // An evicted one (finished jobs past the count cap leave memory, durable or not) comes back.
+    for (const job of jobs) if (job.status === 'CANCELLED' && this.#batch.hasFailed(job.writeSeq) && (this.#jobs.get(job.id) ?? job) === job) back.add(job);
+    if (back.size === 0) return;
+    // One pass over the finished jobs for the whole slice, not one per job.
+    this.#finishedOrder.retain((j) => {
+      if (!back.has(j)) return true;
+      this.#finishedChars = Math.max(0, this.#finishedChars - heldChars(j));
+      return false;
+    });
+    for (let i = 0; i < jobs.length; i++) {
+      const job = jobs[i] as Job;
+      if (!back.has(job)) continue;
+      this.#unowe(job);
+      Object.assign(job, before[i]);
+      this.#jobs.set(job.id, job);
+      this.#outOfOrder.add(job);
+      this.#enqueue(q, job, false);
+    }
   }
 
   health(endpointId: string): { jobs: Record<string, number>; workers: WorkerCounts } {
