@@ -360,6 +360,9 @@ export const DRAIN_POLL_HOLD_MS = 250;
 /** A queued or running job's fields that #finish changes (see JobQueue.#unfinish). */
 type LiveState = Pick<Job, 'status' | 'resultBy' | 'output' | 'error' | 'rowid' | 'inserted' | 'input' | 'extra' | 'progress' | 'claimSaved' | 'writeSeq' | 'completedAt' | 'expiresAt'>;
 
+/** An end not known to be stored yet: the job, how it ended, and what it was before (#unfinishAll). */
+interface Ending { job: Job; endedAs: JobStatus; before: LiveState }
+
 export interface DoneBody {
   status?: unknown;
   output?: unknown;
@@ -966,33 +969,68 @@ export class JobQueue {
     return { status, resultBy, output, error, rowid, inserted, input, extra, progress, claimSaved, writeSeq, completedAt, expiresAt };
   }
 
-  /**
-   * A final state whose commit failed (it was rolled back): a worker's result or a /cancel. The
-   * job goes back to what memory held before #finish (queued, or running on its worker), unless
-   * something else happened to it since. Otherwise memory says it ended while its row does not:
-   * /status shows a result or a cancel that is nowhere, the retried post or cancel is answered
-   * as already done without a write, and a restart runs the job again.
-   */
+  /** One end whose commit failed (a worker's result, a /cancel): see #unfinishAll. */
   #unfinish(job: Job, endedAs: JobStatus, before: LiveState): void {
-    if (job.status !== endedAs || this.#get(job.id) !== job || !this.#batch.hasFailed(job.writeSeq)) return;
-    // Still in #finishedOrder unless #evict let it go (and took its characters off then).
-    if (this.#finishedOrder.take((j) => j === job)) this.#finishedChars = Math.max(0, this.#finishedChars - heldChars(job));
-    this.#unowe(job);
-    Object.assign(job, before);
-    const q = this.#queue(job.endpointId);
-    if (job.status === 'IN_PROGRESS') {
-      job.leaseDeadline = this.#clock.monotonic() + this.settings.leaseMs;
-      this.#running.add(job);
-      q.inProgress++;
-      if (job.lowPriority) q.lowInProgress++;
-      const worker = job.workerId ? this.workers.get(job.endpointId, job.workerId) : undefined;
-      if (worker) worker.jobs.add(job.id);
-    } else {
-      // Its old entry may still be in a deque (ended jobs leave them lazily): out first, so it is
-      // queued once, behind jobs submitted meanwhile (out of rowid order for the floor walk).
-      for (const d of [q.retry, q.normal, q.low]) d.retain((j) => j !== job);
-      this.#outOfOrder.add(job);
-      this.#enqueue(q, job, job.attempt > 0);
+    this.#unfinishAll([{ job, endedAs, before }]);
+  }
+
+  /**
+   * Final states whose commit failed (rolled back): a worker's result, a /cancel, a purge slice,
+   * or an end flashd made itself (a timeout, a TTL, attempts used up). Each job goes back to
+   * what memory held before #finish (queued, or running on its worker), unless something else
+   * happened to it since. Otherwise memory says it ended while its row does not: /status shows
+   * a result or an end that is nowhere, the retried post, cancel or purge is answered as already
+   * done without a write, nothing writes flashd's own end again, and a restart runs the job.
+   */
+  #unfinishAll(ends: readonly Ending[]): void {
+    const back = new Set<Job>();
+    for (const { job, endedAs } of ends) {
+      if (job.status !== endedAs || !this.#batch.hasFailed(job.writeSeq)) continue;
+      // Not when another record took its id (a /retry) or its endpoint is being deleted. One that
+      // left memory (finished jobs past the count cap go, durable or not) comes back.
+      const held = this.#jobs.get(job.id);
+      if ((held !== undefined && held !== job) || this.#dropping.has(job.endpointId) || !this.#queues.has(job.endpointId)) continue;
+      back.add(job);
+    }
+    if (back.size === 0) return;
+    // Out of #finishedOrder in one pass (#evict may have let some go, and took their characters off then).
+    this.#finishedOrder.retain((j) => {
+      if (!back.has(j)) return true;
+      this.#finishedChars = Math.max(0, this.#finishedChars - heldChars(j));
+      return false;
+    });
+    let queued: Map<EndpointQueue, Job[]> | undefined;
+    for (const { job, before } of ends) {
+      if (!back.delete(job)) continue;
+      this.#unowe(job);
+      Object.assign(job, before);
+      this.#jobs.set(job.id, job);
+      const q = this.#queue(job.endpointId);
+      if (job.status === 'IN_PROGRESS') {
+        job.leaseDeadline = this.#clock.monotonic() + this.settings.leaseMs;
+        this.#running.add(job);
+        q.inProgress++;
+        if (job.lowPriority) q.lowInProgress++;
+        const worker = job.workerId ? this.workers.get(job.endpointId, job.workerId) : undefined;
+        if (worker) worker.jobs.add(job.id);
+      } else {
+        queued ??= new Map();
+        const jobs = queued.get(q);
+        if (jobs) jobs.push(job);
+        else queued.set(q, [job]);
+      }
+    }
+    if (!queued) return;
+    for (const [q, jobs] of queued) {
+      // Their old entries may still be in a deque (ended jobs leave them lazily): out first, one
+      // pass per deque, so each is queued once, behind jobs submitted meanwhile (out of rowid
+      // order for the floor walk).
+      const out = new Set(jobs);
+      for (const d of [q.retry, q.normal, q.low]) if (d.size > 0) d.retain((j) => !out.has(j));
+      for (const job of jobs) {
+        this.#outOfOrder.add(job);
+        this.#enqueue(q, job, job.attempt > 0);
+      }
     }
   }
 
@@ -1520,7 +1558,9 @@ export class JobQueue {
   #requeueOrFail(job: Job, reason: string, mayStillRun = false, charged = true): void {
     if (charged && job.attempt >= this.settings.maxAttempts) {
       const holder = job.workerId ? this.workers.get(job.endpointId, job.workerId) : undefined;
+      const before = this.#liveState(job);
       this.#finish(job, 'FAILED', null, `${reason}; gave up after ${job.attempt} attempts`);
+      this.#retryIfUnstored([{ job, endedAs: 'FAILED', before }]);
       if (holder) this.#requestStop(holder, job.id, job);
       return;
     }
@@ -1938,7 +1978,7 @@ export class JobQueue {
     let removed = 0;
     let d = 0;
     // The slice whose commit failed: its jobs go back on the queue with the ones not reached.
-    let unstored = null as { jobs: Job[]; before: LiveState[] } | null;
+    let unstored = null as Ending[] | null;
     this.#floorHeld++;
     // Deleting the endpoint meanwhile finds the jobs still in them here.
     q.held.push(taken);
@@ -1946,8 +1986,7 @@ export class JobQueue {
       while (d < taken.length) {
         // The endpoint was deleted meanwhile: its rows are being deleted, nothing left to end.
         if (this.#queues.get(endpointId) !== q) break;
-        const jobs: Job[] = [];
-        const before: LiveState[] = [];
+        const slice: Ending[] = [];
         for (let n = 0; n < PURGE_SLICE_JOBS && d < taken.length;) {
           const job = (taken[d] as Deque<Job>).shift();
           if (!job) {
@@ -1955,8 +1994,7 @@ export class JobQueue {
             continue;
           }
           if (!mine(job)) continue; // cancelled meanwhile, or ended before the purge
-          jobs.push(job);
-          before.push(this.#liveState(job));
+          slice.push({ job, endedAs: 'CANCELLED', before: this.#liveState(job) });
           this.#finish(job, 'CANCELLED', null, null);
           removed++;
           n++;
@@ -1964,7 +2002,7 @@ export class JobQueue {
         try {
           await this.#batch.committed();
         } catch (err) {
-          unstored = { jobs, before };
+          unstored = slice;
           throw err;
         }
       }
@@ -1975,7 +2013,7 @@ export class JobQueue {
       // submitted meanwhile, so out of rowid order (the floor walk reads them). Not when the
       // endpoint was deleted: its deletion took these deques (dropEndpoint) and empties them.
       if (this.#queues.get(endpointId) === q) {
-        if (unstored) this.#unpurge(q, unstored.jobs, unstored.before);
+        if (unstored) this.#unfinishAll(unstored);
         for (; d < taken.length; d++) {
           for (let job = (taken[d] as Deque<Job>).shift(); job; job = (taken[d] as Deque<Job>).shift()) {
             if (!mine(job)) continue;
@@ -1986,34 +2024,6 @@ export class JobQueue {
       }
     }
     return removed;
-  }
-
-  /**
-   * A purge slice whose commit failed (rolled back: its rows are still queued): its jobs go back
-   * on the queue as they were, behind jobs submitted meanwhile, so out of rowid order for the
-   * floor walk. Otherwise memory holds them CANCELLED: the client's retry of the purge skips them
-   * with a 200, /status and /health say so, and a restart runs them. Counts went with the commit.
-   */
-  #unpurge(q: EndpointQueue, jobs: Job[], before: LiveState[]): void {
-    const back = new Set<Job>();
-    // An evicted one (finished jobs past the count cap leave memory, durable or not) comes back.
-    for (const job of jobs) if (job.status === 'CANCELLED' && this.#batch.hasFailed(job.writeSeq) && (this.#jobs.get(job.id) ?? job) === job) back.add(job);
-    if (back.size === 0) return;
-    // One pass over the finished jobs for the whole slice, not one per job.
-    this.#finishedOrder.retain((j) => {
-      if (!back.has(j)) return true;
-      this.#finishedChars = Math.max(0, this.#finishedChars - heldChars(j));
-      return false;
-    });
-    for (let i = 0; i < jobs.length; i++) {
-      const job = jobs[i] as Job;
-      if (!back.has(job)) continue;
-      this.#unowe(job);
-      Object.assign(job, before[i]);
-      this.#jobs.set(job.id, job);
-      this.#outOfOrder.add(job);
-      this.#enqueue(q, job, false);
-    }
   }
 
   health(endpointId: string): { jobs: Record<string, number>; workers: WorkerCounts } {
@@ -2287,14 +2297,18 @@ export class JobQueue {
   reap(): void {
     const mono = this.#clock.monotonic();
     let next = Infinity;
+    // This pass's ends, undone if their commit fails so that a later pass makes them again.
+    let ends: Ending[] | undefined;
     for (const job of [...this.#running]) {
       if (job.status !== 'IN_PROGRESS') continue;
       if (mono < job.execDeadline && mono < job.ttlDeadline) next = Math.min(next, job.execDeadline, job.ttlDeadline);
       const worker = job.workerId ? this.workers.get(job.endpointId, job.workerId) : undefined;
       if (mono >= job.execDeadline) {
+        (ends ??= []).push({ job, endedAs: 'TIMED_OUT', before: this.#liveState(job) });
         this.#finish(job, 'TIMED_OUT', null, `Execution timed out after ${job.executionTimeoutMs} ms.`, (job.startedAt ?? Infinity) + job.executionTimeoutMs);
         if (worker) this.#requestStop(worker, job.id, job);
       } else if (mono >= job.ttlDeadline) {
+        (ends ??= []).push({ job, endedAs: 'TIMED_OUT', before: this.#liveState(job) });
         this.#finish(job, 'TIMED_OUT', null, 'Job exceeded its time to live (policy.ttl).', job.queuedAt + job.ttlMs);
         if (worker) this.#requestStop(worker, job.id, job);
       } else if (mono >= job.leaseDeadline) {
@@ -2353,6 +2367,7 @@ export class JobQueue {
         }
         budget--;
         q.left(job);
+        (ends ??= []).push({ job, endedAs: 'TIMED_OUT', before: this.#liveState(job) });
         this.#finish(job, 'TIMED_OUT', null, queuedExpiry(job), job.queuedAt + job.ttlMs);
       }
       if (cut) more = true;
@@ -2364,6 +2379,7 @@ export class JobQueue {
         for (const d of [q.retry, q.normal, q.low]) d.retain((job) => job.status === 'IN_QUEUE');
       }
     }
+    if (ends) this.#retryIfUnstored(ends);
     if (more) this.#reapAfterCommit();
     // Restored fences of workers that have not called since the start, once no job holds them.
     for (const [key, ids] of this.#restoredFences) {
@@ -2376,6 +2392,16 @@ export class JobQueue {
     this.#raiseFloor();
   }
 
+  /**
+   * Ends flashd made itself (timeouts, TTLs, attempts used up): if their commit fails, the jobs
+   * go back to what they were (#unfinishAll), so the reaper makes each end again once its rule
+   * next applies (a deadline passed: the next pass; a lost lease: once the new lease lapses)
+   * rather than memory keeping an end that nothing writes again until a restart.
+   */
+  #retryIfUnstored(ends: Ending[]): void {
+    this.#batch.committed().catch(() => this.#unfinishAll(ends));
+  }
+
   /** The next reap pass once this turn's writes are committed, with the event loop turning in between. */
   #reapAfterCommit(): void {
     if (this.#reapAgain || this.#closing) return;
@@ -2386,8 +2412,12 @@ export class JobQueue {
         if (!this.#closing) this.reap();
       });
     };
-    // After a failed commit too: the expiry goes on as the interval reaper's would.
-    this.#batch.committed().then(again, again);
+    // Not after a failed commit: the jobs of the pass are back as they were (#retryIfUnstored),
+    // and a pass a turn would fail turn after turn on a disk that stays full. The interval
+    // reaper goes on within a second.
+    this.#batch.committed().then(again, () => {
+      this.#reapAgain = false;
+    });
   }
 
   /**
