@@ -360,6 +360,9 @@ export const DRAIN_POLL_HOLD_MS = 250;
 /** A queued or running job's fields that #finish changes (see JobQueue.#unfinish). */
 type LiveState = Pick<Job, 'status' | 'resultBy' | 'output' | 'error' | 'rowid' | 'inserted' | 'input' | 'extra' | 'progress' | 'claimSaved' | 'writeSeq' | 'completedAt' | 'expiresAt'>;
 
+/** A running job's fields that a requeue changes (see JobQueue.#unrequeue). */
+type HeldState = Pick<Job, 'workerId' | 'retries' | 'attempt' | 'claimSaved' | 'startedAt' | 'lostMs' | 'progress' | 'fencedFrom' | 'fencedUntil' | 'inserted' | 'rowid' | 'writeSeq'>;
+
 /** An end not known to be stored yet: the job, how it ended, and what it was before (#unfinishAll). */
 interface Ending { job: Job; endedAs: JobStatus; before: LiveState }
 
@@ -1565,6 +1568,9 @@ export class JobQueue {
       return;
     }
     const q = this.#queue(job.endpointId);
+    const { workerId, retries: retriesBefore, attempt: attemptBefore, claimSaved, startedAt, lostMs: lostBefore, progress, fencedFrom: fenceBefore, fencedUntil, inserted, rowid, writeSeq } = job;
+    const held: HeldState = { workerId, retries: retriesBefore, attempt: attemptBefore, claimSaved, startedAt, lostMs: lostBefore, progress, fencedFrom: fenceBefore, fencedUntil, inserted, rowid, writeSeq };
+    const unread = this.#unread.get(job.id);
     const worker = this.#release(job);
     if (worker) this.#requestStop(worker, job.id, job);
     if (worker && mayStillRun) {
@@ -1598,6 +1604,43 @@ export class JobQueue {
     });
     this.#log.info('job requeued', { jobId: id, endpointId: job.endpointId, attempt, reason });
     this.#enqueue(q, job, true);
+    this.#batch.committed().catch(() => this.#unrequeue(job, held, unread));
+  }
+
+  /**
+   * A requeue whose commit failed (rolled back: the row still has the job running on the worker
+   * that lost it): the job goes back to that worker in memory, its lease lapsed, so the next
+   * reap pass requeues it again (or gives up) and writes it. A worker that took it meanwhile (a
+   * parked take is handed it in the requeue's own turn) lets it go and is told to stop it.
+   * Otherwise memory has it queued while the row does not: a new claim, written only on a
+   * queued row, never reaches the row, and a restart gives the job back to the lost worker.
+   */
+  #unrequeue(job: Job, held: HeldState, unread: UnreadStream | undefined): void {
+    if (this.#get(job.id) !== job || !this.#batch.hasFailed(job.writeSeq) || job.retries !== held.retries + 1) return;
+    const q = this.#queue(job.endpointId);
+    if (job.status === 'IN_QUEUE') {
+      // Out of its queue's counts and of the retry deque (short); a purge holding it skips it
+      // once it is running again.
+      this.#leave(job);
+      q.retry.retain((j) => j !== job);
+    } else if (job.status === 'IN_PROGRESS') {
+      const taker = this.#release(job);
+      if (taker) this.#requestStop(taker, job.id, job);
+    } else {
+      return; // ended since (a cancel), and that end is written or undone on its own
+    }
+    // The fence the requeue put on the lost worker goes (the job is its own again).
+    const lost = held.workerId !== null ? this.workers.get(job.endpointId, held.workerId) : undefined;
+    if (lost && job.fencedFrom === lost.id && held.fencedFrom !== lost.id) lost.fenced.delete(job.id);
+    Object.assign(job, held);
+    job.status = 'IN_PROGRESS';
+    job.leaseDeadline = this.#clock.monotonic();
+    this.#running.add(job);
+    q.inProgress++;
+    if (job.lowPriority) q.lowInProgress++;
+    const worker = job.workerId ? this.workers.get(job.endpointId, job.workerId) : undefined;
+    if (worker) worker.jobs.add(job.id);
+    if (unread && !this.#unread.has(job.id)) this.#unread.set(job.id, unread);
   }
 
   /** The runtime saw a worker die: its jobs go back to the queue at once. */
