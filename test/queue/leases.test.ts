@@ -328,7 +328,9 @@ t.test('after a restart, a late result for a job flashd ended is still discarded
 
 t.test('a late result for a job flashd failed after its attempts ran out is discarded, not a duplicate, in memory and read from the row', async (t) => {
   const dir = testDataDir(t);
-  const clock = new ManualClock();
+  // Today's wall time: the restart below runs on the real clock and expires, before it listens,
+  // the results whose retention has passed by then.
+  const clock = new ManualClock(Date.now());
   const a = await startAgent(t, { takeHoldMs: 300, leaseMs: 3000, maxAttempts: 1 }, { clock, dir });
   const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
   const w = await TestWorker.create(a, ep);
