@@ -1679,12 +1679,24 @@ export class JobQueue {
   /**
    * The job as a crash could no longer take back: at once when its last write is durable (the
    * usual case for a polled job), else after the pending commits; undefined when unknown.
+   *
+   * A commit it waited on that failed (a full disk) may hold none of the job's writes, and one
+   * that held them has its change put back in memory as SQLite has it by the path that made it
+   * (#unfinishAll, #unrequeue, #unretry), in that path's own promise reactions, some of which
+   * run after this one: the read waits those out (one macrotask) and looks again. Only a change
+   * of the job that nothing put back, which is not on disk, makes it fail (a 500).
    */
   async findDurable(endpointId: string, jobId: string): Promise<JobSnapshot | undefined> {
     for (let round = 0; ; round++) {
       const job = this.#get(jobId);
       if (!job || this.#batch.isDurable(job.writeSeq) || round === 3) return this.find(endpointId, jobId);
-      await this.#batch.committed();
+      try {
+        await this.#batch.committed();
+      } catch (err) {
+        await new Promise((resolve) => setImmediate(resolve));
+        const now = this.#get(jobId);
+        if (now && this.#batch.hasFailed(now.writeSeq)) throw err;
+      }
     }
   }
 
