@@ -609,7 +609,9 @@ export class JobQueue {
       await this.#batch.committed();
     } catch (err) {
       // Not stored, so never acknowledged: take it back out of memory before the caller's 500.
-      this.#forget(job);
+      // Unless only the sync failed: then SQLite has the row (a restart may run it), and so
+      // does memory.
+      if (this.#batch.wasRolledBack(job.writeSeq)) this.#forget(job);
       throw err;
     }
     return job;
@@ -988,7 +990,8 @@ export class JobQueue {
   #unfinishAll(ends: readonly Ending[]): void {
     const back = new Set<Job>();
     for (const { job, endedAs } of ends) {
-      if (job.status !== endedAs || !this.#batch.hasFailed(job.writeSeq)) continue;
+      // Not when only the sync failed: SQLite has the end, and memory keeps it (see #finish).
+      if (job.status !== endedAs || !this.#batch.wasRolledBack(job.writeSeq)) continue;
       // Not when another record took its id (a /retry) or its endpoint is being deleted. One that
       // left memory (finished jobs past the count cap go, durable or not) comes back.
       const held = this.#jobs.get(job.id);
@@ -1480,21 +1483,26 @@ export class JobQueue {
       });
     }
     this.#count(job.endpointId, status, 1, job.retries);
-    this.#batch.committed().then(
-      () => {
-        wakeWaiters(job);
-        // The webhook body carries the input: the one that was in memory, else (a job deep in
-        // its queue, or one recovered after a restart) read back from its row.
-        let body: string | undefined;
-        const render = hook === null ? undefined
-          : () => (body ??= webhookBody(job, input ?? this.#repo.inputOf(id), hook, this.#clock.now()));
-        for (const l of this.#listeners) l.finished?.(job, render);
-        // Durable now: it may leave memory if finished jobs hold too many bytes (the /runsync
-        // reply and the webhook above keep their own reference).
-        if (this.#finishedChars > this.settings.finishedBytesInMemory) this.#evict();
-      },
-      () => undefined,
-    );
+    const seq = job.writeSeq;
+    const ended = (): void => {
+      wakeWaiters(job);
+      // The webhook body carries the input: the one that was in memory, else (a job deep in
+      // its queue, or one recovered after a restart) read back from its row.
+      let body: string | undefined;
+      const render = hook === null ? undefined
+        : () => (body ??= webhookBody(job, input ?? this.#repo.inputOf(id), hook, this.#clock.now()));
+      for (const l of this.#listeners) l.finished?.(job, render);
+      // Durable now (or its sync failed): it may leave memory if finished jobs hold too many
+      // bytes (#evict lets go only durable ones; the /runsync reply and the webhook above keep
+      // their own reference).
+      if (this.#finishedChars > this.settings.finishedBytesInMemory) this.#evict();
+    };
+    // After a failed sync (the commit itself succeeded) the end stands: SQLite has it and its
+    // webhook owed, a restart sends it, and nothing makes the end again. So it is announced all
+    // the same, though its own callers got a 500 (its durability is unknown).
+    this.#batch.committed().then(ended, () => {
+      if (!this.#batch.wasRolledBack(seq)) ended();
+    });
     this.#finishedOrder.push(job);
     this.#finishedChars += heldChars(job);
     this.#evict();
@@ -1513,14 +1521,16 @@ export class JobQueue {
     }
     if (this.#countsQueued) return;
     this.#countsQueued = true;
-    this.#batch.write(() => {
+    const seq = this.#batch.write(() => {
       this.#countsQueued = false;
       for (const [endpointId, m] of this.#counts) for (const [st, d] of m) this.#repo.addCount(endpointId, st, d.jobs, d.retries);
       this.#counts.clear();
     });
     // A failed commit must not stop all later counts. Its finishes were rolled back, so their
     // counts go too (when another write threw first, this one never ran and they are still here).
+    // Not after a failed sync: the counts were committed, and those here now are later finishes'.
     this.#batch.committed().catch(() => {
+      if (!this.#batch.wasRolledBack(seq)) return;
       this.#countsQueued = false;
       this.#counts.clear();
     });
@@ -1616,7 +1626,7 @@ export class JobQueue {
    * queued row, never reaches the row, and a restart gives the job back to the lost worker.
    */
   #unrequeue(job: Job, held: HeldState, unread: UnreadStream | undefined): void {
-    if (this.#get(job.id) !== job || !this.#batch.hasFailed(job.writeSeq) || job.retries !== held.retries + 1) return;
+    if (this.#get(job.id) !== job || !this.#batch.wasRolledBack(job.writeSeq) || job.retries !== held.retries + 1) return;
     const q = this.#queue(job.endpointId);
     if (job.status === 'IN_QUEUE') {
       // Out of its queue's counts and of the retry deque (short); a purge holding it skips it
@@ -1894,11 +1904,15 @@ export class JobQueue {
       });
     } else if (job.status === 'IN_PROGRESS') {
       const worker = job.workerId ? this.workers.get(endpointId, job.workerId) : undefined;
-      await this.#finishCommitted(job, 'CANCELLED', null, null).catch((err: unknown) => {
+      try {
+        await this.#finishCommitted(job, 'CANCELLED', null, null);
+      } catch (err) {
         this.#unfinish(job, 'CANCELLED', live);
         throw err;
-      });
-      if (worker) this.#requestStop(worker, job.id, job);
+      } finally {
+        // Also after a failed sync: the cancel stands (SQLite has it), so the worker stops.
+        if (worker && (job.status as JobStatus) === 'CANCELLED') this.#requestStop(worker, job.id, job);
+      }
     }
     return job;
   }
@@ -1983,7 +1997,7 @@ export class JobQueue {
    * and a restart found the old end. Its counts went with the commit (#count).
    */
   #unretry(job: Job, finished: Job | undefined, endedAs: JobStatus, unread: UnreadStream | undefined): void {
-    if (this.#get(job.id) !== job || !this.#batch.hasFailed(job.writeSeq)) return;
+    if (this.#get(job.id) !== job || !this.#batch.wasRolledBack(job.writeSeq)) return;
     if (job.status === 'IN_QUEUE') {
       this.#leave(job);
     } else if (job.status === 'IN_PROGRESS') {

@@ -83,6 +83,12 @@ export class WriteBatch {
    * on disk whatever later syncs cover, so they are never durable.
    */
   readonly #failed: [number, number][] = [];
+  /**
+   * Of those, the batches whose commit failed, which SQLite rolled back. The others committed
+   * and only their sync failed: SQLite holds and reads their writes (a restart may find them
+   * too), though they may not be on disk.
+   */
+  readonly #rolledBack: [number, number][] = [];
 
   constructor(db: Db, options: WriteBatchOptions) {
     this.#onError = options.onError;
@@ -123,23 +129,16 @@ export class WriteBatch {
 
   /** Whether the batch numbered `seq` failed to commit or sync: it will never be durable. */
   hasFailed(seq: number): boolean {
-    for (let i = this.#failed.length - 1; i >= 0; i--) {
-      const [first, last] = this.#failed[i] as [number, number];
-      if (seq > last) return false;
-      if (seq >= first) return true;
-    }
-    return false;
+    return inRuns(this.#failed, seq);
   }
 
-  #markFailed(first: number, last: number): void {
-    // A failed sync starts at durableSeq + 1, possibly below an earlier failed commit's run:
-    // fold every run it overlaps or touches, keeping the lowest start.
-    for (let run = this.#failed[this.#failed.length - 1]; run && run[1] >= first - 1; run = this.#failed[this.#failed.length - 1]) {
-      first = Math.min(first, run[0]);
-      last = Math.max(last, run[1]);
-      this.#failed.pop();
-    }
-    this.#failed.push([first, last]);
+  /**
+   * Whether the commit of the batch numbered `seq` failed, so SQLite rolled its writes back.
+   * False for a batch whose commit succeeded and whose sync failed: SQLite has its writes, and
+   * memory must not be put back as if it did not (see JobQueue's undo paths).
+   */
+  wasRolledBack(seq: number): boolean {
+    return inRuns(this.#rolledBack, seq);
   }
 
   /** Resolves once everything queued or committed so far is durable. */
@@ -205,7 +204,8 @@ export class WriteBatch {
       } catch (err) {
         error = err as Error;
         this.failures++;
-        this.#markFailed(seq, seq);
+        addRun(this.#failed, seq, seq);
+        addRun(this.#rolledBack, seq, seq);
         this.#onError(error);
       }
       this.#committedSeq = seq;
@@ -267,7 +267,7 @@ export class WriteBatch {
         // After a failed fdatasync the kernel may have dropped those pages: a later sync that
         // succeeds says nothing about them (PostgreSQL's "fsyncgate").
         this.failures++;
-        this.#markFailed(from, covers);
+        addRun(this.#failed, from, covers);
         this.#onError(error);
       } else this.#durableSeq = Math.max(this.#durableSeq, covers);
       for (const w of group) w(error);
@@ -309,4 +309,26 @@ export class WriteBatch {
       this.#fd = -1;
     }
   }
+}
+
+/** Whether `seq` is in one of `runs` ([first, last], in order). */
+function inRuns(runs: readonly [number, number][], seq: number): boolean {
+  for (let i = runs.length - 1; i >= 0; i--) {
+    const [first, last] = runs[i] as [number, number];
+    if (seq > last) return false;
+    if (seq >= first) return true;
+  }
+  return false;
+}
+
+/** Adds [first, last] to `runs`, folding every run it overlaps or touches. */
+function addRun(runs: [number, number][], first: number, last: number): void {
+  // A failed sync starts at durableSeq + 1, possibly below an earlier failed commit's run:
+  // fold every run it overlaps or touches, keeping the lowest start.
+  for (let run = runs[runs.length - 1]; run && run[1] >= first - 1; run = runs[runs.length - 1]) {
+    first = Math.min(first, run[0]);
+    last = Math.max(last, run[1]);
+    runs.pop();
+  }
+  runs.push([first, last]);
 }

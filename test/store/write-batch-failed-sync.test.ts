@@ -35,6 +35,9 @@ t.test('fdatasync failure after a commit failure: the earlier unsynced batches a
   t.equal(errors.length, 2, 'one commit and one sync failed');
   t.ok(batch.hasFailed(c), 'C failed (its sync failed)');
   t.ok(batch.hasFailed(a), 'A failed too: the failed sync was the first to cover it');
+  t.ok(batch.wasRolledBack(b), 'B was rolled back');
+  t.notOk(batch.wasRolledBack(a) || batch.wasRolledBack(c), 'A and C were not: SQLite has them');
+  t.equal(db.prepare('SELECT count(*) FROM t').pluck().get(), 2, 'A and C are in the table');
   // D: a later sync succeeds and covers everything before it.
   const d = batch.write(() => insert.run(4));
   await batch.committed();
