@@ -583,15 +583,16 @@ async function checkHealth(c: Ctx) {
       inQueue: js.filter((j) => j.status === 'IN_QUEUE').length,
       retried: js.reduce((n, j) => n + j.retries, 0),
     };
-    // Workers: an external one is running while it holds a job or has a stop pending, else idle;
-    // one silent for 10 s that holds nothing is left out (WorkerRegistry.silent).
+    // Workers: an external one is running while it holds a job, or has a stop pending and has
+    // called within a lease (WorkerRegistry.state), else idle; one silent for 10 s that holds
+    // nothing is left out (WorkerRegistry.silent).
     let running = 0;
     let idle = 0;
     for (const sw of c.workers) {
       if (sw.ep !== ep || !sw.registered) continue;
       const holds = js.some((j) => j.status === 'IN_PROGRESS' && j.workerId === sw.w.workerId);
       if (!holds && now(c) - sw.lastSeen > 10_000) continue;
-      if (holds || sw.stops.size > 0) running++;
+      if (holds || (sw.stops.size > 0 && now(c) - sw.lastSeen <= LEASE)) running++;
       else idle++;
     }
     const wantWorkers = { idle, running, ready: idle + running, initializing: 0, unhealthy: 0, throttled: 0 };
