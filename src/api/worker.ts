@@ -261,6 +261,11 @@ export function workerRoutes(s: WorkerRouteServices): RouteDef[] {
         const limitRaw = req.query.get('limit');
         const followRaw = req.query.get('follow');
         const errors: string[] = [];
+        // Twice is ambiguous (`follow=true&follow=false` followed), as ?wait and ?ttl on the job routes.
+        for (const name of ['since', 'limit', 'follow']) {
+          const count = req.query.getAll(name).length;
+          if (count > 1) errors.push(`?${name}: was given ${count} times; give it once`);
+        }
         if (sinceRaw !== null && !/^\d+$/.test(sinceRaw)) errors.push('?since: must be a non-negative integer');
         if (limitRaw !== null && (!/^\d+$/.test(limitRaw) || Number(limitRaw) < 1 || Number(limitRaw) > 10_000)) errors.push('?limit: must be an integer from 1 to 10000');
         if (followRaw !== null && !['true', 'false', '1', '0'].includes(followRaw)) errors.push('?follow: must be true or false');

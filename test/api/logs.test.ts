@@ -25,6 +25,10 @@ t.test('endpoint logs: tail, since, follow, and gone with the endpoint', async (
     t.same(r.json.errors, ['?follow: must be true or false'], `follow=${bad} refused`);
   }
   t.equal((await a.req('GET', `/v2/serverless/${ep}/logs?follow=false&limit=1`)).json.length, 1, 'follow=false: a snapshot');
+  // Given twice, which one counts is a guess: refused, as ?wait and ?ttl are.
+  const twice = await a.req('GET', `/v2/serverless/${ep}/logs?follow=true&follow=false&limit=1&limit=2`);
+  assertProblem(t, twice, 400);
+  t.same(twice.json.errors, ['?limit: was given 2 times; give it once', '?follow: was given 2 times; give it once'], 'a repeated parameter is named');
 
   const res = await fetch(`${a.url}/v2/serverless/${ep}/logs?follow=true&limit=1`, { headers: { authorization: `Bearer ${ADMIN_KEY}` } });
   t.equal(res.status, 200);
