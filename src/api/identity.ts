@@ -23,7 +23,7 @@ export function identityRoutes(s: ApiServices): RouteDef[] {
     {
       method: 'POST', path: '/v2/api-keys', operationId: 'createApiKey', summary: 'Create an API key (the key is shown only in this response)',
       tag: 'Access', auth: 'user', body: 'json', requestSchema: 'ApiKeyCreate', successStatus: 201, responseSchema: 'ApiKeyCreated',
-      problems: [400, 401, 403, 404, 415, 429],
+      problems: [400, 401, 403, 404, 413, 415, 429],
       handle: ({ principal, body }) => {
         const b = assertSchema<{ name: string; scopes: string[]; teamId?: string | null; userId?: string; exempt?: boolean; expiresAt?: string | null }>('ApiKeyCreate', body);
         const expiresAt = b.expiresAt ? Date.parse(b.expiresAt) : null;
@@ -52,7 +52,7 @@ export function identityRoutes(s: ApiServices): RouteDef[] {
     {
       method: 'PATCH', path: '/v2/api-keys/{keyId}', operationId: 'updateApiKey', summary: 'Rename a key, or (admins) set its rate-limit exemption; worker keys cannot be changed (409)',
       tag: 'Access', auth: 'user', body: 'json', requestSchema: 'ApiKeyUpdate', successStatus: 200, responseSchema: 'ApiKey',
-      problems: [400, ...AUTHN, 404, 409, 415],
+      problems: [400, ...AUTHN, 404, 409, 413, 415],
       handle: ({ principal, params, body }) => {
         const b = assertSchema<{ name?: string; exempt?: boolean }>('ApiKeyUpdate', body);
         return { status: 200, body: keyView(s.auth.updateKey(principal, params['keyId'] as string, b)) };
@@ -68,7 +68,7 @@ export function identityRoutes(s: ApiServices): RouteDef[] {
     },
     {
       method: 'POST', path: '/v2/users', operationId: 'createUser', summary: 'Create a user (admins)', tag: 'Access', auth: 'user',
-      scope: 'admin', body: 'json', requestSchema: 'UserCreate', successStatus: 201, responseSchema: 'User', problems: [400, ...AUTHN, 415],
+      scope: 'admin', body: 'json', requestSchema: 'UserCreate', successStatus: 201, responseSchema: 'User', problems: [400, ...AUTHN, 413, 415],
       handle: ({ principal, body }) => {
         const b = assertSchema<{ name: string }>('UserCreate', body);
         return { status: 201, body: userView(s.auth.createUser(principal, b.name)) };
@@ -81,7 +81,7 @@ export function identityRoutes(s: ApiServices): RouteDef[] {
     },
     {
       method: 'POST', path: '/v2/teams', operationId: 'createTeam', summary: 'Create a team owned by the caller', tag: 'Access', auth: 'user',
-      body: 'json', requestSchema: 'TeamCreate', successStatus: 201, responseSchema: 'Team', problems: [400, ...AUTHN, 415],
+      body: 'json', requestSchema: 'TeamCreate', successStatus: 201, responseSchema: 'Team', problems: [400, ...AUTHN, 413, 415],
       handle: ({ principal, body }) => {
         const b = assertSchema<{ name: string }>('TeamCreate', body);
         if (principal.teamBound) throw new AgentError('FORBIDDEN', 'Team keys cannot create teams.');
@@ -103,7 +103,7 @@ export function identityRoutes(s: ApiServices): RouteDef[] {
     },
     {
       method: 'POST', path: '/v2/teams/{teamId}/members', operationId: 'addTeamMember', summary: 'Add a member (team owner or admin)', tag: 'Access',
-      auth: 'user', body: 'json', requestSchema: 'TeamMemberAdd', successStatus: 204, responseSchema: null, problems: [400, ...AUTHN, 404, 415],
+      auth: 'user', body: 'json', requestSchema: 'TeamMemberAdd', successStatus: 204, responseSchema: null, problems: [400, ...AUTHN, 404, 413, 415],
       handle: ({ principal, params, body }) => {
         const b = assertSchema<{ userId: string }>('TeamMemberAdd', body);
         s.auth.addMember(principal, params['teamId'] as string, b.userId);

@@ -74,6 +74,8 @@ export function jobRoutes(s: JobRouteServices): RouteDef[] {
   const endpointFor = (principal: Principal, id: string) => endpointOf(s.endpoints, principal, id);
   const P = '/v2/{endpointId}';
   const READ = [400, 401, 403, 404, 429];
+  /** The routes whose body may be left out: one sent must be uncompressed UTF-8 JSON within the limit. */
+  const OPTIONAL_BODY = [...READ, 413, 415];
 
   const submit = (principal: Principal, endpointId: string, body: unknown, text: string | undefined, retentionMs: number, deferInsert = false) => {
     const ep = queueEndpoint(endpointFor(principal, endpointId));
@@ -205,7 +207,7 @@ export function jobRoutes(s: JobRouteServices): RouteDef[] {
     },
     {
       method: 'POST', path: `${P}/cancel/{jobId}`, operationId: 'cancelJob', jobRateGroup: 'cancel', summary: 'Cancel a queued or running job',
-      tag: 'Jobs', auth: 'user', scope: 'jobs:run', body: 'optional-json', successStatus: 200, responseSchema: 'JobRef', problems: READ,
+      tag: 'Jobs', auth: 'user', scope: 'jobs:run', body: 'optional-json', successStatus: 200, responseSchema: 'JobRef', problems: OPTIONAL_BODY,
       handle: async ({ principal, params }) => {
         const ep = queueEndpoint(endpointFor(principal, params['endpointId'] as string));
         return json(200, ref(await s.queue.cancel(ep.id, params['jobId'] as string)));
@@ -213,7 +215,7 @@ export function jobRoutes(s: JobRouteServices): RouteDef[] {
     },
     {
       method: 'POST', path: `${P}/retry/{jobId}`, operationId: 'retryJob', jobRateGroup: 'run', summary: 'Queue a FAILED or TIMED_OUT job again (same id and input)',
-      tag: 'Jobs', auth: 'user', scope: 'jobs:run', body: 'optional-json', successStatus: 200, responseSchema: 'JobRef', problems: [...READ, 409],
+      tag: 'Jobs', auth: 'user', scope: 'jobs:run', body: 'optional-json', successStatus: 200, responseSchema: 'JobRef', problems: [...OPTIONAL_BODY, 409],
       handle: async ({ principal, params }) => {
         const ep = queueEndpoint(endpointFor(principal, params['endpointId'] as string));
         const job = await s.queue.retry(ep.id, params['jobId'] as string);
@@ -223,7 +225,7 @@ export function jobRoutes(s: JobRouteServices): RouteDef[] {
     },
     {
       method: 'POST', path: `${P}/purge-queue`, operationId: 'purgeQueue', jobRateGroup: 'purge-queue', summary: 'Remove every queued job; running jobs go on',
-      tag: 'Jobs', auth: 'user', scope: 'jobs:run', body: 'optional-json', successStatus: 200, responseSchema: 'PurgeResult', problems: READ,
+      tag: 'Jobs', auth: 'user', scope: 'jobs:run', body: 'optional-json', successStatus: 200, responseSchema: 'PurgeResult', problems: OPTIONAL_BODY,
       handle: async ({ principal, params }) => {
         const ep = queueEndpoint(endpointFor(principal, params['endpointId'] as string));
         const removed = await s.queue.purge(ep.id);
@@ -242,7 +244,8 @@ export function jobRoutes(s: JobRouteServices): RouteDef[] {
   // RunPod's Go SDK (runpod/go-sdk) POSTs, with an empty body, what the other clients GET.
   for (const id of ['jobStatus', 'jobStatusSync', 'jobStream']) {
     const get = routes.find((r) => r.operationId === id) as RouteDef;
-    routes.push({ ...get, method: 'POST', operationId: `${id}Post`, summary: `${get.summary} (POST, as RunPod's Go SDK sends it)`, body: 'optional-json' });
+    routes.push({ ...get, method: 'POST', operationId: `${id}Post`, summary: `${get.summary} (POST, as RunPod's Go SDK sends it)`, body: 'optional-json',
+      problems: [...new Set([...get.problems, ...OPTIONAL_BODY])].sort((x, y) => x - y) });
   }
   return routes;
 }

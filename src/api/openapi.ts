@@ -8,7 +8,7 @@ import type { RouteDef } from './route.js';
 const STATUS_TEXT: Record<number, string> = {
   400: 'Malformed or conflicting request', 401: 'Missing, malformed, expired, revoked or unknown token', 403: 'Token lacks access to the resource or action',
   404: 'Not found or not accessible', 405: 'Method not allowed', 409: 'Conflict with the current state', 410: 'Gone', 413: 'Body too large',
-  415: 'Body is not JSON', 422: 'Valid syntax, failed validation', 429: 'Rate limit exceeded (Retry-After in seconds)', 500: 'Internal error',
+  415: 'Body is not JSON, or is compressed (Content-Encoding)', 422: 'Valid syntax, failed validation', 429: 'Rate limit exceeded (Retry-After in seconds)', 500: 'Internal error',
 };
 
 /** Rewrites `#/$defs/X` and `file.schema.json#/$defs/X` into `#/components/schemas/X`. */

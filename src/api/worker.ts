@@ -175,7 +175,7 @@ export function workerRoutes(s: WorkerRouteServices): RouteDef[] {
     {
       method: 'POST', path: `${W}/job-done/{workerId}/{jobId}`, operationId: 'workerDone',
       summary: 'Worker: post a result or progress ({"status":"IN_PROGRESS"}); any content type, parsed as JSON',
-      tag: 'Worker protocol', auth: 'worker', skipRateLimit: true, body: 'raw', successStatus: 200, responseSchema: null, problems: [400, 401, 403, 404, 409, 413],
+      tag: 'Worker protocol', auth: 'worker', skipRateLimit: true, body: 'raw', successStatus: 200, responseSchema: null, problems: [400, 401, 403, 404, 409, 413, 415],
       maxBodyBytes: 64 * MB,
       onTooLarge: (ctx, limit) => failTooLarge(s, ctx, limit, 'result'),
       handle: async ({ req, principal, params }) => {
@@ -187,7 +187,7 @@ export function workerRoutes(s: WorkerRouteServices): RouteDef[] {
     },
     {
       method: 'POST', path: `${W}/job-stream/{workerId}/{jobId}`, operationId: 'workerStream', summary: 'Worker: post a stream chunk ({"output": …})',
-      tag: 'Worker protocol', auth: 'worker', skipRateLimit: true, body: 'raw', successStatus: 200, responseSchema: null, problems: [400, 401, 403, 404, 409, 413],
+      tag: 'Worker protocol', auth: 'worker', skipRateLimit: true, body: 'raw', successStatus: 200, responseSchema: null, problems: [400, 401, 403, 404, 409, 413, 415],
       maxBodyBytes: 64 * MB,
       onTooLarge: (ctx, limit) => failTooLarge(s, ctx, limit, 'stream chunk'),
       handle: async ({ req, principal, params }) => {

@@ -58,6 +58,8 @@ t.test('every served route is in the document, and nothing else', async (t) => {
     for (const status of r.problems) {
       t.equal(op.responses?.[String(status)]?.content?.['application/problem+json']?.schema?.$ref, '#/components/schemas/Problem', `${r.operationId}: ${status} is a Problem`);
     }
+    // Any route that reads a body refuses a compressed one (415) and one over its limit (413).
+    if (r.body !== undefined) for (const status of [413, 415]) t.ok(r.problems.includes(status), `${r.operationId} reads a body: ${status} documented`);
     t.same(op.security, r.auth === 'none' ? [] : [{ bearerAuth: [] }], `${r.operationId}: security`);
     const params = [...r.path.matchAll(/\{(\w+)\}/g)].map((m) => m[1]);
     t.same(op.parameters.filter((p: { in: string }) => p.in === 'path').map((p: { name: string }) => p.name), params, `${r.operationId}: path parameters`);
