@@ -68,7 +68,7 @@ const DEFAULT_INIT_TIMEOUT_MS = 7 * 60_000;
  * set (under a container runtime, before flashd was started with `--runtime process`).
  */
 const HOST_COMMAND_NOT_ADMIN = 'its image, command or env was last set by a key without the "admin" scope, and the process runtime '
-  + "runs commands on the host as flashd's user; a PATCH from an admin key that names image, args or env (the same values will do) "
+  + "runs commands on the host as flashd's user; a PATCH from an admin key that names image, args, entrypoint, cmd or env (the same values will do) "
   + 'lets it start, or run flashd with a container runtime';
 
 /** How long past the stop grace a shutdown waits for the runtime to confirm its workers' exits. */

@@ -133,7 +133,7 @@ t.test('process runtime: an endpoint whose command a non-admin key set under ano
   const a = await startAgent(t, { runtime: 'process', processWorkdir: workdir }, { dir: first.dir });
   await until('the admin-made endpoint to start its worker', async () => ran('admin-ran'));
   await until('the held-back line', async () => /no worker can start: its image, command or env was last set by a key without the "admin" scope/.test(await logText(a, byOps.id)));
-  t.match(await logText(a, byOps.id), /a PATCH from an admin key that names image, args or env \(the same values will do\) lets it start/, 'the line says what to do');
+  t.match(await logText(a, byOps.id), /a PATCH from an admin key that names image, args, entrypoint, cmd or env \(the same values will do\) lets it start/, 'the line says what to do');
   await sleep(1000);
   t.notOk(ran('ops-ran'), 'the non-admin\'s endpoint ran nothing on the host');
   t.notOk(ran('ops-changed-ran'), 'nor the admin endpoint whose command a non-admin changed');
