@@ -974,6 +974,12 @@ export class JobQueue {
     return { status, resultBy, output, error, rowid, inserted, input, extra, progress, claimSaved, writeSeq, completedAt, expiresAt };
   }
 
+  /** What a requeue changes on a running job, for #unrequeue. */
+  #heldState(job: Job): HeldState {
+    const { workerId, retries, attempt, claimSaved, startedAt, lostMs, progress, fencedFrom, fencedUntil, inserted, rowid, writeSeq } = job;
+    return { workerId, retries, attempt, claimSaved, startedAt, lostMs, progress, fencedFrom, fencedUntil, inserted, rowid, writeSeq };
+  }
+
   /** One end whose commit failed (a worker's result, a /cancel): see #unfinishAll. */
   #unfinish(job: Job, endedAs: JobStatus, before: LiveState): void {
     this.#unfinishAll([{ job, endedAs, before }]);
@@ -1578,8 +1584,7 @@ export class JobQueue {
       return;
     }
     const q = this.#queue(job.endpointId);
-    const { workerId, retries: retriesBefore, attempt: attemptBefore, claimSaved, startedAt, lostMs: lostBefore, progress, fencedFrom: fenceBefore, fencedUntil, inserted, rowid, writeSeq } = job;
-    const held: HeldState = { workerId, retries: retriesBefore, attempt: attemptBefore, claimSaved, startedAt, lostMs: lostBefore, progress, fencedFrom: fenceBefore, fencedUntil, inserted, rowid, writeSeq };
+    const held = this.#heldState(job);
     const unread = this.#unread.get(job.id);
     const worker = this.#release(job);
     if (worker) this.#requestStop(worker, job.id, job);
