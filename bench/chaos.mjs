@@ -396,7 +396,9 @@ try {
   const integrity = integrityCheck('at the end');
 
   const db = new Database(path.join(dataDir, 'flashd.db'), { readonly: true });
-  const rows = db.prepare('SELECT id, status, input, output, attempt, retries, created_at, completed_at FROM jobs WHERE endpoint_id = ?').all(endpointId);
+  // A long input is in job_inputs, its row's input '' (migration 15).
+  const rows = db.prepare(`SELECT id, status, coalesce((SELECT input FROM job_inputs WHERE job_id = jobs.id), input) AS input, output, attempt, retries,
+    created_at, completed_at FROM jobs WHERE endpoint_id = ?`).all(endpointId);
   db.close();
   const byId = new Map(rows.map((r) => [r.id, r]));
 

@@ -61,6 +61,17 @@ const INSERT_ROW = "(?, ?, 'IN_QUEUE', ?, ?, ?, ?, ?, ?, ?, 0, 0, ?)";
 /** Rows per multi-row insert: 320 parameters, well under SQLite's limit of 32766. */
 const INSERT_CHUNK = 32;
 
+/**
+ * The longest input kept in its job's row, in characters (migration 15): a longer one goes to
+ * `job_inputs`, written once, and the row holds ''. A row with a 4 KB input no longer fits its
+ * page (about 4,060 bytes at SQLite's default page size) and spills to overflow pages, which a
+ * change of the row's size (a claim, each progress update, the final state) writes again.
+ * Below this, the side table saves nothing: an update writes the row's leaf page either way
+ * (`node bench/wal-input.mjs`), and the 1 KB inputs of the hot path stay one statement each.
+ * 2,048 characters are at most 6 KB of UTF-8, and usually 2 KB.
+ */
+const INPUT_INLINE_MAX = 2048;
+
 /** Active rows recovery reads per statement (see JobsRepo.active): about 2 MB of JSON. */
 const ACTIVE_SLICE_ROWS = 8192;
 
@@ -108,6 +119,9 @@ const map = (r: Raw): JobRow => ({
  * A job's extra keys (s3Config, whose `accessSecret` is a credential) are sealed by every
  * write of the column and opened by the reads that hand them on (get, active), so a copy of
  * flashd.db alone does not reveal them. A job without them costs nothing: NULL is not sealed.
+ *
+ * An input over INPUT_INLINE_MAX characters is written once, to job_inputs (migration 15), by
+ * the insert; the row's `input` holds '' and inputOf and get read it from there.
  */
 export class JobsRepo {
   readonly #db: Db;
@@ -137,6 +151,8 @@ export class JobsRepo {
   readonly #deleteSlice: Statement;
   readonly #lease: Statement;
   readonly #input: Statement;
+  readonly #inputAdd: Statement;
+  readonly #inputSide: Statement;
   readonly #getLight: Statement;
   readonly #anyExpired: Statement;
   readonly #uncountOwed: Statement;
@@ -204,6 +220,9 @@ export class JobsRepo {
     this.#getSetting = db.prepare('SELECT value FROM settings WHERE key = ?').pluck();
     this.#setSetting = db.prepare('INSERT OR REPLACE INTO settings (key, value) VALUES (?, ?)');
     this.#input = db.prepare('SELECT input FROM jobs WHERE id = ?').pluck();
+    // A long input (migration 15): its row holds '', the text is here, deleted with the row (trigger).
+    this.#inputAdd = db.prepare('INSERT INTO job_inputs (job_id, input) VALUES (?, ?)');
+    this.#inputSide = db.prepare('SELECT input FROM job_inputs WHERE job_id = ?').pluck();
     // Status reads: neither the input nor the (sealed) extra keys, which no view shows.
     this.#getLight = db.prepare(`SELECT rowid, id, endpoint_id, status, NULL AS input, NULL AS extra, webhook, low_priority, execution_timeout_ms, ttl_ms,
       retention_ms, attempt, retries, worker_id, output, error, created_at, queued_at, started_at, completed_at, expires_at, ended_by_flashd, lost_ms, fenced_from FROM jobs WHERE id = ?`);
@@ -327,9 +346,24 @@ export class JobsRepo {
     return sealed;
   }
 
+  /**
+   * What a new row's `input` column holds: the input, or '' when it is longer than
+   * INPUT_INLINE_MAX, after writing it to job_inputs (in the caller's transaction).
+   */
+  #inputColumn(id: string, input: string): string {
+    if (input.length <= INPUT_INLINE_MAX) return input;
+    this.#inputAdd.run(id, input);
+    return '';
+  }
+
+  /** A row's input: its `input` column, or the text in job_inputs when that is '' (undefined if missing). */
+  #inputOfRow(id: string, stored: string): string | undefined {
+    return stored === '' ? (this.#inputSide.get(id) as string | undefined) : stored;
+  }
+
   /** Inserts a queued job; returns its rowid. */
   insert(j: NewJob, input: string): number {
-    return this.#insert.run(j.id, j.endpointId, input, this.#seal(j.extra), j.webhook, j.lowPriority ? 1 : 0, j.executionTimeoutMs, j.ttlMs, j.retentionMs, j.createdAt).lastInsertRowid as number;
+    return this.#insert.run(j.id, j.endpointId, this.#inputColumn(j.id, input), this.#seal(j.extra), j.webhook, j.lowPriority ? 1 : 0, j.executionTimeoutMs, j.ttlMs, j.retentionMs, j.createdAt).lastInsertRowid as number;
   }
 
   /**
@@ -348,7 +382,7 @@ export class JobsRepo {
         const j = jobs[at + i] as NewJob;
         args[k++] = j.id;
         args[k++] = j.endpointId;
-        args[k++] = inputs[at + i];
+        args[k++] = this.#inputColumn(j.id, inputs[at + i] as string);
         args[k++] = this.#seal(j.extra);
         args[k++] = j.webhook;
         args[k++] = j.lowPriority ? 1 : 0;
@@ -375,7 +409,7 @@ export class JobsRepo {
 
   /** Inserts a job already in its final state (a /runsync job written once, at the end); returns its rowid. */
   insertFinished(j: Omit<JobRow, 'rowid' | 'input'>, input: string): number {
-    return this.#insertFinished.run(j.id, j.endpointId, j.status, input, this.#seal(j.extra), j.webhook, j.lowPriority ? 1 : 0, j.executionTimeoutMs, j.ttlMs,
+    return this.#insertFinished.run(j.id, j.endpointId, j.status, this.#inputColumn(j.id, input), this.#seal(j.extra), j.webhook, j.lowPriority ? 1 : 0, j.executionTimeoutMs, j.ttlMs,
       j.retentionMs, j.attempt, j.retries, j.workerId, j.output, j.error, j.createdAt, j.startedAt, j.completedAt, j.expiresAt).lastInsertRowid as number;
   }
 
@@ -456,6 +490,8 @@ export class JobsRepo {
     const r = this.#get.get(id) as Raw | undefined;
     if (!r) return undefined;
     const row = map(r);
+    // A long input whose job_inputs row is missing (never: written and deleted with the row) reads as null.
+    row.input = this.#inputOfRow(row.id, row.input) ?? 'null';
     row.extra = options.extra === false ? null : this.#open(row.id, row.extra);
     return row;
   }
@@ -511,9 +547,10 @@ export class JobsRepo {
     this.#setSetting.run(FLOOR_KEY, String(rowid));
   }
 
-  /** The raw input of a job, or undefined when there is no such row. */
+  /** The raw input of a job (from job_inputs when long), or undefined when there is no such row. */
   inputOf(id: string): string | undefined {
-    return this.#input.get(id) as string | undefined;
+    const stored = this.#input.get(id) as string | undefined;
+    return stored === undefined ? undefined : this.#inputOfRow(id, stored);
   }
 
   /** Whether a row's result has expired (one index probe: the expiry sweep runs every second). */

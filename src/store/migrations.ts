@@ -264,4 +264,22 @@ export const MIGRATIONS: readonly string[] = [
   INSERT OR REPLACE INTO settings (key, value) SELECT 'jobs.unsealed_extra', '1'
     WHERE EXISTS (SELECT 1 FROM jobs WHERE extra GLOB '{*');
   `,
+  // 15: a job's input over 2,048 characters (store/jobs.ts INPUT_INLINE_MAX) is written here,
+  // once, in the transaction of the job's insert, and its row's `input` is '' (no JSON text
+  // is empty). In the row, SQLite rewrote it with every later change of the row (a claim, each
+  // progress update, the final state, a requeue): a change of a record's size rewrites the
+  // whole record, overflow pages included (a 9 MB input: 9 MB of WAL per progress update). The
+  // trigger deletes it with the job's row, as jobs_delete_chunks its chunks (the expiry sweep
+  // and endpoint deletion delete rows in slices); the WHEN spares other rows the lookup. Rows
+  // written before keep their input inline. IF NOT EXISTS: a replay on a database whose
+  // user_version was set back (test/queue/s3-config-sealed.test.ts) finds them there.
+  `
+  CREATE TABLE IF NOT EXISTS job_inputs (
+    job_id TEXT PRIMARY KEY,
+    input TEXT NOT NULL
+  ) WITHOUT ROWID;
+  CREATE TRIGGER IF NOT EXISTS jobs_delete_input AFTER DELETE ON jobs WHEN OLD.input = '' BEGIN
+    DELETE FROM job_inputs WHERE job_id = OLD.id;
+  END;
+  `,
 ];
