@@ -31,7 +31,8 @@
  *      CHAOS_FLASHD_SHARE (0.3 of kills hit flashd), CHAOS_SEED, CHAOS_FLASHD (entry file),
  *      CHAOS_KEEP=1 (keep the data dir and logs), CHAOS_TIMEOUT_S (overall limit, 900),
  *      CHAOS_WEBHOOK_EVERY (3: every Nth job has a webhook; 0 for none),
- *      CHAOS_WEBHOOK_WAIT_S (30: how long to wait for owed webhooks after the drain)
+ *      CHAOS_WEBHOOK_WAIT_S (30: how long to wait for owed webhooks after the drain),
+ *      CHAOS_INPUT_PAD (200: characters of padding in each input; over 2,048 the inputs go to job_inputs)
  */
 import { spawn } from 'node:child_process';
 import { createServer } from 'node:http';
@@ -59,6 +60,7 @@ const HOST = '127.0.0.1';
 const HOOK_EVERY = int('CHAOS_WEBHOOK_EVERY', 3);
 const HOOK_WAIT_S = int('CHAOS_WEBHOOK_WAIT_S', 30);
 const HOOK_RETRY_MS = 500;
+const INPUT_PAD = int('CHAOS_INPUT_PAD', 200);
 const WORKER_JS = fileURLToPath(new URL('./chaos-worker.mjs', import.meta.url));
 // Expected self-kills are about as many as orchestrated kills, split over three points.
 const SELF_KILL_P = Math.min(0.05, KILLS / Math.max(1, JOBS) / 3);
@@ -267,7 +269,7 @@ let seqNext = 0;
 
 async function submitter(index, count) {
   const c = new Conn(HOST, port);
-  const pad = 'p'.repeat(200);
+  const pad = 'p'.repeat(INPUT_PAD);
   for (let k = 0; k < count && !stopping; ) {
     // Paced: WORKERS*... about JOBS over WINDOW_S overall.
     const due = T_SUBMIT + ((k * SUBMITTERS + index) * WINDOW_S * 1000) / JOBS;
