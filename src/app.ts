@@ -19,7 +19,7 @@ import { ContainerRuntime, ProcessRuntime, findEngineSocket, reapOrphanProcessWo
 import { Autoscaler, LogHub, unreservedCpu } from './scheduler/index.js';
 import { GpuWatch, ResourceLedger, createLedgerPlacement, probeHost, workerRequirement } from './gpu/index.js';
 import type { EndpointSpec } from './endpoints/index.js';
-import { IdentityRepo, JobsRepo, LogsRepo, WriteBatch, lockDataDir, openDb, walPathOf, type Db } from './store/index.js';
+import { IdentityRepo, JobsRepo, LogsRepo, SpaceReclaimer, WriteBatch, lockDataDir, openDb, walPathOf, type Db } from './store/index.js';
 
 export const VERSION: string = pkg.version;
 
@@ -273,15 +273,22 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
       volumeDeleted: (id) => void containers?.removeVolume(id),
     });
     const reapEvery = Math.max(100, Math.min(1000, Math.floor(config.leaseMs / 4)));
+    // Free pages (expired results, deleted endpoints) back to the filesystem, a slice per commit.
+    const reclaimer = new SpaceReclaimer(db, batch, log.child({ component: 'store' }));
     const timers = [
       setInterval(() => queue.reap(), reapEvery),
       // Every second, so /health's finished counts fall as results expire (a read when nothing is due).
       setInterval(() => queue.expire(), 1000),
       // Checkpoints off the request path (perf-anchors §3b note b).
       setInterval(() => db.pragma('wal_checkpoint(PASSIVE)'), 10_000),
+      // A read of two header fields when there is nothing worth giving back.
+      setInterval(() => reclaimer.check(), 1000),
     ];
     for (const t of timers) t.unref();
-    closers.push(() => timers.forEach(clearInterval));
+    closers.push(() => {
+      timers.forEach(clearInterval);
+      reclaimer.close();
+    });
 
     const api = createApi({
       services: { endpoints, auth, urls, dataCenters: () => dataCenters, inventory: () => ledger.inventory(), version: VERSION,

@@ -1,4 +1,4 @@
-import { chmodSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { chmodSync, mkdirSync, readFileSync, statfsSync, statSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import Database from 'better-sqlite3';
 import type { Logger } from '../core/logger.js';
@@ -98,7 +98,12 @@ export function openDb(options: OpenDbOptions): Db {
   // SQLite gives the -wal and -shm files it creates later the database file's mode; an existing
   // database made with a looser one is tightened below.
   const file = join(options.dataDir, 'flashd.db');
-  const db = openOwnerOnly(file, (d) => d.pragma('journal_mode = WAL'));
+  // auto_vacuum first: a new file takes it only before its first page is written, which
+  // journal_mode=WAL already does. On an existing file it is what the next VACUUM converts to.
+  const db = openOwnerOnly(file, (d) => {
+    d.pragma('auto_vacuum = INCREMENTAL');
+    d.pragma('journal_mode = WAL');
+  });
   for (const f of [file, `${file}-wal`, `${file}-shm`]) {
     try {
       chmodSync(f, 0o600);
@@ -114,8 +119,62 @@ export function openDb(options: OpenDbOptions): Db {
   // ones (64 MB) on throughput and on p99; the WAL stays small, in place and in the page
   // cache, and each stall is a few ms instead of tens. app.ts adds a PASSIVE one every 10 s.
   db.pragma('wal_autocheckpoint = 1000');
+  // The WAL keeps the size of the largest transaction it ever held (a group commit of big
+  // inputs: hundreds of MB) unless SQLite truncates it when it starts over: to 16 MB, four
+  // times what the checkpoint above lets it reach, so steady traffic never truncates it.
+  db.pragma(`journal_size_limit = ${WAL_SIZE_LIMIT}`);
   migrate(db, options.log);
+  if (db.pragma('auto_vacuum', { simple: true }) !== AUTO_VACUUM_INCREMENTAL) convertToIncremental(db, options.dataDir, options.log);
   return db;
+}
+
+/** Bytes the WAL file is cut back to when SQLite starts it over (`journal_size_limit`). */
+export const WAL_SIZE_LIMIT = 16 * 1024 * 1024;
+
+/** `PRAGMA auto_vacuum`'s value for INCREMENTAL (0 is NONE, 1 FULL). */
+const AUTO_VACUUM_INCREMENTAL = 2;
+
+/**
+ * Makes a database an older flashd created (auto_vacuum NONE: its file never shrinks) give
+ * space back from now on: once, at start, a VACUUM with auto_vacuum=INCREMENTAL pending
+ * (openDb sets it), which also drops the free pages it has now. It rewrites the live pages
+ * only, so it takes time in proportion to the rows kept, not to the file's size, and it needs
+ * room for them twice over (SQLite's temporary copy and the WAL): with less free space on the
+ * data directory's filesystem, or when it fails (a full disk: SQLite rolls it back), the
+ * database stays as it was and the next start tries again. Rowids are kept (jobs' recovery
+ * floor relies on them; SQLite copies each table's rows with their rowids).
+ */
+function convertToIncremental(db: Db, dataDir: string, log: Logger): void {
+  const pageSize = db.pragma('page_size', { simple: true }) as number;
+  const pages = db.pragma('page_count', { simple: true }) as number;
+  const free = db.pragma('freelist_count', { simple: true }) as number;
+  const file = join(dataDir, 'flashd.db');
+  const mb = (bytes: number): number => Math.round(bytes / 104857.6) / 10;
+  const live = (pages - free) * pageSize;
+  const sizes = { fileMb: mb(statSync(file).size), liveMb: mb(live), freeMb: mb(free * pageSize) };
+  let diskFree = Infinity;
+  try {
+    const fs = statfsSync(dataDir);
+    diskFree = fs.bavail * fs.bsize;
+  } catch {
+    // Not known here: let SQLite find out.
+  }
+  if (diskFree < 2 * live) {
+    log.warn('store not converted to give space back (auto_vacuum=INCREMENTAL): too little free disk for a copy of its live pages; tried again at the next start',
+      { ...sizes, diskFreeMb: mb(diskFree) });
+    return;
+  }
+  log.info('store converting to give space back (auto_vacuum=INCREMENTAL), once: a VACUUM of its live pages', sizes);
+  const started = Date.now();
+  try {
+    db.exec('VACUUM');
+  } catch (err) {
+    log.warn('store conversion to auto_vacuum=INCREMENTAL failed, the database is as it was; tried again at the next start', { ...sizes, err });
+    return;
+  }
+  // The file is cut, and the WAL the VACUUM filled emptied, once the checkpoint copied it in.
+  db.pragma('wal_checkpoint(TRUNCATE)');
+  log.info('store converted to auto_vacuum=INCREMENTAL', { ms: Date.now() - started, fileMb: mb(statSync(file).size) });
 }
 
 export function migrate(db: Db, log: Logger): void {

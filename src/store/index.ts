@@ -2,5 +2,6 @@ export { openDb, lockDataDir, migrate, walPathOf, type Db, type DataDirLock, typ
 export { ResourceRepo, type ResourceRow, type ResourceTable } from './resources.js';
 export { IdentityRepo, type ApiKeyRow, type UserRow, type TeamRow, type TeamMemberRow } from './identity.js';
 export { WriteBatch } from './write-batch.js';
+export { SpaceReclaimer } from './vacuum.js';
 export { JobsRepo, type ActiveJobRow, type JobRow, type JobStatus } from './jobs.js';
 export { LogsRepo, type LogLine } from './logs.js';
