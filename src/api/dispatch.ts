@@ -2,6 +2,9 @@
  * Request flow for every route: match (404/405) → authenticate (401) → rate limit (429) →
  * scope (403) → content type (415) and JSON (400) → handler → JSON reply. Any thrown value
  * becomes problem+json in `problemReply`, carrying the rate-limit headers already earned.
+ * The steps up to scope, and the route's own `admit` check, need only the headers: when a body
+ * is coming the server runs them (`RouteDecision.admit`) before reading it, so a request that
+ * will be refused never has its body kept.
  * Rate limits: per user (minute/hour/day) for the management API, per endpoint and operation
  * group (10 s) for the queue job routes, none for worker routes and exempt keys.
  */
@@ -127,6 +130,51 @@ export function createDispatcher(options: DispatcherOptions): (method: string, p
     }
     const maxBodyBytes = route.maxBodyBytes ?? options.maxBodyBytes;
     const onTooLarge = route.onTooLarge;
+    // What the headers alone decide (authenticate, rate limit, scope, route.admit): run by the
+    // server before the body is read when one is coming (RouteDecision.admit), else by handle().
+    let principal: Principal | undefined;
+    let rateHeaders: Record<string, string> = NO_HEADERS;
+    let refused: unknown;
+    let gated = false;
+    /** False when the request is refused (`refused` holds why). */
+    const gate = (req: IncomingRequest): boolean => {
+      gated = true;
+      try {
+        let authorized = false;
+        if (route.auth !== 'none') {
+          principal = auth.authenticate(req.headers);
+          if (!principal.exempt && !route.skipRateLimit) {
+            const group = route.jobRateGroup;
+            const endpointId = group === undefined ? undefined : match.params['endpointId'];
+            // Job routes: RunPod's per-endpoint quotas, not the management API's per-user ones.
+            if (group !== undefined && endpointId !== undefined && endpointOwner(endpointId) === principal.ownerId) {
+              if (jobRateLimiter.enabled) {
+                // Every key of the account shares the endpoint's quota: one that may not make
+                // this call (a jobs:read key, a worker key from a worker's environment) gets
+                // its 403 without spending it, or it could lock the others out of /run or
+                // /purge-queue. The reply still reports the quota.
+                try {
+                  authorize(route, principal);
+                } catch (err) {
+                  rateHeaders = jobRateLimiter.peek(endpointId, group);
+                  throw err;
+                }
+                authorized = true;
+                rateHeaders = takeJobRate(endpointId, group);
+              }
+            } else {
+              rateHeaders = takeUserRate(principal.userId);
+            }
+          }
+          if (!authorized) authorize(route, principal);
+        }
+        route.admit?.({ req, params: match.params, principal: principal as Principal });
+        return true;
+      } catch (err) {
+        refused = err;
+        return false;
+      }
+    };
     return {
       maxBodyBytes,
       ...(onTooLarge ? {
@@ -143,38 +191,11 @@ export function createDispatcher(options: DispatcherOptions): (method: string, p
           return problemReply(new AgentError('PAYLOAD_TOO_LARGE', `The request body is larger than the ${maxBodyBytes} bytes this route accepts.`), req.id);
         },
       } : {}),
+      ...(route.auth === 'none' && !route.admit ? {} : { admit: (req: IncomingRequest) => (gate(req) ? undefined : fail(refused, req, rateHeaders)) }),
       handle: async (req) => {
-        let rateHeaders: Record<string, string> = NO_HEADERS;
         try {
-          let principal: Principal | undefined;
-          let authorized = false;
-          if (route.auth !== 'none') {
-            principal = auth.authenticate(req.headers);
-            if (!principal.exempt && !route.skipRateLimit) {
-              const group = route.jobRateGroup;
-              const endpointId = group === undefined ? undefined : match.params['endpointId'];
-              // Job routes: RunPod's per-endpoint quotas, not the management API's per-user ones.
-              if (group !== undefined && endpointId !== undefined && endpointOwner(endpointId) === principal.ownerId) {
-                if (jobRateLimiter.enabled) {
-                  // Every key of the account shares the endpoint's quota: one that may not make
-                  // this call (a jobs:read key, a worker key from a worker's environment) gets
-                  // its 403 without spending it, or it could lock the others out of /run or
-                  // /purge-queue. The reply still reports the quota.
-                  try {
-                    authorize(route, principal);
-                  } catch (err) {
-                    rateHeaders = jobRateLimiter.peek(endpointId, group);
-                    throw err;
-                  }
-                  authorized = true;
-                  rateHeaders = takeJobRate(endpointId, group);
-                }
-              } else {
-                rateHeaders = takeUserRate(principal.userId);
-              }
-            }
-            if (!authorized) authorize(route, principal);
-          }
+          if (!gated) gate(req);
+          if (refused !== undefined) throw refused;
           let body: unknown;
           let bodyText: string | undefined;
           if (route.body !== undefined) {

@@ -109,6 +109,7 @@ export function jobRoutes(s: JobRouteServices): RouteDef[] {
       method: 'POST', path: `${P}/run`, operationId: 'runJob', jobRateGroup: 'run', summary: 'Queue a job; replies at once with its id', tag: 'Jobs',
       auth: 'user', scope: 'jobs:run', body: 'json', requestSchema: 'JobSubmit', successStatus: 200, responseSchema: 'JobAccepted',
       problems: [400, 401, 403, 404, 413, 415, 429], maxBodyBytes: 10 * MB,
+      admit: ({ principal, params }) => void queueEndpoint(endpointFor(principal, params['endpointId'] as string)),
       handle: async ({ principal, params, body, bodyText }) => {
         const job = await submit(principal, params['endpointId'] as string, body, bodyText, s.queue.settings.runRetentionMs);
         // Always IN_QUEUE: the job was queued when accepted, even if a parked worker took it
@@ -121,6 +122,10 @@ export function jobRoutes(s: JobRouteServices): RouteDef[] {
       summary: 'Queue a job and wait up to ?wait ms (1000–300000, default 90000) for its result; the job goes on after the wait',
       tag: 'Jobs', auth: 'user', scope: 'jobs:run', body: 'json', requestSchema: 'JobSubmit', successStatus: 200, responseSchema: 'JobStatus',
       problems: [400, 401, 403, 404, 413, 415, 429], maxBodyBytes: 20 * MB,
+      admit: ({ req, principal, params }) => {
+        intQuery(req.query, 'wait', 1000, 300_000);
+        queueEndpoint(endpointFor(principal, params['endpointId'] as string));
+      },
       query: [{ name: 'wait', description: 'ms to wait for completion, 1000–300000 (default 90000).', schema: { type: 'integer', minimum: 1000, maximum: 300000 } }],
       handle: async ({ req, principal, params, body, bodyText }) => {
         const wait = intQuery(req.query, 'wait', 1000, 300_000);

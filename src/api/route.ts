@@ -73,6 +73,13 @@ export interface RouteDef {
    * a deleted endpoint polls about once per hold instead of in a tight loop.
    */
   holdErrorsMs?: number;
+  /**
+   * A synchronous check of what the headers and path alone decide (the endpoint exists and is
+   * the caller's, the worker key is this worker's): it runs after authentication and scope,
+   * before any byte of the body is read, so a request that will be refused never has its body
+   * buffered. It throws the refusal; the handler still checks again once the body is in.
+   */
+  admit?(ctx: Omit<ApiContext, 'body' | 'bodyText'>): void;
   handle(ctx: ApiContext): ApiResult | Promise<ApiResult>;
   /**
    * Runs, authenticated, when the body is over `maxBodyBytes` (no body is read), before the 413:

@@ -178,6 +178,7 @@ export function workerRoutes(s: WorkerRouteServices): RouteDef[] {
       tag: 'Worker protocol', auth: 'worker', skipRateLimit: true, body: 'raw', successStatus: 200, responseSchema: null, problems: [400, 401, 403, 404, 409, 413, 415],
       maxBodyBytes: 64 * MB,
       onTooLarge: (ctx, limit) => failTooLarge(s, ctx, limit, 'result'),
+      admit: ({ principal, params }) => checkWorker(s, principal, params['endpointId'] as string, params['workerId'] as string),
       handle: async ({ req, principal, params }) => {
         const endpointId = params['endpointId'] as string;
         checkWorker(s, principal, endpointId, params['workerId'] as string);
@@ -190,6 +191,7 @@ export function workerRoutes(s: WorkerRouteServices): RouteDef[] {
       tag: 'Worker protocol', auth: 'worker', skipRateLimit: true, body: 'raw', successStatus: 200, responseSchema: null, problems: [400, 401, 403, 404, 409, 413, 415],
       maxBodyBytes: 64 * MB,
       onTooLarge: (ctx, limit) => failTooLarge(s, ctx, limit, 'stream chunk'),
+      admit: ({ principal, params }) => checkWorker(s, principal, params['endpointId'] as string, params['workerId'] as string),
       handle: async ({ req, principal, params }) => {
         const endpointId = params['endpointId'] as string;
         checkWorker(s, principal, endpointId, params['workerId'] as string);

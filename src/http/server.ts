@@ -70,6 +70,12 @@ export interface RouteDecision {
   handle(req: IncomingRequest): Promise<OutgoingReply> | OutgoingReply;
   /** The reply to a body over `maxBodyBytes` (the request has headers, no body); a plain 413 without it. */
   tooLarge?(req: IncomingRequest): Promise<OutgoingReply> | OutgoingReply;
+  /**
+   * What the headers alone decide, asked before the first byte of a body is read (a request
+   * without a body goes straight to `handle`, which decides it there): a reply here (401, 403,
+   * 404, 429) is sent at once and the body that follows is read and dropped, never kept.
+   */
+  admit?(req: IncomingRequest): OutgoingReply | undefined;
 }
 
 export interface HttpServerOptions {
@@ -257,6 +263,10 @@ export function createHttpServer(options: HttpServerOptions): HttpServer {
     #refused = false;
     /** Over the limit: the rest of the body is read and dropped, and the 413 sent at its end. */
     #draining = false;
+    /** Refused from its headers and answered: the body that follows is read and dropped. */
+    #answered = false;
+    /** A refusal from the headers held until the end of a chunked body (refuseEarly). */
+    #early: OutgoingReply | undefined = undefined;
     #settled = false;
 
     constructor(res: HttpResponse, uReq: HttpRequest) {
@@ -491,14 +501,49 @@ export function createHttpServer(options: HttpServerOptions): HttpServer {
         });
     }
 
+    /** A 413 is on its way (refuseBody). */
+    get refusing(): boolean {
+      return this.#refused;
+    }
+
     /** The declared body is over the limit: read and drop it, then answer 413 (DRAIN_MAX_BYTES). */
     refuseBody(): void {
       this.#refused = true;
       this.#draining = true;
     }
 
+    /**
+     * Refused from its headers (admit) with its body still to come: flashd keeps none of it.
+     * With a Content-Length (within the route's limit, or the 413 came first) the reply goes
+     * out now and uWS reads the rest of the body and drops it, keeping the connection for the
+     * next request: a client that sends its whole body before reading gets the reply, not a
+     * broken pipe. A chunked body has no end known in advance and a response once ended can no
+     * longer close its connection: it is read and dropped, and the reply goes out at its last
+     * chunk, or with the connection closed once it passes the route's limit.
+     */
+    refuseEarly(reply: OutgoingReply, chunked: boolean): void {
+      this.#refused = true;
+      if (chunked) {
+        this.#early = reply;
+        return;
+      }
+      this.#answered = true;
+      this.reply(reply);
+    }
+
     data(ab: ArrayBuffer, isLast: boolean): void {
       this.#received += ab.byteLength;
+      // Answered already: uWS still hands over the rest of the body, to drop.
+      if (this.#answered) return;
+      const early = this.#early;
+      if (early !== undefined) {
+        if (isLast || this.#received > (this.decision as RouteDecision).maxBodyBytes) {
+          this.#early = undefined;
+          this.#answered = true;
+          this.reply(early, !isLast);
+        }
+        return;
+      }
       if (this.#refused) {
         if (this.#draining && (isLast || this.#received > DRAIN_MAX_BYTES)) {
           this.#draining = false;
@@ -580,6 +625,16 @@ export function createHttpServer(options: HttpServerOptions): HttpServer {
       enter(ex);
       ex.data(ab, isLast);
     });
+    if (!ex.refusing && ex.decision.admit) {
+      let early: OutgoingReply | undefined;
+      try {
+        early = ex.decision.admit(ex);
+      } catch (err) {
+        log.error('request admission failed', { err, requestId: ex.id });
+        early = options.onEarlyError('internal', 'The server failed to handle this request.', ex.id);
+      }
+      if (early) ex.refuseEarly(early, chunked);
+    }
   }
 
   return {
