@@ -76,11 +76,15 @@ export class SpaceReclaimer {
       this.#timer = null;
       if (this.#closed) return;
       let error: unknown;
-      // Caught here: a failing slice must not fail the job writes that share its commit.
+      // Caught here: a failing slice must not fail the job writes that share its commit. Unless
+      // SQLite rolled the whole transaction back (a full disk or an I/O error while its pages
+      // spilled to the WAL): the writes after it would each commit on their own while the batch
+      // reports them rolled back, so the batch fails as it is.
       this.#batch.write(() => {
         try {
           this.#db.pragma(`incremental_vacuum(${VACUUM_SLICE_PAGES})`);
         } catch (err) {
+          if (!this.#db.inTransaction) throw err;
           error = err;
         }
       });
