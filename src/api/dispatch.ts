@@ -191,7 +191,9 @@ export function createDispatcher(options: DispatcherOptions): (method: string, p
           return problemReply(new AgentError('PAYLOAD_TOO_LARGE', `The request body is larger than the ${maxBodyBytes} bytes this route accepts.`), req.id);
         },
       } : {}),
-      ...(route.auth === 'none' && !route.admit ? {} : { admit: (req: IncomingRequest) => (gate(req) ? undefined : fail(refused, req, rateHeaders)) }),
+      // Not for a route whose errors wait (job-take): an early reply would skip the wait, and a
+      // worker re-polling at once would spin. Its body (none is expected) is at most maxBodyBytes.
+      ...((route.auth === 'none' && !route.admit) || route.holdErrorsMs ? {} : { admit: (req: IncomingRequest) => (gate(req) ? undefined : fail(refused, req, rateHeaders)) }),
       handle: async (req) => {
         try {
           if (!gated) gate(req);

@@ -8,6 +8,7 @@ import t, { type Test } from 'tap';
 import { connect, type Socket } from 'node:net';
 import { ADMIN_KEY, assertProblem, cpuBody, startAgent, type Reply } from '../helpers/agent.js';
 import { TestWorker } from '../helpers/worker.js';
+import { POLL_ERROR_HOLD_MS } from '../../src/api/worker.js';
 
 const MB = 1024 * 1024;
 
@@ -174,4 +175,22 @@ t.test('bodies of refused requests are not kept in memory', async (t) => {
   const grew = peak - before;
   t.ok(grew < length, `array buffers grew by ${(grew / MB).toFixed(1)} MiB, less than one body (${length / MB} MiB) for eight of them`);
   for (const c of conns) c.socket.destroy();
+});
+
+t.test('a job-take refused keeps its error wait even when it has a body', async (t) => {
+  const { a } = await setup(t);
+  const gone = (await a.req('POST', '/v2/serverless', { body: cpuBody({ name: 'gone', workers: { min: 0, max: 0 } }) })).json.id as string;
+  const worker = await TestWorker.create(a, gone);
+  t.equal((await a.req('DELETE', `/v2/serverless/${gone}`)).status, 204, 'its endpoint is deleted');
+  // runpod-python re-polls at once after an error: answered at once, a worker would spin.
+  for (const body of ['', '{}']) {
+    const c = new Conn(a.url);
+    const started = performance.now();
+    await c.send('GET', `/v2/${gone}/job-take/${worker.workerId}`, { authorization: worker.key, 'content-length': String(body.length) }, body);
+    const r = await c.reply();
+    const waited = performance.now() - started;
+    t.ok(r && r.status >= 400, `with ${body ? 'a' : 'no'} body: refused (${r?.status})`);
+    t.ok(waited >= POLL_ERROR_HOLD_MS - 50, `with ${body ? 'a' : 'no'} body: after the ${POLL_ERROR_HOLD_MS} ms wait (${Math.round(waited)} ms)`);
+    c.socket.destroy();
+  }
 });
