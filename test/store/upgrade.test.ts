@@ -1,0 +1,91 @@
+/**
+ * The first start of this flashd on a database the previous release left (user_version 14,
+ * auto_vacuum NONE, free pages of expired results, long inputs inline in their rows): migration
+ * 15 and the conversion (a VACUUM) run before recovery, and afterwards every queued and running
+ * job comes back and runs with its whole input, a kept result is served, an old FAILED job's
+ * /retry runs with its input, and the file is cut to its live pages. Recovery reads the jobs
+ * table from the recovery floor (a rowid) up, so the conversion must keep every row's rowid:
+ * jobs has no INTEGER PRIMARY KEY, and a copy that renumbered rows would put active ones under
+ * the floor, where recovery never looks.
+ *
+ * The old database is made here from a current one: endpoint created through the API, then
+ * migration 15 undone (its table and trigger dropped, user_version 14) and the file rewritten
+ * with auto_vacuum NONE; the jobs are written by SQL as the previous release wrote them.
+ */
+import t from 'tap';
+import Database from 'better-sqlite3';
+import { statSync } from 'node:fs';
+import { join } from 'node:path';
+import { startAgent, cpuBody } from '../helpers/agent.js';
+import { TestWorker } from '../helpers/worker.js';
+import { testDataDir } from '../helpers/data-dir.js';
+
+const MB = 1024 * 1024;
+
+t.test('an old database: migration 15, conversion and recovery of its active jobs, with their long inline inputs', async (t) => {
+  const dir = testDataDir(t);
+  const a = await startAgent(t, { takeHoldMs: 200, sqliteSynchronous: 'normal' }, { dir });
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  await a.agent.close();
+
+  const old = new Database(join(dir, 'flashd.db'));
+  old.exec('DROP TRIGGER jobs_delete_input; DROP TABLE job_inputs');
+  old.pragma('user_version = 14');
+  old.pragma('auto_vacuum = NONE');
+  old.exec('VACUUM');
+  t.equal(old.pragma('auto_vacuum', { simple: true }), 0, 'the fixture is in the old format');
+  const now = Date.now();
+  const insert = old.prepare(`INSERT INTO jobs (id, endpoint_id, status, input, execution_timeout_ms, ttl_ms, retention_ms, attempt, worker_id,
+    output, error, created_at, queued_at, started_at, completed_at, expires_at) VALUES (?, ?, ?, ?, 600000, 86400000, 1800000, ?, ?, ?, ?, ?, ?, ?, ?, ?)`);
+  // Finished results the old flashd expired: their pages are on the freelist, their rowids below the live rows'.
+  const blob = JSON.stringify({ blob: 'x'.repeat(MB) });
+  for (let i = 0; i < 24; i++) insert.run(`gone-${i}`, ep, 'COMPLETED', blob, 1, 'w0', '{"ok":1}', null, now, now, now, now, now + 1);
+  const input = (tag: string, chars: number) => JSON.stringify({ tag, image: 'QUJD'.repeat(chars / 4) });
+  const jobs = {
+    kept: input('kept', 40_000), failed: input('failed', 300_000), running: input('running', 200_000),
+    queued: input('queued', 1_000_000), small: input('small', 100),
+  };
+  insert.run('kept', ep, 'COMPLETED', jobs.kept, 1, 'w0', '{"answer":42}', null, now, now, now, now, now + 3_600_000);
+  insert.run('failed', ep, 'FAILED', jobs.failed, 1, 'w0', null, '"out of memory"', now, now, now, now, now + 3_600_000);
+  insert.run('running', ep, 'IN_PROGRESS', jobs.running, 1, 'w-killed', null, null, now, now, now, null, null);
+  insert.run('queued', ep, 'IN_QUEUE', jobs.queued, 0, null, null, null, now, now, null, null, null);
+  insert.run('small', ep, 'IN_QUEUE', jobs.small, 0, null, null, null, now, now, null, null, null);
+  old.prepare("DELETE FROM jobs WHERE id GLOB 'gone-*'").run();
+  const firstLive = old.prepare("SELECT min(rowid) FROM jobs WHERE endpoint_id = ?").pluck().get(ep) as number;
+  // As the old flashd kept it: no active row below the floor, which is above the deleted rows.
+  old.prepare("INSERT OR REPLACE INTO settings (key, value) VALUES ('jobs.recovery_floor', ?)").run(String(firstLive));
+  const rows = old.prepare('SELECT rowid, id FROM jobs ORDER BY rowid').all();
+  old.pragma('wal_checkpoint(TRUNCATE)');
+  old.close();
+  const peak = statSync(join(dir, 'flashd.db')).size;
+  t.ok(peak > 24 * MB, `the old file is ${peak} bytes`);
+
+  const b = await startAgent(t, { takeHoldMs: 200, leaseMs: 1000, sqliteSynchronous: 'normal' }, { dir });
+  const logs = b.logs.join('');
+  t.match(logs, /store migrated version=15/, 'migration 15 ran');
+  t.match(logs, /converting to give space back.*converted to auto_vacuum=INCREMENTAL/s, 'the file was converted');
+  t.match(logs, /jobs recovered queued=2 running=1/, 'the queued and the running jobs were recovered');
+  t.equal(b.agent.db.pragma('auto_vacuum', { simple: true }), 2);
+  t.same(b.agent.db.prepare('SELECT rowid, id FROM jobs ORDER BY rowid').all(), rows, 'every row kept its rowid');
+  const after = statSync(join(dir, 'flashd.db')).size;
+  t.ok(after < peak / 4, `the file went from ${peak} to ${after} bytes`);
+
+  t.same((await b.req('GET', `/v2/${ep}/status/kept`)).json.output, { answer: 42 }, 'a kept result is served');
+  t.equal((await b.req('POST', `/v2/${ep}/retry/failed`)).status, 200, '/retry of an old FAILED job');
+  const w = await TestWorker.create(b, ep);
+  const got = new Map<string, number>();
+  for (let i = 0; i < 50 && got.size < 4; i++) {
+    const job = await w.take();
+    if (!job) continue;
+    got.set(job.id, (got.get(job.id) ?? 0) + 1);
+    t.equal(JSON.stringify(job.input), jobs[job.id as keyof typeof jobs], `${job.id}: its whole input`);
+    t.equal((await w.done(job.id, { output: { tag: job.id } })).status, 200);
+  }
+  t.same([...got.keys()].sort(), ['failed', 'queued', 'running', 'small'], 'the queued, the running (at its lease) and the retried job ran');
+  t.ok([...got.values()].every((n) => n === 1), 'each once');
+  for (const id of ['failed', 'queued', 'running', 'small']) {
+    t.match((await b.req('GET', `/v2/${ep}/status/${id}`)).json, { status: 'COMPLETED', output: { tag: id } });
+  }
+  t.equal(b.agent.db.prepare('SELECT count(*) FROM job_inputs').pluck().get(), 0, 'old inputs stay in their rows');
+  t.equal(b.agent.db.pragma('integrity_check', { simple: true }), 'ok');
+});
