@@ -139,10 +139,11 @@ const AUTO_VACUUM_INCREMENTAL = 2;
  * space back from now on: once, at start, a VACUUM with auto_vacuum=INCREMENTAL pending
  * (openDb sets it), which also drops the free pages it has now. It rewrites the live pages
  * only, so it takes time in proportion to the rows kept, not to the file's size, and it needs
- * room for them twice over (SQLite's temporary copy and the WAL): with less free space on the
- * data directory's filesystem, or when it fails (a full disk: SQLite rolls it back), the
- * database stays as it was and the next start tries again. Rowids are kept (jobs' recovery
- * floor relies on them; SQLite copies each table's rows with their rowids).
+ * room for them twice over (SQLite's temporary copy, made in the data directory, and the WAL):
+ * with less free space on the data directory's filesystem, or when it fails (a full disk:
+ * SQLite rolls it back), the database stays as it was and the next start tries again. Rowids
+ * are kept (jobs' recovery floor relies on them; SQLite copies each table's rows with their
+ * rowids).
  */
 function convertToIncremental(db: Db, dataDir: string, log: Logger): void {
   const pageSize = db.pragma('page_size', { simple: true }) as number;
@@ -166,11 +167,17 @@ function convertToIncremental(db: Db, dataDir: string, log: Logger): void {
   }
   log.info('store converting to give space back (auto_vacuum=INCREMENTAL), once: a VACUUM of its live pages', sizes);
   const started = Date.now();
+  // SQLite writes the VACUUM's temporary copy to its temporary directory (SQLITE_TMPDIR, TMPDIR
+  // or /var/tmp: often another filesystem, the root one or a tmpfs in RAM), where the room was
+  // not checked: for the VACUUM it is the data directory. A process-wide setting, set back after.
   try {
+    db.pragma(`temp_store_directory = '${dataDir.replaceAll("'", "''")}'`);
     db.exec('VACUUM');
   } catch (err) {
     log.warn('store conversion to auto_vacuum=INCREMENTAL failed, the database is as it was; tried again at the next start', { ...sizes, err });
     return;
+  } finally {
+    db.pragma("temp_store_directory = ''");
   }
   // The file is cut, and the WAL the VACUUM filled emptied, once the checkpoint copied it in.
   db.pragma('wal_checkpoint(TRUNCATE)');

@@ -8,19 +8,27 @@
  * jobs has no INTEGER PRIMARY KEY, and a copy that renumbered rows would put active ones under
  * the floor, where recovery never looks.
  *
+ * The conversion's VACUUM writes a temporary copy of the live pages: in the data directory,
+ * where its room was checked, not in SQLite's temporary directory (SQLITE_TMPDIR, TMPDIR or
+ * /var/tmp), often another filesystem.
+ *
  * The old database is made here from a current one: endpoint created through the API, then
  * migration 15 undone (its table and trigger dropped, user_version 14) and the file rewritten
  * with auto_vacuum NONE; the jobs are written by SQL as the previous release wrote them.
  */
 import t from 'tap';
 import Database from 'better-sqlite3';
-import { statSync } from 'node:fs';
+import { spawn } from 'node:child_process';
+import { existsSync, mkdirSync, readdirSync, readlinkSync, statSync } from 'node:fs';
 import { join } from 'node:path';
 import { startAgent, cpuBody } from '../helpers/agent.js';
 import { TestWorker } from '../helpers/worker.js';
 import { testDataDir } from '../helpers/data-dir.js';
+import { databaseAtVersion } from '../helpers/old-db.js';
+import { REPO_ROOT, cleanEnv } from '../helpers/spawn-flashd.js';
 
 const MB = 1024 * 1024;
+const BUNDLE = join(REPO_ROOT, 'dist/flashd.mjs');
 
 t.test('an old database: migration 15, conversion and recovery of its active jobs, with their long inline inputs', async (t) => {
   const dir = testDataDir(t);
@@ -88,4 +96,44 @@ t.test('an old database: migration 15, conversion and recovery of its active job
   }
   t.equal(b.agent.db.prepare('SELECT count(*) FROM job_inputs').pluck().get(), 0, 'old inputs stay in their rows');
   t.equal(b.agent.db.pragma('integrity_check', { simple: true }), 'ok');
+});
+
+t.test('the conversion writes its temporary copy in the data directory, where its room was checked, not in SQLite\'s temporary directory', async (t) => {
+  // `npm test` builds dist/flashd.mjs once before tap; rebuilding here would race other files.
+  if (!existsSync(BUNDLE)) throw new Error('dist/flashd.mjs is missing: run `npm run build` (npm test does) first');
+  const dir = testDataDir(t);
+  const tmp = join(dir, 'sqlite-tmp');
+  mkdirSync(tmp);
+  const data = join(dir, 'data');
+  mkdirSync(data);
+  const old = databaseAtVersion(data, 14);
+  const insert = old.prepare(`INSERT INTO jobs (id, endpoint_id, status, input, execution_timeout_ms, ttl_ms, retention_ms, created_at, expires_at)
+    VALUES (?, 'gone0000000001', 'COMPLETED', ?, 1, 1, 1, 1, ?)`);
+  const blob = JSON.stringify({ blob: 'x'.repeat(MB) });
+  old.transaction(() => {
+    for (let i = 0; i < 48; i++) insert.run(`kept-${i}`, blob, Date.now() + 3_600_000);
+  })();
+  old.pragma('wal_checkpoint(TRUNCATE)');
+  old.close();
+
+  // SQLite puts a VACUUM's temporary database in SQLITE_TMPDIR (else TMPDIR, else /var/tmp):
+  // the files the process holds open show where it went.
+  const child = spawn(process.execPath, [BUNDLE, '--port', '0', '--data-dir', data, '--runtime', 'none'],
+    { cwd: REPO_ROOT, env: cleanEnv({ SQLITE_TMPDIR: tmp }), stdio: ['ignore', 'ignore', 'pipe'] });
+  t.teardown(() => void child.kill('SIGKILL'));
+  let err = '';
+  child.stderr.setEncoding('utf8').on('data', (c: string) => (err += c));
+  const opened = new Set<string>();
+  while (!/flashd listening/.test(err) && child.exitCode === null) {
+    try {
+      for (const fd of readdirSync(`/proc/${child.pid}/fd`)) opened.add(readlinkSync(`/proc/${child.pid}/fd/${fd}`));
+    } catch {
+      // an fd closed between the listing and its read
+    }
+    await new Promise((resolve) => setImmediate(resolve));
+  }
+  t.match(err, /converted to auto_vacuum=INCREMENTAL/, 'converted');
+  const temps = [...opened].filter((f) => /etilqs_/.test(f));
+  t.ok(temps.length > 0, `the temporary copy was seen: ${temps.join(', ')}`);
+  t.same(temps.filter((f) => !f.startsWith(data + '/')), [], 'in the data directory only');
 });
