@@ -429,6 +429,8 @@ export class JobQueue {
   #maxRowid = 0;
   /** Active jobs whose rowid is out of order in their deque (manual retries); the floor walk reads all of them. */
   readonly #outOfOrder = new Set<Job>();
+  /** Jobs whose insert was rolled back (#forget): an end undone after that must not bring one back. */
+  readonly #forgotten = new WeakSet<Job>();
   /** Endpoint deletions still deleting rows, and purges still ending jobs: the floor does not rise meanwhile. */
   #floorHeld = 0;
   /**
@@ -657,11 +659,19 @@ export class JobQueue {
     }
   }
 
-  /** Writes a deferred job's insert now, if it still has none (it joins the floor walk's out-of-order set). */
+  /**
+   * Writes a deferred job's insert now, if it still has none (it joins the floor walk's
+   * out-of-order set). If that commit is rolled back the job is forgotten, as a /run's is (its
+   * /runsync caller gets a 500 from persist): before that was known a worker may have taken it,
+   * or its end may be in the same commit, and none of it is stored.
+   */
   #insertDeferred(job: Job): void {
     if (job.inserted || this.#get(job.id) !== job) return;
     this.#outOfOrder.add(job);
     this.#writeInsert(job);
+    this.#batch.ifRolledBack(() => {
+      if (this.#get(job.id) === job) this.#forget(job);
+    });
   }
 
   /** Inserts the /runsync jobs still unfinished SYNC_INSERT_DELAY_MS after their submit. */
@@ -692,7 +702,11 @@ export class JobQueue {
     })();
   }
 
-  /** Drops a job whose insert did not commit: off its queue or worker, out of the map. */
+  /**
+   * Drops a job whose insert did not commit: off its queue or worker, out of the map. An end
+   * made in the same commit (a purge) is not undone after (#unfinishAll brings back a job that
+   * left memory).
+   */
   #forget(job: Job): void {
     if (job.status === 'IN_QUEUE') {
       this.#leave(job);
@@ -700,6 +714,7 @@ export class JobQueue {
       const worker = this.#release(job);
       if (worker) this.#requestStop(worker, job.id, job);
     }
+    this.#forgotten.add(job);
     job.status = 'CANCELLED';
     if (this.#jobs.get(job.id) === job) this.#jobs.delete(job.id);
     wakeWaiters(job);
@@ -997,7 +1012,7 @@ export class JobQueue {
     const back = new Set<Job>();
     for (const { job, endedAs } of ends) {
       // Not when only the sync failed: SQLite has the end, and memory keeps it (see #finish).
-      if (job.status !== endedAs || !this.#batch.wasRolledBack(job.writeSeq)) continue;
+      if (job.status !== endedAs || !this.#batch.wasRolledBack(job.writeSeq) || this.#forgotten.has(job)) continue;
       // Not when another record took its id (a /retry) or its endpoint is being deleted. One that
       // left memory (finished jobs past the count cap go, durable or not) comes back.
       const held = this.#jobs.get(job.id);

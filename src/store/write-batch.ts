@@ -47,6 +47,8 @@ export interface WriteBatchOptions {
 export class WriteBatch {
   readonly #onError: (err: Error) => void;
   #writes: (() => void)[] = [];
+  /** What to do if the commit of the writes in #writes fails (see ifRolledBack). */
+  #onRollback: (() => void)[] = [];
   /** The writes being committed now, run by the one transaction function made up front. */
   #running: (() => void)[] = [];
   readonly #runAll: () => void;
@@ -111,6 +113,15 @@ export class WriteBatch {
     this.#writes.push(fn);
     this.#schedule();
     return this.#openSeq;
+  }
+
+  /**
+   * Calls `fn` if the commit of the batch collecting writes now fails, so SQLite rolled its
+   * writes back: in that commit's turn, before any caller of `committed` hears of it. Never for
+   * a commit that succeeded and whose sync failed. It adds no caller, so it starts no sync.
+   */
+  ifRolledBack(fn: () => void): void {
+    this.#onRollback.push(fn);
   }
 
   /**
@@ -182,8 +193,10 @@ export class WriteBatch {
     if ((this.#syncing || this.#hold) && !force) return;
     const writes = this.#writes;
     const waiters = this.#waiters;
+    const onRollback = this.#onRollback;
     this.#writes = [];
     this.#waiters = [];
+    this.#onRollback = [];
     let error: Error | undefined;
     if (writes.length) {
       const seq = this.#openSeq++;
@@ -209,6 +222,15 @@ export class WriteBatch {
         this.#onError(error);
       }
       this.#committedSeq = seq;
+      if (error) {
+        for (const fn of onRollback) {
+          try {
+            fn();
+          } catch (err) {
+            this.#onError(err as Error);
+          }
+        }
+      }
     }
     if (error || this.#fd < 0) {
       for (const w of waiters) w(error);

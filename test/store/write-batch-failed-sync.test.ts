@@ -1,6 +1,7 @@
 /**
  * A failed fdatasync marks every batch it was the first to cover as failed, also below an
- * earlier failed commit, so none of them is reported durable after a later good sync.
+ * earlier failed commit, so none of them is reported durable after a later good sync; and
+ * ifRolledBack runs for a commit that failed, never for one whose sync failed.
  */
 import t from 'tap';
 import fs from 'node:fs';
@@ -43,6 +44,38 @@ t.test('fdatasync failure after a commit failure: the earlier unsynced batches a
   await batch.committed();
   t.ok(batch.isDurable(d), 'D durable');
   t.notOk(batch.isDurable(a), 'A is not reported durable after the later good sync');
+  batch.close();
+  db.close();
+});
+
+t.test('ifRolledBack runs for a commit that failed, in its turn, and never for a good commit or a failed sync', async (t) => {
+  const dir = t.testdir();
+  const db = openDb({ dataDir: dir, synchronous: 'full', log: quiet });
+  db.exec('CREATE TABLE t (n INTEGER NOT NULL CHECK (n > 0))');
+  const batch = new WriteBatch(db, { durability: 'fsync', walPath: walPathOf(dir), onError: () => undefined });
+  const insert = db.prepare('INSERT INTO t (n) VALUES (?)');
+  const ran: string[] = [];
+  batch.write(() => insert.run(1));
+  batch.ifRolledBack(() => ran.push('good'));
+  await batch.committed();
+  // Its commit fails: the hook runs in the flush itself, before any caller's promise settles.
+  batch.write(() => insert.run(0));
+  batch.ifRolledBack(() => ran.push('rolled back'));
+  const waited = batch.committed().then(() => 'ok', () => ran.slice());
+  batch.flush();
+  t.same(ran, ['rolled back'], 'at once, in the failed commit\'s turn');
+  t.same(await waited, ['rolled back'], 'before the caller hears of the failure');
+  // Committed, then its sync fails: SQLite has it, so it is no rollback.
+  const real = fs.fdatasync;
+  (fs as { fdatasync: unknown }).fdatasync = (_fd: number, cb: (e: Error | null) => void) => setImmediate(() => cb(Object.assign(new Error('EIO'), { code: 'EIO' })));
+  syncBuiltinESMExports();
+  const synced = batch.write(() => insert.run(2));
+  batch.ifRolledBack(() => ran.push('sync failed'));
+  await batch.committed().catch(() => undefined);
+  (fs as { fdatasync: unknown }).fdatasync = real;
+  syncBuiltinESMExports();
+  t.ok(batch.hasFailed(synced) && !batch.wasRolledBack(synced), 'its sync failed, its commit did not');
+  t.same(ran, ['rolled back'], 'not run for the good commit nor the failed sync');
   batch.close();
   db.close();
 });
