@@ -1,5 +1,5 @@
 import { chmodSync, mkdirSync, readFileSync, statfsSync, statSync, writeFileSync } from 'node:fs';
-import { join } from 'node:path';
+import { dirname, join } from 'node:path';
 import Database from 'better-sqlite3';
 import type { Logger } from '../core/logger.js';
 import { sqliteNativeBinding } from '../core/native.js';
@@ -167,21 +167,30 @@ function convertToIncremental(db: Db, dataDir: string, log: Logger): void {
   }
   log.info('store converting to give space back (auto_vacuum=INCREMENTAL), once: a VACUUM of its live pages', sizes);
   const started = Date.now();
-  // SQLite writes the VACUUM's temporary copy to its temporary directory (SQLITE_TMPDIR, TMPDIR
-  // or /var/tmp: often another filesystem, the root one or a tmpfs in RAM), where the room was
-  // not checked: for the VACUUM it is the data directory. A process-wide setting, set back after.
   try {
-    db.pragma(`temp_store_directory = '${dataDir.replaceAll("'", "''")}'`);
-    db.exec('VACUUM');
+    vacuumInDataDir(db);
   } catch (err) {
     log.warn('store conversion to auto_vacuum=INCREMENTAL failed, the database is as it was; tried again at the next start', { ...sizes, err });
     return;
-  } finally {
-    db.pragma("temp_store_directory = ''");
   }
   // The file is cut, and the WAL the VACUUM filled emptied, once the checkpoint copied it in.
   db.pragma('wal_checkpoint(TRUNCATE)');
   log.info('store converted to auto_vacuum=INCREMENTAL', { ms: Date.now() - started, fileMb: mb(statSync(file).size) });
+}
+
+/**
+ * VACUUM, with its temporary copy of the live pages in the database's own directory. SQLite
+ * writes that copy to its temporary directory (SQLITE_TMPDIR, TMPDIR or /var/tmp: often another
+ * filesystem, the root one or a tmpfs in RAM), where nothing checked the room; the data
+ * directory is where the file already lives. A process-wide setting, set back after.
+ */
+export function vacuumInDataDir(db: Db): void {
+  try {
+    db.pragma(`temp_store_directory = '${dirname(db.name).replaceAll("'", "''")}'`);
+    db.exec('VACUUM');
+  } finally {
+    db.pragma("temp_store_directory = ''");
+  }
 }
 
 export function migrate(db: Db, log: Logger): void {

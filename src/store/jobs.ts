@@ -1,6 +1,6 @@
 import type { Statement } from 'better-sqlite3';
 import type { SecretBox } from '../core/secret-box.js';
-import type { Db } from './db.js';
+import { vacuumInDataDir, type Db } from './db.js';
 
 export type JobStatus = 'IN_QUEUE' | 'IN_PROGRESS' | 'COMPLETED' | 'FAILED' | 'CANCELLED' | 'TIMED_OUT';
 
@@ -330,7 +330,7 @@ export class JobsRepo {
    * free space of its page, and pages an older flashd split or freed keep copies of cells, which
    * secure_delete does not reach: a VACUUM rebuilds the file from the rows alone, and the
    * checkpoint then empties the WAL. The mark goes after the VACUUM, so a start stopped before
-   * it erases again.
+   * it erases again. The VACUUM's temporary copy goes in the data directory (vacuumInDataDir).
    */
   sealPlainExtras(): number {
     if (this.#getSetting.get(UNSEALED_KEY) === undefined) return 0;
@@ -340,7 +340,7 @@ export class JobsRepo {
       for (const [rowid, extra] of rows) update.run(this.#seal(extra), rowid);
       return rows.length;
     })();
-    this.#db.exec('VACUUM');
+    vacuumInDataDir(this.#db);
     this.#db.prepare('DELETE FROM settings WHERE key = ?').run(UNSEALED_KEY);
     this.#db.pragma('wal_checkpoint(TRUNCATE)');
     return sealed;

@@ -10,13 +10,14 @@
  *
  * The conversion's VACUUM writes a temporary copy of the live pages: in the data directory,
  * where its room was checked, not in SQLite's temporary directory (SQLITE_TMPDIR, TMPDIR or
- * /var/tmp), often another filesystem.
+ * /var/tmp), often another filesystem. So does the VACUUM of the sealing pass a database from
+ * before migration 14 gets (JobsRepo.sealPlainExtras).
  *
  * The old database is made here from a current one: endpoint created through the API, then
  * migration 15 undone (its table and trigger dropped, user_version 14) and the file rewritten
  * with auto_vacuum NONE; the jobs are written by SQL as the previous release wrote them.
  */
-import t from 'tap';
+import t, { type Test } from 'tap';
 import Database from 'better-sqlite3';
 import { spawn } from 'node:child_process';
 import { existsSync, mkdirSync, readdirSync, readlinkSync, statSync } from 'node:fs';
@@ -116,8 +117,46 @@ t.test('the conversion writes its temporary copy in the data directory, where it
   old.pragma('wal_checkpoint(TRUNCATE)');
   old.close();
 
-  // SQLite puts a VACUUM's temporary database in SQLITE_TMPDIR (else TMPDIR, else /var/tmp):
-  // the files the process holds open show where it went.
+  const { err, temps } = await tempFilesOfStart(t, data, tmp);
+  t.match(err, /converted to auto_vacuum=INCREMENTAL/, 'converted');
+  t.ok(temps.length > 0, `the temporary copy was seen: ${temps.join(', ')}`);
+  t.same(temps.filter((f) => !f.startsWith(data + '/')), [], 'in the data directory only');
+});
+
+t.test('the sealing pass at the start of a database with plain s3Config rows (before migration 14) writes its VACUUM\'s temporary copy in the data directory too', async (t) => {
+  const dir = testDataDir(t);
+  const tmp = join(dir, 'sqlite-tmp');
+  mkdirSync(tmp);
+  const data = join(dir, 'data');
+  mkdirSync(data);
+  // A current database (auto_vacuum=INCREMENTAL already: no conversion), with the mark
+  // migration 14 leaves when rows hold an older flashd's plain extra keys.
+  const a = await startAgent(t, { takeHoldMs: 200 }, { dir: data });
+  await a.agent.close();
+  const db = new Database(join(data, 'flashd.db'));
+  const insert = db.prepare(`INSERT INTO jobs (id, endpoint_id, status, input, extra, execution_timeout_ms, ttl_ms, retention_ms, created_at, expires_at)
+    VALUES (?, 'gone0000000001', 'FAILED', '{}', ?, 1, 1, 1, 1, ?)`);
+  const extra = JSON.stringify({ s3Config: { accessId: 'id', accessSecret: 'secret-'.padEnd(MB, 'x'), bucketName: 'b', endpointUrl: 'https://s3.example' } });
+  db.transaction(() => {
+    for (let i = 0; i < 48; i++) insert.run(`plain-${i}`, extra, Date.now() + 3_600_000);
+  })();
+  db.prepare("INSERT OR REPLACE INTO settings (key, value) VALUES ('jobs.unsealed_extra', '1')").run();
+  db.pragma('wal_checkpoint(TRUNCATE)');
+  db.close();
+
+  const { err, temps } = await tempFilesOfStart(t, data, tmp);
+  t.match(err, /jobs s3Config sealed at rest/, 'the rows were sealed');
+  t.notMatch(err, /converted to auto_vacuum=INCREMENTAL/, 'no conversion VACUUM: the copy seen is the sealing pass\'s');
+  t.ok(temps.length > 0, `the temporary copy was seen: ${temps.join(', ')}`);
+  t.same(temps.filter((f) => !f.startsWith(data + '/')), [], 'in the data directory only');
+});
+
+/**
+ * Starts the bundle on `data` with SQLITE_TMPDIR=`tmp` and, until it listens, notes the files it
+ * holds open: SQLite puts a VACUUM's temporary database in SQLITE_TMPDIR (else TMPDIR, else
+ * /var/tmp) as `etilqs_…`, so they show where it went.
+ */
+async function tempFilesOfStart(t: Test, data: string, tmp: string): Promise<{ err: string; temps: string[] }> {
   const child = spawn(process.execPath, [BUNDLE, '--port', '0', '--data-dir', data, '--runtime', 'none'],
     { cwd: REPO_ROOT, env: cleanEnv({ SQLITE_TMPDIR: tmp }), stdio: ['ignore', 'ignore', 'pipe'] });
   t.teardown(() => void child.kill('SIGKILL'));
@@ -132,8 +171,5 @@ t.test('the conversion writes its temporary copy in the data directory, where it
     }
     await new Promise((resolve) => setImmediate(resolve));
   }
-  t.match(err, /converted to auto_vacuum=INCREMENTAL/, 'converted');
-  const temps = [...opened].filter((f) => /etilqs_/.test(f));
-  t.ok(temps.length > 0, `the temporary copy was seen: ${temps.join(', ')}`);
-  t.same(temps.filter((f) => !f.startsWith(data + '/')), [], 'in the data directory only');
-});
+  return { err, temps: [...opened].filter((f) => /etilqs_/.test(f)) };
+}
