@@ -198,12 +198,15 @@ export function migrate(db: Db, log: Logger): void {
   if (current > MIGRATIONS.length) {
     throw new Error(`database schema version ${current} is newer than this flashd (${MIGRATIONS.length}); upgrade flashd`);
   }
+  // A new database is one line (the schema it got); an older one, a line per migration it ran.
+  const created = current === 0;
   for (let version = current; version < MIGRATIONS.length; version++) {
     const sql = MIGRATIONS[version] as string;
     db.transaction(() => {
       db.exec(sql);
       db.pragma(`user_version = ${version + 1}`);
     })();
-    log.info('store migrated', { version: version + 1 });
+    if (!created) log.info('store migrated', { version: version + 1 });
   }
+  if (created) log.info('store created', { version: MIGRATIONS.length });
 }

@@ -50,3 +50,21 @@ t.test('a new database starts with the recovery floor past its (no) rows', (t) =
   t.equal(db.prepare("SELECT value FROM settings WHERE key = 'jobs.recovery_floor'").pluck().get(), '1');
   t.end();
 });
+
+t.test('a new database logs one line with its schema version; an older one, a line per migration it ran', (t) => {
+  const lines: string[] = [];
+  const log = createLogger({ level: 'info', sink: { write: (line: string) => void lines.push(line) } });
+  const dir = t.testdir();
+  openDb({ dataDir: dir, synchronous: 'normal', log }).close();
+  const fresh = lines.filter((l) => /store (created|migrated)/.test(l));
+  t.equal(fresh.length, 1, `one line: ${fresh.join(' | ')}`);
+  t.match(fresh[0], new RegExp(`store created version=${MIGRATIONS.length}\\b`));
+
+  lines.length = 0;
+  const old = t.testdir();
+  databaseAtVersion(old, MIGRATIONS.length - 2).close();
+  openDb({ dataDir: old, synchronous: 'normal', log }).close();
+  const upgraded = lines.filter((l) => /store (created|migrated)/.test(l));
+  t.same(upgraded.map((l) => /store migrated version=(\d+)/.exec(l)?.[1]), [String(MIGRATIONS.length - 1), String(MIGRATIONS.length)], upgraded.join(' | '));
+  t.end();
+});
