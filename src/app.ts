@@ -195,10 +195,14 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
     // here whatever the runtime is now; containers when the engine connects): their keys are
     // revoked, and their jobs go back to the queue now instead of after a lease.
     reapOrphanProcessWorkers(dataDir, log.child({ component: 'runtime' }));
+    // Endpoint logs (GET /v2/serverless/{id}/logs): made here so that the release of the last
+    // run's workers is in them, after those workers' own last lines.
+    const logs = new LogHub(new LogsRepo(db), batch, clock);
     const leftovers = auth.revokeLeftoverManagedKeys();
     for (const w of leftovers) {
-      queue.workerGone(w.endpointId, w.workerId, `worker ${w.workerId} belonged to a run of flashd that did not stop cleanly`);
+      const held = queue.workerGone(w.endpointId, w.workerId, `worker ${w.workerId} belonged to a run of flashd that did not stop cleanly`);
       queue.workers.remove(w.endpointId, w.workerId);
+      logs.append(w.endpointId, w.workerId, 'system', `worker ${w.workerId} belonged to a run of flashd that did not stop cleanly (killed or crashed): it was stopped and its key revoked${held > 0 ? `; its ${held} job(s) went back to the queue (or failed, where that was their last attempt)` : ''}`);
     }
     if (leftovers.length) log.info('workers of the previous run released', { count: leftovers.length });
     // What ran out while flashd was down ends now, before the first request, not at the timers'
@@ -210,7 +214,6 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
     const owed = queue.webhooksOwed();
     for (const w of owed) webhooks.send(w.url, w.jobId);
     if (owed.length) log.info('webhooks owed by the previous run sent again', { count: owed.length });
-    const logs = new LogHub(new LogsRepo(db), batch, clock);
     const pingIntervalMs = Math.max(1000, Math.floor(config.leaseMs / 3));
     // Hardware: GPUs (nvidia-smi) and CPU/memory (systeminformation) feed placement and the catalogs.
     const hardware = await hardwareProbe;

@@ -1673,14 +1673,19 @@ export class JobQueue {
     if (unread && !this.#unread.has(job.id)) this.#unread.set(job.id, unread);
   }
 
-  /** The runtime saw a worker die: its jobs go back to the queue at once. */
-  workerGone(endpointId: string, workerId: string, reason: string, charged = true): void {
+  /** The runtime saw a worker die: its jobs go back to the queue at once. Returns how many it held. */
+  workerGone(endpointId: string, workerId: string, reason: string, charged = true): number {
     const worker = this.workers.get(endpointId, workerId);
-    if (!worker) return;
+    if (!worker) return 0;
+    let released = 0;
     for (const id of [...worker.jobs]) {
       const job = this.#get(id);
-      if (job && job.status === 'IN_PROGRESS' && job.workerId === workerId) this.#requeueOrFail(job, reason, false, charged);
+      if (job && job.status === 'IN_PROGRESS' && job.workerId === workerId) {
+        this.#requeueOrFail(job, reason, false, charged);
+        released++;
+      }
     }
+    return released;
   }
 
   // Client operations -------------------------------------------------------------------------

@@ -129,7 +129,7 @@ export function reapOrphanProcessWorkers(dataDir: string, log: Logger, killed = 
     try {
       if (isRecordedWorker(pid, fields, writtenMs, boot) && environOf(pid).includes('VENDOR_POD_ID=wkr_')) {
         process.kill(-pid, 'SIGKILL');
-        log.warn(killed, { pid });
+        log.warn(killed, { pid, workerId: fields[3]?.startsWith('wkr_') ? fields[3] : undefined });
         continue;
       }
       // Its main process is gone (or a zombie nobody reaped): what is left of its group, if any.

@@ -73,6 +73,12 @@ t.test('after a kill -9 of flashd, the next start stops its orphaned workers, re
   const live = b.agent.db.prepare("SELECT count(*) AS n FROM api_keys WHERE name LIKE 'managed worker %' AND revoked_at IS NULL").get() as { n: number };
   t.equal(live.n, 0, "the previous run's worker keys are revoked");
   t.ok(b.logs.some((l) => l.includes('workers of the previous run released')), 'the start says so');
+  t.ok(b.logs.some((l) => /stopped orphaned worker process pid=\d+ workerId=wkr_/.test(l)), 'naming the worker it stopped');
+  const lines = (await b.req('GET', `/v2/serverless/${ep}/logs`)).json as { stream: string; line: string }[];
+  const released = lines.findIndex((l) => l.stream === 'system'
+    && /belonged to a run of flashd that did not stop cleanly \(killed or crashed\): it was stopped and its key revoked; its 1 job\(s\) went back to the queue/.test(l.line));
+  t.ok(released >= 0, "and so does the endpoint's log");
+  t.ok(lines.slice(released + 1).every((l) => l.stream === 'system'), "after that worker's own lines");
 });
 
 /** The processes of a process group, from /proc (field 5 of /proc/<pid>/stat). */
