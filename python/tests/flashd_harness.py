@@ -194,15 +194,19 @@ class WorkerProcess:
 class AnswerDroppingRelay:
     """An HTTP relay in front of flashd that forwards every request; for the first ``drop_route``
     POST (e.g. ``job-stream``) it closes the connection once flashd has answered, without passing
-    the answer on: a post that was stored but whose answer was lost (a proxy or network fault)."""
+    the answer on: a post that was stored but whose answer was lost (a proxy or network fault).
+    ``hold_route`` (e.g. ``job-stop``): flashd's answers to GETs on it are held back until
+    :meth:`release`, as when they are late (a slow network, a worker that was paused)."""
 
-    def __init__(self, upstream_port: int, drop_route: str):
+    def __init__(self, upstream_port: int, drop_route: Optional[str] = None, hold_route: Optional[str] = None):
         import http.client
         import threading
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
         relay = self
         self.dropped: List[str] = []
+        self.held = threading.Event()
+        self.released = threading.Event()
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
@@ -211,6 +215,9 @@ class AnswerDroppingRelay:
                 pass
 
             def _relay(self):
+                hold = self.command == "GET" and hold_route and f"/{hold_route}/" in self.path
+                if hold:
+                    relay.held.set()
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else None
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
@@ -221,7 +228,10 @@ class AnswerDroppingRelay:
                     data = answer.read()
                 finally:
                     upstream.close()
-                if self.command == "POST" and f"/{drop_route}/" in self.path and not relay.dropped:
+                if hold:
+                    relay.released.wait(60)
+                if (self.command == "POST" and drop_route and f"/{drop_route}/" in self.path
+                        and not relay.dropped):
                     relay.dropped.append(self.path)
                     self.close_connection = True
                     self.connection.shutdown(socket.SHUT_RDWR)
@@ -246,6 +256,11 @@ class AnswerDroppingRelay:
         """``env`` (from worker-env) with its URLs pointing at this relay."""
         return {k: v.replace(f"127.0.0.1:{self.upstream_port}", f"127.0.0.1:{self.port}") for k, v in env.items()}
 
+    def release(self) -> None:
+        """Pass on held answers, and stop holding."""
+        self.released.set()
+
     def close(self) -> None:
+        self.released.set()
         self.server.shutdown()
         self.server.server_close()

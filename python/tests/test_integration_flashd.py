@@ -507,13 +507,39 @@ class LeaseTest(unittest.TestCase):
         wait_until(lambda: self.job(ref["id"])["status"] == "IN_PROGRESS", 10, what="IN_PROGRESS")
         status, body = self.server.call("POST", f"/v2/{self.endpoint}/cancel/{ref['id']}")
         self.assertEqual((status, body["status"]), (200, "CANCELLED"))
-        wait_until(lambda: "cancelled: no result posted" in worker.log(), 15, what="the result to be dropped")
+        wait_until(lambda: "stopped: no result posted" in worker.log(), 15, what="the result to be dropped")
         self.assertEqual(self.job(ref["id"])["status"], "CANCELLED")
+        self.assertIn("stop requested by flashd (cancel, timeout or lost lease): stopping the job", worker.log())
         self.assertLessEqual(worker.log().count("job-stop: ["), 5, worker.log())
         # and the worker takes new work afterwards
         _, ref2 = self.server.call("POST", f"/v2/{self.endpoint}/run", {"input": {"return": "next"}})
         body = wait_until(lambda: (lambda b: b if b["status"] in FINAL else None)(self.job(ref2["id"])), 15, what="next job")
         self.assertEqual(body["output"], "next")
+
+    def test_result_of_a_job_whose_stop_comes_late_is_not_logged_as_done(self):
+        # the job-stop reaches the worker only after the handler has returned (a paused worker,
+        # a slow network): the result is posted and flashd discards it; the log says so
+        # its own endpoint: the relay's job-take long-poll outlives the worker and would take a job
+        endpoint = self.server.create_endpoint("late-stop")
+        relay = AnswerDroppingRelay(self.server.port, hold_route="job-stop")
+        self.addCleanup(relay.close)
+        worker = WorkerProcess(relay.worker_env(self.server.worker_env(endpoint)), "handlers.py", "sync",
+                               log_dir=TMP).start()
+        self.addCleanup(worker.stop)
+        wait_until(relay.held.is_set, 15, what="the first job-stop poll")
+        _, ref = self.server.call("POST", f"/v2/{endpoint}/run", {"input": {"sleep": 1.5, "return": "late"}})
+        wait_until(lambda: self.job_on(endpoint, ref["id"])["status"] == "IN_PROGRESS", 10, what="IN_PROGRESS")
+        status, body = self.server.call("POST", f"/v2/{endpoint}/cancel/{ref['id']}")
+        self.assertEqual((status, body["status"]), (200, "CANCELLED"))
+        wait_until(lambda: f"{ref['id']} | Finished." in worker.log(), 15, what="the job to finish")
+        relay.release()
+        lines = [line.split(" | ")[-1] for line in worker.log().splitlines() if f" | {ref['id']} | " in line]
+        self.assertEqual(self.job_on(endpoint, ref["id"])["status"], "CANCELLED")
+        self.assertFalse([line for line in lines if line.startswith("done in")], lines)
+        self.assertEqual(lines[0], "Started.", lines)
+        self.assertRegex(lines[1], r"^stopped by flashd before its result arrived: result discarded "
+                                   r"\(after \d+\.\d{3} s\)$")
+        self.assertEqual(lines[2:], ["Finished."], lines)
 
     def job_on(self, endpoint, job_id):
         status, body = self.server.call("GET", f"/v2/{endpoint}/status/{job_id}")

@@ -235,7 +235,9 @@ class Worker:
             active = self.jobs.get(job_id)
             if active is None or active.run.cancelled:
                 return False
-        self.log.info("stop requested: cancelling job", extra=job_extra(job_id))
+        # the job-stop does not say why: a /cancel, an execution timeout or TTL, or a lost lease
+        self.log.info("stop requested by flashd (cancel, timeout or lost lease): stopping the job",
+                      extra=job_extra(job_id))
         active.run.cancel()
         return True
 
@@ -382,9 +384,9 @@ class Worker:
             except JobCancelled:
                 cancelled = active.run.cancelled_body or {}
                 if self.refresh_always or cancelled.get("stopPod"):
-                    self._recycle_anyway(job_id, "cancelled")
+                    self._recycle_anyway(job_id, "stopped")
                 else:
-                    self.log.info("cancelled: no result posted", extra=extra)
+                    self.log.info("stopped: no result posted", extra=extra)
                 return
             finally:
                 if on_main:
@@ -412,6 +414,12 @@ class Worker:
                                                      still_held=active.held)
             if delivery.outcome is PostOutcome.STALE:
                 active.lost = True
+            if delivery.discarded:
+                # flashd had ended the job (cancel, timeout) before its job-stop reached this
+                # worker, e.g. one that came while the handler was returning: nothing was stored
+                self.log.info("stopped by flashd before its result arrived: result discarded (after %.3f s)",
+                              time.monotonic() - started, extra=extra)
+                return
             failed = bool(body.get("error")) or delivery.substituted or delivery.fallback is not None
             if delivery.delivered:
                 fate = ""
