@@ -129,9 +129,24 @@ export function checkWebhookUrl(raw: string, allowPrivate = true, name = 'webhoo
   return undefined;
 }
 
+/**
+ * `raw` as logged: scheme://host[:port]/path. A query often holds the receiver's token, and
+ * userinfo a password: neither is ever logged (a query shows as `?(hidden)`).
+ */
+export function webhookUrlForLog(raw: string): string {
+  try {
+    const u = new URL(raw);
+    return `${u.protocol}//${u.host}${u.pathname}${u.search ? '?(hidden)' : ''}`;
+  } catch {
+    return '(not a URL)';
+  }
+}
+
 /** One delivery: a job's final status body, sent until a 2xx or its tries run out. */
 interface Delivery {
   readonly url: string;
+  /** The URL as logged (webhookUrlForLog). */
+  readonly target: string;
   readonly jobId: string;
   /** Its destination (see maxInFlightPerHost). */
   readonly dest: string;
@@ -179,7 +194,7 @@ export class WebhookSender {
     } catch {
       dest = url; // #post fails it
     }
-    const d: Delivery = { url, jobId, dest, seq: this.#seq++, attempt: 1, state: 'waiting', timer: undefined, superseded: false };
+    const d: Delivery = { url, target: webhookUrlForLog(url), jobId, dest, seq: this.#seq++, attempt: 1, state: 'waiting', timer: undefined, superseded: false };
     let set = this.#live.get(jobId);
     if (!set) this.#live.set(jobId, (set = new Set()));
     set.add(d);
@@ -314,10 +329,13 @@ export class WebhookSender {
       return;
     }
     if (d.attempt >= this.#o.attempts) {
-      this.#o.log.warn('webhook gave up', { jobId: d.jobId, attempts: d.attempt, reason: why });
+      this.#o.log.warn('webhook gave up', { jobId: d.jobId, url: d.target, attempts: d.attempt, reason: why });
       this.#settle(d);
       return;
     }
+    this.#o.log.info('webhook try failed, trying again', {
+      jobId: d.jobId, url: d.target, attempt: d.attempt, attempts: this.#o.attempts, retryInMs: this.#o.retryDelayMs, reason: why,
+    });
     d.state = 'delay';
     d.timer = setTimeout(() => {
       d.timer = undefined;

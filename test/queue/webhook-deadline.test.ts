@@ -105,3 +105,37 @@ t.test('an answer whose body never ends settles the delivery and is cut at the d
   await until('the endless answer to be cut', async () => closed === 1, 4000);
   t.equal(pit.connections.length, 1, 'one try: it was a 2xx');
 });
+
+t.test('each failed try is logged with the destination, never its query or userinfo', async (t) => {
+  const { createServer: createHttpServer } = await import('node:http');
+  const server = createHttpServer((_req, res) => {
+    res.statusCode = 500;
+    res.end();
+  });
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  t.teardown(() => server.close());
+  const port = (server.address() as { port: number }).port;
+  const settled: string[] = [];
+  const lines: string[] = [];
+  const w = new WebhookSender({
+    allowPrivate: true, retryDelayMs: 50, attempts: 3, timeoutMs: 1000, deadlineMs: 1500, maxInFlight: 64, maxInFlightPerHost: 32,
+    log: createLogger({ level: 'info', sink: { write: (line) => lines.push(line) } }),
+    bodyOf: (jobId) => bodies.get(jobId),
+    onSettled: (jobId) => settled.push(jobId),
+  });
+  t.teardown(() => w.close());
+  bodies.set('j5', '{"id":"j5","status":"COMPLETED"}');
+  w.send(`http://user:pw@127.0.0.1:${port}/hooks/done?token=s3cret`, 'j5');
+  await until('the delivery to end', async () => settled.length === 1, 8000);
+  const text = lines.join('\n');
+  t.notMatch(text, /s3cret|token|user|pw@/, 'no query or userinfo in the log');
+  const dest = `http://127.0.0.1:${port}/hooks/done?(hidden)`;
+  const tries = lines.filter((l) => l.includes('webhook try failed'));
+  t.equal(tries.length, 2, 'one line per try that is retried');
+  t.ok(tries[0]!.includes(`url=${dest} `), `names the destination: ${tries[0]}`);
+  t.match(tries[0]!, /attempt=1 attempts=3 retryInMs=50 reason="status 500"/);
+  t.match(tries[1]!, /attempt=2 attempts=3/);
+  const gave = lines.filter((l) => l.includes('webhook gave up'));
+  t.equal(gave.length, 1);
+  t.ok(gave[0]!.includes(`url=${dest} `), `names the destination: ${gave[0]}`);
+});
