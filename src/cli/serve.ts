@@ -35,20 +35,32 @@ export async function serve(config: FlashdConfig): Promise<number> {
   }
   return new Promise((resolve) => {
     let stopping = false;
+    let began = 0;
+    let over = false;
+    // The last line before the exit: the data directory is free for the next start once it is
+    // logged (a second signal's exit frees it as the process ends, right after). Once: a second
+    // signal's exit comes before the first one's close ends.
+    const stopped = (exitCode: number) => {
+      if (over) return;
+      over = true;
+      agent.log.info('stopped', { ms: Date.now() - began, exitCode });
+      resolve(exitCode);
+    };
     const stop = (signal: string) => {
       if (stopping) {
         // Not `once`: after it the default action would kill flashd and leave its workers running.
         agent.log.warn('second signal: stopping now, without waiting for workers or requests; the next start reclaims their jobs', { signal });
         // Containers are removed through the engine: a moment, bounded, so a hung engine cannot hold the exit.
         const bound = new Promise<void>((r) => setTimeout(r, KILL_NOW_BOUND_MS).unref());
-        void Promise.race([agent.killWorkersNow().catch(() => undefined), bound]).then(() => resolve(1));
+        void Promise.race([agent.killWorkersNow().catch(() => undefined), bound]).then(() => stopped(1));
         return;
       }
       stopping = true;
+      began = Date.now();
       agent.log.info('shutting down', { signal });
-      agent.close().then(() => resolve(0), (err: unknown) => {
+      agent.close().then(() => stopped(0), (err: unknown) => {
         agent.log.error('shutdown failed', { err });
-        resolve(1);
+        stopped(1);
       });
     };
     process.on('SIGINT', () => stop('SIGINT'));

@@ -119,6 +119,7 @@ t.test('starts on --port 0, answers /healthz, prints the first admin key once, e
 
   t.equal(await f.stop('SIGTERM'), 0, 'SIGTERM exits 0');
   t.match(f.stderr(), /shutting down signal=SIGTERM/);
+  t.match(f.stderr().trimEnd().split('\n').at(-1), /info +stopped ms=\d+ exitCode=0$/, 'the last line says shutdown is over');
   t.ok(existsSync(join(dir, 'flashd.db')), 'database in --data-dir');
 
   const again = await startFlashd(t, node, [BUNDLE, '--port', '0', '--data-dir', dir], cleanEnv());

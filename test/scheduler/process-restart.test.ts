@@ -293,6 +293,8 @@ t.test('a second SIGTERM during a clean stop exits 1 at once and leaves no worke
   t.match(flashd.stderr(), /second signal: stopping now/);
   t.match(flashd.stderr(), /killed worker process \(second signal\): its jobs are queued again at the next start pid=\d+/, 'its own worker, said as such');
   t.notMatch(flashd.stderr(), /orphaned/, 'not called an orphan of an earlier run');
+  t.match(flashd.stderr().trimEnd().split('\n').at(-1), /info +stopped ms=\d+ exitCode=1$/, 'the last line says it is over');
+  t.equal(flashd.stderr().match(/ stopped ms=/g)?.length, 1, 'once, though the first close was still going');
   await until('the worker to be gone', async () => !alive(pid), 5000);
   t.pass('no worker outlives flashd');
   const b = await startAgent(t, { runtime: 'none' }, { dir });
