@@ -144,6 +144,7 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
     const endpoints = new EndpointService({
       db, clock, log: log.child({ component: 'endpoints' }), secrets,
       dataCenterIds: () => dataCenters.map((d) => d.id),
+      workersRunOnHost: config.runtime === 'process',
     });
     const rateLimiter = new RateLimiter({ minute: config.rateLimitMinute, hour: config.rateLimitHour, day: config.rateLimitDay }, clock);
     // The queue job API: RunPod's per-endpoint quotas, scaled by --job-rate-limit-percent (auth/job-rate-limit.ts).

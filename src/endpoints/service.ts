@@ -8,7 +8,7 @@ import type { Db, ResourceRepo, ResourceRow } from '../store/index.js';
 import { ResourceRepo as Repo } from '../store/index.js';
 import { parseArgs, CommandError } from './command.js';
 import type { EndpointSpec, GlobalVolumeSpec, NetworkVolumeSpec, RegistryCredentialSpec, TemplateSpec } from './types.js';
-import { buildEndpoint, LAUNCH_REASONS, namesLaunchField, updateEndpoint, type UpdateOutcome, type ValidationContext } from './validate.js';
+import { buildEndpoint, CONTAINER_ONLY_REASONS, LAUNCH_REASONS, namesLaunchField, updateEndpoint, type UpdateOutcome, type ValidationContext } from './validate.js';
 
 export interface EndpointEvents {
   /**
@@ -28,6 +28,11 @@ export interface EndpointServiceOptions {
   log: Logger;
   secrets: SecretBox;
   dataCenterIds(): readonly string[];
+  /**
+   * Workers run as host processes (`--runtime process`): a change of container-only fields
+   * (CONTAINER_ONLY_REASONS) is no restart reason there.
+   */
+  workersRunOnHost?: boolean;
 }
 
 /**
@@ -44,6 +49,7 @@ export class EndpointService {
   readonly #log: Logger;
   readonly #secrets: SecretBox;
   readonly #dataCenters: () => readonly string[];
+  readonly #runOnHost: boolean;
   readonly #listeners: EndpointEvents[] = [];
   /** byId() results for the job path; every write through this class keeps it exact. */
   readonly #byId = new Map<string, ResourceRow<EndpointSpec>>();
@@ -53,6 +59,7 @@ export class EndpointService {
     this.#log = options.log;
     this.#secrets = options.secrets;
     this.#dataCenters = options.dataCenterIds;
+    this.#runOnHost = options.workersRunOnHost ?? false;
     this.endpoints = new Repo(options.db, 'endpoints');
     this.templates = new Repo(options.db, 'templates');
     this.networkVolumes = new Repo(options.db, 'network_volumes');
@@ -109,7 +116,11 @@ export class EndpointService {
     ownerId: string, id: string, body: unknown, byAdmin: boolean, authorize?: (restartReasons: readonly string[]) => void,
   ): { row: ResourceRow<EndpointSpec> } & Omit<UpdateOutcome, 'spec'> {
     const current = this.get(ownerId, id);
-    const { spec, restartReasons } = updateEndpoint(current.data, body, this.#context(ownerId));
+    const outcome = updateEndpoint(current.data, body, this.#context(ownerId));
+    const spec = outcome.spec;
+    // What a running worker of this runtime cannot pick up: a host process has no disk limit,
+    // ports, pull credential, volume or FlashBoot to change.
+    const restartReasons = this.#runOnHost ? outcome.restartReasons.filter((r) => !CONTAINER_ONLY_REASONS.has(r)) : outcome.restartReasons;
     authorize?.(restartReasons);
     if (byAdmin ? namesLaunchField(body) : restartReasons.some((r) => LAUNCH_REASONS.has(r))) spec.commandByAdmin = byAdmin;
     const row = this.endpoints.update(current, spec, this.#clock.now());

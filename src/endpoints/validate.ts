@@ -333,6 +333,13 @@ const RESTART_FIELDS = ['image', 'args', 'env', 'disk', 'ports', 'registry', 'gp
  */
 export const LAUNCH_REASONS: ReadonlySet<string> = new Set(['image', 'args', 'env']);
 
+/**
+ * The restart reasons that only a container uses: its disk limit, its ports, its image pull
+ * credential, its volume and whether it is kept for a FlashBoot restart. A host process (the
+ * process runtime) has none of them, so there a change of these alone replaces nobody.
+ */
+export const CONTAINER_ONLY_REASONS: ReadonlySet<string> = new Set(['disk', 'ports', 'registry', 'mounts', 'flashboot']);
+
 /** Whether an update body names any field of what a worker runs (changed or not). */
 export function namesLaunchField(body: unknown): boolean {
   return isObject(body) && ['image', 'args', 'entrypoint', 'cmd', 'env'].some((k) => body[k] !== undefined);

@@ -7,6 +7,7 @@ import { ManualClock } from '../../src/core/clock.js';
 import { startAgent, cpuBody, type TestAgent } from '../helpers/agent.js';
 import { REPO_ROOT } from '../helpers/spawn-flashd.js';
 import { until } from '../helpers/wait.js';
+import { makeNetworkVolume, makeRegistry } from '../helpers/expect.js';
 
 const health = async (a: TestAgent, ep: string) => (await a.req('GET', `/v2/${ep}/health`)).json;
 
@@ -100,6 +101,21 @@ t.test('a PATCH that running workers can pick up keeps them; one that needs a re
   const renamed = await a.req('PATCH', `/v2/serverless/${ep}`, { body: { name: 'renamed' } });
   t.equal(renamed.json.restartRequired, false);
   t.equal(await workerOf(), warm, 'a new name: the warm worker stays');
+  // A host process has no disk limit, ports, pull credential, volume or FlashBoot: changing
+  // them replaces nobody on this runtime (a container runtime still replaces its workers).
+  const reg = await makeRegistry(t, a);
+  const nv = await makeNetworkVolume(t, a);
+  for (const body of [
+    { flashboot: 'FLASHBOOT' }, { disk: 30 }, { ports: ['8000/http'] }, { registry: reg.id },
+    { mounts: { network: [{ volumeId: nv.id }] } }, { flashboot: 'OFF', disk: 40 },
+  ]) {
+    const r = await a.req('PATCH', `/v2/serverless/${ep}`, { body });
+    t.equal(r.status, 200, r.text);
+    t.same([r.json.restartRequired, r.json.restartReasons], [false, []], `${JSON.stringify(body)}: no restart on the process runtime`);
+  }
+  t.equal(await workerOf(), warm, 'container-only fields: the warm worker stays');
+  const lines = ((await a.req('GET', `/v2/serverless/${ep}/logs`)).json as { line: string }[]).map((l) => l.line);
+  t.notOk(lines.some((l) => l.includes('recycled')), `no worker was recycled: ${lines.filter((l) => l.includes('recycled')).join(' | ')}`);
   const env = await a.req('PATCH', `/v2/serverless/${ep}`, { body: { env: { GREETING: 'new' } } });
   t.equal(env.json.restartRequired, true, env.text);
   await until('the worker to be replaced', async () => {
