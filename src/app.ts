@@ -246,6 +246,8 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
     closers.push(() => autoscaler.close());
     // A launched worker's first job-take: the next QUEUE_DELAY step may start now, not at the next tick.
     queue.workers.onUp = (endpointId) => autoscaler.trigger(endpointId);
+    // A PATCH that lowers workers.max names `workers` only when it stops or retires someone.
+    endpoints.workersAboveMax = (endpointId, max) => autoscaler.workersAboveMax(endpointId, max);
     // A key revoked through the API: the workers using it stop waiting on it and stop counting.
     auth.onRevoked = (keyId, named) => queue.keyRevoked(keyId, named);
     queue.on({
@@ -261,8 +263,9 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
       },
     });
     endpoints.on({
-      // A lower workers.max is a restart reason for the API (the spec's "worker counts may require
-      // restarting"), but the scaler's over-max rule handles it without replacing anyone.
+      // A lower workers.max is a restart reason for the API when workers are above it (they stop:
+      // the spec's "worker counts may require restarting"), but the scaler's over-max rule
+      // handles it without replacing anyone.
       changed: (id, _spec, restartReasons) => autoscaler.endpointChanged(id, restartReasons.some((r) => r !== 'workers'), restartReasons),
       deleting: (id) => {
         // Writes already queued for this endpoint commit before its rows go.

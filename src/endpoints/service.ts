@@ -50,6 +50,12 @@ export class EndpointService {
   readonly #secrets: SecretBox;
   readonly #dataCenters: () => readonly string[];
   readonly #runOnHost: boolean;
+  /**
+   * How many workers of an endpoint a lower `workers.max` would stop or retire now
+   * (Autoscaler.workersAboveMax): a lower max is a restart reason (`workers`) only when some.
+   * Unset, every lower max is one.
+   */
+  workersAboveMax: ((endpointId: string, max: number) => number) | null = null;
   readonly #listeners: EndpointEvents[] = [];
   /** byId() results for the job path; every write through this class keeps it exact. */
   readonly #byId = new Map<string, ResourceRow<EndpointSpec>>();
@@ -119,8 +125,10 @@ export class EndpointService {
     const outcome = updateEndpoint(current.data, body, this.#context(ownerId));
     const spec = outcome.spec;
     // What a running worker of this runtime cannot pick up: a host process has no disk limit,
-    // ports, pull credential, volume or FlashBoot to change.
-    const restartReasons = this.#runOnHost ? outcome.restartReasons.filter((r) => !CONTAINER_ONLY_REASONS.has(r)) : outcome.restartReasons;
+    // ports, pull credential, volume or FlashBoot to change. A lower max reaches only the workers
+    // above it (they stop), so with none there it is no reason.
+    const restartReasons = outcome.restartReasons.filter((r) => !(this.#runOnHost && CONTAINER_ONLY_REASONS.has(r))
+      && !(r === 'workers' && this.workersAboveMax !== null && this.workersAboveMax(id, spec.workers.max) === 0));
     authorize?.(restartReasons);
     if (byAdmin ? namesLaunchField(body) : restartReasons.some((r) => LAUNCH_REASONS.has(r))) spec.commandByAdmin = byAdmin;
     const row = this.endpoints.update(current, spec, this.#clock.now());

@@ -116,6 +116,20 @@ export class Autoscaler {
     this.tick();
   }
 
+  /**
+   * How many of the endpoint's workers a `workers.max` of `max` would stop or retire now (the
+   * over-max rule of decideScale): the serving workers past `max`, as far as flashd started them
+   * (an external worker is never stopped). Not those already being stopped or replaced, nor
+   * unhealthy ones. A PATCH reports `workers` as a restart reason only when this is above 0.
+   */
+  workersAboveMax(endpointId: string, max: number): number {
+    if (this.#o.runtime === null) return 0;
+    const registry = this.#o.queue.workers;
+    const serving = registry.list(endpointId).filter((w) => !registry.silent(w) && !this.#managed.get(w.id)?.stopping
+      && registry.state(w) !== 'unhealthy' && !(w.recycle && w.managed));
+    return Math.max(0, Math.min(serving.length - max, serving.filter((w) => w.managed).length));
+  }
+
   /** Wakes the loop for one endpoint (coalesced). */
   trigger(endpointId: string): void {
     if (this.#closed || this.#o.runtime === null) return;

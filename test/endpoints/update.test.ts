@@ -194,7 +194,7 @@ t.test('restartRequired and restartReasons', async (t) => {
   t.same(await reasons({ env: { X: '1' } }), ['env']);
   t.same(await reasons({ args: 'python x.py' }), ['args']);
   t.same(await reasons({ gpu: { count: 2 } }), ['gpu'], 'GPU selection changes need a restart');
-  t.same(await reasons({ workers: { max: 2 } }), ['workers'], 'lowering max needs a restart');
+  t.same(await reasons({ workers: { max: 2 } }), [], 'lowering max with no worker above it stops nobody: no restart');
   t.same(await reasons({ flashboot: 'FLASHBOOT', disk: 40 }), ['disk', 'flashboot']);
   t.same(await reasons({ mounts: { global: [] } }), [], 'an unchanged mount list is no change');
 });

@@ -114,6 +114,12 @@ t.test('a PATCH that running workers can pick up keeps them; one that needs a re
     t.same([r.json.restartRequired, r.json.restartReasons], [false, []], `${JSON.stringify(body)}: no restart on the process runtime`);
   }
   t.equal(await workerOf(), warm, 'container-only fields: the warm worker stays');
+  // A lower max that leaves the one worker under it stops nobody (one above it: the next test).
+  for (const max of [3, 2, 1]) {
+    const r = await a.req('PATCH', `/v2/serverless/${ep}`, { body: { workers: { max } } });
+    t.same([r.status, r.json.restartRequired, r.json.restartReasons], [200, false, []], `max ${max} with one worker: no restart`);
+  }
+  t.equal(await workerOf(), warm, 'a lower max above the workers up: the warm worker stays');
   const lines = ((await a.req('GET', `/v2/serverless/${ep}/logs`)).json as { line: string }[]).map((l) => l.line);
   t.notOk(lines.some((l) => l.includes('recycled')), `no worker was recycled: ${lines.filter((l) => l.includes('recycled')).join(' | ')}`);
   const env = await a.req('PATCH', `/v2/serverless/${ep}`, { body: { env: { GREETING: 'new' } } });
@@ -281,7 +287,8 @@ t.test('lowering workers.max under a backlog: a busy surplus worker finishes its
   })).json.id as string;
   const first = [a.req('POST', `/v2/${ep}/runsync`, { body: { input: { sleep: 2 } } }), a.req('POST', `/v2/${ep}/runsync`, { body: { input: { sleep: 2 } } })];
   await until('both jobs running on two workers', async () => (await health(a, ep)).workers.running === 2, 20_000);
-  t.equal((await a.req('PATCH', `/v2/serverless/${ep}`, { body: { workers: { min: 0, max: 1 } } })).status, 200);
+  const lowered = await a.req('PATCH', `/v2/serverless/${ep}`, { body: { workers: { min: 0, max: 1 } } });
+  t.same([lowered.status, lowered.json.restartRequired, lowered.json.restartReasons], [200, true, ['workers']], 'a worker above the new max: restart reason workers');
   // A backlog that keeps every worker busy: before, both workers took these as they came free.
   const backlog = await Promise.all([1, 2, 3, 4].map(async (n) => (await a.req('POST', `/v2/${ep}/run`, { body: { input: { n, sleep: 0.3 } } })).json.id as string));
   const firstDone = await Promise.all(first.map(async (r) => (await r).json));
