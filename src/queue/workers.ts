@@ -326,8 +326,10 @@ export class WorkerRegistry {
       }
       const state = this.state(w);
       // A worker flashd is stopping that holds no job takes none again: not idle, not ready,
-      // however long it takes to exit (up to the stop grace if it ignores SIGTERM).
-      if (state === 'idle' && w.draining) continue;
+      // however long it takes to exit (up to the stop grace if it ignores SIGTERM). Nor
+      // initializing: one stopped while starting (the init timeout, a lower max, a new
+      // configuration) will never come up.
+      if ((state === 'idle' || state === 'initializing') && w.draining) continue;
       c[state]++;
     }
     c.ready = c.idle + c.running;

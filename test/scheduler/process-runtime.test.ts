@@ -203,6 +203,13 @@ t.test('a worker stopped for the init timeout holds its place under max until it
   const ep = (await a.req('POST', '/v2/serverless', {
     body: cpuBody({ args: JSON.stringify({ cmd: ['sh', '-c', "trap '' TERM; exec sleep 60"] }), env: { RUNPOD_INIT_TIMEOUT: '1' }, workers: { min: 1, max: 1, idleTimeout: 30 } }),
   })).json.id as string;
+  await until('the first silent worker to be stopped', async () => {
+    const l = (await a.req('GET', `/v2/serverless/${ep}/logs`)).json as { line: string }[];
+    return l.some((x) => /^stopping worker \S+: it did not ask for a job within 1 s/.test(x.line));
+  }, 15_000);
+  const exiting = (await health(a, ep)).workers;
+  t.same([exiting.initializing, exiting.idle, exiting.running, exiting.unhealthy], [0, 0, 0, 0],
+    `while it exits (the stop grace: it ignores SIGTERM) it is in none of the counts: ${JSON.stringify(exiting)}`);
   let most = 0;
   let unhealthy = false;
   await until('the first silent worker to have exited and a replacement to start', async () => {
