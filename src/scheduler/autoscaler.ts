@@ -220,7 +220,7 @@ export class Autoscaler {
       exiting: listed.filter((w) => {
         const m = this.#managed.get(w.id);
         return m?.stopping === true && mono - (m.stoppingSince ?? mono) < this.#graceMs + DRAIN_SLACK_MS;
-      }).map((w) => ({ id: w.id, replaced: w.recycle && !w.refresh })),
+      }).map((w) => ({ id: w.id, replaced: w.recycle && !w.refresh, initTimedOut: this.#managed.get(w.id)?.initTimedOut === true })),
       capacity,
       backoff: crash !== undefined && mono < crash.backoffUntil,
     });
@@ -475,10 +475,14 @@ export class Autoscaler {
       this.#o.logs.append(endpointId, workerId, 'system', `worker ${workerId} failed to start: ${startError}`);
       this.#o.log.warn('worker failed to start', { endpointId, workerId, reason: startError });
     } else if (crashed) {
-      this.#o.logs.append(endpointId, workerId, 'system', initTimedOut
-        ? `worker ${workerId} stopped (${how}): it never asked for a job`
-        : `worker ${workerId} exited unexpectedly (${how})`);
-      this.#o.log.warn('worker exited unexpectedly', { endpointId, workerId, code: info.code, signal: info.signal });
+      if (initTimedOut) {
+        // flashd stopped it itself: not "unexpected", but a crash all the same.
+        this.#o.logs.append(endpointId, workerId, 'system', `worker ${workerId} stopped (${how}): it never asked for a job`);
+        this.#o.log.warn('worker stopped: it never asked for a job', { endpointId, workerId, code: info.code, signal: info.signal });
+      } else {
+        this.#o.logs.append(endpointId, workerId, 'system', `worker ${workerId} exited unexpectedly (${how})`);
+        this.#o.log.warn('worker exited unexpectedly', { endpointId, workerId, code: info.code, signal: info.signal });
+      }
     } else {
       this.#o.logs.append(endpointId, workerId, 'system', `worker ${workerId} stopped (${how})`);
     }

@@ -18,7 +18,9 @@
  * - `max` caps the managed workers that exist: one being stopped (`exiting`: idle, above max,
  *   init timeout, asked to be recycled) keeps its place until it has exited, so a job arriving
  *   while it exits waits for the exit and then starts a worker. One replaced for a new
- *   configuration is the exception (below).
+ *   configuration is the exception (below). One stopped for the init timeout also stands for
+ *   its replacement until it has exited, even below max: its exit is a crash, and a crash
+ *   backoff must be able to hold that replacement.
  * - Idle workers stop after `idleTimeout` (down to `min`; REQUEST_COUNT, which has no
  *   idleTimeout: down to its target, after the loop's grace), longest idle first; above `max`
  *   (a lowered `max`), starting and idle workers stop at once and busy ones are retired: they
@@ -95,6 +97,12 @@ export interface ExitingSnapshot {
    * PATCH do not wait for it.
    */
   replaced?: boolean;
+  /**
+   * Stopped for the init timeout: its exit counts as a crash, so it also stands for the worker
+   * that will replace it. The replacement starts only once it has exited and the crash is
+   * counted (a crash backoff then holds it), whatever room is left under max.
+   */
+  initTimedOut?: boolean;
 }
 
 export interface ScaleDecision {
@@ -192,7 +200,9 @@ export function decideScale(s: ScaleInput): ScaleDecision {
   // (An idle one is stopped below, in this same decision; it holds its place until it has
   // exited, as every worker being stopped does, one replaced for a new configuration apart.)
   const holding = exiting + live.filter((w) => w.refresh && w.managed).length;
-  let start = Math.max(0, Math.min(desired, s.max - holding) - active);
+  // One stopped for the init timeout stands for its own replacement until it has exited.
+  const awaitingCrash = (s.exiting ?? []).filter((e) => e.initTimedOut && !e.replaced).length;
+  let start = Math.max(0, Math.min(desired, s.max - holding) - active - awaitingCrash);
   let throttled = 0;
   if (start > 0 && s.backoff) start = 0;
   if (start > s.capacity) {

@@ -173,6 +173,18 @@ const cases: { name: string; input: Partial<ScaleInput>; start: number; stop?: s
     input: { max: 2, workers: [w('b', 'idle'), w('c', 'running', 0, { recycle: true, refresh: true, retired: true })], exiting: [{ id: 'a' }] }, start: 0, unretire: [],
   },
   {
+    name: 'one stopped for the init timeout stands for its replacement until it has exited, below max too (its exit is a crash a backoff may follow)',
+    input: { max: 2, queued: 1, exiting: [{ id: 'a', initTimedOut: true }] }, start: 0, throttled: 0,
+  },
+  {
+    name: 'workers.min waits for its exit too',
+    input: { min: 2, max: 4, workers: [w('b', 'idle')], exiting: [{ id: 'a', initTimedOut: true }] }, start: 0,
+  },
+  {
+    name: 'while the other starts a backlog wants go on',
+    input: { scaling: { type: 'REQUEST_COUNT', requestCount: 1 }, max: 4, queued: 3, exiting: [{ id: 'a', initTimedOut: true }] }, start: 2,
+  },
+  {
     name: 'one replaced for the new configuration holds no place while it exits: its replacement starts at once',
     input: { max: 1, queued: 1, exiting: [{ id: 'a', replaced: true }] }, start: 1,
   },

@@ -224,6 +224,37 @@ t.test('a worker stopped for the init timeout holds its place under max until it
   t.ok(lines.some((l) => /never asked for a job/.test(l.line)), 'the first one was stopped for the init timeout');
 });
 
+t.test('below max too, the replacement for an init-timed-out worker starts once it has exited, so a crash backoff holds it', async (t) => {
+  const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT, takeHoldMs: 1000, leaseMs: 3000 });
+  const ep = (await a.req('POST', '/v2/serverless', {
+    body: cpuBody({ args: 'sleep 60', env: { RUNPOD_INIT_TIMEOUT: '1' }, workers: { min: 0, max: 2, idleTimeout: 30 } }),
+  })).json.id as string;
+  await a.req('POST', `/v2/${ep}/run`, { body: { input: {} } });
+  type Line = { line: string; at: string };
+  const lines = await until('three init timeouts and a crash backoff, then the next start', async () => {
+    const l = (await a.req('GET', `/v2/serverless/${ep}/logs`)).json as Line[];
+    const backoff = l.findIndex((x) => /crashed in a row: no new worker for/.test(x.line));
+    return backoff >= 0 && l.slice(backoff).some((x) => /^starting worker/.test(x.line)) && l;
+  }, 30_000);
+  // Each start after the first comes after the exit of the worker it replaces.
+  let starts = 0;
+  let exits = 0;
+  for (const l of lines) {
+    if (/^starting worker/.test(l.line)) {
+      starts++;
+      t.ok(starts - 1 <= exits, `start ${starts} after ${exits} exit(s): ${l.line}`);
+    }
+    if (/never asked for a job/.test(l.line)) exits++;
+  }
+  const backoff = lines.find((x) => /crashed in a row/.test(x.line)) as Line;
+  t.match(backoff.line, /^3 workers crashed in a row: no new worker for 2 s \(crash backoff\)$/);
+  const next = lines.slice(lines.indexOf(backoff)).find((x) => /^starting worker/.test(x.line)) as Line;
+  const heldMs = Date.parse(next.at) - Date.parse(backoff.at);
+  t.ok(heldMs >= 1500, `the backoff held the next start: ${heldMs} ms`);
+  t.notOk(a.logs.some((l) => /worker exited unexpectedly/.test(l)), "flashd's log does not call a stop it made unexpected");
+  t.ok(a.logs.some((l) => /worker stopped: it never asked for a job/.test(l)), "flashd's log says why it stopped");
+});
+
 t.test('lowering max or replacing the configuration stops a worker that is still starting', async (t) => {
   const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT, takeHoldMs: 1000, leaseMs: 3000 });
   const ep = (await a.req('POST', '/v2/serverless', {
