@@ -237,6 +237,14 @@ export class Autoscaler {
     // after (armed at every decision during it, so an earlier wake-up that finds the backoff
     // still on does not lose this one).
     if (crash !== undefined && mono < crash.backoffUntil) this.#recheckIn(endpointId, crash.backoffUntil - mono);
+    // Stops first: a recycled worker's stop is logged before the start of its replacement.
+    // (A stopped worker is kept for FlashBoot only once it has exited: no launch here reuses it.)
+    for (const id of decision.stop) {
+      const w = registry.get(endpointId, id);
+      // Replaced for a new configuration: not kept for a FlashBoot restart (it runs the old one).
+      const outdated = w?.recycle === true && !w.refresh;
+      void this.#stop(id, decision.stopReasons[id] ?? 'scaled down', !outdated);
+    }
     for (let i = 0; i < decision.start; i++) this.#launch(row, decision.startReason);
     for (const id of decision.unretire) {
       this.#o.queue.unretire(endpointId, id);
@@ -247,12 +255,6 @@ export class Autoscaler {
       this.#o.queue.retireAboveMax(endpointId, id);
       this.#o.logs.append(endpointId, id, 'system', `worker ${id} is above workers.max (${spec.workers.max}): it finishes its jobs, takes no new one and stops`);
       this.#o.log.info('worker retiring', { endpointId, workerId: id, max: spec.workers.max });
-    }
-    for (const id of decision.stop) {
-      const w = registry.get(endpointId, id);
-      // Replaced for a new configuration: not kept for a FlashBoot restart (it runs the old one).
-      const outdated = w?.recycle === true && !w.refresh;
-      void this.#stop(id, decision.stopReasons[id] ?? 'scaled down', !outdated);
     }
     this.#trimUnhealthy(endpointId, spec.workers.max);
     return decision;

@@ -159,6 +159,9 @@ export function decideScale(s: ScaleInput): ScaleDecision {
   // Workers of an old configuration finishing their jobs (a PATCH that needs a restart): up, but
   // serving no new job. A start beside them says so, not "no worker up".
   const replacing = live.filter((w) => w.managed && w.recycle && !w.refresh).length;
+  // Workers that asked to be recycled (stopPod, refresh_worker), a retired one above a lowered
+  // max apart: a start beside them replaces them, and says so.
+  const refreshing = live.filter((w) => w.managed && w.recycle && w.refresh && !w.retired).length;
 
   let desired = active;
   let why = '';
@@ -192,6 +195,7 @@ export function decideScale(s: ScaleInput): ScaleDecision {
   }
   if (desired < s.min) why = `workers.min is ${s.min}`;
   if (replacing > 0 && why) why += ` (replacing ${replacing} worker(s) of the old configuration, which finish their jobs and take no new one)`;
+  if (refreshing > 0 && why) why += ` (replacing ${refreshing} recycled worker(s), which asked for it and take no new job)`;
   desired = Math.min(s.max, Math.max(s.min, desired));
 
   // A managed worker that asked to be recycled (refresh_worker) and still runs jobs keeps its

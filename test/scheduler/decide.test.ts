@@ -228,6 +228,11 @@ t.test('a decision says why its workers start and stop, for the logs', async (t)
     '1 job(s) waiting and no worker of the endpoint\'s new configuration up (replacing 1 worker(s) of the old configuration, which finish their jobs and take no new one)',
     'a worker of the old configuration is up: not a cold start with "no worker up"',
   );
+  t.equal(
+    decideScale({ ...base, min: 1, max: 2, workers: [w('a', 'idle', 0, { recycle: true, refresh: true })] }).startReason,
+    'workers.min is 1 (replacing 1 recycled worker(s), which asked for it and take no new job)',
+    'a worker that asked to be recycled (refresh_worker) is being replaced: said, as for a new configuration',
+  );
   t.equal(decideScale({ ...base, min: 1, queued: 1 }).startReason, 'cold start: 1 job(s) waiting and no worker up', 'the job, not min, when both want one');
   t.equal(
     decideScale({ ...base, scaling: { type: 'REQUEST_COUNT', requestCount: 2 }, queued: 3, inProgress: 2, max: 10 }).startReason,

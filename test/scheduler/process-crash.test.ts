@@ -151,3 +151,24 @@ t.test('refresh_worker after a cancelled job: the worker is recycled, not counte
   t.not(next.json.workerId, first, 'a fresh worker runs the next job');
 });
 
+t.test('refresh_worker with workers.min 1: the stop is logged first, and the replacement says what it replaces', async (t) => {
+  const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT, takeHoldMs: 1000, leaseMs: 5000 });
+  const ep = (await a.req('POST', '/v2/serverless', {
+    body: cpuBody({ args: 'python3 -u test/fixtures/workers/echo.py', env: { ECHO_REFRESH: '1' }, workers: { min: 1, max: 2, idleTimeout: 30 } }),
+  })).json.id as string;
+  const done = await a.req('POST', `/v2/${ep}/runsync`, { body: { input: { n: 1 } } });
+  t.equal(done.json.status, 'COMPLETED', done.text);
+  const first = done.json.workerId as string;
+  type Line = { line: string; workerId: string };
+  const lines = await until('the recycled worker stopped and its replacement started', async () => {
+    const l = (await a.req('GET', `/v2/serverless/${ep}/logs`)).json as Line[];
+    const stop = l.findIndex((x) => x.workerId === first && /^stopping worker/.test(x.line));
+    return stop >= 0 && l.filter((x) => /^starting worker/.test(x.line)).length >= 2 && l;
+  }, 30_000);
+  const stop = lines.findIndex((x) => x.workerId === first && /^stopping worker/.test(x.line));
+  t.match(lines[stop]?.line, /: recycled: the worker asked for it/);
+  const starts = lines.filter((x) => /^starting worker/.test(x.line));
+  const replacement = starts[1] as Line;
+  t.ok(stop < lines.indexOf(replacement), `the stop comes first: ${lines.map((x) => x.line).join(' | ')}`);
+  t.match(replacement.line, /: workers\.min is 1 \(replacing 1 recycled worker\(s\), which asked for it and take no new job\)$/, `the replacement says why: ${replacement.line}`);
+});
