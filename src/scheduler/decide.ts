@@ -178,7 +178,7 @@ export function decideScale(s: ScaleInput): ScaleDecision {
     if (s.queued > 0 && returning.length > 0) recheckInMs = Math.min(...returning.map((w) => w.returningMs as number));
     const wanted = Math.ceil((s.queued + s.inProgress) / s.scaling.requestCount);
     desired = wanted + occupied;
-    why = `REQUEST_COUNT: ${s.queued + s.inProgress} job(s) queued or running at ${s.scaling.requestCount} per worker want ${wanted} worker(s)`
+    why = `REQUEST_COUNT: ${s.queued + s.inProgress} job(s) queued or running at ${s.scaling.requestCount} per worker: ${wanted} worker(s) wanted`
       + (occupied > 0 && wanted > 0 ? ` beside the ${occupied} busy with low-priority or ended jobs` : '');
   } else if (s.queued > 0 && idle.length === 0) {
     if (active === 0) {

@@ -236,11 +236,11 @@ t.test('a decision says why its workers start and stop, for the logs', async (t)
   t.equal(decideScale({ ...base, min: 1, queued: 1 }).startReason, 'cold start: 1 job(s) waiting and no worker up', 'the job, not min, when both want one');
   t.equal(
     decideScale({ ...base, scaling: { type: 'REQUEST_COUNT', requestCount: 2 }, queued: 3, inProgress: 2, max: 10 }).startReason,
-    'REQUEST_COUNT: 5 job(s) queued or running at 2 per worker want 3 worker(s)',
+    'REQUEST_COUNT: 5 job(s) queued or running at 2 per worker: 3 worker(s) wanted',
   );
   t.equal(
     decideScale({ ...base, scaling: { type: 'REQUEST_COUNT', requestCount: 1 }, queued: 1, workers: [w('a', 'running', 0, { uncounted: true })] }).startReason,
-    'REQUEST_COUNT: 1 job(s) queued or running at 1 per worker want 1 worker(s) beside the 1 busy with low-priority or ended jobs',
+    'REQUEST_COUNT: 1 job(s) queued or running at 1 per worker: 1 worker(s) wanted beside the 1 busy with low-priority or ended jobs',
   );
   t.same(decideScale({ ...base, workers: [w('a', 'idle', 12_000)] }).stopReasons, { a: 'idle for 12 s (idle timeout 10 s)' });
   t.same(decideScale({ ...base, max: 0, workers: [w('a', 'initializing')] }).stopReasons, { a: 'above workers.max (0)' });
