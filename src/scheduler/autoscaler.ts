@@ -229,7 +229,10 @@ export class Autoscaler {
     // With no runtime, said only while no worker is up: beside busy external workers a backlog
     // is the usual case, not news.
     this.#noteHeldBack(endpointId, spec, decision.throttled > 0 && capacity <= 0 && (!!this.#o.runtime || noneUp), runtimeRoom, blocked);
-    this.#noteNoMax(endpointId, !!this.#o.runtime && spec.workers.max === 0 && load.queued + load.lowQueued > 0 && noneUp, load.queued + load.lowQueued);
+    // With or without a runtime: workers.max 0 is the setting for external workers, and the
+    // last one gone leaves the jobs waiting (trigger() does nothing without a runtime; the 1 s
+    // tick says it then).
+    this.#noteNoMax(endpointId, spec.workers.max === 0 && load.queued + load.lowQueued > 0 && noneUp, load.queued + load.lowQueued);
     this.#noteLowOnly(endpointId, !!this.#o.runtime && spec.workers.max > 0 && load.queued === 0 && load.lowQueued > 0 && decision.start === 0
       && noneUp, load.lowQueued);
     if (decision.recheckInMs > 0) this.#recheckIn(endpointId, decision.recheckInMs);
@@ -429,6 +432,7 @@ export class Autoscaler {
    * Says once, in the endpoint log and flashd's, that jobs wait with no worker up because
    * workers.max is 0: flashd starts none for them (the setting for external workers only), and
    * without this line /health showed only a queue that never moved and the log nothing at all.
+   * With no runtime too (`--runtime none`, the usual setup for external workers).
    */
   #noteNoMax(endpointId: string, waiting: boolean, count: number): void {
     this.#sayOnce(this.#noMax, endpointId, waiting, () => {

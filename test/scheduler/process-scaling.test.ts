@@ -266,6 +266,27 @@ t.test('jobs to an endpoint with workers.max 0 wait, and the endpoint log says w
   }
 });
 
+t.test('with no runtime, jobs to an endpoint with workers.max 0 and no worker up are said too; low-priority ones only where flashd starts workers', async (t) => {
+  const a = await startAgent(t, { runtime: 'none', takeHoldMs: 1000, leaseMs: 3000 });
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  const low = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 1 } }) })).json.id as string;
+  type Line = { line: string; stream: string };
+  const said = (l: Line) => l.stream === 'system' && /^1 job\(s\) wait with no worker up: workers\.max is 0, so flashd starts no worker/.test(l.line);
+  // README's external-worker setup: a worker of its own calls once, then dies.
+  const x = await TestWorker.create(a, ep);
+  t.equal(await x.take(), null, 'the external worker asked for a job: none yet');
+  await a.req('POST', `/v2/${ep}/run`, { body: { input: { n: 1 } } });
+  await a.req('POST', `/v2/${low}/run`, { body: { input: { n: 1 }, policy: { lowPriority: true } } });
+  await new Promise((r) => setTimeout(r, 1500));
+  t.equal(((await a.req('GET', `/v2/serverless/${ep}/logs`)).json as Line[]).filter(said).length, 0, 'not while the external worker is up');
+  await until('the log to say why they wait once it is gone', async () => ((await a.req('GET', `/v2/serverless/${ep}/logs`)).json as Line[]).some(said), 15_000);
+  await new Promise((r) => setTimeout(r, 2500));
+  t.equal(((await a.req('GET', `/v2/serverless/${ep}/logs`)).json as Line[]).filter(said).length, 1, 'said once, not at every tick');
+  t.ok(a.logs.some((l) => /jobs wait with workers.max 0 and no worker up/.test(l)), "flashd's log says it too");
+  const lowLines = (await a.req('GET', `/v2/serverless/${low}/logs`)).json as Line[];
+  t.equal(lowLines.filter((l) => /low-priority job\(s\) wait/.test(l.line)).length, 0, 'with no runtime every job waits for an external worker alike: no low-priority line');
+});
+
 t.test('a PATCH that needs a restart says in the log which busy workers are replaced, and their replacement says why it starts', async (t) => {
   const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT, takeHoldMs: 1000, leaseMs: 3000 });
   const ep = (await a.req('POST', '/v2/serverless', {
