@@ -162,6 +162,14 @@ export class AuthService {
       }
       const existing = this.#repo.keyByHash(hashKey(envKey));
       if (existing && existing.revokedAt !== null) throw new AgentError('CONFLICT', 'FLASHD_ADMIN_API_KEY names a key that was revoked; choose a new value');
+      // A key of less (a read-only key, a worker key, another user's or an expired one) would be
+      // taken as the admin key while the earlier one from the variable was revoked: nothing
+      // could administer this flashd any more.
+      if (existing && !(existing.kind === 'user' && existing.userId === admin.id && existing.teamId === null && existing.scopes.includes('admin')
+        && (existing.expiresAt === null || existing.expiresAt > now))) {
+        throw new AgentError('CONFLICT', `FLASHD_ADMIN_API_KEY names an existing key that is not a valid admin key (${existing.kind === 'worker' ? 'a worker key' : existing.id}); `
+          + 'choose a new value, or the value of an admin key');
+      }
       const adminId = admin.id;
       const { registered, revoked } = this.#repo.transaction(() => {
         const row = existing ?? this.#insertKey(envKey, { name: 'admin (FLASHD_ADMIN_API_KEY)', scopes: ['admin'] }, adminId, 'user', null, true);

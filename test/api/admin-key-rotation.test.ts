@@ -89,6 +89,21 @@ t.test('the variable set to a key made through the API revokes the old environme
   await works(t, c, B, 'B');
 });
 
+t.test('the variable set to a key that is not an admin key (read-only, worker, expired) refuses the start and revokes nothing', async (t) => {
+  const dir = testDataDir(t);
+  const a = await startAgent(t, { adminApiKey: A }, { dir });
+  const readOnly = (await a.req('POST', '/v2/api-keys', { key: A, body: { name: 'ro', scopes: ['endpoints:read'] } })).json as { key: string };
+  const soon = (await a.req('POST', '/v2/api-keys', { key: A, body: { name: 'soon', scopes: ['admin'], expiresAt: new Date(Date.now() + 1500).toISOString() } })).json as { key: string };
+  await a.agent.close();
+  await new Promise((r) => setTimeout(r, 1600));
+  for (const [what, value] of [['a read-only key', readOnly.key], ['an expired admin key', soon.key]] as const) {
+    await t.rejects(startAgent(t, { adminApiKey: value }, { dir }), /FLASHD_ADMIN_API_KEY names an existing key that is not a valid admin key/, `${what}: refused`);
+  }
+  const b = await startAgent(t, { adminApiKey: A }, { dir });
+  await works(t, b, A, 'A, still');
+  t.notOk(b.logs.some((l) => /admin key from environment revoked/.test(l)), 'nothing was revoked');
+});
+
 t.test('keys an older flashd registered from the variable (rotated before this fix) are revoked by the next start with it (migration 13)', async (t) => {
   const dir = testDataDir(t);
   const old = databaseAtVersion(dir, 12);
