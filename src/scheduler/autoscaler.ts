@@ -244,9 +244,10 @@ export class Autoscaler {
     // (A stopped worker is kept for FlashBoot only once it has exited: no launch here reuses it.)
     for (const id of decision.stop) {
       const w = registry.get(endpointId, id);
-      // Replaced for a new configuration: not kept for a FlashBoot restart (it runs the old one).
-      const outdated = w?.recycle === true && !w.refresh;
-      void this.#stop(id, decision.stopReasons[id] ?? 'scaled down', !outdated);
+      // Recycled: not kept for a FlashBoot restart. One replaced for a new configuration runs the
+      // old one; one that asked for it (refresh_worker, stopPod) is to come back clean, and a
+      // restart would hand the next job its container as it left it.
+      void this.#stop(id, decision.stopReasons[id] ?? 'scaled down', w?.recycle !== true);
     }
     for (let i = 0; i < decision.start; i++) this.#launch(row, decision.startReason);
     for (const id of decision.unretire) {

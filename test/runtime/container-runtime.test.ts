@@ -73,6 +73,23 @@ t.test('FLASHBOOT: scale to zero keeps the container stopped; the next job resta
   t.pass('no container left');
 });
 
+t.test('FLASHBOOT: a worker recycled by refresh_worker is not kept: the next job gets a new container', async (t) => {
+  const a = await start(t);
+  const ep = await endpoint(a, { flashboot: 'FLASHBOOT', workers: { min: 0, max: 1, idleTimeout: 30 } });
+  const first = await runsync(a, ep, { refresh: true });
+  t.equal(first.status, 'COMPLETED', JSON.stringify(first));
+  const [c1] = await containersOf([`${LABELS.endpoint}=${ep}`]);
+  t.ok(c1, 'its container');
+  await until('the recycled container removed, not kept stopped', async () => (await containersOf([`${LABELS.endpoint}=${ep}`])).length === 0);
+  const again = await runsync(a, ep, { n: 2 });
+  t.equal(again.status, 'COMPLETED', JSON.stringify(again));
+  t.not(again.workerId, first.workerId, 'a new worker took the next job');
+  t.equal(again.output?.leftover, null, 'nothing the recycled worker left in its filesystem');
+  const list = await containersOf([`${LABELS.endpoint}=${ep}`]);
+  t.notOk(list.some((c) => c.Id === c1?.Id), 'in a new container');
+  t.notOk(a.logs.some((l) => /container kept for FlashBoot/.test(l)), 'no recycled container was kept');
+});
+
 t.test('FLASHBOOT: a PATCH that needs a restart while a worker is being stopped keeps no container of the old configuration', async (t) => {
   // The worker ignores SIGTERM, so its stop takes the whole grace period: the PATCH lands in it.
   const a = await start(t, { workerStopGraceMs: 4000 });
