@@ -437,8 +437,9 @@ export class AuthService {
   revokeKey(caller: Principal, id: string): void {
     const row = this.#keyToManage(caller, id);
     const revoked = this.#repo.revokeKey(id, this.#clock.now());
-    this.#log.info('api key revoked', { keyId: id, kind: row.kind, endpointId: row.endpointId });
+    // A repeated DELETE is answered the same (204) but changes nothing: no second line.
     if (!revoked) return;
+    this.#log.info('api key revoked', { keyId: id, kind: row.kind, endpointId: row.endpointId });
     const workerId = workerIdOfKey(row);
     this.onRevoked?.(id, row.endpointId !== null && workerId !== null ? { endpointId: row.endpointId, workerId } : undefined);
   }

@@ -104,6 +104,14 @@ t.test('the variable set to a key that is not an admin key (read-only, worker, e
   t.notOk(b.logs.some((l) => /admin key from environment revoked/.test(l)), 'nothing was revoked');
 });
 
+t.test('a repeated DELETE of a key answers 204 again and logs the revocation once', async (t) => {
+  const a = await startAgent(t, { adminApiKey: A }, { dir: testDataDir(t) });
+  const made = (await a.req('POST', '/v2/api-keys', { key: A, body: { name: 'ci', scopes: ['jobs:read'] } })).json as { id: string };
+  t.equal((await a.req('DELETE', `/v2/api-keys/${made.id}`, { key: A })).status, 204);
+  t.equal((await a.req('DELETE', `/v2/api-keys/${made.id}`, { key: A })).status, 204, 'again: nothing to do, same answer');
+  t.equal(a.logs.filter((l) => l.includes('api key revoked') && l.includes(made.id)).length, 1, 'one line: the second changed nothing');
+});
+
 t.test('keys an older flashd registered from the variable (rotated before this fix) are revoked by the next start with it (migration 13)', async (t) => {
   const dir = testDataDir(t);
   const old = databaseAtVersion(dir, 12);
