@@ -201,9 +201,10 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
     const logs = new LogHub(new LogsRepo(db), batch, clock);
     const leftovers = auth.revokeLeftoverManagedKeys();
     for (const w of leftovers) {
-      const held = queue.workerGone(w.endpointId, w.workerId, `worker ${w.workerId} belonged to a run of flashd that did not stop cleanly`);
+      const why = `worker ${w.workerId} belonged to a run of flashd that did not stop cleanly`;
+      const held = queue.workerGone(w.endpointId, w.workerId, why);
       queue.workers.remove(w.endpointId, w.workerId);
-      logs.append(w.endpointId, w.workerId, 'system', `worker ${w.workerId} belonged to a run of flashd that did not stop cleanly (killed or crashed): it was stopped and its key revoked${held > 0 ? `; its ${held} job(s) went back to the queue (or failed, where that was their last attempt)` : ''}`);
+      logs.append(w.endpointId, w.workerId, 'system', `${why} (killed or crashed): it was stopped and its key revoked${held > 0 ? `; its ${held} job(s) went back to the queue (or failed, where that was their last attempt)` : ''}`);
     }
     if (leftovers.length) log.info('workers of the previous run released', { count: leftovers.length });
     // What ran out while flashd was down ends now, before the first request, not at the timers'

@@ -126,16 +126,17 @@ export function reapOrphanProcessWorkers(dataDir: string, log: Logger, killed = 
     const fields = line.trim().split(/\s+/);
     const pid = Number(fields[0]);
     if (!Number.isInteger(pid) || pid <= 1) continue;
+    // The worker id, where the line records one (a pid alone is an older flashd's line).
+    const workerId = fields[3]?.startsWith('wkr_') ? fields[3] : undefined;
     try {
       if (isRecordedWorker(pid, fields, writtenMs, boot) && environOf(pid).includes('VENDOR_POD_ID=wkr_')) {
         process.kill(-pid, 'SIGKILL');
-        log.warn(killed, { pid, workerId: fields[3]?.startsWith('wkr_') ? fields[3] : undefined });
+        log.warn(killed, { pid, workerId });
         continue;
       }
       // Its main process is gone (or a zombie nobody reaped): what is left of its group, if any.
-      const workerId = fields[3];
       const leaderGone = startTicks(pid) === undefined || fields[1] === startTicks(pid);
-      if (leaderGone && workerId?.startsWith('wkr_') && fields[2] === boot) {
+      if (leaderGone && workerId !== undefined && fields[2] === boot) {
         const left = groupMembers(pid);
         if (left.some((p) => environOf(p).split('\0').includes(`VENDOR_POD_ID=${workerId}`))) {
           process.kill(-pid, 'SIGKILL');
