@@ -165,7 +165,16 @@ function checkReferences(spec: EndpointSpec, ctx: ValidationContext, errors: str
   if (global.length > 1) errors.push('/mounts/global: at most one global volume');
   const missing: string[] = [];
   const perDc = new Map<string, string>();
+  const firstAt = new Map<string, number>();
   network.forEach((id, i) => {
+    // A repeat is its own error, before any look-up: it is not a second volume in the same
+    // data center, and an unknown id listed twice is not two missing volumes.
+    const first = firstAt.get(id);
+    if (first !== undefined) {
+      errors.push(`${networkPointer}/${i}: duplicate of ${networkPointer}/${first} (network volume ${id} is listed more than once)`);
+      return;
+    }
+    firstAt.set(id, i);
     const vol = ctx.networkVolume(id);
     if (!vol) {
       missing.push(`${networkPointer}/${i}: network volume ${id} not found or not accessible`);

@@ -1,6 +1,6 @@
 /**
- * Mounts (spec, "Mounts" and the update semantics): `{volumeId}` only, one network volume per data
- * center, at most one global volume and only on GPU endpoints, never both kinds, the deprecated
+ * Mounts (spec, "Mounts" and the update semantics): `{volumeId}` only, each network volume once and
+ * one per data center, at most one global volume and only on GPU endpoints, never both kinds, the deprecated
  * `networkVolumes` agreeing exactly with `mounts.network` and mirrored in responses.
  */
 import t from 'tap';
@@ -63,6 +63,24 @@ t.test('network and global mounts on create', async (t) => {
   }
   t.equal((await createEndpoint(a, cpuBody({ mounts: { network: net(nv.id) } }))).status, 201, 'network volumes are fine on CPU endpoints');
   t.equal((await createEndpoint(a, queueBody({ mounts: { network: net(nv.id) }, dataCenterIds: ['LOCAL-1'] }))).status, 201, 'a volume in one of dataCenterIds');
+});
+
+t.test('a network volume listed twice is a 400 that says so, on create and PATCH', async (t) => {
+  const a = await startAgent(t);
+  const nv = await makeNetworkVolume(t, a, { name: 'twice' });
+  const e = await mustCreate(t, a, queueBody());
+  const dup = (r: Awaited<ReturnType<typeof createEndpoint>>, pointer: string, first: string, id: string, label: string) => {
+    assertErrorAt(t, r, 400, pointer, `${label}: ${r.text.slice(0, 300)}`);
+    const want = `${pointer}: duplicate of ${first} (network volume ${id} is listed more than once)`;
+    t.same(r.json.errors, [want], `${label}: the one error names the repeat and the first listing`);
+    t.equal(r.json.detail, want, `${label}: the detail says it is a duplicate`);
+    t.notMatch(r.text, /data center/, `${label}: nothing about data centers`);
+  };
+  dup(await createEndpoint(a, queueBody({ mounts: { network: net(nv.id, nv.id) } })), '/mounts/network/1', '/mounts/network/0', nv.id, 'create');
+  dup(await patch(a, e.id, { mounts: { network: net(nv.id, nv.id) } }), '/mounts/network/1', '/mounts/network/0', nv.id, 'PATCH');
+  // An unknown id listed twice is a duplicate (400), not two missing volumes (404).
+  dup(await createEndpoint(a, queueBody({ mounts: { network: net('nv_unknown00000000000000', 'nv_unknown00000000000000') } })), '/mounts/network/1', '/mounts/network/0', 'nv_unknown00000000000000', 'an unknown id twice');
+  t.same((await a.req('GET', `/v2/serverless/${e.id}`)).json.mounts, { network: [], global: [] }, 'the refused PATCH changed nothing');
 });
 
 t.test('another account\'s volumes are a 404', async (t) => {
