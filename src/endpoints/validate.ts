@@ -163,7 +163,11 @@ function checkReferences(spec: EndpointSpec, ctx: ValidationContext, errors: str
   if (network.length > 0 && global.length > 0) errors.push('/mounts: network and global volumes cannot both be mounted; send [] for one kind to switch');
   if (global.length > 0 && spec.gpu === null) errors.push('/mounts/global: global volumes are for GPU endpoints only');
   if (global.length > 1) errors.push('/mounts/global: at most one global volume');
-  const missing: string[] = [];
+  // Each missing reference: its errors[] entry, and the words the detail lists it by.
+  const missing: { error: string; what: string }[] = [];
+  const notFound = (pointer: string, what: string, hint = ''): void => {
+    missing.push({ error: `${pointer}: ${what} not found or not accessible${hint && `; ${hint}`}`, what: hint ? `${what} (${hint})` : what });
+  };
   const perDc = new Map<string, string>();
   const firstAt = new Map<string, number>();
   network.forEach((id, i) => {
@@ -177,7 +181,7 @@ function checkReferences(spec: EndpointSpec, ctx: ValidationContext, errors: str
     firstAt.set(id, i);
     const vol = ctx.networkVolume(id);
     if (!vol) {
-      missing.push(`${networkPointer}/${i}: network volume ${id} not found or not accessible`);
+      notFound(`${networkPointer}/${i}`, `network volume ${id}`);
       return;
     }
     const other = perDc.get(vol.dataCenterId);
@@ -188,18 +192,17 @@ function checkReferences(spec: EndpointSpec, ctx: ValidationContext, errors: str
     }
   });
   global.forEach((id, i) => {
-    if (!ctx.globalVolumeExists(id)) missing.push(`/mounts/global/${i}: global volume ${id} not found or not accessible`);
+    if (!ctx.globalVolumeExists(id)) notFound(`/mounts/global/${i}`, `global volume ${id}`);
   });
   if (spec.registry !== null && !ctx.registryExists(spec.registry)) {
     // A public template may name its owner's credential, which other accounts cannot use.
-    missing.push(registryFromTemplate
-      ? `/templateId: the template's registry credential ${spec.registry} not found or not accessible; set registry (or null) in the body`
-      : `/registry: registry credential ${spec.registry} not found or not accessible`);
+    if (registryFromTemplate) notFound('/templateId', `the template's registry credential ${spec.registry}`, 'set registry, or null, in the body');
+    else notFound('/registry', `registry credential ${spec.registry}`);
   }
   if (errors.length) throw validationError(errors);
   if (missing.length) {
-    const what = missing.map((m) => m.slice(m.indexOf(': ') + 2).replace(/ not found or not accessible$/, ''));
-    throw new AgentError('NOT_FOUND', `Not found or not accessible: ${what.join(', ')}.`, { errors: missing });
+    // The detail says "not found" once, before the list: an entry with a hint keeps it in brackets.
+    throw new AgentError('NOT_FOUND', `Not found or not accessible: ${missing.map((m) => m.what).join(', ')}.`, { errors: missing.map((m) => m.error) });
   }
 }
 

@@ -9,6 +9,7 @@ import { ERROR_CODES } from '../../src/core/errors.js';
 import { ManualClock } from '../../src/core/clock.js';
 import { ADMIN_KEY, assertProblem, cpuBody, queueBody, startAgent, type Reply } from '../helpers/agent.js';
 import { TestWorker } from '../helpers/worker.js';
+import { makeRegistry, makeTemplate, makeUser, mustCreate, mustPost } from '../helpers/expect.js';
 
 t.test('problem members on every kind of failure', async (t) => {
   const clock = new ManualClock();
@@ -169,4 +170,57 @@ t.test('length and count limits read as sentences, not as Ajv\'s "must NOT have 
   const long = await a.req('POST', '/v2/serverless', { body: cpuBody({ name: 'a'.repeat(300), cpu: [] }) });
   assertProblem(t, long, 400);
   t.same(long.json.errors, ['/name: must be at most 191 characters long', '/cpu: must not be empty']);
+});
+
+t.test('a 404 says "not found" once, in its detail and in each errors[] entry', async (t) => {
+  const a = await startAgent(t);
+  const owner = await makeUser(t, a, 'nf-owner');
+  const caller = await makeUser(t, a, 'nf-caller');
+  const ep = await mustCreate(t, a, queueBody());
+  const team = await mustPost(t, a, '/v2/teams', { name: 'nf-team' });
+  const ownerReg = await makeRegistry(t, a, { name: 'owner-reg' }, owner.key);
+  const pubWithReg = await makeTemplate(t, a, { name: 'public-private-image', isPublic: true, registry: ownerReg.id }, owner.key);
+  const unknown = 'zz_unknown0000000000000';
+  const job = 'job_unknown000000000000';
+  const cases: [string, Promise<Reply>][] = [];
+  for (const path of ['/v2/serverless', '/v2/templates', '/v2/network-volumes', '/v2/global-volumes', '/v2/registry-credentials', '/v2/api-keys']) {
+    cases.push([`GET ${path}/{unknown}`, a.req('GET', `${path}/${unknown}`)]);
+    cases.push([`PATCH ${path}/{unknown}`, a.req('PATCH', `${path}/${unknown}`, { body: { name: 'x' } })]);
+    cases.push([`DELETE ${path}/{unknown}`, a.req('DELETE', `${path}/${unknown}`)]);
+  }
+  cases.push(
+    ['GET /v1/endpoints/{unknown}', a.req('GET', `/v1/endpoints/${unknown}`)],
+    ['GET /v2/teams/{unknown}', a.req('GET', `/v2/teams/${unknown}`)],
+    ['POST /v2/teams/{id}/members, unknown user', a.req('POST', `/v2/teams/${team.id}/members`, { body: { userId: 'usr_unknown000000000000' } })],
+    ['DELETE /v2/teams/{id}/members/{unknown}', a.req('DELETE', `/v2/teams/${team.id}/members/usr_unknown000000000000`)],
+    ['POST /v2/api-keys, unknown user', a.req('POST', '/v2/api-keys', { body: { name: 'k', scopes: ['jobs:run'], userId: 'usr_unknown000000000000' } })],
+    ['GET /v2/serverless/{unknown}/logs', a.req('GET', `/v2/serverless/${unknown}/logs`)],
+    ['POST /v2/{unknown}/run', a.req('POST', `/v2/${unknown}/run`, { body: { input: {} } })],
+    ['GET /v2/{unknown}/health', a.req('GET', `/v2/${unknown}/health`)],
+    ['an unknown template', a.req('POST', '/v2/serverless', { body: queueBody({ templateId: 'tpl_unknown000000000000' }) })],
+    ['an unknown registry credential', a.req('POST', '/v2/serverless', { body: queueBody({ registry: 'reg_unknown000000000000' }) })],
+    ['unknown volumes', a.req('POST', '/v2/serverless', { body: queueBody({ mounts: { network: [{ volumeId: 'nv_unknown000000000000' }] } }) })],
+    ["a public template's credential another account cannot use", a.req('POST', '/v2/serverless', { body: queueBody({ templateId: pubWithReg.id, image: undefined }), key: caller.key })],
+    ["the same, with an unknown volume too", a.req('POST', '/v2/serverless', { body: queueBody({ templateId: pubWithReg.id, image: undefined, mounts: { network: [{ volumeId: 'nv_unknown000000000000' }] } }), key: caller.key })],
+  );
+  for (const op of ['status', 'status-sync', 'stream']) {
+    cases.push([`GET /v2/{id}/${op}/{unknown job}`, a.req('GET', `/v2/${ep.id}/${op}/${job}`)]);
+    cases.push([`GET /v2/{unknown}/${op}/{job}`, a.req('GET', `/v2/${unknown}/${op}/${job}`)]);
+  }
+  for (const op of ['cancel', 'retry']) {
+    cases.push([`POST /v2/{id}/${op}/{unknown job}`, a.req('POST', `/v2/${ep.id}/${op}/${job}`)]);
+    cases.push([`POST /v2/{unknown}/${op}/{job}`, a.req('POST', `/v2/${unknown}/${op}/${job}`)]);
+  }
+  const twice = /not found[\s\S]*not found/i;
+  for (const [label, pending] of cases) {
+    const r = await pending;
+    assertProblem(t, r, 404, `${label}: 404 ${r.text.slice(0, 300)}`);
+    t.notMatch(r.json.detail, twice, `${label}: the detail says it once: ${r.json.detail}`);
+    for (const e of r.json.errors as string[]) t.notMatch(e, twice, `${label}: errors[] says it once: ${e}`);
+  }
+  const viaTemplate = await cases.find(([label]) => label.startsWith("a public template's"))![1];
+  t.equal(viaTemplate.json.detail, `Not found or not accessible: the template's registry credential ${ownerReg.id} (set registry, or null, in the body).`);
+  t.same(viaTemplate.json.errors, [`/templateId: the template's registry credential ${ownerReg.id} not found or not accessible; set registry, or null, in the body`]);
+  const both = await cases.find(([label]) => label.startsWith('the same, with'))![1];
+  t.equal(both.json.detail, `Not found or not accessible: network volume nv_unknown000000000000, the template's registry credential ${ownerReg.id} (set registry, or null, in the body).`, 'several missing references in one detail');
 });
