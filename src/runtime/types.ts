@@ -64,6 +64,12 @@ export interface WorkerRuntime {
    * container: only endpoints whose command an admin set may start (`EndpointSpec.commandByAdmin`).
    */
   readonly runsOnHost?: boolean;
+  /**
+   * The kept worker (FlashBoot) that `launch` with this endpoint and config hash would restart
+   * if called now, in the same turn; null when it would start a new one. The scheduler names
+   * that worker when it says the start, before the launch resolves.
+   */
+  keptWorker?(endpointId: string, configHash: string): string | null;
   /** Starts a worker; rejects when it cannot be started (bad command, image pull failure). */
   launch(spec: LaunchSpec, events: WorkerEvents): Promise<LaunchResult>;
   /**

@@ -59,6 +59,8 @@ interface Managed {
   runningSince?: number;
   /** When flashd began stopping it (monotonic): it holds its place under max until its exit, within bounds. */
   stoppingSince?: number;
+  /** A kept worker whose container the runtime is restarting (FlashBoot), until the launch resolves. */
+  restarting?: boolean;
 }
 
 const UNHEALTHY_SHOWN_MS = 60_000;
@@ -328,6 +330,12 @@ export class Autoscaler {
     };
   }
 
+  /**
+   * Starts one worker. With FlashBoot the runtime may restart a kept worker instead of creating
+   * one: asked first (`keptWorker`), so the start is said, counted and filed under the id that
+   * runs. A fresh identity is made either way, for a new container (also when the kept one
+   * cannot be restarted and the runtime creates one in its place).
+   */
   #launch(row: ResourceRow<EndpointSpec>, reason: string): void {
     const runtime = this.#o.runtime;
     if (!runtime) return;
@@ -345,14 +353,27 @@ export class Autoscaler {
       ...spec.env,
       ...workerEnv({ baseUrl: this.#o.baseUrl(), endpointId, workerId: freshId, key, gpu: placed.gpuName, pingIntervalMs: this.#o.pingIntervalMs }),
     };
-    // The id events are filed under: the fresh one, or a kept worker's once the runtime reuses it.
+    const launchSpec = this.#launchSpec(row, freshId, env, placed.gpuDeviceIds);
+    // FlashBoot: the kept worker this launch restarts, with its own identity.
+    const keptId = runtime.keptWorker?.(endpointId, launchSpec.configHash) ?? null;
+    const kept = keptId !== null ? this.#kept.get(keptId) : undefined;
+    // The id events are filed under: the kept worker's or the fresh one, until the runtime says otherwise.
     const ref = { id: freshId };
-    this.#o.queue.workers.launched(endpointId, freshId);
-    this.#managed.set(freshId, { endpointId, keyId: keyRow.id, stopping: false });
-    this.#o.logs.append(endpointId, freshId, 'system', `starting worker ${freshId} (${runtime.name} runtime): ${reason}`);
-    this.#o.log.info('worker starting', { endpointId, workerId: freshId, runtime: runtime.name, reason });
+    if (keptId !== null && kept !== undefined) {
+      ref.id = keptId;
+      this.#kept.delete(keptId);
+      this.#placement.release(freshId);
+      this.#placement.reserve(endpointId, keptId, spec);
+      this.#unhealthy.delete(keptId);
+    }
+    const restarting = ref.id !== freshId;
+    this.#o.queue.workers.launched(endpointId, ref.id);
+    this.#managed.set(ref.id, { endpointId, keyId: kept?.keyId ?? keyRow.id, stopping: false, ...(restarting ? { restarting: true } : {}) });
+    const how = restarting ? ': its kept container restarts (FlashBoot)' : '';
+    this.#o.logs.append(endpointId, ref.id, 'system', `starting worker ${ref.id} (${runtime.name} runtime): ${reason}${how}`);
+    this.#o.log.info('worker starting', { endpointId, workerId: ref.id, runtime: runtime.name, reason, ...(restarting ? { flashboot: true } : {}) });
     runtime
-      .launch(this.#launchSpec(row, freshId, env, placed.gpuDeviceIds), {
+      .launch(launchSpec, {
         log: (stream, line) => this.#o.logs.append(endpointId, ref.id, stream, line),
         exit: (info) => this.#exited(endpointId, ref.id, info),
         discarded: () => this.#discard(ref.id),
@@ -360,35 +381,54 @@ export class Autoscaler {
       .then(
         (result) => {
           const runningSince = this.#o.clock.monotonic();
-          const m = this.#managed.get(freshId);
-          if (m) m.runningSince = runningSince;
-          if (!result.reused || result.workerId === freshId) return;
-          // FlashBoot: a kept worker restarted with its own identity; drop the fresh one.
-          const replace = this.#o.queue.workers.get(endpointId, freshId)?.recycle === true;
-          const kept = this.#kept.get(result.workerId);
-          this.#kept.delete(result.workerId);
-          this.#o.auth.revokeKeyById(keyRow.id);
-          this.#managed.delete(freshId);
-          this.#o.queue.workers.remove(endpointId, freshId);
-          this.#placement.release(freshId);
+          const announced = ref.id;
+          const m = this.#managed.get(announced);
+          if (m) {
+            m.runningSince = runningSince;
+            delete m.restarting;
+          }
+          if (result.workerId === announced) {
+            // The fresh identity went unused: the kept worker runs with its own.
+            if (restarting) this.#o.auth.revokeKeyById(keyRow.id);
+            // Stopped while it was restarting (the endpoint deleted, a scale-down, shutdown): the
+            // runtime had nothing running under this id to stop yet.
+            if (restarting && (m?.stopping || this.#closed || !this.#o.endpoints.byId(endpointId))) {
+              if (m && !m.stopping) void this.#stop(announced, 'stopped while it was restarting', false);
+              else void runtime.stop(announced, this.#graceMs, { keep: false });
+            }
+            return;
+          }
+          // Another worker than the one said runs: a kept one the runtime found only after
+          // reconnecting to its engine, or a new container where the kept one announced could
+          // not be restarted (its identity is gone with it).
+          const replace = this.#o.queue.workers.get(endpointId, announced)?.recycle === true;
+          const reused = result.reused ? this.#kept.get(result.workerId) : undefined;
+          if (reused) this.#kept.delete(result.workerId);
+          this.#o.auth.revokeKeyById(m?.keyId ?? keyRow.id);
+          if (result.reused && m?.keyId !== keyRow.id) this.#o.auth.revokeKeyById(keyRow.id);
+          this.#managed.delete(announced);
+          this.#o.queue.workers.remove(endpointId, announced);
+          this.#placement.release(announced);
           this.#placement.reserve(endpointId, result.workerId, spec);
           ref.id = result.workerId;
-          this.#managed.set(result.workerId, { endpointId, keyId: kept?.keyId ?? keyRow.id, stopping: false, runningSince });
+          this.#managed.set(result.workerId, { endpointId, keyId: result.reused ? reused?.keyId ?? keyRow.id : keyRow.id, stopping: false, runningSince });
           this.#unhealthy.delete(result.workerId);
           this.#o.queue.workers.launched(endpointId, result.workerId);
-          this.#o.logs.append(endpointId, result.workerId, 'system', `restarted kept worker ${result.workerId} (FlashBoot)`);
-          // A PATCH that landed during the restart marked the fresh record; the restarted one inherits it.
+          this.#o.logs.append(endpointId, result.workerId, 'system', result.reused
+            ? `restarted kept worker ${result.workerId} (FlashBoot) instead of starting ${announced}`
+            : `starting worker ${result.workerId} instead: the kept worker ${announced} could not be restarted`);
+          // A PATCH that landed during the restart marked the announced record; the one running inherits it.
           if (replace) this.#o.queue.recycling(endpointId, result.workerId);
-          // Stopped while it was restarting (the endpoint deleted, a scale-down, shutdown): the
-          // stop went to the fresh id, which never ran; it must reach the restarted one.
-          if (m?.stopping || this.#closed || !this.#o.endpoints.byId(endpointId)) void this.#stop(result.workerId, 'stopped while it was restarting', false);
+          if (m?.stopping || this.#closed || !this.#o.endpoints.byId(endpointId)) void this.#stop(result.workerId, 'stopped while it was starting', false);
         },
         (err: Error) => {
+          // The fresh identity of a kept worker's restart that failed was never used.
+          if (restarting) this.#o.auth.revokeKeyById(keyRow.id);
           // A runtime left without room by the failure (its container engine went away, or it is
           // shutting down) failed for want of capacity, not because of the endpoint: that is no
           // crash (no unhealthy worker, no backoff); the jobs wait throttled until it is back.
           const noRoom = this.#o.runtime?.capacity(endpointId) === 0;
-          this.#exited(endpointId, freshId, { code: null, signal: null, requested: noRoom }, err.message);
+          this.#exited(endpointId, ref.id, { code: null, signal: null, requested: noRoom }, err.message);
         },
       );
   }
@@ -456,6 +496,9 @@ export class Autoscaler {
 
   /** A kept worker is gone for good: its key goes too. */
   #discard(workerId: string): void {
+    // Its restart failed (the runtime creates a new container in its place): the key goes now.
+    const m = this.#managed.get(workerId);
+    if (m?.restarting) this.#o.auth.revokeKeyById(m.keyId);
     const kept = this.#kept.get(workerId);
     if (!kept) return;
     this.#kept.delete(workerId);

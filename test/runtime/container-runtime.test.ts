@@ -63,7 +63,13 @@ t.test('FLASHBOOT: scale to zero keeps the container stopped; the next job resta
   t.same(list.map((c) => [c.Id, c.State]), [[c1?.Id, 'running']], 'restarted, not created');
   t.ok(a.logs.some((l) => /container started .*reused=true/.test(l)), 'the restart is timed as a reuse');
   const logs = await logLines(a, ep);
-  t.ok(logs.some((l) => /restarted kept worker/.test(l.line)), 'the endpoint log tells of the FlashBoot restart');
+  // One id throughout the worker's life: the restart's start line names the kept worker, never
+  // a fresh id that then does not run (it used to say `starting worker <fresh id>` first).
+  const starts = logs.filter((l) => l.stream === 'system' && /^starting worker /.test(l.line));
+  t.same(starts.map((l) => [l.workerId, l.line.split(' ')[2]]), [[first.workerId, first.workerId], [first.workerId, first.workerId]], 'both start lines name the kept worker');
+  t.match(starts[1]?.line, /its kept container restarts \(FlashBoot\)/, 'the endpoint log tells of the FlashBoot restart');
+  t.same(a.logs.filter((l) => /worker starting/.test(l)).map((l) => /workerId=(\S+)/.exec(l)?.[1]), [first.workerId, first.workerId], "flashd's log names the kept worker too");
+  t.notOk(logs.some((l) => l.workerId !== first.workerId && l.workerId !== null), 'no other worker id in the endpoint log');
   t.equal(logs.filter((l) => l.line.includes(`handling ${first.id}`)).length, 1, 'the first run\'s output is not replayed by the restart');
 
   await until('scale to zero again', async () => noWorkers(await health(a, ep)));

@@ -136,6 +136,9 @@ t.test('FlashBoot pool policy', async (t) => {
   p3.add({ workerId: 'old', endpointId: 'E', configHash: 'h1', mode: 'PRIORITY_FLASHBOOT', keptAt: 1, value: '' });
   p3.add({ workerId: 'new', endpointId: 'E', configHash: 'h1', mode: 'PRIORITY_FLASHBOOT', keptAt: 2, value: '' });
   p3.add({ workerId: 'stale', endpointId: 'E', configHash: 'h0', mode: 'PRIORITY_FLASHBOOT', keptAt: 3, value: '' });
+  t.equal(p3.peek('E', 'h1')?.workerId, 'new', 'peek names what take would hit');
+  t.equal(p3.peek('E', 'h9'), undefined);
+  t.equal(p3.list().length, 3, 'peek removes nothing');
   const took = p3.take('E', 'h1');
   t.equal(took.hit?.workerId, 'new', 'the most recently kept container with the same config hash');
   t.same(took.stale.map((e) => e.workerId), ['stale'], 'another hash can never be used again');

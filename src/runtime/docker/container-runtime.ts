@@ -315,6 +315,15 @@ export class ContainerRuntime implements WorkerRuntime {
     return hostPort(gateway, listen.port);
   }
 
+  /**
+   * The kept container `launch` would restart now: a ready runtime takes it from the pool in
+   * the same turn as the call (an engine not ready yet reconnects first, so: null).
+   */
+  keptWorker(endpointId: string, configHash: string): string | null {
+    if (!this.#ready || this.#closing) return null;
+    return this.#kept.peek(endpointId, configHash)?.workerId ?? null;
+  }
+
   async launch(spec: LaunchSpec, events: WorkerEvents): Promise<LaunchResult> {
     if (this.#closing) throw new Error('the container runtime is shutting down');
     if (!this.#ready && !(await this.#connect())) {

@@ -99,6 +99,11 @@ export class KeptPool<T> {
     return { hit: match ? this.#take(match) : undefined, stale };
   }
 
+  /** The entry `take` would hit now (not removed): what a launch with this hash restarts. */
+  peek(endpointId: string, configHash: string): KeptEntry<T> | undefined {
+    return this.#sorted((e) => e.endpointId === endpointId && e.configHash === configHash).pop();
+  }
+
   /** Removes one entry (its time is up); undefined when it is no longer kept. */
   remove(workerId: string): KeptEntry<T> | undefined {
     const e = this.#entries.get(workerId);
