@@ -58,6 +58,8 @@ interface CachedKey {
 }
 
 const KEY_CACHE_MAX = 10_000;
+/** The 401 detail of a revoked key, also given for a suspended one (suspendKey). */
+const REVOKED = 'The API key has been revoked.';
 /**
  * How long a revoked worker key's row stays (readable by id, and a request with it is told it
  * was revoked) before the next worker key made deletes it. flashd makes a key per worker it
@@ -117,6 +119,12 @@ export class AuthService {
    * by the revocations at start or of a deleted endpoint's keys.
    */
   onRevoked: ((keyId: string, named?: { endpointId: string; workerId: string }) => void) | null = null;
+  /**
+   * Keys of workers flashd holds stopped and kept for a FlashBoot restart (suspendKey): refused
+   * as if revoked until resumeKey. Only in memory: a new process revokes every managed worker
+   * key left valid before it serves (revokeLeftoverManagedKeys), the suspended ones included.
+   */
+  readonly #suspended = new Set<string>();
 
   /**
    * `fileKey`: the 32 bytes of `<data-dir>/secret.key`. Sessions are signed with a key derived
@@ -217,6 +225,7 @@ export class AuthService {
     if (raw !== undefined) {
       const hit = this.#keys.get(cacheToken(raw));
       if (hit !== undefined && hit.generation === this.#repo.generation) {
+        if (this.#suspended.size > 0 && this.#suspended.has(hit.principal.keyId)) throw unauthenticated(REVOKED);
         if (hit.expiresAt !== null && hit.expiresAt <= this.#clock.now()) throw unauthenticated('The API key has expired.');
         return hit.principal;
       }
@@ -253,7 +262,7 @@ export class AuthService {
   }
 
   #checkUsable(row: ApiKeyRow): void {
-    if (row.revokedAt !== null) throw unauthenticated('The API key has been revoked.');
+    if (row.revokedAt !== null || this.#suspended.has(row.id)) throw unauthenticated(REVOKED);
     if (row.expiresAt !== null && row.expiresAt <= this.#clock.now()) throw unauthenticated('The API key has expired.');
   }
 
@@ -375,7 +384,23 @@ export class AuthService {
 
   /** Revokes a key by id without a caller (worker keys of stopped workers). */
   revokeKeyById(id: string): void {
+    this.#suspended.delete(id);
     this.#repo.revokeKey(id, this.#clock.now());
+  }
+
+  /**
+   * A managed worker's key while flashd holds the worker stopped and kept (FlashBoot): every
+   * request with it gets the 401 of a revoked key, as for a worker stopped for good, until
+   * resumeKey. Not a revocation: the kept container holds the key in its env, which a restart
+   * cannot change, so the same key must work again once flashd restarts it.
+   */
+  suspendKey(id: string): void {
+    this.#suspended.add(id);
+  }
+
+  /** The kept worker is being restarted: its key works again (unless it was revoked meanwhile). */
+  resumeKey(id: string): void {
+    this.#suspended.delete(id);
   }
 
   /**
@@ -436,6 +461,7 @@ export class AuthService {
 
   revokeKey(caller: Principal, id: string): void {
     const row = this.#keyToManage(caller, id);
+    this.#suspended.delete(id);
     const revoked = this.#repo.revokeKey(id, this.#clock.now());
     // A repeated DELETE is answered the same (204) but changes nothing: no second line.
     if (!revoked) return;

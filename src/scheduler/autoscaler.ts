@@ -362,6 +362,8 @@ export class Autoscaler {
     if (keptId !== null && kept !== undefined) {
       ref.id = keptId;
       this.#kept.delete(keptId);
+      // Before the container starts: its first ping or job-take may come at once.
+      this.#o.auth.resumeKey(kept.keyId);
       this.#placement.release(freshId);
       this.#placement.reserve(endpointId, keptId, spec);
       this.#unhealthy.delete(keptId);
@@ -403,7 +405,10 @@ export class Autoscaler {
           // not be restarted (its identity is gone with it).
           const replace = this.#o.queue.workers.get(endpointId, announced)?.recycle === true;
           const reused = result.reused ? this.#kept.get(result.workerId) : undefined;
-          if (reused) this.#kept.delete(result.workerId);
+          if (reused) {
+            this.#kept.delete(result.workerId);
+            this.#o.auth.resumeKey(reused.keyId);
+          }
           this.#o.auth.revokeKeyById(m?.keyId ?? keyRow.id);
           if (result.reused && m?.keyId !== keyRow.id) this.#o.auth.revokeKeyById(keyRow.id);
           this.#managed.delete(announced);
@@ -510,7 +515,12 @@ export class Autoscaler {
     const managed = this.#managed.get(workerId);
     this.#managed.delete(workerId);
     this.#placement.release(workerId);
-    if (managed && info.kept) this.#kept.set(workerId, { endpointId, keyId: managed.keyId });
+    if (managed && info.kept) {
+      // Stopped and kept: its key, in the container's env, stays the same, but refuses every
+      // request (a ping would show an idle worker that is not running) until the restart.
+      this.#kept.set(workerId, { endpointId, keyId: managed.keyId });
+      this.#o.auth.suspendKey(managed.keyId);
+    }
     else if (managed) this.#o.auth.revokeKeyById(managed.keyId);
     const worker = this.#o.queue.workers.get(endpointId, workerId);
     const initTimedOut = managed?.initTimedOut === true;

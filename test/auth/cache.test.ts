@@ -120,3 +120,20 @@ t.test("deleting an endpoint ends its worker keys on the next request", async (t
   t.equal(r.status, 401, 'the next ping after the endpoint is deleted');
   t.match(((await r.json()) as { detail: string }).detail, /revoked/);
 });
+
+t.test('a suspended key (a FlashBoot worker kept stopped) is refused as revoked on the next request, cached or not, until resumed', async (t) => {
+  const a = await startAgent(t);
+  const u = await makeUser(t, a, 'suspend-me');
+  await warm(t, a, u.key);
+  a.agent.auth.suspendKey(u.keyId);
+  const revoked = await a.req('GET', '/v2/serverless', { key: u.key });
+  assert401(t, revoked, /^The API key has been revoked\.$/, 'the next request after suspension (a cached principal)');
+  assert401(t, await a.req('GET', '/v2/serverless', { key: u.key }), /revoked/, 'and the one after');
+  a.agent.auth.resumeKey(u.keyId);
+  await warm(t, a, u.key);
+  // Suspended again, revoked meanwhile (DELETE /v2/api-keys): resuming does not bring it back.
+  a.agent.auth.suspendKey(u.keyId);
+  t.equal((await a.req('DELETE', `/v2/api-keys/${u.keyId}`)).status, 204);
+  a.agent.auth.resumeKey(u.keyId);
+  assert401(t, await a.req('GET', '/v2/serverless', { key: u.key }), /revoked/, 'a key revoked while suspended stays revoked');
+});
