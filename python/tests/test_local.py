@@ -130,6 +130,20 @@ class LocalModeTest(unittest.TestCase):
         info = json.loads(json.loads(last)["error"])
         self.assertEqual(info["error_message"], "local failure")
 
+    def test_output_the_worker_cannot_encode_fails_as_in_the_worker(self):
+        # local mode printed these with json.dumps(default=str) and exited 0, while the worker
+        # and --rp_serve_api end the job FAILED: it now encodes as the worker does
+        for kind in ("datetime", "inf", "nan", "set", "bytes", "decimal"):
+            with self.subTest(kind=kind):
+                rc, last, out = run_local("unencodable", "--test_input", json.dumps({"input": {"kind": kind}}))
+                self.assertEqual(rc, 1, out)
+                body = json.loads(last)
+                self.assertEqual(list(body), ["error"], out)
+                info = json.loads(body["error"])
+                self.assertTrue(info["error_message"].startswith("handler output is not JSON serialisable: "), out)
+                self.assertIn("result is not JSON serialisable: ", out)
+                self.assertNotIn("completed successfully", out)
+
     def test_error_key_exits_1(self):
         rc, last, _ = run_local("error_key", "--test_input", '{"input": {}}')
         self.assertEqual((rc, json.loads(last)), (1, {"error": "declared error"}))

@@ -1,5 +1,7 @@
 """Handlers for the local-mode tests: ``local_handlers.py <mode> [--test_input ...]``."""
 
+import datetime
+import decimal
 import sys
 
 from vendor_flash import serverless
@@ -36,6 +38,12 @@ def argv(job):
     return {"argv": sys.argv[1:]}
 
 
+def unencodable(job):
+    # values json.dumps(default=str) would print as strings (or NaN/Infinity) but the worker fails
+    return {"datetime": {"when": datetime.datetime(2024, 1, 1)}, "inf": {"x": float("inf")},
+            "nan": float("nan"), "set": {1}, "bytes": b"x", "decimal": decimal.Decimal("1.5")}[job["input"]["kind"]]
+
+
 @rp_debugger.FunctionTimer
 def timed(job):
     with rp_debugger.LineTimer("step"):
@@ -43,5 +51,5 @@ def timed(job):
 
 
 mode = sys.argv.pop(1)
-serverless.start({"handler": {"echo": echo, "fail": fail, "gen": gen, "error_key": error_key, "exit": exit3, "timed": timed, "argv": argv, "progress": progress}[mode]})
+serverless.start({"handler": {"echo": echo, "fail": fail, "gen": gen, "error_key": error_key, "exit": exit3, "timed": timed, "argv": argv, "progress": progress, "unencodable": unencodable}[mode]})
 print("start() returned", flush=True)  # never reached: local mode exits

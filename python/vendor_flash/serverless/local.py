@@ -2,7 +2,9 @@
 
 Used when no job-take URL is configured, or when ``--test_input`` is given, like runpod-python.
 The job comes from ``--test_input '<json>'`` or ``./test_input.json`` and must hold ``input``;
-``id`` defaults to ``"local_test"``. A generator's yields are collected into a list.
+``id`` defaults to ``"local_test"``. A generator's yields are collected into a list. The result
+is encoded as the worker encodes it (strict JSON, :func:`.result.encode_body`): one the worker
+would fail as not JSON-serialisable is printed as that error result, and the exit code is 1.
 """
 
 from __future__ import annotations
@@ -78,14 +80,25 @@ def run_local(config: Dict[str, Any], test_input: Optional[str], env: Optional[W
     rp_args = config.get("rp_args") or {}
     if rp_args.get("rp_debugger"):
         rp_debugger.attach_debugger_output(result, rp_args.get("ready_delay_ms"))
+    try:
+        # the worker's strict encoding: what it would fail (a datetime, a set, bytes, NaN,
+        # Infinity...) fails here too, with the same error, instead of printing as a string
+        text = results.encode_body(result).decode("utf-8")
+    except (TypeError, ValueError) as exc:
+        log.error("result is not JSON serialisable: %s", exc, extra=job_extra(job_id))
+        replacement = results.unencodable_result(exc, env.report_worker_id, env.hostname)
+        if result.get("stopPod"):
+            replacement["stopPod"] = True
+        result = replacement
+        text = results.encode_body(result).decode("utf-8")
     if result.get("error"):
         log.error("Job %s failed with error: %s", job_id, result["error"])
-        print(json.dumps(result, ensure_ascii=False, default=str))
+        print(text)
         if run.exit_exception is not None:
             # the handler called sys.exit(): end the process with its code, as it would have
             raise SystemExit(results.process_exit_code(run.exit_exception))
         return 1
     log.info("Job %s completed successfully.", job_id)
     log.info("Local testing complete, exiting.")
-    print(json.dumps(result, ensure_ascii=False, default=str))
+    print(text)
     return 0
