@@ -176,6 +176,27 @@ class SyncHandlerTest(ServeApiCase):
         status, answer = self.server.request("GET", "/")
         self.assertEqual((status, answer["handler"]), (200, "sync"))
 
+    def wait_for_output(self, pattern, timeout=15):
+        deadline = time.monotonic() + timeout
+        while not re.search(pattern, self.server.output()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return self.server.output()
+
+    def test_a_webhook_that_is_not_a_url_is_one_warning(self):
+        # urllib.request.Request() raised before the try: a raw traceback out of the webhook thread
+        marker = len(self.server.lines)
+        for bad in ("nota url", "ftp://127.0.0.1/hook"):
+            status, answer = self.server.request("POST", "/runsync", {"input": {"w": 3}, "webhook": bad})
+            self.assertEqual((status, answer["status"]), (200, "COMPLETED"))
+        self.wait_for_output(r"webhook ftp://127\.0\.0\.1/hook failed")
+        out = "".join(self.server.lines[marker:])
+        self.assertNotIn("Traceback", out)
+        self.assertNotIn("Exception in thread", out)
+        warnings = [re.sub(r"test-[0-9a-f-]{36}", "test-ID", l) for l in out.splitlines() if "webhook" in l]
+        self.assertEqual(warnings, ["WARN   | test-ID | webhook nota url failed: not an http or https URL",
+                                    "WARN   | test-ID | webhook ftp://127.0.0.1/hook failed: not an http or https URL"],
+                         out)
+
     def test_webhook_gets_the_output(self):
         got = []
         done = threading.Event()

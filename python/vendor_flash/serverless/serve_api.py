@@ -23,6 +23,7 @@ import json
 import os
 import signal
 import threading
+import urllib.parse
 import urllib.request
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -99,6 +100,24 @@ def job_answer(job_id: str, body: Dict[str, Any]) -> Dict[str, Any]:
     if body.get("output") is not None:  # runpod-python's server leaves out a None output
         answer["output"] = body["output"]
     return answer
+
+
+class WebhookError(ValueError):
+    """A webhook URL that cannot be posted to; its message never holds the URL."""
+
+
+def webhook_request(url: str, data: bytes) -> urllib.request.Request:
+    """The POST of ``data`` to a webhook URL; raises :class:`WebhookError` for one that is not
+    an http or https URL with a host (as requests, which runpod-python posts with, refuses it)."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        host = parts.hostname
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number or out of range
+    except ValueError as exc:
+        raise WebhookError(f"not a valid URL ({exc})") from None
+    if parts.scheme.lower() not in ("http", "https") or not host:
+        raise WebhookError("not an http or https URL")
+    return urllib.request.Request(url, data=data, method="POST", headers={"Content-Type": "application/json"})
 
 
 class DevApi:
@@ -290,9 +309,8 @@ class DevApi:
         data = json.dumps(payload, ensure_ascii=False).encode("utf-8")
 
         def post() -> None:
-            request = urllib.request.Request(url, data=data, method="POST",
-                                             headers={"Content-Type": "application/json"})
             try:
+                request = webhook_request(url, data)
                 with urllib.request.urlopen(request, timeout=WEBHOOK_TIMEOUT) as response:  # noqa: S310
                     response.read()
                 self.log.debug("webhook %s: delivered", shown_url(url), extra=job_extra(job_id))
