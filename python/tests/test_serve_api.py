@@ -1,5 +1,6 @@
 """``--rp_serve_api``: the local test API, over real HTTP on loopback, one server per handler form."""
 
+import base64
 import http.client
 import json
 import os
@@ -176,6 +177,30 @@ class SyncHandlerTest(ServeApiCase):
         status, answer = self.server.request("GET", "/")
         self.assertEqual((status, answer["handler"]), (200, "sync"))
 
+    def start_hook(self):
+        """A webhook receiver on loopback: returns ``(port, got, done)``; ``got`` holds
+        ``(path, Authorization header, body)`` per POST."""
+        got = []
+        done = threading.Event()
+
+        class Hook(BaseHTTPRequestHandler):
+            def do_POST(self):
+                got.append((self.path, self.headers.get("Authorization"),
+                            json.loads(self.rfile.read(int(self.headers["Content-Length"])))))
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                done.set()
+
+            def log_message(self, *args):
+                pass
+
+        hook = ThreadingHTTPServer(("127.0.0.1", 0), Hook)
+        threading.Thread(target=hook.serve_forever, daemon=True).start()
+        self.addCleanup(hook.server_close)
+        self.addCleanup(hook.shutdown)
+        return hook.server_address[1], got, done
+
     def wait_for_output(self, pattern, timeout=15):
         deadline = time.monotonic() + timeout
         while not re.search(pattern, self.server.output()) and time.monotonic() < deadline:
@@ -196,6 +221,26 @@ class SyncHandlerTest(ServeApiCase):
         self.assertEqual(warnings, ["WARN   | test-ID | webhook nota url failed: not an http or https URL",
                                     "WARN   | test-ID | webhook ftp://127.0.0.1/hook failed: not an http or https URL"],
                          out)
+
+    def test_webhook_user_info_is_sent_as_basic_auth(self):
+        # urllib took "bob:pw@127.0.0.1" for the host (a DNS error); requests, which
+        # runpod-python's test API posts with, sends the user info as Basic auth
+        port, got, done = self.start_hook()
+        url = f"http://bob:s3cr3t%40pw@127.0.0.1:{port}/cb"
+        status, answer = self.server.request("POST", "/runsync", {"input": {"w": 4}, "webhook": url})
+        self.assertEqual(status, 200)
+        self.assertTrue(done.wait(10), self.server.output())
+        expected = "Basic " + base64.b64encode(b"bob:s3cr3t@pw").decode()
+        self.assertEqual(got, [("/cb", expected, {"output": answer["output"]})])
+        # a failure never logs the password
+        with socket.socket() as closed:
+            closed.bind(("127.0.0.1", 0))
+            dead = closed.getsockname()[1]
+        status, _ = self.server.request("POST", "/runsync", {"input": {"w": 5},
+                                                             "webhook": f"http://bob:s3cr3t@127.0.0.1:{dead}/cb"})
+        out = self.wait_for_output(rf"webhook http://127\.0\.0\.1:{dead}/cb failed")
+        self.assertIn(f"webhook http://127.0.0.1:{dead}/cb failed: ", out)
+        self.assertNotIn("s3cr3t", out)
 
     def test_webhook_gets_the_output(self):
         got = []

@@ -19,6 +19,7 @@ There is no authentication: it listens on ``localhost`` unless told otherwise.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
@@ -108,7 +109,11 @@ class WebhookError(ValueError):
 
 def webhook_request(url: str, data: bytes) -> urllib.request.Request:
     """The POST of ``data`` to a webhook URL; raises :class:`WebhookError` for one that is not
-    an http or https URL with a host (as requests, which runpod-python posts with, refuses it)."""
+    an http or https URL with a host (as requests, which runpod-python posts with, refuses it).
+
+    User info in the URL (``http://user:password@host/...``) is taken out of it and sent as an
+    ``Authorization: Basic`` header, percent-escapes decoded, as requests sends it.
+    """
     try:
         parts = urllib.parse.urlsplit(url)
         host = parts.hostname
@@ -117,7 +122,16 @@ def webhook_request(url: str, data: bytes) -> urllib.request.Request:
         raise WebhookError(f"not a valid URL ({exc})") from None
     if parts.scheme.lower() not in ("http", "https") or not host:
         raise WebhookError("not an http or https URL")
-    return urllib.request.Request(url, data=data, method="POST", headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json"}
+    if "@" in parts.netloc:
+        # user info (http://user:password@host/...): urllib would take it for part of the host,
+        # so it is taken out of the URL and sent as Basic auth, as requests does
+        userinfo, _, hostport = parts.netloc.rpartition("@")
+        user, _, password = userinfo.partition(":")
+        token = f"{urllib.parse.unquote(user)}:{urllib.parse.unquote(password)}".encode("utf-8")
+        headers["Authorization"] = "Basic " + base64.b64encode(token).decode("ascii")
+        url = urllib.parse.urlunsplit(parts._replace(netloc=hostport))
+    return urllib.request.Request(url, data=data, method="POST", headers=headers)
 
 
 class DevApi:
