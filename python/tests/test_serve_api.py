@@ -343,6 +343,26 @@ class ShutdownTest(unittest.TestCase):
         server.stop()
         self.assertIn("start() returned 0", server.output())
 
+    def test_one_sigterm_delivered_twice_is_one_stop(self):
+        # `timeout -s TERM` signals the process and its group: the repeat is not a second signal
+        # (a sync handler runs meanwhile, so the first signal has not ended the process yet)
+        server = Server("sync")
+        answers = []
+        request = threading.Thread(target=lambda: answers.append(
+            server.request("POST", "/runsync", {"input": {"sleep": 1}})))
+        request.start()
+        deadline = time.monotonic() + 10
+        while "Started." not in server.output() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        server.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.05)  # two pending SIGTERMs would be delivered as one
+        server.proc.send_signal(signal.SIGTERM)
+        request.join(10)
+        self.assertEqual(server.wait(), 0, server.output())
+        server.stop()
+        self.assertEqual([(status, answer["status"]) for status, answer in answers], [(200, "COMPLETED")])
+        self.assertIn("start() returned 0", server.output())
+
     def test_handler_sys_exit_fails_the_job_then_exits_with_its_code(self):
         server = Server("sync")
         try:

@@ -808,6 +808,39 @@ class WorkerProcessTest(WorkerTestCase):
         self.assertEqual(self.final_post(job_id).json(), {"output": {"echo": {"print": "loading the model", "gate": gate}}})
         self.stop_worker_process(proc)
 
+    def start_gated_job(self, proc):
+        """Submit a job that prints, then waits for a gate; return the gate once it runs."""
+        lines = []
+        threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, b"")), daemon=True).start()
+        gate = self.new_gate()
+        job_id = self.fake.submit({"print": "running", "gate": gate})
+        self.fake.wait_for(lambda: any(b"running" in line for line in lines), timeout=10)
+        return job_id, gate
+
+    def test_one_sigterm_delivered_twice_is_one_stop(self):
+        # `timeout -s TERM 5 python3 h.py` signals the child and its process group: the same
+        # SIGTERM arrives twice within milliseconds, which was taken for a second signal
+        # ("exiting now, in-flight results are lost", exit 1)
+        proc = self.start_worker_process()
+        job_id, gate = self.start_gated_job(proc)
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.05)  # two pending SIGTERMs would be delivered as one
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        self.assertIsNone(proc.poll(), "the repeated SIGTERM ended the worker")
+        open(gate, "w").close()
+        self.assertEqual(proc.wait(10), 0)
+        self.assertEqual(self.final_post(job_id).json(), {"output": {"echo": {"print": "running", "gate": gate}}})
+
+    def test_a_second_signal_after_a_second_exits_at_once(self):
+        proc = self.start_worker_process()
+        self.start_gated_job(proc)
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(1.2)
+        self.assertIsNone(proc.poll())  # the in-flight job holds the graceful stop
+        proc.send_signal(signal.SIGTERM)
+        self.assertEqual(proc.wait(5), 1)
+
     def test_heartbeat_goes_on_while_a_handler_holds_the_gil(self):
         # a C call that keeps the GIL (here libc sleep() through ctypes.PyDLL) stops every
         # thread of the worker process; pings come from their own process, as runpod-python's

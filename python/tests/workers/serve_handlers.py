@@ -3,6 +3,7 @@
 import asyncio
 import sys
 import threading
+import time
 
 from vendor_flash import serverless
 
@@ -16,6 +17,8 @@ def sync(job):
         return None
     if job["input"].get("exit"):
         sys.exit(3)
+    if job["input"].get("sleep"):
+        time.sleep(job["input"]["sleep"])
     return {"id": job["id"], "input": job["input"], "main_thread": threading.current_thread() is threading.main_thread()}
 
 

@@ -231,6 +231,35 @@ class MainThreadRunner:
             item[2].set()
 
 
+#: A repeat of the first stop signal within this many seconds is taken as the same request:
+#: ``timeout -s TERM``, a shell's Ctrl-C or a supervisor may signal both the process and its
+#: process group, so one stop arrives twice within milliseconds.
+REPEAT_SIGNAL_WINDOW = 1.0
+
+
+class StopSignals:
+    """Tells a first stop signal from a repeat of it and from a second one.
+
+    :meth:`classify` answers ``"first"`` (stop gracefully), ``"repeat"`` (the same signal again
+    within :data:`REPEAT_SIGNAL_WINDOW` of the first: ignore it) or ``"second"`` (any later
+    signal, or another signal: exit at once).
+    """
+
+    def __init__(self, window: float = REPEAT_SIGNAL_WINDOW):
+        self.window = window
+        self.first: Optional[int] = None
+        self.first_at = 0.0
+
+    def classify(self, signum: int) -> str:
+        now = time.monotonic()
+        if self.first is None:
+            self.first, self.first_at = signum, now
+            return "first"
+        if signum == self.first and now - self.first_at < self.window:
+            return "repeat"
+        return "second"
+
+
 class JobCancelled(Exception):
     """Raised by :class:`JobRun` when the job was cancelled while running."""
 

@@ -32,7 +32,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from . import result as results
 from .env import WorkerEnv
-from .handler import HandlerKind, JobRun, LoopThread, MainThreadRunner, handler_kind
+from .handler import HandlerKind, JobRun, LoopThread, MainThreadRunner, StopSignals, handler_kind
 from .log import get_logger, job_extra, shown_url
 from .progress import set_local_only
 from .utils import rp_debugger
@@ -154,6 +154,7 @@ class DevApi:
         self.main = MainThreadRunner()
         self.loop: Optional[LoopThread] = None
         self.stopping = threading.Event()
+        self._signals = StopSignals()
         #: The SystemExit/KeyboardInterrupt a handler raised: the server stops after answering.
         self.exit_exception: Optional[BaseException] = None
         self.server = ThreadingHTTPServer((host, int(port)), _Handler)
@@ -204,6 +205,10 @@ class DevApi:
         self.main.wake()
 
     def _on_signal(self, signum, _frame) -> None:
+        if self._signals.classify(signum) == "repeat":
+            self.log.debug("%s again within %.0f s of the first: the same stop request, ignored",
+                           signal.Signals(signum).name, self._signals.window)
+            return
         if self.stopping.is_set():
             # a sync handler on the main thread keeps the first one from taking effect
             self.log.warning("second signal: exiting now")

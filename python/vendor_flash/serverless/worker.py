@@ -32,7 +32,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from . import progress
 from . import result as results
 from .env import WorkerEnv
-from .handler import ChunkNotDelivered, HandlerKind, JobCancelled, JobRun, LoopThread, MainThreadRunner, handler_kind
+from .handler import (ChunkNotDelivered, HandlerKind, JobCancelled, JobRun, LoopThread, MainThreadRunner,
+                      StopSignals, handler_kind)
 from .http import TRANSPORT_ERRORS, HttpClient, HttpResponse, RequestAborted
 from .log import get_logger, job_extra
 from .ping import ping, ping_client
@@ -148,7 +149,7 @@ class Worker:
         #: Runs sync handler code on the thread that calls :meth:`run` (the main thread).
         self.main = MainThreadRunner()
         self._ping_now = threading.Event()  # wakes the heartbeat early
-        self._signals = 0
+        self._signals = StopSignals()
         self._feed_lock = threading.Lock()
         self._heartbeat_proc: Optional[subprocess.Popen] = None
         self._fed_ids: Optional[List[str]] = None
@@ -715,8 +716,12 @@ class Worker:
         return thread
 
     def _on_signal(self, signum, _frame) -> None:
-        self._signals += 1
-        if self._signals > 1:
+        kind = self._signals.classify(signum)
+        if kind == "repeat":
+            self.log.debug("%s again within %.0f s of the first: the same stop request, ignored",
+                           signal.Signals(signum).name, self._signals.window)
+            return
+        if kind == "second":
             self.log.warning("second signal: exiting now, in-flight results are lost")
             os._exit(1)
         self.request_shutdown(signal.Signals(signum).name)
