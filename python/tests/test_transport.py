@@ -18,26 +18,44 @@ def response(body: bytes, status: int = 200) -> HttpResponse:
 
 class ParseJobsTest(unittest.TestCase):
     def test_single_job(self):
-        self.assertEqual(parse_jobs(response(b'{"id": "a", "input": {}}')), ([{"id": "a", "input": {}}], []))
+        self.assertEqual(parse_jobs(response(b'{"id": "a", "input": {}}')), ([{"id": "a", "input": {}}], [], []))
 
     def test_batch(self):
-        jobs, problems = parse_jobs(response(b'[{"id": "a", "input": 1}, {"id": "b", "input": null}, 3]'))
+        jobs, problems, _ = parse_jobs(response(b'[{"id": "a", "input": 1}, {"id": "b", "input": null}, 3]'))
         self.assertEqual(jobs, [{"id": "a", "input": 1}])
         self.assertEqual(len(problems), 2)
         self.assertIn("input", problems[0])
 
     def test_empty(self):
-        self.assertEqual(parse_jobs(response(b"")), ([], []))
-        self.assertEqual(parse_jobs(response(b"[]")), ([], []))
+        self.assertEqual(parse_jobs(response(b"")), ([], [], []))
+        self.assertEqual(parse_jobs(response(b"[]")), ([], [], []))
 
     def test_not_json(self):
-        jobs, problems = parse_jobs(response(b"<html>"))
+        jobs, problems, _ = parse_jobs(response(b"<html>"))
         self.assertEqual(jobs, [])
         self.assertIn("not JSON", problems[0])
 
     def test_extra_keys_are_kept(self):
-        jobs, _ = parse_jobs(response(b'{"id": "a", "input": {}, "webhook": "http://x", "batchId": "b"}'))
+        jobs, _, _ = parse_jobs(response(b'{"id": "a", "input": {}, "webhook": "http://x", "batchId": "b"}'))
         self.assertEqual(jobs[0]["batchId"], "b")
+
+    def test_too_deep_to_decode_gives_the_job_ids(self):
+        # Python's decoder gives up near 1000 levels: the ids are read without decoding, so the
+        # worker can fail those jobs at once instead of leaving them to run out their lease
+        deep = b'{"a":' * 100_000 + b"1" + b"}" * 100_000
+        self.assertEqual(parse_jobs(response(b'{"input": ' + deep + b', "id": "j\\"1"}')), ([], [], ['j"1']))
+        # a batch: the other jobs are decoded on their own and run
+        jobs, problems, too_deep = parse_jobs(response(
+            b'[{"id": "a", "input": 1}, {"id": "b", "input": ' + deep + b'}, {"input": {"id": "inner"}, "id": "c"}]'))
+        self.assertEqual((jobs, problems, too_deep),
+                         ([{"id": "a", "input": 1}, {"input": {"id": "inner"}, "id": "c"}], [], ["b"]))
+        # no id: skipped, as before
+        jobs, problems, too_deep = parse_jobs(response(b'{"input": ' + deep + b"}"))
+        self.assertEqual((jobs, too_deep), ([], []))
+        self.assertEqual(problems, ["job-take answer is nested too deeply to decode; skipped"])
+        # an "id" inside the input is not the job's
+        _, problems, too_deep = parse_jobs(response(b'{"input": [{"id": "inner"}, ' + deep + b"]}"))
+        self.assertEqual(too_deep, [])
 
 
 class BackoffTest(unittest.TestCase):

@@ -18,7 +18,7 @@ from fakeserver import FakeFlashd
 from vendor_flash.serverless import progress_update
 from vendor_flash.serverless.env import WorkerEnv
 from vendor_flash.serverless.log import setup as setup_logging
-from vendor_flash.serverless.worker import Worker
+from vendor_flash.serverless.worker import TOO_DEEP_ERROR, Worker
 
 if os.environ.get("VF_TEST_LOG"):
     setup_logging(os.environ["VF_TEST_LOG"])
@@ -244,6 +244,25 @@ class BasicFlowTest(WorkerTestCase):
         self.start_worker({"handler": lambda job: "fine"})
         job_id = self.fake.submit({})
         self.assertEqual(self.final_post(job_id).json(), {"output": "fine"})
+        # the job is not left IN_PROGRESS until its lease runs out (three times, ~95 s): it
+        # fails at once, without running, and its id is read without decoding the answer
+        self.assertEqual(self.final_post("too-deep").json(), {"error": TOO_DEEP_ERROR})
+        self.assertIn("nested too deeply to decode", TOO_DEEP_ERROR)
+
+    def test_batch_with_a_job_too_deep_to_decode_runs_the_others(self):
+        deep = b'{"a":' * 100_000 + b'1' + b'}' * 100_000
+        served = []
+
+        def hook(req):
+            if not served:
+                served.append(1)
+                return 200, b'[{"id":"shallow","input":{"n":1}},{"input":' + deep + b',"id":"deep"}]'
+            return None
+
+        self.fake.hooks["job-take"] = hook
+        self.start_worker({"handler": lambda job: job["input"]})
+        self.assertEqual(self.final_post("shallow").json(), {"output": {"n": 1}})
+        self.assertEqual(self.final_post("deep").json(), {"error": TOO_DEEP_ERROR})
 
 
 class RetryTest(WorkerTestCase):

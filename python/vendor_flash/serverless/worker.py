@@ -21,6 +21,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -68,22 +69,92 @@ class Backoff:
         self._next = self.first
 
 
-def parse_jobs(response: HttpResponse) -> Tuple[List[Dict[str, Any]], List[str]]:
+#: The error result posted for a job whose answer is nested deeper than Python's JSON decoder goes.
+TOO_DEEP_ERROR = ("input is nested too deeply to decode (deeper than Python's JSON decoder goes, "
+                  "about 1000 levels): the job was not run")
+
+#: What a scan of an undecodable job-take answer stops at: a JSON string, or a structural character.
+_JSON_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[{}\[\]:,]')
+_JSON_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
+
+
+def scan_jobs(text: str) -> List[Tuple[Optional[str], str]]:
+    """The jobs of a job-take answer too deeply nested to decode, without decoding it.
+
+    ``text`` is one job object or an array of them (job-take-batch). Returns, per job object, its
+    top-level ``id`` (``None`` when it has none: a string id, or a number id as written) and its
+    own text, found with one pass over the strings and structural characters, so no depth of
+    nesting is a problem. Stops at the first sign that ``text`` is not such an answer.
+    """
+    found: List[Tuple[Optional[str], str]] = []
+    stack: List[str] = []
+    top = ""
+    start = 0
+    job_id: Optional[str] = None
+    expect_key = False
+    key: Optional[str] = None
+    value_from = -1  # where the value of the job's "id" starts, once its ':' is seen
+    for match in _JSON_TOKEN.finditer(text):
+        token = match.group()
+        at_job = stack == ["{"] or stack == ["[", "{"]
+        if value_from >= 0:
+            # the token after "id": is the id when it is a string; else the id is the text between
+            if token.startswith('"') and not text[value_from:match.start()].strip():
+                job_id = json.loads(token)
+            else:
+                raw = text[value_from:match.start()].strip()
+                if _JSON_NUMBER.fullmatch(raw):
+                    job_id = raw
+            value_from = -1
+        if token in ("{", "["):
+            if not stack:
+                top = token
+            stack.append(token)
+            if stack == ["{"] or stack == ["[", "{"]:
+                start, job_id, expect_key = match.start(), None, True
+        elif token in ("}", "]"):
+            if not stack or {"}": "{", "]": "["}[token] != stack[-1]:
+                break
+            stack.pop()
+            if token == "}" and (stack == [] or stack == ["["]):
+                found.append((job_id, text[start:match.end()]))
+            if not stack:
+                break
+        elif token == ",":
+            expect_key = at_job and stack[-1] == "{"
+        elif token == ":":
+            if at_job and key == "id" and job_id is None:
+                value_from = match.end()
+            key = None
+        elif at_job and expect_key:
+            key = json.loads(token)
+            expect_key = False
+    if top != "[" and len(found) > 1:
+        return found[:1]
+    return found
+
+
+def parse_jobs(response: HttpResponse) -> Tuple[List[Dict[str, Any]], List[str], List[str]]:
     """Jobs from a 200 job-take (object) or job-take-batch (array) answer.
 
-    Returns ``(jobs, problems)``; a job without ``id`` or ``input`` is skipped and reported.
+    Returns ``(jobs, problems, too_deep)``; a job without ``id`` or ``input`` is skipped and
+    reported. ``too_deep`` holds the ids of jobs nested deeper than Python's JSON decoder goes
+    (about 1000 levels): they are read with :func:`scan_jobs`, and the worker fails them with
+    :data:`TOO_DEEP_ERROR` instead of leaving them to run out their lease.
     """
     if not response.body.strip():
-        return [], []
+        return [], [], []
     try:
         payload = response.json()
     except ValueError as exc:
-        return [], [f"job-take answer is not JSON: {exc}"]
+        return [], [f"job-take answer is not JSON: {exc}"], []
     except RecursionError:
-        # Valid JSON nested deeper than Python's decoder goes (about 1000 levels): flashd gets the
-        # job back when its lease runs out; this worker goes on taking jobs.
-        return [], ["job-take answer is nested too deeply to decode; skipped"]
-    items = payload if isinstance(payload, list) else [payload]
+        return _parse_too_deep(response)
+    jobs, problems = _check_jobs(payload if isinstance(payload, list) else [payload])
+    return jobs, problems, []
+
+
+def _check_jobs(items: List[Any]) -> Tuple[List[Dict[str, Any]], List[str]]:
     jobs, problems = [], []
     for item in items:
         if not isinstance(item, dict):
@@ -95,6 +166,33 @@ def parse_jobs(response: HttpResponse) -> Tuple[List[Dict[str, Any]], List[str]]
             continue
         jobs.append(item)
     return jobs, problems
+
+
+def _parse_too_deep(response: HttpResponse) -> Tuple[List[Dict[str, Any]], List[str], List[str]]:
+    # Valid JSON nested deeper than Python's decoder goes: each job of the answer is decoded on
+    # its own (in a batch, the others run), and one still too deep is failed by its id. Without
+    # an id flashd gets the job back when its lease runs out; this worker goes on taking jobs.
+    jobs: List[Dict[str, Any]] = []
+    problems: List[str] = []
+    too_deep: List[str] = []
+    for job_id, text in scan_jobs(response.body.decode("utf-8", "replace")):
+        try:
+            item = json.loads(text)
+        except RecursionError:
+            if job_id is None:
+                problems.append("job-take answer is nested too deeply to decode; skipped")
+            else:
+                too_deep.append(job_id)
+            continue
+        except ValueError as exc:
+            problems.append(f"job-take answer is not JSON: {exc}")
+            continue
+        more, said = _check_jobs([item])
+        jobs.extend(more)
+        problems.extend(said)
+    if not (jobs or problems or too_deep):
+        problems.append("job-take answer is nested too deeply to decode; skipped")
+    return jobs, problems, too_deep
 
 
 @dataclass
@@ -308,9 +406,11 @@ class Worker:
         held = time.monotonic() - started
         status = response.status
         if status == 200:
-            jobs, problems = parse_jobs(response)
+            jobs, problems, too_deep = parse_jobs(response)
             for problem in problems:
                 self.log.error(problem)
+            for job_id in too_deep:
+                self._fail_undecodable(job_id)
             if jobs:
                 backoff.reset()
                 return jobs, 0.0
@@ -324,6 +424,14 @@ class Worker:
         delay = backoff.next()
         self.log.error("job-take got HTTP %d, retrying in %.1f s: %s", status, delay, response.line())
         return [], delay
+
+    def _fail_undecodable(self, job_id: str) -> None:
+        """Post the error result of a job whose input is too deeply nested to decode."""
+        extra = job_extra(job_id)
+        self.log.error("%s", TOO_DEEP_ERROR, extra=extra)
+        outcome = self.transport.post_done(job_id, {"error": TOO_DEEP_ERROR})
+        fate = "" if outcome is PostOutcome.DELIVERED else f", result {outcome.value}"
+        self.log.info("done (error, not run%s)", fate, extra=extra)
 
     def _empty_delay(self, held: float, backoff: Backoff) -> float:
         if held >= SPIN_GUARD_SECONDS:
