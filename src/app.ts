@@ -177,6 +177,7 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
       // A delivery that waits its turn builds its body from the row when the turn comes.
       bodyOf: (jobId) => queue.webhookBody(jobId),
       onSettled: (jobId) => queue.webhookSettled(jobId),
+      onTried: (jobId, tries) => queue.webhookTried(jobId, tries),
     });
     closers.push(() => webhooks.close());
     queue.on({
@@ -214,7 +215,7 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
     queue.expire();
     // Webhooks the last run had not delivered (a stop or a crash between a job's end and its 2xx).
     const owed = queue.webhooksOwed();
-    for (const w of owed) webhooks.send(w.url, w.jobId);
+    for (const w of owed) webhooks.send(w.url, w.jobId, undefined, w.tries);
     if (owed.length) log.info('webhooks owed by the previous run sent again', { count: owed.length });
     const pingIntervalMs = Math.max(1000, Math.floor(config.leaseMs / 3));
     // Hardware: GPUs (nvidia-smi) and CPU/memory (systeminformation) feed placement and the catalogs.

@@ -1758,24 +1758,37 @@ export class JobQueue {
   }
 
   /**
-   * Webhooks a stop or a crash left undelivered (read at start): each job's id and URL, read
+   * A try of `jobId`'s webhook failed and another follows: the `tries` made so far are kept with
+   * the owed webhook, so that a start after a stop or a crash goes on at the next try.
+   */
+  webhookTried(jobId: string, tries: number): void {
+    try {
+      this.#batch.write(() => this.#repo.webhookTried(jobId, tries));
+    } catch {
+      // The store is closed: the next start counts from the tries recorded before.
+    }
+  }
+
+  /**
+   * Webhooks a stop or a crash left undelivered (read at start): each job's id, URL and the tries
+   * it made (none of them a 2xx), read
    * without its input or output (thousands may be owed; a body is built when its delivery's
    * turn comes, webhookBody). A result that expired meanwhile is still there for it (the expiry
    * sweep keeps rows owed a webhook), and so is one whose endpoint was deleted (its row goes
    * once the delivery settles). An owed row whose job is gone (deleted by a version before
    * deletion kept them) is dropped.
    */
-  webhooksOwed(): { jobId: string; url: string }[] {
-    const owed: { jobId: string; url: string }[] = [];
+  webhooksOwed(): { jobId: string; url: string; tries: number }[] {
+    const owed: { jobId: string; url: string; tries: number }[] = [];
     const gone: string[] = [];
-    for (const { jobId, status, webhook, endpointId } of this.#repo.owedWebhooks()) {
+    for (const { jobId, tries, status, webhook, endpointId } of this.#repo.owedWebhooks()) {
       // Ended by this start's recovery (a released worker's last attempt): its delivery is under way.
       if (this.#webhooksPending.has(jobId)) continue;
       if (status === null || !TERMINAL.has(status) || webhook === null || endpointId === null) {
         gone.push(jobId);
         continue;
       }
-      owed.push({ jobId, url: webhook });
+      owed.push({ jobId, url: webhook, tries });
       this.#webhooksPending.set(jobId, 1);
       if (!this.#endpointExists(endpointId)) this.#hookOrphans.add(jobId);
     }

@@ -3,7 +3,8 @@
  * to the job's `webhook` URL, with 2 more tries 10 s apart (RunPod's documented behaviour). A
  * try fails after 10 s idle or 60 s in all. Addresses are resolved, checked and pinned before
  * connecting, so a name that resolves to a private or loopback address is refused unless the
- * operator allowed private targets (`--webhook-allow-private`).
+ * operator allowed private targets (`--webhook-allow-private`). The tries made are kept with the
+ * owed webhook (onTried), so a start after a stop or a crash goes on at the next one.
  *
  * At most `maxInFlight` tries are in flight at once (64), and `maxInFlightPerHost` to one
  * destination (32); the others wait their turn in the order their jobs ended, holding no body:
@@ -47,6 +48,13 @@ export interface WebhookOptions {
   bodyOf(jobId: string): string | undefined;
   /** The delivery of `jobId` is over: a 2xx, or its tries ran out (not called after close). */
   onSettled?(jobId: string): void;
+  /**
+   * A try of `jobId`'s delivery failed and another follows: `tries` made so far, kept with the
+   * owed webhook so that a start after a stop or a crash goes on at the next try (send's
+   * `tried`) instead of at the first. Only a failure is written (a first try that gets its 2xx
+   * writes nothing more), so a try a stop or a crash cut off in flight is not counted.
+   */
+  onTried?(jobId: string, tries: number): void;
 }
 
 /** The first three octets decide: 192.0.0.0/24 and 192.0.2.0/24 are special, the rest of 192.0/16 is public. */
@@ -183,10 +191,17 @@ export class WebhookSender {
   /**
    * Delivers `jobId`'s webhook. `render`, when given, builds the first try's body from what the
    * caller holds; it is called at once if the try can start now, else dropped (the body is built
-   * from `bodyOf` when the delivery's turn comes).
+   * from `bodyOf` when the delivery's turn comes). `tried` is the tries an owed webhook made
+   * before a restart (onTried): the delivery goes on at the next one, and one that made them all
+   * is settled without a POST.
    */
-  send(url: string, jobId: string, render?: () => string): void {
+  send(url: string, jobId: string, render?: () => string, tried = 0): void {
     if (this.#closed) return;
+    if (tried >= this.#o.attempts) {
+      this.#o.log.warn('webhook gave up', { jobId, url: webhookUrlForLog(url), attempts: tried, reason: 'its tries were made before the restart' });
+      this.#o.onSettled?.(jobId);
+      return;
+    }
     let dest: string;
     try {
       const u = new URL(url);
@@ -194,7 +209,7 @@ export class WebhookSender {
     } catch {
       dest = url; // #post fails it
     }
-    const d: Delivery = { url, target: webhookUrlForLog(url), jobId, dest, seq: this.#seq++, attempt: 1, state: 'waiting', timer: undefined, superseded: false };
+    const d: Delivery = { url, target: webhookUrlForLog(url), jobId, dest, seq: this.#seq++, attempt: tried + 1, state: 'waiting', timer: undefined, superseded: false };
     let set = this.#live.get(jobId);
     if (!set) this.#live.set(jobId, (set = new Set()));
     set.add(d);
@@ -333,6 +348,7 @@ export class WebhookSender {
       this.#settle(d);
       return;
     }
+    this.#o.onTried?.(d.jobId, d.attempt);
     this.#o.log.info('webhook try failed, trying again', {
       jobId: d.jobId, url: d.target, attempt: d.attempt, attempts: this.#o.attempts, retryInMs: this.#o.retryDelayMs, reason: why,
     });

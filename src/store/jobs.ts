@@ -92,6 +92,8 @@ const UNSEALED_KEY = 'jobs.unsealed_extra';
 /** An owed webhook's job (JobsRepo.owedWebhooks); null fields when the job's row is gone. */
 export interface OwedWebhook {
   jobId: string;
+  /** Tries made before (none a 2xx). */
+  tries: number;
   status: JobStatus | null;
   webhook: string | null;
   endpointId: string | null;
@@ -158,6 +160,7 @@ export class JobsRepo {
   readonly #uncountOwed: Statement;
   readonly #outboxAdd: Statement;
   readonly #outboxDelete: Statement;
+  readonly #outboxTried: Statement;
   readonly #outboxAll: Statement;
   readonly #owedOf: Statement;
   readonly #deleteOne: Statement;
@@ -259,13 +262,15 @@ export class JobsRepo {
     // Also an expired row owed a webhook that is still counted (uncountOwed).
     this.#anyExpired = db.prepare(`SELECT 1 FROM jobs WHERE expires_at IS NOT NULL AND expires_at <= ?
       AND (expires_at > 0 OR NOT EXISTS (SELECT 1 FROM webhook_outbox WHERE job_id = jobs.id)) LIMIT 1`).pluck();
-    this.#outboxAdd = db.prepare('INSERT OR IGNORE INTO webhook_outbox (job_id) VALUES (?)');
+    // A /retry's run owes a new delivery: the first run's tries do not count against it.
+    this.#outboxAdd = db.prepare('INSERT INTO webhook_outbox (job_id) VALUES (?) ON CONFLICT (job_id) DO UPDATE SET tries = 0');
+    this.#outboxTried = db.prepare('UPDATE webhook_outbox SET tries = ? WHERE job_id = ?');
     this.#outboxDelete = db.prepare('DELETE FROM webhook_outbox WHERE job_id = ?');
     // In the order the jobs ended (then rowid), as they were first sent: the outbox is keyed by
     // job id, which sorts by creation. Each row finds its job by primary key and the few owed
     // are sorted apart (no index on jobs: each would cost every insert and finish).
     // The same lookup gives each job's status, URL and endpoint, without its input or output.
-    this.#outboxAll = db.prepare(`SELECT o.job_id AS jobId, j.status, j.webhook, j.endpoint_id AS endpointId
+    this.#outboxAll = db.prepare(`SELECT o.job_id AS jobId, o.tries, j.status, j.webhook, j.endpoint_id AS endpointId
       FROM webhook_outbox o LEFT JOIN jobs j ON j.id = o.job_id ORDER BY j.completed_at, j.rowid`);
     // /stream chunks (migration 7): one row per chunk, read and deleted by a poll; the rest go
     // with their job's row (trigger) or a /retry.
@@ -426,6 +431,11 @@ export class JobsRepo {
   /** The job's webhook is owed (written with its final state). */
   webhookOwed(id: string): void {
     this.#outboxAdd.run(id);
+  }
+
+  /** The job's webhook has made `tries` tries, none a 2xx (a start goes on at the next one). */
+  webhookTried(id: string, tries: number): void {
+    this.#outboxTried.run(tries, id);
   }
 
   /** The job's webhook was delivered, or its tries ran out. */

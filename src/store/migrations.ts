@@ -282,4 +282,14 @@ export const MIGRATIONS: readonly string[] = [
     DELETE FROM job_inputs WHERE job_id = OLD.id;
   END;
   `,
+  // 16: the tries an owed webhook has made, written when a try fails and another follows
+  // (queue/webhook.ts), so that a start goes on at its next try: a restart between tries sent it
+  // the full three again. The table is rebuilt rather than altered, so that a replay on a
+  // database whose user_version was set back (test/queue/s3-config-sealed.test.ts) runs too.
+  `
+  CREATE TABLE webhook_outbox_v16 (job_id TEXT PRIMARY KEY, tries INTEGER NOT NULL DEFAULT 0) WITHOUT ROWID;
+  INSERT INTO webhook_outbox_v16 (job_id) SELECT job_id FROM webhook_outbox;
+  DROP TABLE webhook_outbox;
+  ALTER TABLE webhook_outbox_v16 RENAME TO webhook_outbox;
+  `,
 ];

@@ -207,3 +207,83 @@ t.test("a /retry drops the first run's tries still to come: the receiver's last 
   t.same(received, [{ code: 503, status: 'FAILED' }, { code: 200, status: 'COMPLETED' }], 'no FAILED after the COMPLETED');
   await until('settled', async () => (await a.agent.queue.durable(), owed(a.dir).length === 0));
 });
+
+t.test('the tries made survive a restart: the next start goes on at the next try, 3 tries in all', async (t) => {
+  const hook = await receiver(t);
+  hook.state.status = 500;
+  const dir = testDataDir(t);
+  const slow = { takeHoldMs: 500, webhookAllowPrivate: true, webhookRetryDelayMs: 60_000 };
+  // Try 1 fails; the stop comes while the next one is a minute away.
+  const first = await startAgent(t, slow, { dir });
+  const id = await finishOne(first, hook.url, { n: 3 });
+  await until('try 1 failed', async () => failedTries(first) === 1);
+  await first.agent.queue.durable();
+  await first.agent.close();
+  // Try 2 after the restart, then another stop.
+  const second = await startAgent(t, slow, { dir });
+  await until('try 2 failed', async () => failedTries(second) === 1);
+  await second.agent.queue.durable();
+  await second.agent.close();
+  t.equal(hook.state.received.length, 2, 'one POST per start so far');
+  t.match(second.logs.join('\n'), /webhook try failed, trying again.*attempt[=":]+2\b/, 'the restart went on at try 2');
+  // Try 3 is the last.
+  const third = await startAgent(t, { ...slow, webhookRetryDelayMs: 10 }, { dir });
+  await until('try 3', async () => hook.state.received.length >= 3);
+  await until('settled', async () => (await third.agent.queue.durable(), owed(dir).length === 0));
+  t.ok(third.logs.some((l) => l.includes('webhook gave up') && /attempts[=":]+3\b/.test(l)), 'gave up after try 3');
+  await third.agent.close();
+  await startAgent(t, slow, { dir });
+  await new Promise((resolve) => setTimeout(resolve, 300));
+  t.equal(hook.state.received.length, 3, 'three POSTs in all, across two restarts');
+  t.ok(hook.state.received.every((r) => r.body.id === id));
+});
+
+t.test('an owed webhook whose tries are all used is not sent again, and is owed no more', async (t) => {
+  const hook = await receiver(t);
+  hook.state.status = 500;
+  const dir = testDataDir(t);
+  const slow = { takeHoldMs: 500, webhookAllowPrivate: true, webhookRetryDelayMs: 60_000 };
+  const first = await startAgent(t, slow, { dir });
+  const id = await finishOne(first, hook.url, { n: 4 });
+  await until('try 1', async () => hook.state.received.length === 1);
+  await first.agent.close();
+  // As if every try had been made (a flashd configured for fewer, or a crash before the outbox row went).
+  const db = new Database(join(dir, 'flashd.db'));
+  db.prepare('UPDATE webhook_outbox SET tries = 3 WHERE job_id = ?').run(id);
+  db.close();
+  const second = await startAgent(t, slow, { dir });
+  await until('settled', async () => (await second.agent.queue.durable(), owed(dir).length === 0));
+  await new Promise((resolve) => setTimeout(resolve, 300));
+  t.equal(hook.state.received.length, 1, 'not sent again');
+  t.ok(second.logs.some((l) => l.includes('webhook gave up') && /attempts[=":]+3\b/.test(l)), 'the start says it gave up');
+});
+
+t.test("a retried job's new delivery starts at try 1 again, whatever the first run's delivery had used", async (t) => {
+  const hook = await receiver(t);
+  hook.state.status = 500;
+  const dir = testDataDir(t);
+  const a = await startAgent(t, { takeHoldMs: 500, webhookAllowPrivate: true, webhookRetryDelayMs: 60_000 }, { dir });
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  const w = await TestWorker.create(a, ep);
+  const id = (await a.req('POST', `/v2/${ep}/run`, { body: { input: {}, webhook: hook.url } })).json.id as string;
+  await w.take();
+  await w.done(id, { error: 'first run fails' });
+  await until('try 1 of the first run', async () => hook.state.received.length === 1);
+  await until('recorded', async () => (await a.agent.queue.durable(), triesOf(dir, id) === 1));
+  t.equal((await a.req('POST', `/v2/${ep}/retry/${id}`)).status, 200);
+  t.equal((await w.take())?.id, id);
+  t.equal((await w.done(id, { output: 'second run' })).status, 200);
+  await a.agent.queue.durable();
+  t.equal(triesOf(dir, id), 0, 'the new run owes a webhook with no tries made');
+});
+
+const failedTries = (a: TestAgent) => a.logs.filter((l) => l.includes('webhook try failed, trying again')).length;
+
+function triesOf(dir: string, id: string): number | undefined {
+  const db = new Database(join(dir, 'flashd.db'), { readonly: true });
+  try {
+    return db.prepare('SELECT tries FROM webhook_outbox WHERE job_id = ?').pluck().get(id) as number | undefined;
+  } finally {
+    db.close();
+  }
+}

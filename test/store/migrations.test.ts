@@ -68,3 +68,17 @@ t.test('a new database logs one line with its schema version; an older one, a li
   t.same(upgraded.map((l) => /store migrated version=(\d+)/.exec(l)?.[1]), [String(MIGRATIONS.length - 1), String(MIGRATIONS.length)], upgraded.join(' | '));
   t.end();
 });
+
+t.test('migration 16: the webhooks a version-15 database owes stay owed, with no tries counted', (t) => {
+  const dir = t.testdir();
+  const old = databaseAtVersion(dir, 15);
+  old.prepare('INSERT INTO webhook_outbox (job_id) VALUES (?), (?)').run('ja', 'jb');
+  old.close();
+  const db = openDb({ dataDir: dir, synchronous: 'normal', log: quiet });
+  t.teardown(() => db.close());
+  t.ok(MIGRATIONS.length >= 16);
+  t.same(db.prepare('SELECT job_id, tries FROM webhook_outbox ORDER BY job_id').all(), [{ job_id: 'ja', tries: 0 }, { job_id: 'jb', tries: 0 }]);
+  t.equal(db.prepare("SELECT sql FROM sqlite_master WHERE name = 'webhook_outbox'").pluck().get(),
+    'CREATE TABLE "webhook_outbox" (job_id TEXT PRIMARY KEY, tries INTEGER NOT NULL DEFAULT 0) WITHOUT ROWID', 'same name, still WITHOUT ROWID');
+  t.end();
+});
