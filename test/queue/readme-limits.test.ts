@@ -1,12 +1,15 @@
 /**
  * The job API's limits as README "Running jobs" states them, pinned at both edges: bodies up
  * to 10 MiB on /run and 20 MiB on /runsync, ?wait 1000–300000, ?ttl 1000–604800000, and
- * results kept 30 min after /run, 1 min after /runsync, up to 5 min with ?wait.
+ * results kept 30 min after /run, 1 min after /runsync, up to 5 min with ?wait; a webhook URL
+ * with credentials in it refused.
  */
 import t from 'tap';
+import { readFileSync } from 'node:fs';
 import { ManualClock } from '../../src/core/clock.js';
 import { assertProblem, cpuBody, startAgent, type TestAgent } from '../helpers/agent.js';
 import { TestWorker } from '../helpers/worker.js';
+import { webhookUrlForLog } from '../../src/queue/webhook.js';
 
 const MiB = 1024 * 1024;
 
@@ -78,4 +81,20 @@ t.test('retention: /run 30 min, /runsync 1 min, /runsync?wait=300000 5 min', asy
   t.ok(await kept(run), '/run kept just under 30 min');
   step(2_000);
   t.notOk(await kept(run), 'and gone after 30 min');
+});
+
+t.test('a webhook URL with credentials in it is refused at submit, as README says, and a token in its query is not logged', async (t) => {
+  const readme = readFileSync(new URL('../../README.md', import.meta.url), 'utf8');
+  t.match(readme, /a URL with credentials in it \(`https:\/\/user:password@host\/…`\) refused at submit \(400 `webhook must not carry credentials in the URL`\)/, 'README states the rule');
+  t.match(readme, /put a token in the query instead/, 'and what to do instead');
+  const a = await startAgent(t, { webhookAllowPrivate: true });
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  for (const name of ['webhook', 'webhookV2']) {
+    const r = await a.req('POST', `/v2/${ep}/run`, { body: { input: {}, [name]: 'https://user:secret@hooks.example.com/hook' } });
+    assertProblem(t, r, 400, `${name} with credentials refused`);
+    t.match(r.json.detail, `${name} must not carry credentials in the URL`);
+    t.match(r.json.errors, [new RegExp(`^/${name}: `)], 'the errors name the member');
+  }
+  t.equal((await a.req('POST', `/v2/${ep}/run`, { body: { input: {}, webhook: 'https://hooks.example.com/hook?token=s3cret' } })).status, 200, 'a token in the query is taken');
+  t.equal(webhookUrlForLog('https://hooks.example.com/hook?token=s3cret'), 'https://hooks.example.com/hook?(hidden)', 'and logged hidden');
 });
