@@ -249,9 +249,10 @@ export class EndpointService {
     return row && { username: row.data.username, password: this.#secrets.open(row.data.sealedPassword) };
   }
 
+  /** `what` names the kind in a detail (`template`, `Network volume`): the detail starts with a capital either way. */
   getOwned<T>(repo: ResourceRepo<T>, ownerId: string, id: string, what: string): ResourceRow<T> {
     const row = repo.get(id, ownerId);
-    if (!row) throw new AgentError('NOT_FOUND', `${what} ${id} not found.`);
+    if (!row) throw new AgentError('NOT_FOUND', `${capitalised(what)} ${id} not found.`);
     return row;
   }
 
@@ -268,7 +269,7 @@ export class EndpointService {
       }
     });
     if (users.length) {
-      throw new AgentError('CONFLICT', `${what} ${id} is used by endpoint${users.length > 1 ? 's' : ''} ${users.map((u) => u.id).join(', ')}; detach it first.`);
+      throw new AgentError('CONFLICT', `${capitalised(what)} ${id} is used by endpoint${users.length > 1 ? 's' : ''} ${users.map((u) => u.id).join(', ')}; detach it first.`);
     }
     repo.delete(id, ownerId);
     if (repo.table === 'network_volumes' || repo.table === 'global_volumes') {
@@ -279,6 +280,11 @@ export class EndpointService {
   #requireRegistry(ownerId: string, id: string): void {
     if (!this.registries.get(id, ownerId)) throw new AgentError('NOT_FOUND', `Registry credential ${id} not found.`);
   }
+}
+
+/** A problem detail starts with a capital; the API's nouns are lowercase (`network volume`). */
+function capitalised(what: string): string {
+  return what.charAt(0).toUpperCase() + what.slice(1);
 }
 
 function checkTemplateArgs(args: string | undefined): void {

@@ -143,3 +143,22 @@ t.test('the registry password is write-only', async (t) => {
   const inUse = await a.req('DELETE', `/v2/registry-credentials/${id}`);
   t.equal(inUse.status, 409, 'a credential used by an endpoint cannot be deleted');
 });
+
+t.test('a 404 detail names the kind with a capital, alike on GET, PATCH and DELETE; so does the 409 of one in use', async (t) => {
+  const a = await startAgent(t);
+  const names: Record<string, string> = {
+    '/v2/templates': 'Template', '/v2/network-volumes': 'Network volume', '/v2/global-volumes': 'Global volume', '/v2/registry-credentials': 'Registry credential',
+  };
+  for (const k of KINDS) {
+    for (const [method, body] of [['GET', undefined], ['PATCH', k.patch], ['DELETE', undefined]] as const) {
+      const r = await a.req(method, `${k.base}/nope123`, body === undefined ? {} : { body });
+      assertProblem(t, r, 404, `${method} ${k.base}/nope123`);
+      t.equal(r.json.detail, `${names[k.base]} nope123 not found.`, `${method} ${k.base}: ${r.json.detail}`);
+    }
+  }
+  const reg = (await mustPost(t, a, '/v2/registry-credentials', { name: 'reg', username: 'u', password: 'p' })).id as string;
+  await mustCreate(t, a, queueBody({ registry: reg }));
+  const inUse = await a.req('DELETE', `/v2/registry-credentials/${reg}`);
+  assertProblem(t, inUse, 409);
+  t.match(inUse.json.detail, new RegExp(`^Registry credential ${reg} is used by endpoint `), inUse.json.detail);
+});
