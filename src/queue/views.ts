@@ -20,8 +20,8 @@ export interface JobSnapshot {
 }
 
 /**
- * `{id, status, delayTime, executionTime, workerId?, output?|error?, retries?}` as in RunPod's
- * /status. delayTime is the time the current run (a /retry starts a new one) waited in the queue
+ * `{id, status, delayTime, executionTime, workerId, output?|error?, retries?}` as in RunPod's
+ * /status; `workerId` is `""` while no worker has run the job (queued, or ended before one took it). delayTime is the time the current run (a /retry starts a new one) waited in the queue
  * for a worker: from when it was queued, less the time lost attempts held it, so a job requeued
  * after its worker lost it counts both waits; executionTime is the time of its last attempt.
  */
@@ -34,7 +34,9 @@ function statusFields(j: JobSnapshot, now: number): string {
   const delay = Math.max(0, (j.startedAt ?? (j.status === 'IN_QUEUE' ? now : j.completedAt ?? now)) - j.queuedAt - j.lostMs);
   const exec = j.startedAt === null ? 0 : Math.max(0, (j.completedAt ?? now) - j.startedAt);
   let s = `{"id":${JSON.stringify(j.id)},"status":"${j.status}","delayTime":${delay},"executionTime":${exec}`;
-  if (j.workerId !== null) s += `,"workerId":${JSON.stringify(j.workerId)}`;
+  // Always present, "" before any worker ran the job: runpod/flash reads every /runsync reply
+  // and final /status into a model whose workerId is a required string.
+  s += j.workerId === null ? ',"workerId":""' : `,"workerId":${JSON.stringify(j.workerId)}`;
   if (j.status === 'IN_PROGRESS') {
     if (j.progress !== null) s += `,"output":${j.progress}`;
   } else if (j.output !== null) {

@@ -538,7 +538,7 @@ async function checkStatus(c: Ctx, j: MJob, where: string, ttl?: number) {
   observe(c, j, s.status, where);
   if (!(s.delayTime >= 0) || !(s.executionTime >= 0)) fail(c, `${where}: /status of ${short(j.id)} delayTime ${s.delayTime}, executionTime ${s.executionTime}`);
   const want: Record<string, unknown> = { id: j.id, status: j.status };
-  if (j.workerId !== null) want['workerId'] = j.workerId;
+  want['workerId'] = j.workerId ?? '';
   if (j.status === 'IN_PROGRESS') {
     if (j.progress !== null) want['output'] = j.progress;
   } else if (j.output !== null) want['output'] = j.output;
