@@ -4,7 +4,7 @@
  * Limited per endpoint with RunPod's quotas (`jobRateGroup`, auth/job-rate-limit.ts), not per user.
  */
 import { AgentError } from '../core/errors.js';
-import { rawMember } from '../core/json-raw.js';
+import { jsonDepth, rawMember, rawMemberDepth } from '../core/json-raw.js';
 import { assertSchema } from '../core/schemas.js';
 import type { EndpointService, EndpointSpec } from '../endpoints/index.js';
 import { TERMINAL, checkWebhookUrl, jobNotFound, statusBody, type JobQueue, type JobSnapshot } from '../queue/index.js';
@@ -67,6 +67,12 @@ function intQuery(query: URLSearchParams, name: string, min: number, max: number
   return Number(raw);
 }
 
+/**
+ * The deepest a job's `input` may nest (arrays and objects, its own level counting 1): Python's
+ * json module gives up near its recursion limit (1000), so a deeper input reaches no worker.
+ */
+export const MAX_INPUT_DEPTH = 512;
+
 const json = (status: number, body: string): ApiResult => ({ status, body, headers: { 'content-type': 'application/json' } });
 const ref = (j: Pick<JobSnapshot, 'id' | 'status'>) => `{"id":${JSON.stringify(j.id)},"status":"${j.status}"}`;
 
@@ -91,10 +97,18 @@ export function jobRoutes(s: JobRouteServices): RouteDef[] {
       const problem = 'give webhook and webhookV2 the same URL, or only one of them: a job has one webhook';
       throw new AgentError('VALIDATION_FAILED', problem, { errors: [`/webhookV2: ${problem}`] });
     }
+    // The input as the client sent it: never parsed again or re-serialised. Its depth comes
+    // from the scan that sliced it.
+    const raw = text === undefined ? undefined : rawMember(text, 'input');
+    const input = raw ?? JSON.stringify(b.input);
+    const depth = raw !== undefined ? rawMemberDepth() : jsonDepth(input);
+    if (depth > MAX_INPUT_DEPTH) {
+      const problem = `nests ${depth} levels of arrays and objects, more than the ${MAX_INPUT_DEPTH} allowed: Python workers (flashd's SDK, runpod-python) cannot decode JSON nested about 1000 deep, so the job could never run`;
+      throw new AgentError('VALIDATION_FAILED', `The job's input ${problem}.`, { errors: [`/input: ${problem}`] });
+    }
     return s.queue.submit({
       endpointId: ep.id,
-      // The input as the client sent it: never parsed again or re-serialised.
-      input: (text === undefined ? undefined : rawMember(text, 'input')) ?? JSON.stringify(b.input),
+      input,
       extra: b.s3Config == null ? null : JSON.stringify({ s3Config: b.s3Config }),
       webhook: b.webhook ?? b.webhookV2 ?? null,
       executionTimeoutMs: b.policy?.executionTimeout ?? ep.data.timeout,

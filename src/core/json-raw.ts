@@ -36,18 +36,31 @@ function stringEnd(text: string, i: number): number {
   }
 }
 
-/** `text[i]` starts a value: the index just past it. */
+/**
+ * How deep the last value valueEnd scanned nests: arrays and objects, the value's own level
+ * counting 1 (0 for a string, number, true, false or null). A module variable, not a returned
+ * pair, so the scan stays allocation-free.
+ */
+let scannedDepth = 0;
+
+/** `text[i]` starts a value: the index just past it (and its nesting depth in scannedDepth). */
 function valueEnd(text: string, i: number): number {
   const c = text.charCodeAt(i);
+  scannedDepth = 0;
   if (c === QUOTE) return stringEnd(text, i);
   if (c === OPEN_OBJECT || c === OPEN_ARRAY) {
     // A plain character loop (strings are skipped with indexOf): one pass, no allocation.
     let depth = 0;
+    let max = 0;
     for (let j = i; ; j++) {
       const ch = text.charCodeAt(j);
       if (ch === QUOTE) j = stringEnd(text, j) - 1;
-      else if (ch === OPEN_OBJECT || ch === OPEN_ARRAY) depth++;
-      else if ((ch === CLOSE_OBJECT || ch === CLOSE_ARRAY) && --depth === 0) return j + 1;
+      else if (ch === OPEN_OBJECT || ch === OPEN_ARRAY) {
+        if (++depth > max) max = depth;
+      } else if ((ch === CLOSE_OBJECT || ch === CLOSE_ARRAY) && --depth === 0) {
+        scannedDepth = max;
+        return j + 1;
+      }
     }
   }
   // number, true, false, null
@@ -64,6 +77,7 @@ function valueEnd(text: string, i: number): number {
  * `text` is not an object or has no such member.
  */
 export function rawMember(text: string, key: string): string | undefined {
+  memberDepth = 0;
   let i = skipWs(text, 0);
   if (text.charCodeAt(i) !== OPEN_OBJECT) return undefined;
   i = skipWs(text, i + 1);
@@ -75,11 +89,31 @@ export function rawMember(text: string, key: string): string | undefined {
     const name = rawKey.includes('\\') ? (JSON.parse(text.slice(i, keyEnd)) as string) : rawKey;
     i = skipWs(text, skipWs(text, keyEnd) + 1);
     const end = valueEnd(text, i);
-    if (name === key) found = text.slice(i, end);
+    if (name === key) {
+      found = text.slice(i, end);
+      memberDepth = scannedDepth;
+    }
     i = skipWs(text, end);
     if (text.charCodeAt(i) !== COMMA) return found;
     i = skipWs(text, i + 1);
   }
+}
+
+let memberDepth = 0;
+
+/**
+ * How deep the member the last rawMember call returned nests (arrays and objects, the member's
+ * own level counting 1; 0 for a scalar or when it found none), measured by the same scan that
+ * sliced it: a job's `input` is checked against its depth limit without a second walk.
+ */
+export function rawMemberDepth(): number {
+  return memberDepth;
+}
+
+/** How deep the JSON text of one value nests, as rawMemberDepth counts it (the text must be valid JSON). */
+export function jsonDepth(text: string): number {
+  valueEnd(text, skipWs(text, 0));
+  return scannedDepth;
 }
 
 /**

@@ -4,7 +4,7 @@
  */
 import t from 'tap';
 import fc from 'fast-check';
-import { nonFiniteToNull, rawMember } from '../../src/core/json-raw.js';
+import { jsonDepth, nonFiniteToNull, rawMember, rawMemberDepth } from '../../src/core/json-raw.js';
 
 const SEED = process.env['FUZZ_SEED'] === undefined ? undefined : Number(process.env['FUZZ_SEED']);
 const params = (numRuns: number) => ({ numRuns, ...(SEED === undefined ? {} : { seed: SEED }) });
@@ -68,4 +68,21 @@ t.test('nonFiniteToNull: the NaN and Infinity Python writes become null, strings
   t.same(JSON.parse(fixed as string), { a: null, b: [null, null, -1.5], s: 'NaN, Infinity " -Infinity', n: null });
   t.equal(nonFiniteToNull('NaN'), 'null');
   t.end();
+});
+
+/** The depth of a parsed value: arrays and objects, its own level counting 1. */
+const depthOf = (v: unknown): number =>
+  v !== null && typeof v === 'object' ? 1 + Math.max(0, ...Object.values(v as object).map(depthOf)) : 0;
+
+t.test('rawMemberDepth is the depth of the member rawMember returned, measured by the same scan', async (t) => {
+  t.equal((rawMember('{"input":{"a":[[1]]},"z":[[[[[]]]]]}', 'input'), rawMemberDepth()), 3, 'its own, not a later member');
+  t.equal((rawMember('{"input":[],"input":[[2]]}', 'input'), rawMemberDepth()), 2, 'the last of duplicates, as JSON.parse takes');
+  t.equal((rawMember('{"input":"[[[{{{"}', 'input'), rawMemberDepth()), 0, 'a string with brackets');
+  t.equal((rawMember('{"x":[[]]}', 'input'), rawMemberDepth()), 0, 'no member');
+  t.equal(jsonDepth(' [{"a":"]]"},[[{}]]]'), 4);
+  fc.assert(fc.property(fc.jsonValue({ maxDepth: 12 }), (v) => {
+    const text = `{"input":${JSON.stringify(v)},"after":[[[[]]]]}`;
+    rawMember(text, 'input');
+    return rawMemberDepth() === depthOf(v) && jsonDepth(JSON.stringify(v)) === depthOf(v);
+  }), params(300));
 });

@@ -1,8 +1,8 @@
 /**
  * The job API's limits as README "Running jobs" states them, pinned at both edges: bodies up
- * to 10 MiB on /run and 20 MiB on /runsync, ?wait 1000–300000, ?ttl 1000–604800000, and
- * results kept 30 min after /run, 1 min after /runsync, up to 5 min with ?wait; a webhook URL
- * with credentials in it refused.
+ * to 10 MiB on /run and 20 MiB on /runsync, input nested at most 512 deep, ?wait 1000–300000,
+ * ?ttl 1000–604800000, and results kept 30 min after /run, 1 min after /runsync, up to 5 min
+ * with ?wait; a webhook URL with credentials in it refused.
  */
 import t from 'tap';
 import { readFileSync } from 'node:fs';
@@ -97,4 +97,25 @@ t.test('a webhook URL with credentials in it is refused at submit, as README say
   }
   t.equal((await a.req('POST', `/v2/${ep}/run`, { body: { input: {}, webhook: 'https://hooks.example.com/hook?token=s3cret' } })).status, 200, 'a token in the query is taken');
   t.equal(webhookUrlForLog('https://hooks.example.com/hook?token=s3cret'), 'https://hooks.example.com/hook?(hidden)', 'and logged hidden');
+});
+
+t.test('input nests at most 512 levels deep on /run and /runsync; 513 is a 400 naming /input', async (t) => {
+  const a = await startAgent(t);
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  // `input` itself is level 1: {"a":[…]} with n-1 arrays nests n deep.
+  const nested = (n: number) => `{"input":{"a":${'['.repeat(n - 1)}1${']'.repeat(n - 1)}},"policy":{"ttl":10000}}`;
+  for (const path of [`/v2/${ep}/run`, `/v2/${ep}/runsync?wait=1000`]) {
+    t.equal((await submit(a, path, nested(512))).status, 200, `${path}: 512 levels accepted`);
+    const r = await submit(a, path, nested(513));
+    assertProblem(t, r, 400, `${path}: 513 levels refused`);
+    t.match(r.json.detail, /nests 513 levels .*more than the 512 allowed/);
+    t.same(r.json.errors.length, 1);
+    t.match(r.json.errors[0], /^\/input: nests 513 levels/);
+    const deep = await submit(a, path, `{"input":{"a":${'['.repeat(1199)}${']'.repeat(1199)}}}`);
+    assertProblem(t, deep, 400, `${path}: 1200 levels refused`);
+    t.match(deep.json.errors, [/^\/input: nests 1200 levels/]);
+  }
+  // Whitespace and strings full of brackets do not count.
+  const br = await submit(a, `/v2/${ep}/run`, `{ "input" : { "s" : "${'['.repeat(2000)}" , "b" : [ { "c" : "}}}" } ] } }`);
+  t.equal(br.status, 200, `brackets in strings are text: ${br.text}`);
 });
