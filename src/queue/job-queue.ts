@@ -154,8 +154,9 @@ class EndpointQueue {
 /**
  * `duplicate`: only a re-post of this same worker's result, already recorded for the job (a
  * lost acknowledgement). `ended`: flashd ended the job (cancel, timeout, attempts used up)
- * while this worker held it; the late result is discarded with a 2xx, because runpod-python
- * logs every 4xx on a result post as an ERROR and a cancelled job is no fault of the worker.
+ * while this worker held it, also when a /retry has started a new run since (WorkerInfo.ended);
+ * the late result is discarded with a 2xx, because runpod-python logs every 4xx on a result
+ * post as an ERROR and a cancelled job is no fault of the worker.
  * `stale`: the job moved on without this worker (lost lease, another worker's result): 409.
  */
 export type DoneOutcome = 'accepted' | 'duplicate' | 'ended' | 'stale' | 'unknown';
@@ -798,6 +799,7 @@ export class JobQueue {
     job.fencedFrom = null;
     worker.stops.delete(job.id);
     worker.letGo.delete(job.id);
+    worker.ended.delete(job.id);
     worker.fenced.delete(job.id);
     worker.jobs.add(job.id);
     this.#running.add(job);
@@ -918,17 +920,20 @@ export class JobQueue {
 
   // Results from workers ------------------------------------------------------------------------
 
-  #owned(endpointId: string, workerId: string, jobId: string): { job?: Job; outcome?: DoneOutcome } {
+  #owned(endpointId: string, worker: WorkerInfo, jobId: string): { job?: Job; outcome?: DoneOutcome } {
+    const workerId = worker.id;
     const job = this.#get(jobId);
     if (job && job.endpointId === endpointId) {
       if (job.status === 'IN_PROGRESS' && job.workerId === workerId) return { job };
       if (job.resultBy === workerId) return { outcome: 'duplicate' };
-      const ended = job.resultBy === null && job.workerId === workerId && ENDED_BY_FLASHD.has(job.status);
+      // Ended by flashd while this worker held it: the job as it is, or, once a /retry started a
+      // new run (queued, or taken by another worker), the worker's own record of it.
+      const ended = (job.resultBy === null && job.workerId === workerId && ENDED_BY_FLASHD.has(job.status)) || worker.ended.has(jobId);
       return { outcome: ended ? 'ended' : 'stale' };
     }
     const row = this.#repo.getWithoutInput(jobId);
     if (!row || row.endpointId !== endpointId) return { outcome: 'unknown' };
-    if (row.workerId !== workerId) return { outcome: 'stale' };
+    if (row.workerId !== workerId) return { outcome: worker.ended.has(jobId) ? 'ended' : 'stale' };
     if (postedByRow(row, workerId)) return { outcome: 'duplicate' };
     return { outcome: ENDED_BY_FLASHD.has(row.status) ? 'ended' : 'stale' };
   }
@@ -936,7 +941,7 @@ export class JobQueue {
   /** job-done: a progress update, or the final result of the worker's current attempt. */
   async done(endpointId: string, workerId: string, jobId: string, body: DoneBody): Promise<DoneOutcome> {
     const worker = this.workers.seen(endpointId, workerId);
-    const { job, outcome } = this.#owned(endpointId, workerId, jobId);
+    const { job, outcome } = this.#owned(endpointId, worker, jobId);
     if (!job) {
       // A late final result (the job timed out or was cancelled, and maybe retried): the worker
       // no longer runs it. Its stop is done, and a /retry fenced from it may go to it now
@@ -1039,7 +1044,11 @@ export class JobQueue {
         q.inProgress++;
         if (job.lowPriority) q.lowInProgress++;
         const worker = job.workerId ? this.workers.get(job.endpointId, job.workerId) : undefined;
-        if (worker) worker.jobs.add(job.id);
+        if (worker) {
+          worker.jobs.add(job.id);
+          // Its end was not stored: the job is this worker's again, no longer one flashd ended on it.
+          worker.ended.delete(job.id);
+        }
       } else {
         queued ??= new Map();
         const jobs = queued.get(q);
@@ -1091,7 +1100,7 @@ export class JobQueue {
    */
   async stream(endpointId: string, workerId: string, jobId: string, body: { output?: unknown; outputJson?: string | undefined; metrics?: unknown }, chunk?: number): Promise<DoneOutcome> {
     const worker = this.workers.seen(endpointId, workerId);
-    const { job, outcome } = this.#owned(endpointId, workerId, jobId);
+    const { job, outcome } = this.#owned(endpointId, worker, jobId);
     if (!job) return outcome as DoneOutcome;
     if (chunk !== undefined) {
       // The worker numbers its chunks (`?chunk=`): one it posts again because the answer was lost
@@ -1222,6 +1231,8 @@ export class JobQueue {
     // a re-offer period ago: that ping may have been made before the worker registered the job
     // (and the SDK drops a stop for a job it has not registered yet), so the stop would be lost.
     for (const [id, stop] of worker.stops) if (!listed.has(id) && now >= stop.keepUntil) this.#stopOver(worker, id);
+    // It no longer runs a job flashd ended on it (its stop is over and this ping leaves it out).
+    for (const id of worker.ended) if (!listed.has(id) && !worker.stops.has(id)) worker.ended.delete(id);
   }
 
   /** Whether the row of a job not in memory holds this worker's own posted result (postedByRow). */
@@ -1272,6 +1283,16 @@ export class JobQueue {
     if (!ids || this.workers.get(worker.endpointId, worker.id) !== worker) return;
     this.#restoredFences.delete(key);
     for (const id of ids) if (this.#get(id)?.fencedFrom === worker.id) worker.fenced.add(id);
+  }
+
+  /**
+   * flashd ended `job` while `worker` ran it (a cancel, a timeout, attempts used up): it is told
+   * to stop, and its late result for that attempt is discarded with a 200, even after a /retry
+   * (WorkerInfo.ended).
+   */
+  #endedOn(worker: WorkerInfo, job: Job): void {
+    worker.ended.add(job.id);
+    this.#requestStop(worker, job.id, job);
   }
 
   /**
@@ -1595,7 +1616,7 @@ export class JobQueue {
       const before = this.#liveState(job);
       this.#finish(job, 'FAILED', null, `${reason}; gave up after ${job.attempt} attempts`);
       this.#retryIfUnstored([{ job, endedAs: 'FAILED', before }]);
-      if (holder) this.#requestStop(holder, job.id, job);
+      if (holder) this.#endedOn(holder, job);
       return;
     }
     const q = this.#queue(job.endpointId);
@@ -1949,7 +1970,7 @@ export class JobQueue {
         throw err;
       } finally {
         // Also after a failed sync: the cancel stands (SQLite has it), so the worker stops.
-        if (worker && (job.status as JobStatus) === 'CANCELLED') this.#requestStop(worker, job.id, job);
+        if (worker && (job.status as JobStatus) === 'CANCELLED') this.#endedOn(worker, job);
       }
     }
     return job;
@@ -2413,11 +2434,11 @@ export class JobQueue {
       if (mono >= job.execDeadline) {
         (ends ??= []).push({ job, endedAs: 'TIMED_OUT', before: this.#liveState(job) });
         this.#finish(job, 'TIMED_OUT', null, `Execution timed out after ${job.executionTimeoutMs} ms.`, (job.startedAt ?? Infinity) + job.executionTimeoutMs);
-        if (worker) this.#requestStop(worker, job.id, job);
+        if (worker) this.#endedOn(worker, job);
       } else if (mono >= job.ttlDeadline) {
         (ends ??= []).push({ job, endedAs: 'TIMED_OUT', before: this.#liveState(job) });
         this.#finish(job, 'TIMED_OUT', null, 'Job exceeded its time to live (policy.ttl).', job.queuedAt + job.ttlMs);
-        if (worker) this.#requestStop(worker, job.id, job);
+        if (worker) this.#endedOn(worker, job);
       } else if (mono >= job.leaseDeadline) {
         // A worker still heard from whose heartbeats no longer list the job dropped it (runpod-python
         // does when the handler's output cannot be serialised): say so, not "no heartbeat".

@@ -35,6 +35,13 @@ export interface WorkerInfo {
    */
   readonly letGo: Set<string>;
   /**
+   * Jobs flashd ended (cancelled, timed out, attempts used up) while this worker held them: its
+   * late result for that attempt is discarded with a 200 (`ended`), also once a /retry has queued
+   * the job again or another worker runs it, and never completes the new run. Forgotten when it
+   * takes the job again, or once its stop is over and a ping no longer lists the job.
+   */
+  readonly ended: Set<string>;
+  /**
    * For each job it holds, the number of its last stream chunk stored (the `chunk` query of its
    * job-stream posts, 1 for the first yield): a chunk posted again under a number already stored
    * (its answer was lost, so the worker retried) is acknowledged without being stored twice.
@@ -87,7 +94,7 @@ export interface WorkerInfo {
 function record(endpointId: string, workerId: string, now: number, init: Partial<Pick<WorkerInfo, 'managed' | 'phase' | 'recycle' | 'draining'>> = {}): WorkerInfo {
   return {
     id: workerId, endpointId, managed: false, phase: 'up', jobs: new Set(), lastSeen: now, idleSince: now,
-    parked: 0, stops: new Map(), letGo: new Set(), chunks: new Map(), fenced: new Set(), stopWaiters: [], recycle: false, refresh: false, retired: false, draining: false, asked: false,
+    parked: 0, stops: new Map(), letGo: new Set(), ended: new Set(), chunks: new Map(), fenced: new Set(), stopWaiters: [], recycle: false, refresh: false, retired: false, draining: false, asked: false,
     keyId: null, revoked: false, answeredAt: -Infinity, wantsMore: false, ...init,
   };
 }

@@ -93,6 +93,8 @@ interface SimWorker {
   stops: Map<string, { keepUntil: number; offered: number }>;
   /** Server-side WorkerInfo.letGo. */
   letGo: Set<string>;
+  /** Server-side WorkerInfo.ended: jobs the server ended while this worker held them. */
+  ended: Set<string>;
   /** Whether the registry has a record for it (none after a stopPod retirement, a sweep or a restart, until it calls). */
   registered: boolean;
   /** Retired (stopPod) until then: calls other than job-take get a detached record. */
@@ -179,6 +181,7 @@ function forget(sw: SimWorker) {
   sw.registered = false;
   sw.stops.clear();
   sw.letGo.clear();
+  sw.ended.clear();
   sw.fenced.clear();
 }
 
@@ -186,6 +189,12 @@ function forget(sw: SimWorker) {
 function requestStop(c: Ctx, sw: SimWorker | undefined, id: string, j?: MJob) {
   if (!sw || !sw.registered || sw.letGo.has(id)) return;
   sw.stops.set(id, { keepUntil: j ? j.claimAt + 1000 : 0, offered: -1 });
+}
+
+/** JobQueue.#endedOn: the server ended the job while `sw` held it. */
+function endedOn(c: Ctx, sw: SimWorker | undefined, j: MJob) {
+  if (sw && sw.registered) sw.ended.add(j.id);
+  requestStop(c, sw, j.id, j);
 }
 
 const holderOf = (c: Ctx, j: MJob) => (j.workerId === null ? undefined : c.workers.find((x) => x.w.workerId === j.workerId));
@@ -202,6 +211,7 @@ function claim(c: Ctx, j: MJob, sw: SimWorker) {
   sw.fenced.delete(j.id);
   sw.stops.delete(j.id);
   sw.letGo.delete(j.id);
+  sw.ended.delete(j.id);
   sw.held.add(j.id);
 }
 
@@ -209,7 +219,7 @@ function requeueOrFail(c: Ctx, j: MJob) {
   const holder = holderOf(c, j);
   if (j.attempt >= MAX_ATTEMPTS) {
     finish(c, j, 'FAILED', null, 'gave up');
-    requestStop(c, holder, j.id, j);
+    endedOn(c, holder, j);
     return;
   }
   requestStop(c, holder, j.id, j);
@@ -230,7 +240,7 @@ function reapModel(c: Ctx) {
     if (j.status === 'IN_PROGRESS') {
       if (n >= j.execAt || n >= j.ttlAt) {
         finish(c, j, 'TIMED_OUT', null, 'timed out');
-        requestStop(c, holderOf(c, j), j.id, j);
+        endedOn(c, holderOf(c, j), j);
       }
       else if (n >= j.leaseAt) requeueOrFail(c, j);
     }
@@ -257,6 +267,8 @@ function expectedOutcome(c: Ctx, sw: SimWorker, id: string): Outcome[] {
   if (j.status === 'IN_PROGRESS' && j.workerId === wid) o = 'accepted';
   else if (j.resultBy === wid) o = 'duplicate';
   else if (j.resultBy === null && j.workerId === wid && (j.status === 'CANCELLED' || j.status === 'TIMED_OUT' || j.status === 'FAILED')) o = 'ended';
+  // An attempt the server ended on this worker, the job since retried (queued, or another's).
+  else if (sw.ended.has(id)) o = 'ended';
   else o = 'stale';
   // An expired result may still be in memory or its row not yet swept.
   return expired(c, j) ? [o, 'unknown'] : [o];
@@ -441,6 +453,7 @@ async function opPing(c: Ctx, sw: SimWorker, ids: string[]) {
     }
   }
   if (real) for (const [id, stop] of [...sw.stops]) if (!listed.has(id) && now(c) >= stop.keepUntil) sw.stops.delete(id);
+  if (real) for (const id of [...sw.ended]) if (!listed.has(id) && !sw.stops.has(id)) sw.ended.delete(id);
 }
 
 async function opStops(c: Ctx, sw: SimWorker, why = '') {
@@ -473,7 +486,7 @@ async function opCancel(c: Ctx, j: MJob) {
   }
   if (res.status !== 200) fail(c, `cancel ${short(j.id)}: ${res.status} ${res.text}`);
   if (j.status === 'IN_QUEUE' || j.status === 'IN_PROGRESS') finish(c, j, 'CANCELLED', null, null);
-  if (wasHolder) requestStop(c, wasHolder, j.id, j);
+  if (wasHolder) endedOn(c, wasHolder, j);
   observe(c, j, res.json.status, 'cancel reply');
   // The worker that ran it is told to stop it at its next job-stop poll.
   if (wasHolder && wasHolder.deadFor === 0 && c.r.chance(0.5)) {
@@ -725,6 +738,7 @@ async function opRace(c: Ctx) {
       // Whichever came first, the worker let go of the job: no stop is left for it.
       sw.stops.delete(j.id);
       sw.letGo.add(j.id);
+      if (sw.registered) sw.ended.add(j.id);
     } else {
       fail(c, `race done/cancel of ${short(j.id)}: done ${done}, cancel ${x.status} ${x.text}`);
     }
@@ -817,7 +831,7 @@ async function runSeed(t: Test, seed: number, steps: number) {
   const eps: string[] = [];
   for (let i = 0; i < 2; i++) eps.push((await a.req('POST', '/v2/serverless', { body: cpuBody({ name: `ep${i}`, workers: { min: 0, max: 0 } }) })).json.id);
   const c: Ctx = { t, seed, r: rng(seed), clock, a, dir, eps, workers: [], jobs: new Map(), log: [], counter: 0, epoch: 0 };
-  for (const ep of eps) for (let i = 0; i < 3; i++) c.workers.push({ w: await TestWorker.create(a, ep), ep, held: new Set(), deadFor: 0, zombie: false, fenced: new Set(), restored: new Set(), lastSeen: 0, stops: new Map(), letGo: new Set(), registered: false, retiredUntil: 0 });
+  for (const ep of eps) for (let i = 0; i < 3; i++) c.workers.push({ w: await TestWorker.create(a, ep), ep, held: new Set(), deadFor: 0, zombie: false, fenced: new Set(), restored: new Set(), lastSeen: 0, stops: new Map(), letGo: new Set(), ended: new Set(), registered: false, retiredUntil: 0 });
   const ops: [number, () => Promise<void>][] = [
     [12, () => opRun(c)],
     [12, async () => { const sw = c.r.pick(live(c)); if (sw) await opTake(c, sw, false); }],
