@@ -161,6 +161,53 @@ class EndpointQueue {
  */
 export type DoneOutcome = 'accepted' | 'duplicate' | 'ended' | 'stale' | 'unknown';
 
+/** `{"output":}` and `,"metrics":`: what a /stream element adds to its piece and its metrics. */
+const ELEMENT_BYTES = 11;
+const METRICS_BYTES = 11;
+
+/**
+ * Splits `text` into JSON string literals (as JSON.stringify writes them) whose UTF-8 encoding,
+ * quotes and escapes included, is at most `firstBudget` bytes for the first and `budget` for the
+ * others, each as large as fits, never between the two halves of a surrogate pair (an emoji:
+ * each half alone is not text). One pass over the text, each piece sliced and stringified once.
+ */
+function jsonStringPieces(text: string, firstBudget: number, budget: number, emit: (piece: string, bytes: number, first: boolean) => void): void {
+  let start = 0;
+  let room = Math.max(8, firstBudget) - 2; // the quotes
+  let used = 0;
+  const cut = (end: number) => {
+    emit(JSON.stringify(text.slice(start, end)), used + 2, start === 0);
+    start = end;
+    used = 0;
+    room = Math.max(8, budget) - 2;
+  };
+  for (let i = 0; i < text.length; ) {
+    const c = text.charCodeAt(i);
+    let units = 1;
+    let bytes: number;
+    if (c < 0x80) {
+      if (c >= 0x20) bytes = c === 0x22 || c === 0x5c ? 2 : 1;
+      else bytes = c === 0x08 || c === 0x09 || c === 0x0a || c === 0x0c || c === 0x0d ? 2 : 6;
+    } else if (c < 0x800) {
+      bytes = 2;
+    } else if (c >= 0xd800 && c <= 0xdfff) {
+      const next = text.charCodeAt(i + 1);
+      if (c <= 0xdbff && next >= 0xdc00 && next <= 0xdfff) {
+        units = 2;
+        bytes = 4;
+      } else {
+        bytes = 6; // a lone surrogate: JSON.stringify writes it as \udxxx
+      }
+    } else {
+      bytes = 3;
+    }
+    if (used + bytes > room && used > 0) cut(i);
+    used += bytes;
+    i += units;
+  }
+  if (used > 0 || start === 0) cut(text.length);
+}
+
 const ENDED_BY_FLASHD: ReadonlySet<JobStatus> = new Set(['CANCELLED', 'TIMED_OUT', 'FAILED']);
 
 /**
@@ -1131,17 +1178,12 @@ export class JobQueue {
       pieces.push(element(output, outputBytes, true));
     } else {
       // Too large for one chunk: split strings into pieces (lossless), anything else as pieces of its JSON text.
+      // Each element at most `limit` bytes: its piece as large as fits beside `{"output":}`, the
+      // first one leaving room for metrics that take at most half the limit.
       const text = typeof body.output === 'string' ? body.output : output;
-      const step = Math.max(2, Math.floor(limit / 8));
-      for (let i = 0; i < text.length; ) {
-        let end = Math.min(i + step, text.length);
-        // Never between the two halves of a surrogate pair (an emoji): each half alone is not text.
-        const last = text.charCodeAt(end - 1);
-        if (end < text.length && last >= 0xd800 && last <= 0xdbff) end--;
-        const piece = JSON.stringify(text.slice(i, end));
-        pieces.push(element(piece, i === 0 ? Buffer.byteLength(piece) : 0, i === 0));
-        i = end;
-      }
+      const budget = limit - ELEMENT_BYTES;
+      const first = metrics !== undefined && metricsBytes <= limit / 2 ? budget - METRICS_BYTES - metricsBytes : budget;
+      jsonStringPieces(text, first, budget, (piece, bytes, isFirst) => pieces.push(element(piece, isFirst ? bytes : 0, isFirst)));
     }
     // A /runsync job whose insert is still deferred gets its row first (a crash must not leave
     // chunks of a job SQLite does not know), and its claim (CLAIM_SAVE_DELAY_MS) as a progress

@@ -232,16 +232,26 @@ t.test('stream returns the chunks since the last poll; large chunks are split', 
   const big = 'x'.repeat(1.5 * 1024 * 1024);
   await w.stream(id, big);
   const chunks = (await a.req('GET', `/v2/${ep}/stream/${id}`)).json.stream as { output: string }[];
-  t.ok(chunks.length >= 2, 'split across chunks');
+  t.equal(chunks.length, 2, 'split in as few pieces as the 1 MB allows');
   t.ok(chunks.every((c) => JSON.stringify(c).length <= 1024 * 1024), 'each at most 1 MB');
+  t.equal(JSON.stringify(chunks[0]).length, 1024 * 1024, 'the first one full');
   t.equal(chunks.map((c) => c.output).join(''), big, 'joined back they are the output');
   // A split never falls between the two halves of a surrogate pair: each piece is text on its own.
   const emoji = 'a'.repeat(128 * 1024 - 1) + '\u{1F600}'.repeat(300_000);
   await w.stream(id, emoji);
   const pieces = (await a.req('GET', `/v2/${ep}/stream/${id}`)).json.stream as { output: string }[];
-  t.ok(pieces.length >= 2, 'split');
+  t.equal(pieces.length, 2, 'split in two (1.3 MB of UTF-8)');
+  t.ok(pieces.every((c) => Buffer.byteLength(JSON.stringify(c)) <= 1024 * 1024), 'each at most 1 MB of UTF-8');
   t.ok(pieces.every((c) => (c.output as unknown as { isWellFormed(): boolean }).isWellFormed()), 'no piece starts or ends with half an emoji');
   t.equal(pieces.map((c) => c.output).join(''), emoji, 'joined back they are the output');
+  // Escapes count as what they take in JSON: control characters 6 bytes, quotes 2, 'é' 2, '€' 3.
+  const mixed = '\u0001"é€a\n\ud800'.repeat(200_000);
+  await w.stream(id, mixed);
+  const parts = (await a.req('GET', `/v2/${ep}/stream/${id}`)).json.stream as { output: string }[];
+  const sizes = parts.map((c) => Buffer.byteLength(JSON.stringify(c)));
+  t.ok(sizes.every((n) => n <= 1024 * 1024), `each at most 1 MB of UTF-8: ${sizes.join(', ')}`);
+  t.ok(sizes.slice(0, -1).every((n) => n > 1024 * 1024 - 8), 'every piece but the last as full as a character allows');
+  t.equal(parts.map((c) => c.output).join(''), mixed, 'joined back they are the output');
   await w.done(id, { output: [] }, true);
   t.equal((await a.req('GET', `/v2/${ep}/stream/${id}`)).json.status, 'COMPLETED');
 });
