@@ -26,6 +26,34 @@ export interface LoggerOptions {
   sink?: LogSink;
 }
 
+/** stdout and stderr once a write to them failed (EPIPE: whoever read them went away). */
+const failed = new WeakSet<NodeJS.WriteStream>();
+
+/**
+ * Losing the reader of flashd's stdout or stderr (a closed pipe: `2> >(head)`, a `| tee` that
+ * was killed, a log shipper that restarts) must not end the server: Node reports the EPIPE as an
+ * 'error' event, which without a listener is an uncaught exception that exits 1 (with nothing
+ * closed: no checkpoint, process workers left running). With this the failure is noted, the
+ * logger stops writing there, and flashd goes on serving. Idempotent.
+ */
+export function survivePipeLoss(): void {
+  for (const stream of [process.stdout, process.stderr]) {
+    if (stream.listeners('error').includes(noteFailed)) continue;
+    stream.on('error', noteFailed);
+  }
+}
+
+function noteFailed(this: NodeJS.WriteStream): void {
+  failed.add(this);
+}
+
+/** The default sink: stderr, until a write to it failed. */
+const stderrSink: LogSink = {
+  write(line) {
+    if (!failed.has(process.stderr)) process.stderr.write(line);
+  },
+};
+
 function formatValue(value: unknown): string {
   if (value instanceof Error) return JSON.stringify(value.message);
   if (typeof value === 'string') return /[\s="]/.test(value) || value === '' ? JSON.stringify(value) : value;
@@ -35,7 +63,8 @@ function formatValue(value: unknown): string {
 export function createLogger(options: LoggerOptions = {}, bindings: Record<string, unknown> = {}): Logger {
   const threshold = RANK[options.level ?? 'info'];
   const format = options.format ?? 'text';
-  const sink = options.sink ?? process.stderr;
+  if (options.sink === undefined) survivePipeLoss();
+  const sink = options.sink ?? stderrSink;
 
   const emit = (level: Exclude<LogLevel, 'silent'>, msg: string, fields?: Record<string, unknown>): void => {
     if (RANK[level] < threshold) return;
