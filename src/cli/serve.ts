@@ -11,27 +11,27 @@ const KILL_NOW_BOUND_MS = 5000;
  * flashd is still starting stops it as soon as it has started.
  */
 export async function serve(config: FlashdConfig): Promise<number> {
-  // Listened for before the start, which takes a while (migrations, recovery, hardware): a
-  // signal then would otherwise take Node's default action, exit 143 with nothing closed. It
-  // stops flashd once it has started; a second one during the start exits 1 at once.
+  // One listener per signal for flashd's whole life, added before the start, which takes a while
+  // (migrations, recovery, hardware): a signal then would otherwise take Node's default action,
+  // exit 143 with nothing closed. It stops flashd once it has started; a second one during the
+  // start exits 1 at once. Never removed: removing the last listener closes libuv's signal
+  // handle, and a signal it had caught but not yet delivered (the loop had not turned since: the
+  // end of the start runs without one) was dropped with it, so flashd kept running.
   let early: string | undefined;
-  const onEarly = (signal: string) => {
+  let onStop: ((signal: string) => void) | undefined;
+  const onSignal = (signal: string) => {
+    if (onStop !== undefined) return onStop(signal);
     if (early !== undefined) process.exit(1);
     early = signal;
   };
-  const onEarlyInt = () => onEarly('SIGINT');
-  const onEarlyTerm = () => onEarly('SIGTERM');
-  process.on('SIGINT', onEarlyInt);
-  process.on('SIGTERM', onEarlyTerm);
+  process.on('SIGINT', () => onSignal('SIGINT'));
+  process.on('SIGTERM', () => onSignal('SIGTERM'));
   let agent: Agent;
   try {
     agent = await createAgent({ config });
   } catch (err) {
     process.stderr.write(`flashd: cannot start: ${(err as Error).message}\n`);
     return 1;
-  } finally {
-    process.off('SIGINT', onEarlyInt);
-    process.off('SIGTERM', onEarlyTerm);
   }
   return new Promise((resolve) => {
     let stopping = false;
@@ -63,8 +63,7 @@ export async function serve(config: FlashdConfig): Promise<number> {
         stopped(1);
       });
     };
-    process.on('SIGINT', () => stop('SIGINT'));
-    process.on('SIGTERM', () => stop('SIGTERM'));
+    onStop = stop;
     if (early !== undefined) stop(early);
   });
 }
