@@ -170,16 +170,18 @@ async function listen(t: Test, server: HttpServer | NetServer): Promise<string> 
 }
 
 t.test('worker-env against a server that is not flashd: one line, exit 1', async (t) => {
-  // FLASHD_WORKER_ENV_TIMEOUT_MS stands in for the 10 s; the run's own 5 s limit catches a hang.
+  // FLASHD_WORKER_ENV_TIMEOUT_MS stands in for the 10 s; the run's own 30 s limit catches a hang.
+  // That the 0.3 s was the limit used shows in the message, not in a wall-clock bound, which a
+  // loaded machine (node's own start taking seconds) would break.
   const env = cleanEnv({ FLASHD_API_KEY: ADMIN_KEY, FLASHD_WORKER_ENV_TIMEOUT_MS: '300' });
   const page = await listen(t, createHttpServer((_req, res) => res.writeHead(200, { 'content-type': 'text/html' }).end('<html><body>It works!</body></html>')));
-  const html = await run(process.execPath, [BUNDLE, 'worker-env', 'ep', '--url', page], env, 5000);
+  const html = await run(process.execPath, [BUNDLE, 'worker-env', 'ep', '--url', page], env, 30_000);
   t.equal(html.status, 1, 'a 200 that is not JSON');
   t.equal(html.stderr, `flashd worker-env: ${page} did not answer like flashd (not JSON: "<html><body>It works!</body></html>")\n`, 'no stack trace');
   t.equal(html.stdout, '', 'nothing printed as an environment');
 
   const other = await listen(t, createHttpServer((_req, res) => res.writeHead(200, { 'content-type': 'application/json' }).end('{"env":null}')));
-  const json = await run(process.execPath, [BUNDLE, 'worker-env', 'ep', '--url', other], env, 5000);
+  const json = await run(process.execPath, [BUNDLE, 'worker-env', 'ep', '--url', other], env, 30_000);
   t.equal(json.status, 1, 'JSON of another shape');
   t.equal(json.stderr, `flashd worker-env: ${other} did not answer like flashd (no workerId and env in its JSON)\n`);
   t.equal(json.stdout, '');
@@ -187,20 +189,18 @@ t.test('worker-env against a server that is not flashd: one line, exit 1', async
   // Another web server on that port (or a proxy's error page): a status with an HTML body,
   // many lines long, is still one line, not the page.
   const notFound = await listen(t, createHttpServer((_req, res) => res.writeHead(404, { 'content-type': 'text/html' }).end('<html>\n<body>\n<h1>404 Not Found</h1>\n</body>\n</html>\n')));
-  const err = await run(process.execPath, [BUNDLE, 'worker-env', 'ep', '--url', notFound], env, 5000);
+  const err = await run(process.execPath, [BUNDLE, 'worker-env', 'ep', '--url', notFound], env, 30_000);
   t.equal(err.status, 1, 'an error status that is not flashd\'s');
   t.equal(err.stderr, `flashd worker-env: ${notFound} did not answer like flashd (HTTP 404, not JSON: "<html>\\n<body>\\n<h1>404 Not Found</h1>\\n</body>\\n</html>\\n")\n`, 'one line, the body quoted short');
   const bad = await listen(t, createHttpServer((_req, res) => res.writeHead(502, { 'content-type': 'application/json' }).end('{"message":"bad gateway"}')));
-  const badJson = await run(process.execPath, [BUNDLE, 'worker-env', 'ep', '--url', bad], env, 5000);
+  const badJson = await run(process.execPath, [BUNDLE, 'worker-env', 'ep', '--url', bad], env, 30_000);
   t.equal(badJson.stderr, `flashd worker-env: ${bad} did not answer like flashd (HTTP 502, no detail in its JSON)\n`);
   t.equal(badJson.status, 1);
 
   const silent = await listen(t, createNetServer(() => {}));
-  const started = Date.now();
-  const hang = await run(process.execPath, [BUNDLE, 'worker-env', 'ep', '--url', silent], env, 5000);
+  const hang = await run(process.execPath, [BUNDLE, 'worker-env', 'ep', '--url', silent], env, 30_000);
   t.equal(hang.stderr, `flashd worker-env: no answer from ${silent} within 0.3 s\n`, 'accepted, never answered');
-  t.equal(hang.status, 1);
-  t.ok(Date.now() - started < 4000, `gave up after the timeout (${Date.now() - started} ms)`);
+  t.equal(hang.status, 1, 'gave up after its timeout rather than hanging');
 });
 
 /** An address of this machine other than loopback, as another machine would use. */
