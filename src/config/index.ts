@@ -109,7 +109,8 @@ function collectFlags(argv: readonly string[]): ParsedFlags {
   for (const [key, schema] of Object.entries(properties)) {
     if (schema['x-flag']) byFlag.set(schema['x-flag'], [key, schema]);
   }
-  const out: ParsedFlags = { values: {}, sources: {}, errors: [] };
+  // Null-prototype: a key such as "__proto__" or "constructor" must not find Object.prototype's.
+  const out: ParsedFlags = { values: {}, sources: Object.create(null) as Record<string, string>, errors: [] };
   for (let i = 0; i < argv.length; i++) {
     const arg = argv[i] as string;
     const eq = arg.indexOf('=');
@@ -176,7 +177,8 @@ export function loadConfig(input: LoadConfigInput = {}): FlashdConfig {
   const env = input.env ?? {};
   const flags = collectFlags(input.argv ?? []);
   const errors = [...flags.errors];
-  const sources: Record<string, string> = {};
+  // Null-prototype (as in collectFlags): a file's "__proto__" key is labelled with the file, not Object.prototype.
+  const sources = Object.create(null) as Record<string, string>;
   let fileValues: Record<string, unknown> = {};
   if (flags.configFile !== undefined) {
     try {

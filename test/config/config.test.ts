@@ -61,6 +61,11 @@ t.test('a --config file sits between defaults and env', async (t) => {
   writeFileSync(join(dir, 'typo.json'), JSON.stringify({ prot: 1 }));
   t.match(failure(() => loadConfig({ argv: ['--config', join(dir, 'typo.json')] })).message, /unknown setting "prot"/);
   t.match(failure(() => loadConfig({ argv: ['--config', join(dir, 'missing.json')] })).message, /cannot read config file/);
+  // A key Object.prototype has was looked up there: "[object Object]: unknown setting "__proto__"".
+  writeFileSync(join(dir, 'proto.json'), '{"__proto__": 1, "constructor": 2}');
+  const proto = failure(() => loadConfig({ argv: ['--config', join(dir, 'proto.json')] }));
+  t.same(proto.errors, [`config file ${join(dir, 'proto.json')}: unknown setting "__proto__"`, `config file ${join(dir, 'proto.json')}: unknown setting "constructor"`],
+    'labelled with the file like any other unknown setting');
   writeFileSync(join(dir, 'array.json'), '[1]');
   t.match(failure(() => loadConfig({ argv: ['--config', join(dir, 'array.json')] })).message, /JSON object/);
 });
