@@ -185,7 +185,16 @@ export function loadConfig(input: LoadConfigInput = {}): FlashdConfig {
       const parsed: unknown = JSON.parse(readFileSync(flags.configFile, 'utf8'));
       if (parsed === null || typeof parsed !== 'object' || Array.isArray(parsed)) throw new Error('the file must hold a JSON object');
       fileValues = parsed as Record<string, unknown>;
-      for (const key of Object.keys(fileValues)) sources[key] = `config file ${flags.configFile}`;
+      for (const key of Object.keys(fileValues)) {
+        sources[key] = `config file ${flags.configFile}`;
+        // A secret (the admin key) comes from its env variable only, as --help says: a config
+        // file is copied, committed and left readable far more often than a unit's environment.
+        const schema = Object.hasOwn(properties, key) ? properties[key as SettingKey] : undefined;
+        if (schema?.['x-secret']) {
+          errors.push(`config file ${flags.configFile}: ${key} is read only from ${schema['x-env'] ?? 'the environment'}, so the secret stays out of config files; remove it from the file`);
+          delete fileValues[key];
+        }
+      }
     } catch (err) {
       errors.push(`cannot read config file ${flags.configFile}: ${(err as Error).message}`);
     }

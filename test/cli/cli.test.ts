@@ -4,7 +4,7 @@
  * clean shutdown on SIGTERM.
  */
 import t, { type Test } from 'tap';
-import { chmodSync, chownSync, readFileSync, statSync, existsSync } from 'node:fs';
+import { chmodSync, chownSync, readFileSync, statSync, existsSync, writeFileSync } from 'node:fs';
 import { spawn } from 'node:child_process';
 import { once } from 'node:events';
 import { createServer } from 'node:net';
@@ -74,6 +74,15 @@ t.test('bad usage exits 2 with a message on stderr', async (t) => {
   const overflow = run(node, [BUNDLE, '--webhook-retry-delay-ms', '3000000000', '--port', '0', '--data-dir', testDataDir(t)]);
   t.equal(overflow.status, 2, 'a delay no timer can hold');
   t.match(overflow.stderr, /flag --webhook-retry-delay-ms: webhookRetryDelayMs must be <= 3600000\n$/);
+
+  // The admin key is read from FLASHD_ADMIN_API_KEY only: a config file holding it is refused, before anything starts.
+  const fileDir = testDataDir(t);
+  const secretFile = join(fileDir, 'flashd.json');
+  writeFileSync(secretFile, JSON.stringify({ adminApiKey: 'file-admin-key-0123456789' }));
+  const secret = run(node, [BUNDLE, '--config', secretFile, '--port', '0', '--data-dir', join(fileDir, 'data')]);
+  t.equal(secret.status, 2, 'adminApiKey in a config file');
+  t.equal(secret.stderr, `flashd: invalid configuration: config file ${secretFile}: adminApiKey is read only from FLASHD_ADMIN_API_KEY, so the secret stays out of config files; remove it from the file\n`);
+  t.notOk(existsSync(join(fileDir, 'data')), 'nothing started');
 
   const command = run(node, [BUNDLE, 'frobnicate']);
   t.equal(command.status, 2, 'unknown command');

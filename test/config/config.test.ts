@@ -66,6 +66,12 @@ t.test('a --config file sits between defaults and env', async (t) => {
   const proto = failure(() => loadConfig({ argv: ['--config', join(dir, 'proto.json')] }));
   t.same(proto.errors, [`config file ${join(dir, 'proto.json')}: unknown setting "__proto__"`, `config file ${join(dir, 'proto.json')}: unknown setting "constructor"`],
     'labelled with the file like any other unknown setting');
+  // The admin key is env only (--help says so): a file holding it was taken, and the log said "from environment".
+  writeFileSync(join(dir, 'secret.json'), JSON.stringify({ port: 7000, adminApiKey: 'file-admin-key-0123456789' }));
+  const secret = failure(() => loadConfig({ argv: ['--config', join(dir, 'secret.json')] }));
+  t.same(secret.errors, [`config file ${join(dir, 'secret.json')}: adminApiKey is read only from FLASHD_ADMIN_API_KEY, so the secret stays out of config files; remove it from the file`]);
+  t.notMatch(secret.message, /file-admin-key/, 'the value is not echoed');
+  t.equal(loadConfig({ env: { FLASHD_ADMIN_API_KEY: 'env-admin-key-0123456789' } }).adminApiKey, 'env-admin-key-0123456789', 'env still sets it');
   writeFileSync(join(dir, 'array.json'), '[1]');
   t.match(failure(() => loadConfig({ argv: ['--config', join(dir, 'array.json')] })).message, /JSON object/);
 });
