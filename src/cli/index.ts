@@ -22,7 +22,8 @@ once and saves it to <data-dir>/admin-api-key (mode 0600); set FLASHD_ADMIN_API_
 
 Flags:
   --config <file>
-      JSON file with any of the settings below, by their camelCase names (e.g. {"port": 9000}).
+      JSON file with any of the settings below, by the name on their "config file:" line
+      (e.g. {"port": 9000, "sessionTtlSeconds": 3600}). The admin key is not read from it.
 ${configHelp()}
 
 Exit codes: 0 clean shutdown, 1 runtime failure, 2 invalid usage or configuration.

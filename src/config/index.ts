@@ -163,6 +163,55 @@ export function parseFlags(argv: readonly string[]): { values: Record<string, un
   return configFile === undefined ? { values } : { values, configFile };
 }
 
+/** Letters and digits, lower case: `session-ttl`, `FLASHD_SESSION_TTL` and `sessionTtl` compare alike. */
+function normalizeName(name: string): string {
+  return name.toLowerCase().replace(/[^a-z0-9]/g, '');
+}
+
+/** Edit distance with adjacent transpositions (`prot` is one edit from `port`). */
+function editDistance(a: string, b: string): number {
+  const d: number[][] = [];
+  for (let i = 0; i <= a.length; i++) d.push([i]);
+  for (let j = 1; j <= b.length; j++) (d[0] as number[])[j] = j;
+  for (let i = 1; i <= a.length; i++) {
+    const row = d[i] as number[];
+    const prev = d[i - 1] as number[];
+    for (let j = 1; j <= b.length; j++) {
+      const cost = a[i - 1] === b[j - 1] ? 0 : 1;
+      let v = Math.min((prev[j] as number) + 1, (row[j - 1] as number) + 1, (prev[j - 1] as number) + cost);
+      if (i > 1 && j > 1 && a[i - 1] === b[j - 2] && a[i - 2] === b[j - 1]) v = Math.min(v, ((d[i - 2] as number[])[j - 2] as number) + 1);
+      row[j] = v;
+    }
+  }
+  return (d[a.length] as number[])[b.length] as number;
+}
+
+/**
+ * The setting a config file probably meant by the unknown `name`: the one whose name, flag or
+ * env variable it spells (`session-ttl`, `FLASHD_SESSION_TTL`), begins (`sessionTtl` for
+ * `sessionTtlSeconds`), or misses by a typo or two. Never a secret: those are env only.
+ */
+export function closestSetting(name: string): string | undefined {
+  const wanted = normalizeName(name.replace(/^(?:--|FLASHD_)/i, ''));
+  if (wanted === '') return undefined;
+  let best: { key: string; score: number } | undefined;
+  for (const [key, schema] of Object.entries(properties)) {
+    if (schema['x-secret']) continue;
+    const forms = [key, schema['x-flag'] ?? '', (schema['x-env'] ?? '').replace(/^FLASHD_/, '')].map(normalizeName).filter((f) => f !== '');
+    let score = Infinity;
+    for (const form of forms) {
+      if (form === wanted) score = 0;
+      else if (wanted.length >= 4 && (form.startsWith(wanted) || wanted.startsWith(form))) score = Math.min(score, 1 + Math.abs(form.length - wanted.length) / 100);
+      else {
+        const distance = editDistance(wanted, form);
+        if (distance <= Math.max(1, Math.floor(wanted.length / 4))) score = Math.min(score, 2 + distance);
+      }
+    }
+    if (score < (best?.score ?? Infinity)) best = { key, score };
+  }
+  return best?.key;
+}
+
 // No meta-schema check at start (see core/schemas.ts; the test checks config.schema.json too).
 const ajv = new Ajv2020({ useDefaults: true, allErrors: true, strict: true, allowUnionTypes: true, validateSchema: false });
 ajv.addVocabulary(['x-flag', 'x-env', 'x-secret']);
@@ -217,7 +266,8 @@ export function loadConfig(input: LoadConfigInput = {}): FlashdConfig {
     for (const e of validateConfig.errors ?? []) {
       if (e.keyword === 'additionalProperties') {
         const name = String((e.params as { additionalProperty?: unknown }).additionalProperty);
-        errors.push(`${sources[name] ?? 'config'}: unknown setting ${JSON.stringify(name)}`);
+        const hint = closestSetting(name);
+        errors.push(`${sources[name] ?? 'config'}: unknown setting ${JSON.stringify(name)}${hint === undefined ? '' : ` (did you mean ${JSON.stringify(hint)}?)`}`);
         continue;
       }
       const key = e.instancePath.slice(1);
@@ -250,6 +300,8 @@ export function configHelp(): string {
     lines.push(head);
     lines.push(`      ${schema.description}${choices}${def}`);
     if (envName) lines.push(`      env: ${envName}`);
+    // Its name in a --config file (the admin key has none: env only).
+    if (!schema['x-secret']) lines.push(`      config file: "${key}"`);
   }
   return lines.join('\n');
 }

@@ -72,6 +72,17 @@ t.test('a --config file sits between defaults and env', async (t) => {
   t.same(secret.errors, [`config file ${join(dir, 'secret.json')}: adminApiKey is read only from FLASHD_ADMIN_API_KEY, so the secret stays out of config files; remove it from the file`]);
   t.notMatch(secret.message, /file-admin-key/, 'the value is not echoed');
   t.equal(loadConfig({ env: { FLASHD_ADMIN_API_KEY: 'env-admin-key-0123456789' } }).adminApiKey, 'env-admin-key-0123456789', 'env still sets it');
+  // The file's names are the schema's (sessionTtlSeconds for --session-ttl): an unknown one names the closest.
+  writeFileSync(join(dir, 'names.json'), JSON.stringify({ sessionTtl: 3600, 'log-level': 'debug', prot: 1, FLASHD_DATA_DIR: '/x', zzzz: 1, adminKey: 'k' }));
+  const names = join(dir, 'names.json');
+  t.same(failure(() => loadConfig({ argv: ['--config', names] })).errors, [
+    `config file ${names}: unknown setting "sessionTtl" (did you mean "sessionTtlSeconds"?)`,
+    `config file ${names}: unknown setting "log-level" (did you mean "logLevel"?)`,
+    `config file ${names}: unknown setting "prot" (did you mean "port"?)`,
+    `config file ${names}: unknown setting "FLASHD_DATA_DIR" (did you mean "dataDir"?)`,
+    `config file ${names}: unknown setting "zzzz"`,
+    `config file ${names}: unknown setting "adminKey"`,
+  ], 'the closest name, never the env-only admin key, nothing when none is close');
   writeFileSync(join(dir, 'array.json'), '[1]');
   t.match(failure(() => loadConfig({ argv: ['--config', join(dir, 'array.json')] })).message, /JSON object/);
 });
@@ -159,9 +170,12 @@ t.test('configHelp describes every option', async (t) => {
     const arg = o.type === 'boolean' ? '\\[true\\|false\\]$' : '<';
     if (o['x-flag']) t.match(help, new RegExp(`^\\s+${o['x-flag']} ${arg}`, 'm'), `${key}: ${o['x-flag']}`);
     if (o['x-env']) t.match(help, new RegExp(`env: ${o['x-env']}$`, 'm'), `${key}: ${o['x-env']}`);
+    // The name to use in a --config file, for each setting a file may hold (not the env-only admin key).
+    if (o['x-flag']) t.match(help, new RegExp(`^\\s+${o['x-flag']} .*\\n(?:\\s{6}.*\\n)*?\\s{6}config file: "${key}"$`, 'm'), `${key}: its config-file name under ${o['x-flag']}`);
     t.ok(help.includes(o.description), `${key}: description`);
     if (o.default !== undefined && o.default !== null) t.ok(help.includes(`(default: ${JSON.stringify(o.default)})`), `${key}: default shown`);
   }
+  t.notMatch(help, /config file: "adminApiKey"/, 'the admin key has no config-file name');
   for (const flag of ['--host', '--port', '--data-dir', '--rate-limit-minute', '--rate-limit-hour', '--rate-limit-day']) {
     t.ok(help.includes(flag), `${flag} in --help`);
   }
