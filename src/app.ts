@@ -94,14 +94,18 @@ function createContainerRuntime(config: FlashdConfig, dataDir: string, log: Logg
   });
 }
 
+/** The files in the data directory that flashd writes besides its secrets (store/db.ts). */
+const DATA_DIR_FILES = ['flashd.lock', 'flashd.pid', 'flashd.db', 'flashd.db-wal', 'flashd.db-shm'] as const;
+
 export async function createAgent(options: AgentOptions): Promise<Agent> {
   const config = options.config;
   const clock = options.clock ?? systemClock;
   const log = createLogger({ level: config.logLevel, format: config.logFormat, ...(options.logSink ? { sink: options.logSink } : {}) });
   const dataDir = resolve(config.dataDir);
   // Made 0700, or an existing one that group or others may write tightened (or refused when
-  // another user owns it): before any file in it is opened.
-  secureDataDir(dataDir, log);
+  // another user owns it): before any file in it is opened. One flashd's user may not write, or
+  // with a store file of another user in it, is refused naming the path and the cause.
+  secureDataDir(dataDir, log, DATA_DIR_FILES);
   // Then the lock, before anything else: nothing below (migrations, recovery, reaping a crashed run's workers) may run while
   // another flashd serves this data directory.
   const lock = lockDataDir(dataDir);

@@ -6,7 +6,8 @@
  * with one warning naming the old and new mode; what another user owns it refuses to use,
  * since that user could replace it. Not on platforms without uids (process.getuid).
  */
-import { chmodSync, closeSync, constants, fchmodSync, fstatSync, fsyncSync, ftruncateSync, mkdirSync, openSync, readFileSync, statSync, writeSync } from 'node:fs';
+import { accessSync, chmodSync, closeSync, constants, fchmodSync, fstatSync, fsyncSync, ftruncateSync, mkdirSync, openSync, readFileSync, statSync, writeSync } from 'node:fs';
+import { join } from 'node:path';
 import type { Logger } from './logger.js';
 
 function octal(mode: number): string {
@@ -18,12 +19,19 @@ function octal(mode: number): string {
  * local user could swap `secret.key` or `flashd.db` in it) is set to 0700 when flashd owns it;
  * one that another user owns is refused (thrown): flashd does not change another user's directory.
  */
-export function secureDataDir(dir: string, log: Logger): void {
-  mkdirSync(dir, { recursive: true, mode: 0o700 });
+export function secureDataDir(dir: string, log: Logger, files: readonly string[] = []): void {
   const me = process.getuid?.();
+  const who = me === undefined ? "flashd's user" : `uid ${me}`;
+  try {
+    mkdirSync(dir, { recursive: true, mode: 0o700 });
+  } catch (err) {
+    const code = (err as NodeJS.ErrnoException).code ?? 'error';
+    throw new Error(`cannot create data directory ${dir} as ${who} (${code}): ${(err as Error).message}. Create it for flashd's user (or choose another --data-dir)`);
+  }
   const st = statSync(dir);
   if (!st.isDirectory()) throw new Error(`data directory ${dir} is not a directory`);
   const mode = st.mode & 0o7777;
+  checkWritable(dir, st.uid, mode, who, files);
   if (me === undefined || (mode & 0o022) === 0) return;
   if (st.uid !== me) {
     throw new Error(`data directory ${dir} is writable by group or others (mode ${octal(mode)}) and owned by uid ${st.uid}, not by flashd's user (uid ${me}): `
@@ -31,6 +39,37 @@ export function secureDataDir(dir: string, log: Logger): void {
   }
   chmodSync(dir, 0o700);
   log.warn('data directory was writable by group or others: made owner-only', { dataDir: dir, oldMode: octal(mode), newMode: '0700' });
+}
+
+/**
+ * Throws, naming the path, its owner and mode, when flashd cannot write the directory or one
+ * of `files` in it that exists: SQLite said only "unable to open database file" or "attempt to
+ * write a readonly database". As root this passes (root may write them), unless read-only mounted.
+ */
+function checkWritable(dir: string, owner: number, mode: number, who: string, files: readonly string[]): void {
+  try {
+    accessSync(dir, constants.W_OK | constants.X_OK);
+  } catch (err) {
+    const code = (err as NodeJS.ErrnoException).code ?? 'error';
+    throw new Error(`data directory ${dir} is not writable by ${who} (${code}); it is owned by uid ${owner} with mode ${octal(mode)}. `
+      + `Give flashd's user a directory it can write (chown it to that user, chmod 700), or choose another --data-dir`);
+  }
+  for (const name of files) {
+    const file = join(dir, name);
+    let st;
+    try {
+      st = statSync(file);
+    } catch {
+      continue;
+    }
+    try {
+      accessSync(file, constants.R_OK | constants.W_OK);
+    } catch (err) {
+      const code = (err as NodeJS.ErrnoException).code ?? 'error';
+      throw new Error(`${file} in the data directory is not writable by ${who} (${code}); it is owned by uid ${st.uid} with mode ${octal(st.mode)}. `
+        + `Was flashd run as another user on this directory? chown the directory and its files to flashd's user`);
+    }
+  }
 }
 
 /**

@@ -4,7 +4,7 @@
  * clean shutdown on SIGTERM.
  */
 import t, { type Test } from 'tap';
-import { chmodSync, chownSync, readFileSync, statSync, existsSync, writeFileSync } from 'node:fs';
+import { chmodSync, chownSync, mkdirSync, readFileSync, statSync, existsSync, writeFileSync } from 'node:fs';
 import { spawn } from 'node:child_process';
 import { once } from 'node:events';
 import { createServer } from 'node:net';
@@ -153,6 +153,46 @@ t.test('a data directory others may write: tightened to 0700 with a warning when
   t.match(r.stderr, `flashd: cannot start: data directory ${other} is writable by group or others (mode 0777) and owned by uid 65534`);
   t.equal(statSync(other).mode & 0o7777, 0o777, 'left as it was');
   t.notOk(existsSync(join(other, 'flashd.db')), 'nothing made in it');
+});
+
+t.test('a data directory flashd cannot write: exit 1 naming the path, the uid and the cause, not SQLite\'s bare text', async (t) => {
+  // As root, run flashd as nobody (root may write anything); else as this user.
+  const root = process.getuid?.() === 0;
+  const uid = root ? 65534 : (process.getuid?.() as number);
+  // `env -i`: tap adds its process-info hook to a child's environment, and as nobody the hook failed to write under .tap.
+  const as = (args: string[]) => (root
+    ? run('env', ['-i', `PATH=${process.env['PATH'] ?? '/usr/bin:/bin'}`, 'setpriv', '--reuid', '65534', '--regid', '65534', '--clear-groups', node, BUNDLE, ...args])
+    : run(node, [BUNDLE, ...args]));
+  const parent = testDataDir(t);
+  chmodSync(parent, 0o755);
+  const own = (dir: string) => {
+    mkdirSync(dir);
+    if (root) chownSync(dir, 65534, 65534);
+    return dir;
+  };
+
+  const readOnly = own(join(parent, 'read-only'));
+  chmodSync(readOnly, 0o500);
+  const r1 = as(['--port', '0', '--data-dir', readOnly, '--runtime', 'none']);
+  t.equal(r1.status, 1, 'mode 0500: exit 1');
+  t.equal(r1.stderr, `flashd: cannot start: data directory ${readOnly} is not writable by uid ${uid} (EACCES); it is owned by uid ${uid} with mode 0500. `
+    + 'Give flashd\'s user a directory it can write (chown it to that user, chmod 700), or choose another --data-dir\n');
+  chmodSync(readOnly, 0o700);
+  if (!root) return;
+
+  const rootOwned = join(parent, 'root-owned');
+  mkdirSync(rootOwned, { mode: 0o700 });
+  const r2 = as(['--port', '0', '--data-dir', rootOwned, '--runtime', 'none']);
+  t.equal(r2.status, 1, 'root\'s 0700 directory: exit 1');
+  t.match(r2.stderr, `flashd: cannot start: data directory ${rootOwned} is not writable by uid 65534 (EACCES); it is owned by uid 0 with mode 0700.`);
+
+  // A database left by a run as root: SQLite said "attempt to write a readonly database".
+  const leftByRoot = own(join(parent, 'left-by-root'));
+  writeFileSync(join(leftByRoot, 'flashd.db'), '', { mode: 0o644 });
+  const r3 = as(['--port', '0', '--data-dir', leftByRoot, '--runtime', 'none']);
+  t.equal(r3.status, 1, 'root\'s flashd.db: exit 1');
+  t.match(r3.stderr, `flashd: cannot start: ${join(leftByRoot, 'flashd.db')} in the data directory is not writable by uid 65534 (EACCES); it is owned by uid 0 with mode 0644.`);
+  t.notMatch(r1.stderr + r2.stderr + r3.stderr, /unable to open|readonly database/);
 });
 
 t.test('a SIGTERM while flashd is still starting stops it cleanly once started (exit 0, not 143)', async (t) => {
