@@ -99,9 +99,21 @@ export function createDispatcher(options: DispatcherOptions): (method: string, p
     if (route.scope) requireScope(principal, route.scope);
   };
 
-  const fail = (err: unknown, req: IncomingRequest, headers: Record<string, string> = {}): OutgoingReply => {
+  // Read once: a refusal checks a boolean, and builds the debug line's fields only when it is on.
+  const debug = log.debugEnabled;
+  /**
+   * The problem reply for `err`. With --log-level debug, a 401 or 403 (and any 4xx of a worker
+   * route: a stale attempt, another endpoint's or worker's job) is logged with the reason and
+   * the public id of the key when known: never the key itself or a header.
+   */
+  const fail = (err: unknown, req: IncomingRequest, headers: Record<string, string> = {}, route?: RouteDef, principal?: Principal): OutgoingReply => {
     const e = toAgentError(err);
     if (e.status >= 500) log.error('request failed', { err: e.cause ?? e, requestId: req.id, method: req.method, path: req.path });
+    else if (debug && (e.status === 401 || e.status === 403 || (route?.auth === 'worker' && e.status >= 400))) {
+      log.debug(route?.auth === 'worker' ? 'worker request refused' : 'request refused', {
+        status: e.status, code: e.code, method: req.method, path: req.path, keyId: principal?.keyId, ...e.logFields, reason: e.message, requestId: req.id,
+      });
+    }
     return problemReply(e, req.id, headers);
   };
 
@@ -193,7 +205,7 @@ export function createDispatcher(options: DispatcherOptions): (method: string, p
       } : {}),
       // Not for a route whose errors wait (job-take): an early reply would skip the wait, and a
       // worker re-polling at once would spin. Its body (none is expected) is at most maxBodyBytes.
-      ...((route.auth === 'none' && !route.admit) || route.holdErrorsMs ? {} : { admit: (req: IncomingRequest) => (gate(req) ? undefined : fail(refused, req, rateHeaders)) }),
+      ...((route.auth === 'none' && !route.admit) || route.holdErrorsMs ? {} : { admit: (req: IncomingRequest) => (gate(req) ? undefined : fail(refused, req, rateHeaders, route, principal)) }),
       handle: async (req) => {
         try {
           if (!gated) gate(req);
@@ -239,7 +251,7 @@ export function createDispatcher(options: DispatcherOptions): (method: string, p
           headers['content-type'] ??= 'application/json';
           return { status: result.status, headers, body: typeof result.body === 'string' ? result.body : JSON.stringify(result.body) };
         } catch (err) {
-          const reply = fail(err, req, rateHeaders);
+          const reply = fail(err, req, rateHeaders, route, principal);
           if (route.holdErrorsMs && !req.cancel.aborted) {
             await new Promise<void>((resolve) => {
               const timer = setTimeout(done, route.holdErrorsMs);

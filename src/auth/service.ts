@@ -47,8 +47,12 @@ export interface IssuedKey {
   key: string;
 }
 
-const unauthenticated = (detail: string): AgentError =>
-  new AgentError('UNAUTHENTICATED', detail, { headers: { 'www-authenticate': 'Bearer realm="flashd"' } });
+/** `key`: the stored key it was, when known (revoked, expired): its public id and prefix for the debug log. */
+const unauthenticated = (detail: string, key?: { id: string; prefix?: string }): AgentError =>
+  new AgentError('UNAUTHENTICATED', detail, {
+    headers: { 'www-authenticate': 'Bearer realm="flashd"' },
+    ...(key ? { logFields: key.prefix === undefined ? { keyId: key.id } : { keyId: key.id, keyPrefix: key.prefix } } : {}),
+  });
 
 /** A key that authenticated, as of `generation` of the identity tables. */
 interface CachedKey {
@@ -225,8 +229,8 @@ export class AuthService {
     if (raw !== undefined) {
       const hit = this.#keys.get(cacheToken(raw));
       if (hit !== undefined && hit.generation === this.#repo.generation) {
-        if (this.#suspended.size > 0 && this.#suspended.has(hit.principal.keyId)) throw unauthenticated(REVOKED);
-        if (hit.expiresAt !== null && hit.expiresAt <= this.#clock.now()) throw unauthenticated('The API key has expired.');
+        if (this.#suspended.size > 0 && this.#suspended.has(hit.principal.keyId)) throw unauthenticated(REVOKED, { id: hit.principal.keyId });
+        if (hit.expiresAt !== null && hit.expiresAt <= this.#clock.now()) throw unauthenticated('The API key has expired.', { id: hit.principal.keyId });
         return hit.principal;
       }
     }
@@ -242,7 +246,7 @@ export class AuthService {
     this.#checkUsable(row);
     // A team key acts for the team only while its user belongs to it (spec, Authentication 3).
     if (row.teamId !== null && row.kind === 'user' && !this.#repo.member(row.teamId, row.userId)) {
-      throw unauthenticated('The API key belongs to a team its user is no longer a member of.');
+      throw unauthenticated('The API key belongs to a team its user is no longer a member of.', row);
     }
     const principal: Principal = Object.freeze({
       via: 'key',
@@ -262,8 +266,8 @@ export class AuthService {
   }
 
   #checkUsable(row: ApiKeyRow): void {
-    if (row.revokedAt !== null || this.#suspended.has(row.id)) throw unauthenticated(REVOKED);
-    if (row.expiresAt !== null && row.expiresAt <= this.#clock.now()) throw unauthenticated('The API key has expired.');
+    if (row.revokedAt !== null || this.#suspended.has(row.id)) throw unauthenticated(REVOKED, row);
+    if (row.expiresAt !== null && row.expiresAt <= this.#clock.now()) throw unauthenticated('The API key has expired.', row);
   }
 
   #fromSession(token: string, teamHeader: string | undefined): Principal {

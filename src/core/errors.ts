@@ -41,6 +41,8 @@ export interface AgentErrorOptions {
   /** Extra response headers, e.g. `Retry-After`. */
   headers?: Record<string, string>;
   cause?: unknown;
+  /** Public ids for the server's debug log only (a refused key's id), never in a reply. */
+  logFields?: Record<string, string>;
 }
 
 export class AgentError extends Error {
@@ -50,6 +52,7 @@ export class AgentError extends Error {
   readonly errors: string[] | undefined;
   readonly extensions: Record<string, unknown> | undefined;
   readonly headers: Record<string, string> | undefined;
+  readonly logFields: Record<string, string> | undefined;
 
   constructor(code: ErrorCode, detail: string, options: AgentErrorOptions = {}) {
     super(detail, options.cause === undefined ? undefined : { cause: options.cause });
@@ -60,6 +63,7 @@ export class AgentError extends Error {
     this.errors = options.errors;
     this.extensions = options.extensions;
     this.headers = options.headers;
+    this.logFields = options.logFields;
   }
 }
 

@@ -13,6 +13,11 @@ export interface LogSink {
 }
 
 export interface Logger {
+  /**
+   * True when debug lines are written. Read once by a caller on a hot path, which then builds a
+   * debug line's fields only when it is: a disabled debug line costs one boolean check.
+   */
+  readonly debugEnabled: boolean;
   debug(msg: string, fields?: Record<string, unknown>): void;
   info(msg: string, fields?: Record<string, unknown>): void;
   warn(msg: string, fields?: Record<string, unknown>): void;
@@ -87,6 +92,7 @@ export function createLogger(options: LoggerOptions = {}, bindings: Record<strin
   };
 
   return {
+    debugEnabled: RANK.debug >= threshold,
     debug: (m, f) => emit('debug', m, f),
     info: (m, f) => emit('info', m, f),
     warn: (m, f) => emit('warn', m, f),

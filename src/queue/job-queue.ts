@@ -430,6 +430,8 @@ export class JobQueue {
   readonly #batch: WriteBatch;
   readonly #clock: Clock;
   readonly #log: Logger;
+  /** --log-level debug, read once: each job's lifecycle lines cost this check when off. */
+  readonly #debug: boolean;
   readonly #jobs = new Map<string, Job>();
   readonly #finishedOrder = new Deque<Job>();
   /** Characters of output and error held by the jobs in #finishedOrder (see heldChars). */
@@ -515,6 +517,7 @@ export class JobQueue {
     this.#batch = options.batch;
     this.#clock = options.clock;
     this.#log = options.log;
+    this.#debug = options.log.debugEnabled;
     this.workers = options.workers;
     this.settings = { ...DEFAULT_QUEUE_SETTINGS, ...options.settings };
   }
@@ -646,6 +649,7 @@ export class JobQueue {
       completedAt: null, expiresAt: null, ttlDeadline: this.#clock.monotonic() + input.ttlMs, fencedFrom: null, fencedUntil: 0, queueGen: 0, leaseDeadline: 0, execDeadline: 0, waiters: NO_WAITERS,
     };
     this.#jobs.set(job.id, job);
+    if (this.#debug) this.#log.debug('job submitted', { jobId: job.id, endpointId: job.endpointId, lowPriority: job.lowPriority || undefined, webhook: job.webhook !== null || undefined });
     const q = this.#queue(job.endpointId);
     if (deferInsert) {
       this.#unsavedJobs.push(job);
@@ -850,6 +854,7 @@ export class JobQueue {
     worker.fenced.delete(job.id);
     worker.jobs.add(job.id);
     this.#running.add(job);
+    if (this.#debug) this.#log.debug('job taken by worker', { jobId: job.id, endpointId: job.endpointId, workerId: worker.id, attempt: job.attempt });
     const q = this.#queue(job.endpointId);
     q.inProgress++;
     if (job.lowPriority) q.lowInProgress++;
@@ -993,6 +998,12 @@ export class JobQueue {
       // A late final result (the job timed out or was cancelled, and maybe retried): the worker
       // no longer runs it. Its stop is done, and a /retry fenced from it may go to it now
       // instead of after its pings drop the job (up to a ping interval later).
+      if (this.#debug && outcome !== 'stale' && outcome !== 'unknown') {
+        // stale and unknown are 409/404, logged as refused requests (api/dispatch.ts).
+        this.#log.debug(outcome === 'ended' ? 'worker result discarded: job already ended by flashd' : 'worker result repeated: already recorded', {
+          jobId, endpointId, workerId, progress: body.status === 'IN_PROGRESS' || undefined,
+        });
+      }
       if (body.status !== 'IN_PROGRESS' && (outcome === 'ended' || outcome === 'stale')) {
         this.#stopOver(worker, jobId);
         worker.letGo.add(jobId);
@@ -1539,6 +1550,12 @@ export class JobQueue {
     if (dropExtra) job.extra = null;
     job.completedAt = now;
     job.expiresAt = recorded + job.retentionMs;
+    if (this.#debug) {
+      this.#log.debug('job ended', {
+        jobId: job.id, endpointId: job.endpointId, status, workerId: job.workerId ?? undefined, attempt: job.attempt, by: job.resultBy === null ? 'flashd' : 'worker',
+        ms: job.startedAt === null ? undefined : now - job.startedAt,
+      });
+    }
     // No longer active, so out of the floor walk's set (which is not pruned after a failed commit).
     this.#outOfOrder.delete(job);
     const { id, expiresAt, workerId, attempt, startedAt } = job;
