@@ -39,9 +39,11 @@ t.test('a closed stderr pipe does not end flashd: it goes on serving and stops c
 /**
  * Starts flashd, sends SIGTERM `after` ms after `milestone` appears on its stderr, and reports how it
  * ended. A plain node process watches, not this test: tap's own process, busy with its loader,
- * reacted tens of milliseconds late, after the window that lost the signal had closed. Without
- * tap's coverage settings in its environment too: with them the start's timing moved and the
- * window was missed (no run lost its signal, where 6 of 6 did without them).
+ * reacted tens of milliseconds late, after the window that lost the signal had closed. It is
+ * started through `env -i`: tap's process-info hook wraps child_process.spawn and puts its
+ * `--import` back into every child's NODE_OPTIONS whatever env is given, and that hook adds
+ * signal listeners of its own to flashd, so serve() never removed the last one and no signal was
+ * lost: without the fix, the test then passed.
  */
 const SIGNAL_AT = `
 import { spawn } from 'node:child_process';
@@ -64,9 +66,7 @@ t.test('a SIGTERM sent at each start-up log line, and at steps after the last on
   // 2 to 20 ms after `hardware` on a 2-vCPU host).
   const points: [string, number][] = [['store created', 0], ['hardware', 0], ['hardware', 2], ['hardware', 5], ['hardware', 10], ['hardware', 20], ['flashd listening', 0]];
   for (const [milestone, after] of points) {
-    const env = cleanEnv();
-    for (const k of Object.keys(env)) if (k === 'NODE_V8_COVERAGE' || k.startsWith('_TAPJS_')) delete env[k];
-    const watcher = spawn(node, ['--input-type=module', '-e', SIGNAL_AT, BUNDLE, milestone, String(after), testDataDir(t)], { env, stdio: ['ignore', 'pipe', 'inherit'] });
+    const watcher = spawn('env', ['-i', `PATH=${process.env.PATH ?? ''}`, node, '--input-type=module', '-e', SIGNAL_AT, BUNDLE, milestone, String(after), testDataDir(t)], { stdio: ['ignore', 'pipe', 'inherit'] });
     let out = '';
     watcher.stdout.on('data', (c: Buffer) => (out += c.toString()));
     await once(watcher, 'exit');
