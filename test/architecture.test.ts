@@ -24,6 +24,8 @@ const ROOT_FILES = ['app.ts', 'main.ts'];
  * folder (every file in it) or a root file.
  */
 const INDEX_EXCEPTIONS: readonly string[] = [
+  // The signal listeners, loaded before everything else (ARCHITECTURE.md "Through index.ts").
+  'main.ts -> src/cli/signals.ts',
 ];
 
 /** (d) packages that only their adapter folder may import for values (types are free). */

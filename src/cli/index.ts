@@ -6,6 +6,7 @@ import { configHelp, loadConfig } from '../config/index.js';
 import { AgentError } from '../core/errors.js';
 import { survivePipeLoss } from '../core/logger.js';
 import { serve } from './serve.js';
+import { defaultSignals } from './signals.js';
 import { workerEnvCommand } from './worker-env.js';
 
 const USAGE = `flashd: self-hosted serverless GPU endpoints
@@ -32,7 +33,10 @@ Exit codes: 0 clean shutdown, 1 runtime failure, 2 invalid usage or configuratio
 export async function main(argv: readonly string[], env: NodeJS.ProcessEnv, version: string): Promise<number> {
   survivePipeLoss();
   const args = [...argv];
-  if (args[0] === 'worker-env') return workerEnvCommand(args.slice(1), env);
+  if (args[0] === 'worker-env') {
+    defaultSignals();
+    return workerEnvCommand(args.slice(1), env);
+  }
   if (args.includes('--help') || args.includes('-h') || args[0] === 'help') {
     process.stdout.write(USAGE);
     return 0;

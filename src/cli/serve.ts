@@ -1,5 +1,6 @@
 import { createAgent, type Agent } from '../app.js';
 import type { FlashdConfig } from '../config/index.js';
+import { listenForSignals, onStopSignal } from './signals.js';
 
 /** How long a second signal waits for the engine to remove flashd's containers before exiting. */
 const KILL_NOW_BOUND_MS = 5000;
@@ -11,21 +12,9 @@ const KILL_NOW_BOUND_MS = 5000;
  * flashd is still starting stops it as soon as it has started.
  */
 export async function serve(config: FlashdConfig): Promise<number> {
-  // One listener per signal for flashd's whole life, added before the start, which takes a while
-  // (migrations, recovery, hardware): a signal then would otherwise take Node's default action,
-  // exit 143 with nothing closed. It stops flashd once it has started; a second one during the
-  // start exits 1 at once. Never removed: removing the last listener closes libuv's signal
-  // handle, and a signal it had caught but not yet delivered (the loop had not turned since: the
-  // end of the start runs without one) was dropped with it, so flashd kept running.
-  let early: string | undefined;
-  let onStop: ((signal: string) => void) | undefined;
-  const onSignal = (signal: string) => {
-    if (onStop !== undefined) return onStop(signal);
-    if (early !== undefined) process.exit(1);
-    early = signal;
-  };
-  process.on('SIGINT', () => onSignal('SIGINT'));
-  process.on('SIGTERM', () => onSignal('SIGTERM'));
+  // The signal listeners are flashd's whole life (cli/signals.ts): one that comes while flashd is
+  // still starting is held, and handed to `stop` below once it has started.
+  listenForSignals();
   let agent: Agent;
   try {
     agent = await createAgent({ config });
@@ -63,7 +52,6 @@ export async function serve(config: FlashdConfig): Promise<number> {
         stopped(1);
       });
     };
-    onStop = stop;
-    if (early !== undefined) stop(early);
+    onStopSignal(stop);
   });
 }

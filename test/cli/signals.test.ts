@@ -4,6 +4,9 @@
  */
 import t from 'tap';
 import { existsSync, readFileSync, statSync } from 'node:fs';
+import { open } from 'node:fs/promises';
+import { createServer } from 'node:net';
+import { execFileSync } from 'node:child_process';
 import { spawn } from 'node:child_process';
 import { once } from 'node:events';
 import { join } from 'node:path';
@@ -78,4 +81,51 @@ t.test('a SIGTERM sent at each start-up log line, and at steps after the last on
     t.match(r.stderr, /shutting down signal=SIGTERM/, `${what}: shutting down`);
     t.match(r.stderr.trimEnd().split('\n').at(-1), /info +stopped ms=\d+ exitCode=0$/, `${what}: stopped is the last line`);
   }
+});
+
+/** `node args…` as its own process, through `env -i` (tap's spawn hook adds signal listeners: see SIGNAL_AT). */
+function bare(args: string[], env: Record<string, string> = {}) {
+  const vars = Object.entries({ PATH: process.env.PATH ?? '', ...env }).map(([k, v]) => `${k}=${v}`);
+  const child = spawn('env', ['-i', ...vars, node, ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
+  let stderr = '';
+  child.stderr.on('data', (c: Buffer) => (stderr += c.toString()));
+  const ended = once(child, 'exit').then(([code, signal]) => ({ code: code as number | null, signal: signal as string | null, stderr }));
+  return { child, ended };
+}
+
+t.test('a SIGTERM while flashd is still loading, before it has read its settings, stops it once started (exit 0), not by the signal', async (t) => {
+  // The listeners come first in main.ts, before the CLI and app are loaded and the settings read.
+  // A --config FIFO holds flashd in loadConfig, after main.ts has run and before serve(): the
+  // SIGTERM sent there used to take Node's default action (killed, status 143, nothing closed).
+  const dir = testDataDir(t);
+  const fifo = join(dir, 'config.fifo');
+  execFileSync('mkfifo', [fifo]);
+  const f = bare([BUNDLE, '--config', fifo, '--port', '0', '--data-dir', join(dir, 'data'), '--runtime', 'none']);
+  // Opening the FIFO for writing completes once flashd has opened it to read its settings.
+  const writer = await Promise.race([open(fifo, 'w'), f.ended.then((r) => { throw new Error(`flashd ended before reading its config: ${JSON.stringify(r)}`); })]);
+  f.child.kill('SIGTERM');
+  await writer.writeFile('{}');
+  await writer.close();
+  const r = await f.ended;
+  t.equal(r.signal, null, `not ended by the signal\n${r.stderr}`);
+  t.equal(r.code, 0, 'exit 0');
+  t.match(r.stderr, /shutting down signal=SIGTERM/, 'it started, then stopped for the signal');
+  t.match(r.stderr.trimEnd().split('\n').at(-1), /info +stopped ms=\d+ exitCode=0$/, 'stopped is the last line');
+});
+
+t.test('flashd worker-env gives signals back: a SIGTERM while it waits for an answer ends it at once', async (t) => {
+  // Not held for a serve() that never comes (the listeners main.ts adds hold a signal until a
+  // command claims it): worker-env would then wait out its timeout, 20 s here.
+  const sockets: import('node:net').Socket[] = [];
+  const silent = createServer((s) => sockets.push(s));
+  silent.listen(0, '127.0.0.1');
+  await once(silent, 'listening');
+  t.teardown(() => { for (const s of sockets) s.destroy(); silent.close(); });
+  const port = (silent.address() as import('node:net').AddressInfo).port;
+  const w = bare([BUNDLE, 'worker-env', 'ep', '--url', `http://127.0.0.1:${port}`], { FLASHD_API_KEY: 'k'.repeat(24), FLASHD_WORKER_ENV_TIMEOUT_MS: '20000' });
+  await once(silent, 'connection');
+  const sent = Date.now();
+  w.child.kill('SIGTERM');
+  const r = await w.ended;
+  t.equal(r.signal, 'SIGTERM', `ended by the signal, as Node's default action does (${Date.now() - sent} ms after it)\n${r.stderr}`);
 });

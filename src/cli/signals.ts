@@ -1,0 +1,63 @@
+/**
+ * flashd's SIGINT and SIGTERM listeners: added by main.ts before the rest of flashd is loaded
+ * (which takes a while: the bundle's modules, schemas, native addons) and never removed.
+ *
+ * - Before a command has claimed them, a signal is held; a second one exits 1 at once.
+ * - `flashd serve` claims them (onStopSignal): a held signal is handed over at once, so one sent
+ *   at any point of the start stops flashd once it has started.
+ * - Other commands give them back (defaultSignals): a signal then ends the process as Node's
+ *   default action would, and a held one does so at once.
+ *
+ * Never removed while serving: removing a signal's last listener closes libuv's handle for it,
+ * and a signal it had caught but not yet delivered (the loop had not turned since) is dropped
+ * with it. This module imports nothing, so main.ts can load it first.
+ */
+type StopSignal = 'SIGINT' | 'SIGTERM';
+
+let installed = false;
+let held: StopSignal | undefined;
+let handler: ((signal: StopSignal) => void) | undefined;
+let defaultAction = false;
+
+const onSigint = () => onSignal('SIGINT');
+const onSigterm = () => onSignal('SIGTERM');
+
+function onSignal(signal: StopSignal): void {
+  if (handler !== undefined) return handler(signal);
+  if (defaultAction) return raise(signal);
+  if (held !== undefined) process.exit(1);
+  held = signal;
+}
+
+/** Ends the process by `signal` as Node's default action would (status 128 + n to a shell). */
+function raise(signal: StopSignal): void {
+  process.off('SIGINT', onSigint);
+  process.off('SIGTERM', onSigterm);
+  process.kill(process.pid, signal);
+}
+
+/** Adds the listeners (once). main.ts calls it first; serve() again, for callers that skip main.ts. */
+export function listenForSignals(): void {
+  if (installed) return;
+  installed = true;
+  process.on('SIGINT', onSigint);
+  process.on('SIGTERM', onSigterm);
+}
+
+/** From now on each signal goes to `stop`; one held since the start is handed over at once. */
+export function onStopSignal(stop: (signal: StopSignal) => void): void {
+  listenForSignals();
+  handler = stop;
+  if (held !== undefined) {
+    const signal = held;
+    held = undefined;
+    stop(signal);
+  }
+}
+
+/** For commands other than serve: signals take Node's default action again, a held one at once. */
+export function defaultSignals(): void {
+  if (!installed || handler !== undefined) return;
+  defaultAction = true;
+  if (held !== undefined) raise(held);
+}
