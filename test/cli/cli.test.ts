@@ -4,7 +4,8 @@
  * clean shutdown on SIGTERM.
  */
 import t, { type Test } from 'tap';
-import { chmodSync, chownSync, mkdirSync, readFileSync, statSync, existsSync, writeFileSync } from 'node:fs';
+import { chmodSync, chownSync, mkdirSync, mkdtempSync, readFileSync, rmSync, statSync, existsSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import { spawn } from 'node:child_process';
 import { once } from 'node:events';
 import { createServer } from 'node:net';
@@ -160,10 +161,17 @@ t.test('a data directory flashd cannot write: exit 1 naming the path, the uid an
   const root = process.getuid?.() === 0;
   const uid = root ? 65534 : (process.getuid?.() as number);
   // `env -i`: tap adds its process-info hook to a child's environment, and as nobody the hook failed to write under .tap.
+  // CAP_DAC_READ_SEARCH (read and search, never write): nobody can then load the bundle from a
+  // checkout in a directory only root may enter (a clone under /root or a mktemp -d), while
+  // writes keep nobody's own permissions, which is what the test is about.
   const as = (args: string[]) => (root
-    ? run('env', ['-i', `PATH=${process.env['PATH'] ?? '/usr/bin:/bin'}`, 'setpriv', '--reuid', '65534', '--regid', '65534', '--clear-groups', node, BUNDLE, ...args])
+    ? run('env', ['-i', `PATH=${process.env['PATH'] ?? '/usr/bin:/bin'}`, 'setpriv', '--reuid', '65534', '--regid', '65534', '--clear-groups', '--inh-caps=+dac_read_search', '--ambient-caps=+dac_read_search', node, BUNDLE, ...args])
     : run(node, [BUNDLE, ...args]));
-  const parent = testDataDir(t);
+  // In the system's temporary directory, not under the checkout: nobody must be able to reach the
+  // data directories through every parent (access(2) checks as the real user, without the
+  // capability above), or every case would fail on the path instead of on the directory tested.
+  const parent = mkdtempSync(join(tmpdir(), 'flashd-perm-'));
+  t.teardown(() => rmSync(parent, { recursive: true, force: true }));
   chmodSync(parent, 0o755);
   const own = (dir: string) => {
     mkdirSync(dir);
