@@ -243,31 +243,12 @@ class SyncHandlerTest(ServeApiCase):
         self.assertNotIn("s3cr3t", out)
 
     def test_webhook_gets_the_output(self):
-        got = []
-        done = threading.Event()
-
-        class Hook(BaseHTTPRequestHandler):
-            def do_POST(self):
-                got.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-                self.send_response(200)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-                done.set()
-
-            def log_message(self, *args):
-                pass
-
-        hook = ThreadingHTTPServer(("127.0.0.1", 0), Hook)
-        threading.Thread(target=hook.serve_forever, daemon=True).start()
-        try:
-            url = f"http://127.0.0.1:{hook.server_address[1]}/hook"
-            status, answer = self.server.request("POST", "/runsync", {"input": {"w": 1}, "webhook": url})
-            self.assertEqual(status, 200)
-            self.assertTrue(done.wait(10), self.server.output())
-            self.assertEqual(got, [{"output": answer["output"]}])
-        finally:
-            hook.shutdown()
-            hook.server_close()
+        port, got, done = self.start_hook()
+        url = f"http://127.0.0.1:{port}/hook"
+        status, answer = self.server.request("POST", "/runsync", {"input": {"w": 1}, "webhook": url})
+        self.assertEqual(status, 200)
+        self.assertTrue(done.wait(10), self.server.output())
+        self.assertEqual(got, [("/hook", None, {"output": answer["output"]})])
 
     def test_a_failed_webhook_is_logged_without_its_query(self):
         # a webhook URL often carries its credential in the query (?token=...): never in the log
