@@ -10,6 +10,11 @@ import { accessSync, chmodSync, closeSync, constants, fchmodSync, fstatSync, fsy
 import { join } from 'node:path';
 import type { Logger } from './logger.js';
 
+/** The errno code of a failed fs call (`EACCES`), for a message. */
+function errnoCode(err: unknown): string {
+  return (err as NodeJS.ErrnoException).code ?? 'error';
+}
+
 function octal(mode: number): string {
   return '0' + (mode & 0o7777).toString(8).padStart(3, '0');
 }
@@ -25,8 +30,7 @@ export function secureDataDir(dir: string, log: Logger, files: readonly string[]
   try {
     mkdirSync(dir, { recursive: true, mode: 0o700 });
   } catch (err) {
-    const code = (err as NodeJS.ErrnoException).code ?? 'error';
-    throw new Error(`cannot create data directory ${dir} as ${who} (${code}): ${(err as Error).message}. Create it for flashd's user (or choose another --data-dir)`);
+    throw new Error(`cannot create data directory ${dir} as ${who} (${errnoCode(err)}): ${(err as Error).message}. Create it for flashd's user (or choose another --data-dir)`);
   }
   const st = statSync(dir);
   if (!st.isDirectory()) throw new Error(`data directory ${dir} is not a directory`);
@@ -50,8 +54,7 @@ function checkWritable(dir: string, owner: number, mode: number, who: string, fi
   try {
     accessSync(dir, constants.W_OK | constants.X_OK);
   } catch (err) {
-    const code = (err as NodeJS.ErrnoException).code ?? 'error';
-    throw new Error(`data directory ${dir} is not writable by ${who} (${code}); it is owned by uid ${owner} with mode ${octal(mode)}. `
+    throw new Error(`data directory ${dir} is not writable by ${who} (${errnoCode(err)}); it is owned by uid ${owner} with mode ${octal(mode)}. `
       + `Give flashd's user a directory it can write (chown it to that user, chmod 700), or choose another --data-dir`);
   }
   for (const name of files) {
@@ -65,8 +68,7 @@ function checkWritable(dir: string, owner: number, mode: number, who: string, fi
     try {
       accessSync(file, constants.R_OK | constants.W_OK);
     } catch (err) {
-      const code = (err as NodeJS.ErrnoException).code ?? 'error';
-      throw new Error(`${file} in the data directory is not writable by ${who} (${code}); it is owned by uid ${st.uid} with mode ${octal(st.mode)}. `
+        throw new Error(`${file} in the data directory is not writable by ${who} (${errnoCode(err)}); it is owned by uid ${st.uid} with mode ${octal(st.mode)}. `
         + `Was flashd run as another user on this directory? chown the directory and its files to flashd's user`);
     }
   }

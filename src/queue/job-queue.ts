@@ -1851,9 +1851,8 @@ export class JobQueue {
 
   /**
    * Webhooks a stop or a crash left undelivered (read at start): each job's id, URL and the tries
-   * it made (none of them a 2xx), read
-   * without its input or output (thousands may be owed; a body is built when its delivery's
-   * turn comes, webhookBody). A result that expired meanwhile is still there for it (the expiry
+   * it made (none of them a 2xx), read without its input or output (thousands may be owed; a body
+   * is built when its delivery's turn comes, webhookBody). A result that expired meanwhile is still there for it (the expiry
    * sweep keeps rows owed a webhook), and so is one whose endpoint was deleted (its row goes
    * once the delivery settles). An owed row whose job is gone (deleted by a version before
    * deletion kept them) is dropped.

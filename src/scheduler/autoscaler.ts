@@ -409,14 +409,16 @@ export class Autoscaler {
             this.#kept.delete(result.workerId);
             this.#o.auth.resumeKey(reused.keyId);
           }
-          this.#o.auth.revokeKeyById(m?.keyId ?? keyRow.id);
-          if (result.reused && m?.keyId !== keyRow.id) this.#o.auth.revokeKeyById(keyRow.id);
+          // What runs keeps its key (a reused worker's own, a new container's fresh one); every
+          // other key of this start (the announced worker's, the unused fresh one) goes.
+          const runningKey = result.reused ? reused?.keyId : keyRow.id;
+          for (const k of new Set([m?.keyId ?? keyRow.id, keyRow.id])) if (k !== runningKey) this.#o.auth.revokeKeyById(k);
           this.#managed.delete(announced);
           this.#o.queue.workers.remove(endpointId, announced);
           this.#placement.release(announced);
           this.#placement.reserve(endpointId, result.workerId, spec);
           ref.id = result.workerId;
-          this.#managed.set(result.workerId, { endpointId, keyId: result.reused ? reused?.keyId ?? keyRow.id : keyRow.id, stopping: false, runningSince });
+          this.#managed.set(result.workerId, { endpointId, keyId: runningKey ?? keyRow.id, stopping: false, runningSince });
           this.#unhealthy.delete(result.workerId);
           this.#o.queue.workers.launched(endpointId, result.workerId);
           this.#o.logs.append(endpointId, result.workerId, 'system', result.reused
