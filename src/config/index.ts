@@ -56,6 +56,8 @@ interface OptionSchema {
   'x-flag'?: string;
   'x-env'?: string;
   'x-secret'?: boolean;
+  /** What a value failing `pattern` should look like, said instead of the regular expression. */
+  'x-pattern-hint'?: string;
 }
 
 type SettingKey = Exclude<keyof FlashdConfig, 'containerSocketCandidates'>;
@@ -214,7 +216,7 @@ export function closestSetting(name: string): string | undefined {
 
 // No meta-schema check at start (see core/schemas.ts; the test checks config.schema.json too).
 const ajv = new Ajv2020({ useDefaults: true, allErrors: true, strict: true, allowUnionTypes: true, validateSchema: false });
-ajv.addVocabulary(['x-flag', 'x-env', 'x-secret']);
+ajv.addVocabulary(['x-flag', 'x-env', 'x-secret', 'x-pattern-hint']);
 const validateConfig = ajv.compile(configSchema);
 
 /**
@@ -272,14 +274,22 @@ export function loadConfig(input: LoadConfigInput = {}): FlashdConfig {
       }
       const key = e.instancePath.slice(1);
       const where = key && sources[key] ? `${sources[key]}: ` : '';
-      // ajv's "must be equal to one of the allowed values" leaves the user guessing which.
+      // ajv's "must be equal to one of the allowed values" leaves the user guessing which, and
+      // "must match pattern" shows a regular expression; each names what is wanted instead (the
+      // value is not echoed: a URL may carry credentials).
+      const shape = e.keyword === 'pattern' && Object.hasOwn(properties, key) ? properties[key as SettingKey]['x-pattern-hint'] : undefined;
       const message = e.keyword === 'enum'
         ? `must be one of: ${((e.params as { allowedValues?: unknown[] }).allowedValues ?? []).map(String).join(', ')}`
-        : e.message ?? 'is invalid';
+        : shape !== undefined ? `must be ${shape}` : e.message ?? 'is invalid';
       errors.push(`${where}${key || 'config'} ${message}`);
     }
   }
   if (errors.length) throw new AgentError('VALIDATION_FAILED', `invalid configuration: ${errors.join('; ')}`, { errors });
+  // `http://10.0.0.5:8000/` is how a base URL is often written; the URLs built on it add their own `/`.
+  for (const key of ['publicUrl', 'workerUrl'] as const) {
+    const url = merged[key];
+    if (typeof url === 'string' && url.endsWith('/')) merged[key] = url.slice(0, -1);
+  }
   merged['containerSocketCandidates'] = Object.freeze(containerSocketCandidates(merged['containerSocket'], env));
   return Object.freeze(merged) as unknown as FlashdConfig;
 }

@@ -100,18 +100,32 @@ t.test('every bad value is listed, with where it came from', async (t) => {
   t.ok(errors.includes('flag --log-level: logLevel must be one of: debug, info, warn, error, silent'), 'bad enum flag, with the allowed values');
   t.ok(errors.some((e) => /^env FLASHD_RATE_LIMIT_HOUR: rateLimitHour must be >= 1/.test(e)), 'out-of-range env');
   t.ok(errors.some((e) => /^env FLASHD_RATE_LIMIT_DAY: .*integer/.test(e)), 'unparseable env');
-  t.ok(errors.some((e) => /^env FLASHD_PUBLIC_URL: publicUrl must match pattern/.test(e)), 'bad pattern env');
+  t.ok(errors.includes('env FLASHD_PUBLIC_URL: publicUrl must be scheme://host[:port] (http or https), without a path, query or credentials, e.g. http://192.168.1.20:8000'),
+    'bad pattern env, said as the form wanted, not as a regular expression');
   t.match(err.message, /^invalid configuration: /);
   for (const [argv, re] of [
     [['--port', '-1'], /port must be >= 0/],
     [['--port', '80.5'], /integer/],
     [['--host', ''], /host must NOT have fewer than 1 characters/],
     [['--endpoint-scheme', 'ftp'], /endpointScheme must be one of: http, https$/],
-    [['--data-center-id', 'has space'], /dataCenterId must match pattern/],
+    [['--data-center-id', 'has space'], /dataCenterId must be 1 to 32 letters, digits or hyphens/],
+    [['--endpoint-host', 'http://lb.example.com'], /endpointHost must be host\[:port\], without a scheme or path/],
     [['--max-body-bytes', '10'], /maxBodyBytes must be >= 1024/],
   ] as [string[], RegExp][]) {
     t.match(failure(() => loadConfig({ argv })).message, re, argv.join(' '));
   }
+});
+
+t.test('base URLs: a trailing slash is dropped; a path, query or credentials are refused without echoing them', async (t) => {
+  const config = loadConfig({ argv: ['--public-url', 'http://192.168.1.20:8000/'], env: { FLASHD_WORKER_URL: 'https://[fd00::2]:8443/' } });
+  t.equal(config.publicUrl, 'http://192.168.1.20:8000', 'publicUrl without its trailing slash');
+  t.equal(config.workerUrl, 'https://[fd00::2]:8443', 'workerUrl (IPv6) without its trailing slash');
+  t.equal(loadConfig({ argv: ['--public-url', 'https://gpu.example.com'] }).publicUrl, 'https://gpu.example.com', 'no slash: as given');
+  for (const bad of ['http://user:secret@gpu.example.com', 'http://gpu.example.com/v2', 'http://gpu.example.com?x=1', 'http://gpu.example.com//', 'gpu.example.com:8000']) {
+    const err = failure(() => loadConfig({ argv: ['--public-url', bad] }));
+    t.equal(err.message, 'invalid configuration: flag --public-url: publicUrl must be scheme://host[:port] (http or https), without a path, query or credentials, e.g. http://192.168.1.20:8000', bad);
+  }
+  t.notMatch(failure(() => loadConfig({ env: { FLASHD_WORKER_URL: 'http://user:secret@10.0.0.1' } })).message, /secret/, 'the credentials are not echoed');
 });
 
 t.test('unknown flags and missing values', async (t) => {
