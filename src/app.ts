@@ -85,8 +85,10 @@ function createContainerRuntime(config: FlashdConfig, dataDir: string, log: Logg
   const socketPath = findEngineSocket(config.containerSocketCandidates);
   const looked = config.containerSocketCandidates.join(', ');
   if (socketPath === null) {
-    if (config.runtime === 'docker') throw new Error(`--runtime docker: no Docker Engine API socket found (looked at ${looked}); set --container-socket`);
-    log.info('no container engine socket found: runtime none, flashd starts no workers', { looked });
+    // A DOCKER_HOST of tcp:// or ssh:// is passed over (flashd speaks to a local unix socket only): say so.
+    const skipped = config.dockerHostSkipped === null ? '' : `DOCKER_HOST (${config.dockerHostSkipped}) is not used: flashd needs the engine's unix socket`;
+    if (config.runtime === 'docker') throw new Error(`--runtime docker: no Docker Engine API socket found (looked at ${looked}${skipped ? `; ${skipped}` : ''}); set --container-socket`);
+    log.info('no container engine socket found: runtime none, flashd starts no workers', { looked, ...(skipped ? { skipped } : {}) });
     return null;
   }
   return new ContainerRuntime({

@@ -46,6 +46,11 @@ export interface FlashdConfig {
    * and rootful Podman paths, and rootless Podman's under $XDG_RUNTIME_DIR.
    */
   readonly containerSocketCandidates: readonly string[];
+  /**
+   * Derived: the scheme of a `$DOCKER_HOST` that is not `unix://` (`tcp://`, `ssh://`), which
+   * flashd does not use, so the "no engine found" line can say why it was passed over; else null.
+   */
+  readonly dockerHostSkipped: string | null;
 }
 
 interface OptionSchema {
@@ -60,14 +65,14 @@ interface OptionSchema {
   'x-pattern-hint'?: string;
 }
 
-type SettingKey = Exclude<keyof FlashdConfig, 'containerSocketCandidates'>;
+type SettingKey = Exclude<keyof FlashdConfig, 'containerSocketCandidates' | 'dockerHostSkipped'>;
 const properties = configSchema.properties as unknown as Record<SettingKey, OptionSchema>;
 
 export interface LoadConfigInput {
   argv?: readonly string[];
   env?: Readonly<Record<string, string | undefined>>;
   /** Values that win over everything (tests). */
-  overrides?: Partial<Omit<FlashdConfig, 'containerSocketCandidates'>>;
+  overrides?: Partial<Omit<FlashdConfig, 'containerSocketCandidates' | 'dockerHostSkipped'>>;
 }
 
 function containerSocketCandidates(explicit: unknown, env: Readonly<Record<string, string | undefined>>): string[] {
@@ -291,6 +296,9 @@ export function loadConfig(input: LoadConfigInput = {}): FlashdConfig {
     if (typeof url === 'string' && url.endsWith('/')) merged[key] = url.slice(0, -1);
   }
   merged['containerSocketCandidates'] = Object.freeze(containerSocketCandidates(merged['containerSocket'], env));
+  // Only the scheme: the rest of the address may name a user (ssh://user@host).
+  const dockerHost = env['DOCKER_HOST'];
+  merged['dockerHostSkipped'] = merged['containerSocket'] == null && dockerHost && !dockerHost.startsWith('unix://') ? /^[A-Za-z][A-Za-z0-9+.-]*:\/\//.exec(dockerHost)?.[0] ?? 'not a URL' : null;
   return Object.freeze(merged) as unknown as FlashdConfig;
 }
 

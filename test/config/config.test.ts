@@ -194,3 +194,16 @@ t.test('configHelp describes every option', async (t) => {
     t.ok(help.includes(flag), `${flag} in --help`);
   }
 });
+
+t.test('engine sockets: $DOCKER_HOST unix:// is a candidate; another scheme is named as passed over, without its address', async (t) => {
+  const unix = loadConfig({ env: { DOCKER_HOST: 'unix:///srv/docker.sock' } });
+  t.same(unix.containerSocketCandidates.slice(0, 1), ['/srv/docker.sock']);
+  t.equal(unix.dockerHostSkipped, null);
+  const tcp = loadConfig({ env: { DOCKER_HOST: 'tcp://10.0.0.9:2375' } });
+  t.equal(tcp.dockerHostSkipped, 'tcp://', 'tcp:// passed over');
+  t.notOk(tcp.containerSocketCandidates.some((c) => c.includes('10.0.0.9')), 'and not a candidate');
+  t.equal(loadConfig({ env: { DOCKER_HOST: 'ssh://admin@gpu-box' } }).dockerHostSkipped, 'ssh://', 'the user name in it is not kept');
+  t.equal(loadConfig({ env: { DOCKER_HOST: 'tcp://10.0.0.9:2375' }, argv: ['--container-socket', '/run/podman/podman.sock'] }).dockerHostSkipped, null,
+    'not asked about when --container-socket names the socket');
+  t.equal(loadConfig({ env: {} }).dockerHostSkipped, null);
+});
