@@ -11,6 +11,8 @@ import type { FlashdConfig } from './config/index.js';
 import { systemClock, type Clock } from './core/clock.js';
 import { createLogger, type LogSink, type Logger } from './core/logger.js';
 import { createOwnerOnlyFile, readOwnerOnlyFile, secureDataDir, writeOwnerOnlyFile } from './core/data-dir.js';
+import { storageFailureCode } from './core/errors.js';
+import { FailureStreak } from './core/failure-streak.js';
 import { createSecretBox } from './core/secret-box.js';
 import { EndpointService, type PublicUrls } from './endpoints/index.js';
 import { createHttpServer, type HttpServer } from './http/index.js';
@@ -156,11 +158,22 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
     // The queue job API: RunPod's per-endpoint quotas, scaled by --job-rate-limit-percent (auth/job-rate-limit.ts).
     const jobRateLimiter = new JobRateLimiter(clock, config.jobRateLimitPercent);
 
+    // A full disk or an I/O error fails every write until it is fixed: the first failure is
+    // logged in full, then a count at most once a minute (a client retrying in a loop must not
+    // fill the log); the requests refused for it (503, api/dispatch.ts) count here too.
+    const storeLog = log.child({ component: 'store' });
+    const storeFailures = new FailureStreak(storeLog, 'store write failed', {
+      level: 'error', everyMs: 60_000, recovered: 'store writes work again', now: () => clock.monotonic(),
+    });
     // Jobs: group commit, queue, webhooks, logs, autoscaler.
     const batch = new WriteBatch(db, {
       durability: config.sqliteSynchronous === 'full' ? 'fsync' : 'none',
       walPath: walPathOf(dataDir),
-      onError: (err) => log.error('store commit failed', { err }),
+      onError: (err) => {
+        if (storageFailureCode(err)) storeFailures.fail(err, { dataDir });
+        else log.error('store commit failed', { err });
+      },
+      onCommitted: () => storeFailures.ok(),
     });
     closers.push(() => batch.close());
     const queueLog = log.child({ component: 'queue' });
@@ -289,15 +302,33 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
     });
     const reapEvery = Math.max(100, Math.min(1000, Math.floor(config.leaseMs / 4)));
     // Free pages (expired results, deleted endpoints) back to the filesystem, a slice per commit.
-    const reclaimer = new SpaceReclaimer(db, batch, log.child({ component: 'store' }));
+    const reclaimer = new SpaceReclaimer(db, batch, storeLog);
+    /**
+     * A timer's work, where a throw is logged, never the end of the process: on a full disk or
+     * after an I/O error the checkpoint fails every time (it must grow flashd.db), and with no
+     * handler one throw killed flashd within 10 s of every start. Warned once per streak of
+     * failures, and told when it works again.
+     */
+    const guarded = (timerLog: Logger, what: string, fn: () => void): (() => void) => {
+      const streak = new FailureStreak(timerLog, `${what} failed; tried again on its timer`, { level: 'warn', recovered: `${what} works again` });
+      return () => {
+        try {
+          fn();
+        } catch (err) {
+          streak.fail(err, { dataDir });
+          return;
+        }
+        streak.ok();
+      };
+    };
     const timers = [
-      setInterval(() => queue.reap(), reapEvery),
+      setInterval(guarded(queueLog, 'job lease check', () => queue.reap()), reapEvery),
       // Every second, so /health's finished counts fall as results expire (a read when nothing is due).
-      setInterval(() => queue.expire(), 1000),
+      setInterval(guarded(queueLog, 'job expiry', () => queue.expire()), 1000),
       // Checkpoints off the request path (perf-anchors §3b note b).
-      setInterval(() => db.pragma('wal_checkpoint(PASSIVE)'), 10_000),
+      setInterval(guarded(storeLog, 'store checkpoint', () => db.pragma('wal_checkpoint(PASSIVE)')), 10_000),
       // A read of two header fields when there is nothing worth giving back.
-      setInterval(() => reclaimer.check(), 1000),
+      setInterval(guarded(storeLog, 'store space reclaim check', () => reclaimer.check()), 1000),
     ];
     for (const t of timers) t.unref();
     closers.push(() => {
@@ -308,7 +339,7 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
     const api = createApi({
       services: { endpoints, auth, urls, dataCenters: () => dataCenters, inventory: () => ledger.inventory(), version: VERSION,
         commandsRunOnHost: config.runtime === 'process' },
-      auth, rateLimiter, jobRateLimiter, log: log.child({ component: 'api' }), maxBodyBytes: config.maxBodyBytes,
+      auth, rateLimiter, jobRateLimiter, log: log.child({ component: 'api' }), storeFailures, maxBodyBytes: config.maxBodyBytes,
       extraRoutes: [
         ...jobRoutes({ queue, endpoints, now: () => clock.now(), webhookAllowPrivate: config.webhookAllowPrivate }),
         ...workerRoutes({

@@ -10,7 +10,8 @@
  */
 import { isUtf8 } from 'node:buffer';
 import { JOB_RATE_WINDOW_SECONDS, requireScope, type AuthService, type JobRateGroup, type JobRateLimiter, type Principal, type RateLimiter } from '../auth/index.js';
-import { AgentError } from '../core/errors.js';
+import { AgentError, storageFailureCode } from '../core/errors.js';
+import type { FailureStreak } from '../core/failure-streak.js';
 import type { Logger } from '../core/logger.js';
 import type { IncomingRequest, OutgoingReply, RouteDecision } from '../http/index.js';
 import { problemReply, toAgentError } from './problem.js';
@@ -26,6 +27,12 @@ export interface DispatcherOptions {
   /** The owner (user or team id) of an endpoint, or undefined when there is none. */
   endpointOwner(endpointId: string): string | undefined;
   log: Logger;
+  /**
+   * Where a request refused because the database could not be written (a 503: full disk, I/O
+   * error) is logged: the first of a streak in full, then a count at most once a minute, so a
+   * client retrying in a loop cannot flood the log. The store's own commit failures count there too.
+   */
+  storeFailures: FailureStreak;
   maxBodyBytes: number;
   /** A host-based handler (load-balancing endpoints) tried before the route table. */
   hostHandler?: (method: string, path: string, headers: Readonly<Record<string, string>>) => RouteDecision | undefined;
@@ -59,7 +66,7 @@ export function jsonSyntaxDetail(err: unknown): string {
 export function createDispatcher(options: DispatcherOptions): (method: string, path: string, headers: Readonly<Record<string, string>>) => RouteDecision {
   const router = new Router<RouteDef>();
   for (const r of options.routes) router.add(r.method, r.path, r);
-  const { auth, rateLimiter, jobRateLimiter, endpointOwner, log } = options;
+  const { auth, rateLimiter, jobRateLimiter, endpointOwner, log, storeFailures } = options;
 
   /** One request of `group` for `endpointId`: its rate-limit headers, or a 429. */
   const takeJobRate = (endpointId: string, group: JobRateGroup): Record<string, string> => {
@@ -108,8 +115,11 @@ export function createDispatcher(options: DispatcherOptions): (method: string, p
    */
   const fail = (err: unknown, req: IncomingRequest, headers: Record<string, string> = {}, route?: RouteDef, principal?: Principal): OutgoingReply => {
     const e = toAgentError(err);
-    if (e.status >= 500) log.error('request failed', { err: e.cause ?? e, requestId: req.id, method: req.method, path: req.path });
-    else if (debug && (e.status === 401 || e.status === 403 || (route?.auth === 'worker' && e.status >= 400))) {
+    if (e.status >= 500) {
+      const cause = e.cause ?? e;
+      if (e.code === 'UNAVAILABLE' && storageFailureCode(cause)) storeFailures.fail(cause, { requestId: req.id, method: req.method, path: req.path });
+      else log.error('request failed', { err: cause, requestId: req.id, method: req.method, path: req.path });
+    } else if (debug && (e.status === 401 || e.status === 403 || (route?.auth === 'worker' && e.status >= 400))) {
       log.debug(route?.auth === 'worker' ? 'worker request refused' : 'request refused', {
         status: e.status, code: e.code, method: req.method, path: req.path, keyId: principal?.keyId, ...e.logFields, reason: e.message, requestId: req.id,
       });

@@ -1,4 +1,5 @@
 import type { AuthService, JobRateLimiter, RateLimiter } from '../auth/index.js';
+import type { FailureStreak } from '../core/failure-streak.js';
 import type { Logger } from '../core/logger.js';
 import type { OutgoingReply, RouteDecision } from '../http/index.js';
 import { catalogRoutes } from './catalog.js';
@@ -31,6 +32,8 @@ export interface CreateApiOptions {
   jobRateLimiter: JobRateLimiter;
   auth: AuthService;
   log: Logger;
+  /** Requests refused because the database could not be written are logged here (see DispatcherOptions). */
+  storeFailures: FailureStreak;
   maxBodyBytes: number;
   /** Routes contributed by other components (queue, workers, logs). */
   extraRoutes?: readonly RouteDef[];
@@ -63,7 +66,7 @@ export function createApi(options: CreateApiOptions): Api {
   });
   const resolve = createDispatcher({
     routes, auth: options.auth, rateLimiter: options.rateLimiter, jobRateLimiter: options.jobRateLimiter,
-    endpointOwner: (id) => s.endpoints.byId(id)?.ownerId, log: options.log, maxBodyBytes: options.maxBodyBytes,
+    endpointOwner: (id) => s.endpoints.byId(id)?.ownerId, log: options.log, storeFailures: options.storeFailures, maxBodyBytes: options.maxBodyBytes,
   });
   return {
     routes,

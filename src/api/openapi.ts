@@ -9,6 +9,7 @@ const STATUS_TEXT: Record<number, string> = {
   400: 'Malformed or conflicting request', 401: 'Missing, malformed, expired, revoked or unknown token', 403: 'Token lacks access to the resource or action',
   404: 'Not found or not accessible', 405: 'Method not allowed', 409: 'Conflict with the current state', 410: 'Gone', 413: 'Body too large',
   415: 'Body is not JSON, or is compressed (Content-Encoding)', 422: 'Valid syntax, failed validation', 429: 'Rate limit exceeded (Retry-After in seconds)', 500: 'Internal error',
+  503: 'Shutting down, or the database could not be written (a full disk, an I/O error: Retry-After in seconds); nothing was changed',
 };
 
 /** Rewrites `#/$defs/X` and `file.schema.json#/$defs/X` into `#/components/schemas/X`. */
@@ -39,7 +40,8 @@ export function buildOpenApi(routes: readonly RouteDef[], version: string): Reco
     responses[String(r.successStatus)] = ref
       ? { description: 'Success', content: { 'application/json': { schema: r.responseIsArray ? { type: 'array', items: ref } : ref } } }
       : { description: 'Success, no body' };
-    for (const status of [...new Set([...r.problems, 500])].sort()) {
+    // Any route may meet a failure, a shutdown or a disk it cannot write.
+    for (const status of [...new Set([...r.problems, 500, 503])].sort()) {
       responses[String(status)] = {
         description: STATUS_TEXT[status] ?? 'Error',
         content: { 'application/problem+json': { schema: { $ref: '#/components/schemas/Problem' } } },

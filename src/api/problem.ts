@@ -2,9 +2,11 @@
  * Every non-2xx response leaves through here as RFC 9457 `application/problem+json`:
  * `type` (a stable URI per code), `title`, `status`, `detail`, `instance` (the request id),
  * plus `code` and `errors[]` (the individual failures of a validation error; empty otherwise). Unknown failures become a generic 500; the
- * stack goes to the log only, never into a body.
+ * stack goes to the log only, never into a body. A write SQLite refused for a full disk, an I/O
+ * error or a read-only file becomes a 503 with Retry-After: SQLite rolled it back, so the request
+ * may be sent again once the disk is fixed.
  */
-import { AgentError, ERROR_CODES, type ErrorCode } from '../core/errors.js';
+import { AgentError, ERROR_CODES, storageUnavailable, type ErrorCode } from '../core/errors.js';
 import type { OutgoingReply } from '../http/index.js';
 
 export const PROBLEM_CONTENT_TYPE = 'application/problem+json';
@@ -37,7 +39,7 @@ export function problemReply(err: AgentError, requestId: string, extraHeaders: R
 
 export function toAgentError(err: unknown): AgentError {
   if (err instanceof AgentError) return err;
-  return new AgentError('INTERNAL', 'The server failed to handle this request. The incident is in the server log under this request id.', { cause: err });
+  return storageUnavailable(err) ?? new AgentError('INTERNAL', 'The server failed to handle this request. The incident is in the server log under this request id.', { cause: err });
 }
 
 export function allCodes(): ErrorCode[] {

@@ -76,3 +76,35 @@ export function validationError(errors: string[], status: 400 | 422 = 400): Agen
   const detail = errors.length === 1 ? (errors[0] as string) : `${errors.length} validation errors: ${errors.join('; ')}`;
   return new AgentError(status === 422 ? 'UNPROCESSABLE' : 'VALIDATION_FAILED', detail, { errors });
 }
+
+/**
+ * SQLite's code when `err` says the database cannot be written for a reason of the machine, not
+ * of the request: the filesystem is full (SQLITE_FULL), an I/O error (SQLITE_IOERR_*), or the file
+ * or its filesystem turned read-only (SQLITE_READONLY_*). It passes once space is freed or the disk
+ * is fixed; undefined for anything else (a constraint, a bug).
+ */
+export function storageFailureCode(err: unknown): string | undefined {
+  const code = (err as { code?: unknown } | null | undefined)?.code;
+  if (typeof code !== 'string') return undefined;
+  return code === 'SQLITE_FULL' || code.startsWith('SQLITE_IOERR') || code.startsWith('SQLITE_READONLY') ? code : undefined;
+}
+
+/** Seconds a client is told to wait before sending again a request the database could not take. */
+const STORAGE_RETRY_AFTER_S = 10;
+
+/**
+ * The 503 for a write SQLite refused and rolled back for a reason of the machine (see
+ * storageFailureCode), or undefined for any other error: the request changed nothing and may be
+ * sent again later, unlike a 500, which RunPod's clients take as final.
+ */
+export function storageUnavailable(err: unknown): AgentError | undefined {
+  const code = storageFailureCode(err);
+  if (code === undefined) return undefined;
+  const why = code === 'SQLITE_FULL' ? 'the disk holding its data directory is full'
+    : code.startsWith('SQLITE_IOERR') ? 'the disk holding its data directory reported an I/O error'
+      : 'its database file or the filesystem holding it is read-only';
+  return new AgentError('UNAVAILABLE', `flashd could not write its database: ${why} (${code}). Nothing was stored; send the request again later.`, {
+    headers: { 'retry-after': String(STORAGE_RETRY_AFTER_S) },
+    cause: err,
+  });
+}

@@ -19,7 +19,7 @@
  */
 import type { Cancellation } from '../core/abort.js';
 import type { Clock } from '../core/clock.js';
-import { AgentError } from '../core/errors.js';
+import { AgentError, storageUnavailable } from '../core/errors.js';
 import { newJobId } from '../core/ids.js';
 import type { Logger } from '../core/logger.js';
 import type { ActiveJobRow, JobRow, JobsRepo, WriteBatch } from '../store/index.js';
@@ -747,8 +747,12 @@ export class JobQueue {
     if (this.#batch.isDurable(job.writeSeq)) return undefined;
     return (async () => {
       while (!this.#batch.isDurable(job.writeSeq)) {
-        // Its last write was rolled back (a full disk): the id cannot be given out as stored.
-        if (this.#batch.hasFailed(job.writeSeq)) throw new AgentError('INTERNAL', `Job ${job.id} could not be stored; the server log says why.`);
+        // Its last write was rolled back (a full disk): the id cannot be given out as stored. A
+        // full disk or an I/O error is a 503 to send again later, as for a /run (api/problem.ts).
+        if (this.#batch.hasFailed(job.writeSeq)) {
+          throw storageUnavailable(this.#batch.rollbackError(job.writeSeq))
+            ?? new AgentError('INTERNAL', `Job ${job.id} could not be stored; the server log says why.`);
+        }
         await this.#batch.committed();
       }
     })();

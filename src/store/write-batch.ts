@@ -42,10 +42,13 @@ export interface WriteBatchOptions {
   /** The database's WAL file (`<db>-wal`); required for `fsync`. */
   walPath?: string;
   onError(err: Error): void;
+  /** Called after each commit that succeeded (a streak of failed ones has ended). */
+  onCommitted?(): void;
 }
 
 export class WriteBatch {
   readonly #onError: (err: Error) => void;
+  readonly #onCommitted: (() => void) | undefined;
   #writes: (() => void)[] = [];
   /** What to do if the commit of the writes in #writes fails (see ifRolledBack). */
   #onRollback: (() => void)[] = [];
@@ -84,16 +87,17 @@ export class WriteBatch {
    * that stays full fails batch after batch: one run, not one entry each). Their writes are not
    * on disk whatever later syncs cover, so they are never durable.
    */
-  readonly #failed: [number, number][] = [];
+  readonly #failed: Run[] = [];
   /**
    * Of those, the batches whose commit failed, which SQLite rolled back. The others committed
    * and only their sync failed: SQLite holds and reads their writes (a restart may find them
-   * too), though they may not be on disk.
+   * too), though they may not be on disk. Each run keeps the error of its last commit.
    */
-  readonly #rolledBack: [number, number][] = [];
+  readonly #rolledBack: Run[] = [];
 
   constructor(db: Db, options: WriteBatchOptions) {
     this.#onError = options.onError;
+    this.#onCommitted = options.onCommitted;
     // Made once: better-sqlite3 builds four wrapper functions per transaction() call.
     this.#runAll = db.transaction(() => {
       for (const w of this.#running) w();
@@ -140,7 +144,7 @@ export class WriteBatch {
 
   /** Whether the batch numbered `seq` failed to commit or sync: it will never be durable. */
   hasFailed(seq: number): boolean {
-    return inRuns(this.#failed, seq);
+    return runOf(this.#failed, seq) !== undefined;
   }
 
   /**
@@ -149,7 +153,16 @@ export class WriteBatch {
    * memory must not be put back as if it did not (see JobQueue's undo paths).
    */
   wasRolledBack(seq: number): boolean {
-    return inRuns(this.#rolledBack, seq);
+    return runOf(this.#rolledBack, seq) !== undefined;
+  }
+
+  /**
+   * Why the commit of the batch numbered `seq` failed (of a run of failed commits, the last
+   * one's error: a full disk fails them all alike), undefined when it did not: a caller that
+   * finds its batch rolled back later (/runsync's deferred insert) answers by it.
+   */
+  rollbackError(seq: number): Error | undefined {
+    return runOf(this.#rolledBack, seq)?.[2];
   }
 
   /** Resolves once everything queued or committed so far is durable. */
@@ -218,9 +231,10 @@ export class WriteBatch {
         error = err as Error;
         this.failures++;
         addRun(this.#failed, seq, seq);
-        addRun(this.#rolledBack, seq, seq);
+        addRun(this.#rolledBack, seq, seq, error);
         this.#onError(error);
       }
+      if (!error) this.#onCommitted?.();
       this.#committedSeq = seq;
       if (error) {
         for (const fn of onRollback) {
@@ -333,24 +347,28 @@ export class WriteBatch {
   }
 }
 
-/** Whether `seq` is in one of `runs` ([first, last], in order). */
-function inRuns(runs: readonly [number, number][], seq: number): boolean {
+/** Batches [first, last] that failed, with the error of the last one when it is kept. */
+type Run = [first: number, last: number, err?: Error];
+
+/** The one of `runs` (in order) that holds `seq`. */
+function runOf(runs: readonly Run[], seq: number): Run | undefined {
   for (let i = runs.length - 1; i >= 0; i--) {
-    const [first, last] = runs[i] as [number, number];
-    if (seq > last) return false;
-    if (seq >= first) return true;
+    const run = runs[i] as Run;
+    if (seq > run[1]) return undefined;
+    if (seq >= run[0]) return run;
   }
-  return false;
+  return undefined;
 }
 
-/** Adds [first, last] to `runs`, folding every run it overlaps or touches. */
-function addRun(runs: [number, number][], first: number, last: number): void {
+/** Adds [first, last] to `runs`, folding every run it overlaps or touches; `err` is kept as the newest. */
+function addRun(runs: Run[], first: number, last: number, err?: Error): void {
   // A failed sync starts at durableSeq + 1, possibly below an earlier failed commit's run:
   // fold every run it overlaps or touches, keeping the lowest start.
   for (let run = runs[runs.length - 1]; run && run[1] >= first - 1; run = runs[runs.length - 1]) {
     first = Math.min(first, run[0]);
     last = Math.max(last, run[1]);
+    err ??= run[2];
     runs.pop();
   }
-  runs.push([first, last]);
+  runs.push(err === undefined ? [first, last] : [first, last, err]);
 }
