@@ -3,6 +3,7 @@
  * order, and `close()` takes them down in reverse. No module-level state. Tests use it too.
  */
 import { randomBytes } from 'node:crypto';
+import { lstatSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import pkg from '../package.json' with { type: 'json' };
 import { createApi, jobRoutes, workerRoutes, type Api } from './api/index.js';
@@ -10,10 +11,10 @@ import { AuthService, JobRateLimiter, RateLimiter } from './auth/index.js';
 import type { FlashdConfig } from './config/index.js';
 import { systemClock, type Clock } from './core/clock.js';
 import { createLogger, type LogSink, type Logger } from './core/logger.js';
-import { createOwnerOnlyFile, readOwnerOnlyFile, secureDataDir, writeOwnerOnlyFile } from './core/data-dir.js';
+import { createOwnerOnlyFile, readOwnerOnlyFile, secureDataDir } from './core/data-dir.js';
 import { storageFailureCode } from './core/errors.js';
 import { FailureStreak } from './core/failure-streak.js';
-import { createSecretBox } from './core/secret-box.js';
+import { createSecretBox, secretKeyCheck } from './core/secret-box.js';
 import { EndpointService, type PublicUrls } from './endpoints/index.js';
 import { createHttpServer, type HttpServer } from './http/index.js';
 import { JobQueue, WebhookSender, WorkerRegistry } from './queue/index.js';
@@ -62,19 +63,66 @@ export interface Agent {
   killWorkersNow(): Promise<void>;
 }
 
+/** Files a flashd leaves in its data directory beside flashd.db: any of them says one ran there. */
+const LEFT_BESIDE_DB = ['secret.key', 'admin-api-key', 'flashd.db-wal'] as const;
+
+function present(file: string): boolean {
+  try {
+    lstatSync(file);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
 /**
- * The 32-byte key that seals secrets at rest: created exclusively (O_EXCL, never through a link
- * or over another file) with mode 0600 on first start; an existing one must be a regular file
- * of flashd's user, and is set to 0600 (one warning) when group or others may read or write it.
+ * Throws when flashd.db is missing from a data directory a flashd ran in (its secret.key,
+ * admin-api-key or WAL still there), before anything is made in it: a start used to make a new,
+ * empty database there, write a new key over admin-api-key and drop the WAL, so every endpoint,
+ * job and key was gone without a word.
  */
-function loadSecretKey(dataDir: string, log: Logger): Buffer {
+function refuseLostDatabase(dataDir: string): void {
+  const dbFile = join(dataDir, 'flashd.db');
+  if (present(dbFile)) return;
+  const found = LEFT_BESIDE_DB.filter((f) => present(join(dataDir, f)));
+  if (found.length === 0) return;
+  throw new Error(`${dbFile} is missing, but the data directory still holds ${found.join(', ')}: a flashd ran here and its database was deleted or not restored. `
+    + `Starting would make a new, empty one${found.includes('flashd.db-wal') ? ' and drop the recent writes in flashd.db-wal' : ''}. `
+    + 'Restore flashd.db from a backup (with the secret.key saved with it), or move the directory aside to start afresh');
+}
+
+/** The settings key of secretKeyCheck: which secret.key the database was used with. */
+const KEY_CHECK_SETTING = 'secret_key.check';
+
+/**
+ * The 32-byte key that seals secrets at rest, from `keyText` (secret.key as read, checked as
+ * a regular file of flashd's user) and checked against the value the database keeps of it:
+ * one that differs (a flashd.db copied without its secret.key, which then got a new one) is
+ * refused, since the registry passwords and jobs' s3Config sealed in it would not open. With
+ * none, one is made (exclusively, never through a link or over another file, mode 0600) only for
+ * a database that holds nothing yet, not for one copied without it. The check is written when
+ * the database has none (its first start, or one of a flashd from before the check).
+ */
+function loadSecretKey(dataDir: string, keyText: string | null, identity: IdentityRepo, log: Logger): Buffer {
   const file = join(dataDir, 'secret.key');
-  // Not created when one is there (a lost race included): the one there is read.
-  createOwnerOnlyFile(file, randomBytes(32).toString('base64'));
-  const text = readOwnerOnlyFile(file, log);
-  if (text === null) throw new Error(`${file} went away while it was read`);
-  const key = Buffer.from(text.trim(), 'base64');
+  const dbFile = join(dataDir, 'flashd.db');
+  const check = identity.getSetting(KEY_CHECK_SETTING);
+  if (keyText === null) {
+    if (check !== undefined || identity.holdsData()) {
+      throw new Error(`${file} is missing, but ${dbFile} holds data sealed with it (registry passwords, jobs' s3Config): a new key would leave them unreadable. `
+        + 'Put back the secret.key saved with this flashd.db (mode 0600); if it is lost for good, README "Backups" says how to go on without it');
+    }
+    createOwnerOnlyFile(file, randomBytes(32).toString('base64'));
+    keyText = readOwnerOnlyFile(file, log);
+    if (keyText === null) throw new Error(`${file} went away while it was read`);
+  }
+  const key = Buffer.from(keyText.trim(), 'base64');
   if (key.length !== 32) throw new Error(`${file} is not a 32-byte base64 key`);
+  if (check === undefined) identity.putSetting(KEY_CHECK_SETTING, secretKeyCheck(key));
+  else if (check !== secretKeyCheck(key)) {
+    throw new Error(`${file} is not the key ${dbFile} was used with: the registry passwords and jobs' s3Config sealed in it would not open. `
+      + 'Put back the secret.key saved with this flashd.db (or the flashd.db saved with this secret.key); if it is lost for good, README "Backups" says how to go on without it');
+  }
   return key;
 }
 
@@ -114,13 +162,20 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
   // another flashd serves this data directory.
   const lock = lockDataDir(dataDir);
   let db: Db;
+  let identity: IdentityRepo;
   let fileKey: Buffer;
+  let opened: Db | undefined;
   try {
     // The secrets' files, checked (owner, mode, no link) before the database is touched.
-    fileKey = loadSecretKey(dataDir, log);
+    const keyText = readOwnerOnlyFile(join(dataDir, 'secret.key'), log);
     readOwnerOnlyFile(join(dataDir, 'admin-api-key'), log);
-    db = openDb({ dataDir, synchronous: config.sqliteSynchronous, log: log.child({ component: 'store' }) });
+    refuseLostDatabase(dataDir);
+    opened = openDb({ dataDir, synchronous: config.sqliteSynchronous, log: log.child({ component: 'store' }) });
+    identity = new IdentityRepo(opened);
+    fileKey = loadSecretKey(dataDir, keyText, identity, log);
+    db = opened;
   } catch (err) {
+    opened?.close();
     lock.release();
     throw err;
   }
@@ -128,14 +183,16 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
     db.close();
   }];
   try {
-    const identity = new IdentityRepo(db);
     const auth = new AuthService(identity, clock, log.child({ component: 'auth' }), config.sessionTtlSeconds, fileKey);
     const { generated } = auth.bootstrap(config.adminApiKey);
     if (generated) {
+      // Never over an existing file: it may hold the only copy of a key someone still uses.
       const file = join(dataDir, 'admin-api-key');
-      writeOwnerOnlyFile(file, generated + '\n', log);
-      (options.announce ?? ((t) => process.stdout.write(t)))(
-        `\nFirst start: created an admin API key. It is shown once here and saved to ${file} (mode 0600):\n\n    ${generated}\n\n`,
+      const saved = createOwnerOnlyFile(file, generated + '\n');
+      if (!saved) log.warn('admin-api-key left as it was (it holds an earlier key): the new admin key is shown once on stdout and saved nowhere', { file });
+      (options.announce ?? ((t) => process.stdout.write(t)))(saved
+        ? `\nFirst start: created an admin API key. It is shown once here and saved to ${file} (mode 0600):\n\n    ${generated}\n\n`
+        : `\nNo valid API key was left: created an admin API key. It is shown once here only (${file} already exists and was left as it was):\n\n    ${generated}\n\n`,
       );
     }
 

@@ -6,7 +6,7 @@
  * with one warning naming the old and new mode; what another user owns it refuses to use,
  * since that user could replace it. Not on platforms without uids (process.getuid).
  */
-import { accessSync, chmodSync, closeSync, constants, fchmodSync, fstatSync, fsyncSync, ftruncateSync, mkdirSync, openSync, readFileSync, statSync, writeSync } from 'node:fs';
+import { accessSync, chmodSync, closeSync, constants, fchmodSync, fstatSync, fsyncSync, mkdirSync, openSync, readFileSync, statSync, writeSync } from 'node:fs';
 import { join } from 'node:path';
 import type { Logger } from './logger.js';
 
@@ -46,16 +46,33 @@ export function secureDataDir(dir: string, log: Logger, files: readonly string[]
 }
 
 /**
+ * What to do about `path` that flashd may not write, when the cause is not its owner or mode:
+ * a filesystem mounted read-only (EROFS), or an immutable or append-only file or directory
+ * (EPERM: chattr +i or +a; the only EPERM of access(2) and of an open for writing). Null for
+ * EACCES and the rest: the caller names the owner and mode. `lsattrFlag`: `-d ` for a directory.
+ */
+function whyNotWritable(code: string, path: string, lsattrFlag: string): string | null {
+  if (code === 'EROFS') return 'the filesystem holding it is mounted read-only. Remount it read-write, or choose another --data-dir';
+  if (code === 'EPERM') {
+    return `it is immutable or append-only (\`lsattr ${lsattrFlag}${path}\` shows i or a), which stops writes by any user, root included. `
+      + `Clear it with \`chattr -i -a ${path}\`, or choose another --data-dir`;
+  }
+  return null;
+}
+
+/**
  * Throws, naming the path, its owner and mode, when flashd cannot write the directory or one
  * of `files` in it that exists: SQLite said only "unable to open database file" or "attempt to
- * write a readonly database". As root this passes (root may write them), unless read-only mounted.
+ * write a readonly database". As root this passes (root may write them), unless read-only
+ * mounted or made immutable.
  */
 function checkWritable(dir: string, owner: number, mode: number, who: string, files: readonly string[]): void {
   try {
     accessSync(dir, constants.W_OK | constants.X_OK);
   } catch (err) {
-    throw new Error(`data directory ${dir} is not writable by ${who} (${errnoCode(err)}); it is owned by uid ${owner} with mode ${octal(mode)}. `
-      + `Give flashd's user a directory it can write (chown it to that user, chmod 700), or choose another --data-dir`);
+    const code = errnoCode(err);
+    throw new Error(`data directory ${dir} is not writable by ${who} (${code}); `
+      + (whyNotWritable(code, dir, '-d ') ?? `it is owned by uid ${owner} with mode ${octal(mode)}. Give flashd's user a directory it can write (chown it to that user, chmod 700), or choose another --data-dir`));
   }
   for (const name of files) {
     const file = join(dir, name);
@@ -66,10 +83,14 @@ function checkWritable(dir: string, owner: number, mode: number, who: string, fi
       continue;
     }
     try {
-      accessSync(file, constants.R_OK | constants.W_OK);
+      // A regular file is opened for writing, as SQLite will: access(2) passes an append-only
+      // one (chattr +a), which refuses only an open for writing without O_APPEND.
+      if (st.isFile()) closeSync(openSync(file, constants.O_RDWR | constants.O_NONBLOCK));
+      else accessSync(file, constants.R_OK | constants.W_OK);
     } catch (err) {
-        throw new Error(`${file} in the data directory is not writable by ${who} (${errnoCode(err)}); it is owned by uid ${st.uid} with mode ${octal(st.mode)}. `
-        + `Was flashd run as another user on this directory? chown the directory and its files to flashd's user`);
+      const code = errnoCode(err);
+      throw new Error(`${file} in the data directory is not writable by ${who} (${code}); `
+        + (whyNotWritable(code, file, '') ?? `it is owned by uid ${st.uid} with mode ${octal(st.mode)}. Was flashd run as another user on this directory? chown the directory and its files to flashd's user`));
     }
   }
 }
@@ -139,23 +160,4 @@ export function createOwnerOnlyFile(file: string, text: string): boolean {
     closeSync(fd);
   }
   return true;
-}
-
-/**
- * Writes `text` to the owner-only file `file`: created 0600, or an existing one (checked as
- * above, never through a symbolic link) truncated and rewritten.
- */
-export function writeOwnerOnlyFile(file: string, text: string, log: Logger): void {
-  if (createOwnerOnlyFile(file, text)) return;
-  const fd = openNoFollow(file, constants.O_WRONLY | constants.O_NONBLOCK);
-  if (fd === null) throw new Error(`${file} went away while it was written`);
-  try {
-    checkOwnerOnly(fd, file, log);
-    // Through the fd: the file just checked, not whatever the name points at by now.
-    ftruncateSync(fd, 0);
-    writeSync(fd, text, 0);
-    fsyncSync(fd);
-  } finally {
-    closeSync(fd);
-  }
 }

@@ -3,7 +3,7 @@
  * `<data-dir>/secret.key` (mode 0600), outside the database, so a copied database file alone
  * does not reveal them.
  */
-import { createCipheriv, createDecipheriv, randomBytes } from 'node:crypto';
+import { createCipheriv, createDecipheriv, createHmac, randomBytes } from 'node:crypto';
 
 export interface SecretBox {
   seal(plain: string): string;
@@ -27,4 +27,12 @@ export function createSecretBox(key: Buffer): SecretBox {
       return Buffer.concat([decipher.update(raw.subarray(28)), decipher.final()]).toString('utf8');
     },
   };
+}
+
+/**
+ * A value that tells whether `key` is the key a database was used with, stored in it (settings
+ * `secret_key.check`): an HMAC of a constant, from which the key cannot be found.
+ */
+export function secretKeyCheck(key: Buffer): string {
+  return createHmac('sha256', key).update('flashd secret.key check v1').digest('base64url');
 }

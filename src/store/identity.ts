@@ -86,6 +86,8 @@ export class IdentityRepo {
       renameKey: db.prepare('UPDATE api_keys SET name = ? WHERE id = ?'),
       getSetting: db.prepare('SELECT value FROM settings WHERE key = ?'),
       putSetting: db.prepare('INSERT OR REPLACE INTO settings (key, value) VALUES (?, ?)'),
+      holdsData: db.prepare(`SELECT EXISTS (SELECT 1 FROM users) OR EXISTS (SELECT 1 FROM api_keys) OR EXISTS (SELECT 1 FROM endpoints)
+        OR EXISTS (SELECT 1 FROM registry_credentials) OR EXISTS (SELECT 1 FROM jobs) AS held`),
     };
   }
 
@@ -207,5 +209,12 @@ export class IdentityRepo {
   }
   putSetting(key: string, value: string): void {
     this.#write('putSetting', key, value);
+  }
+  /**
+   * Whether a start or its users wrote anything here (a user, a key, an endpoint, a registry
+   * credential, a job), as against the bare schema of a first start that failed before that.
+   */
+  holdsData(): boolean {
+    return (this.#s['holdsData']!.get() as { held: number }).held === 1;
   }
 }

@@ -38,6 +38,17 @@ const extraOf = (dir: string, id: string): string | null => {
 
 type T = Parameters<typeof startAgent>[0];
 
+/**
+ * Puts another secret.key beside the database, as one from before the database kept a check of
+ * its key allowed (a start now refuses a key that does not match the check): the check goes too.
+ */
+const replaceKey = (dir: string): void => {
+  writeFileSync(join(dir, 'secret.key'), randomBytes(32).toString('base64'));
+  const db = new Database(join(dir, 'flashd.db'));
+  db.prepare("DELETE FROM settings WHERE key = 'secret_key.check'").run();
+  db.close();
+};
+
 const sealed = (t: T, dir: string, id: string, when: string) => {
   t.same(atRest(dir), [], `${when}: the secret is not in flashd.db or its WAL`);
   const extra = extraOf(dir, id);
@@ -157,7 +168,7 @@ t.test('a sealed s3Config that no longer opens (secret.key replaced) is logged, 
   const id = (await a.req('POST', `/v2/${ep}/run`, { body: { input: {}, s3Config } })).json.id as string;
   const from = a.url;
   await a.agent.close();
-  writeFileSync(join(dir, 'secret.key'), randomBytes(32).toString('base64'));
+  replaceKey(dir);
   const b = await startAgent(t, { takeHoldMs: 100 }, { dir });
   t.ok(b.logs.some((l) => l.includes('job s3Config could not be opened') && l.includes(id)), 'logged with the job id');
   const job = await w.rebase(from, b.url).take();
@@ -189,7 +200,7 @@ t.test('an owed webhook sent by a start whose secret.key changed opens no s3Conf
   t.equal((await w.done(id, { error: 'boom' })).status, 200, 'FAILED: the row keeps its sealed s3Config for a /retry');
   await until('the first try', async () => received.length === 1);
   await a.agent.close();
-  writeFileSync(join(dir, 'secret.key'), randomBytes(32).toString('base64'));
+  replaceKey(dir);
   status = 200;
   const b = await startAgent(t, options, { dir });
   await until('the owed webhook', async () => received.length === 2);
