@@ -11,7 +11,7 @@ import { AuthService, JobRateLimiter, RateLimiter } from './auth/index.js';
 import type { FlashdConfig } from './config/index.js';
 import { systemClock, type Clock } from './core/clock.js';
 import { createLogger, type LogSink, type Logger } from './core/logger.js';
-import { createOwnerOnlyFile, readOwnerOnlyFile, secureDataDir } from './core/data-dir.js';
+import { createOwnerOnlyFile, readOwnerOnlyFile, secureDataDir, writeOwnerOnlyFile } from './core/data-dir.js';
 import { storageFailureCode } from './core/errors.js';
 import { FailureStreak } from './core/failure-streak.js';
 import { createSecretBox, secretKeyCheck } from './core/secret-box.js';
@@ -186,13 +186,15 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
     const auth = new AuthService(identity, clock, log.child({ component: 'auth' }), config.sessionTtlSeconds, fileKey);
     const { generated } = auth.bootstrap(config.adminApiKey);
     if (generated) {
-      // Never over an existing file: it may hold the only copy of a key someone still uses.
+      // A file already there holds a key that is no longer valid (a key is generated only when
+      // none is: every one was revoked or expired), so the new one replaces it. A flashd.db
+      // deleted beside it never gets here (refuseLostDatabase).
       const file = join(dataDir, 'admin-api-key');
-      const saved = createOwnerOnlyFile(file, generated + '\n');
-      if (!saved) log.warn('admin-api-key left as it was (it holds an earlier key): the new admin key is shown once on stdout and saved nowhere', { file });
-      (options.announce ?? ((t) => process.stdout.write(t)))(saved
+      const fresh = createOwnerOnlyFile(file, generated + '\n');
+      if (!fresh) writeOwnerOnlyFile(file, generated + '\n', log);
+      (options.announce ?? ((t) => process.stdout.write(t)))(fresh
         ? `\nFirst start: created an admin API key. It is shown once here and saved to ${file} (mode 0600):\n\n    ${generated}\n\n`
-        : `\nNo valid API key was left: created an admin API key. It is shown once here only (${file} already exists and was left as it was):\n\n    ${generated}\n\n`,
+        : `\nNo valid API key was left (every one revoked or expired): created an admin API key. It is shown once here and saved to ${file} (mode 0600), in place of the old one:\n\n    ${generated}\n\n`,
       );
     }
 

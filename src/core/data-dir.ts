@@ -6,7 +6,7 @@
  * with one warning naming the old and new mode; what another user owns it refuses to use,
  * since that user could replace it. Not on platforms without uids (process.getuid).
  */
-import { accessSync, chmodSync, closeSync, constants, fchmodSync, fstatSync, fsyncSync, mkdirSync, openSync, readFileSync, statSync, writeSync } from 'node:fs';
+import { accessSync, chmodSync, closeSync, constants, fchmodSync, fstatSync, fsyncSync, ftruncateSync, mkdirSync, openSync, readFileSync, statSync, writeSync } from 'node:fs';
 import { join } from 'node:path';
 import type { Logger } from './logger.js';
 
@@ -160,4 +160,23 @@ export function createOwnerOnlyFile(file: string, text: string): boolean {
     closeSync(fd);
   }
   return true;
+}
+
+/**
+ * Writes `text` to the owner-only file `file`: created 0600, or an existing one (checked as
+ * above, never through a symbolic link) truncated and rewritten.
+ */
+export function writeOwnerOnlyFile(file: string, text: string, log: Logger): void {
+  if (createOwnerOnlyFile(file, text)) return;
+  const fd = openNoFollow(file, constants.O_WRONLY | constants.O_NONBLOCK);
+  if (fd === null) throw new Error(`${file} went away while it was written`);
+  try {
+    checkOwnerOnly(fd, file, log);
+    // Through the fd: the file just checked, not whatever the name points at by now.
+    ftruncateSync(fd, 0);
+    writeSync(fd, text, 0);
+    fsyncSync(fd);
+  } finally {
+    closeSync(fd);
+  }
 }

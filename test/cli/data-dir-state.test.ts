@@ -9,7 +9,7 @@
 import t, { type Test } from 'tap';
 import { spawn, spawnSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { copyFileSync, existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { copyFileSync, existsSync, mkdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { once } from 'node:events';
 import { join } from 'node:path';
 import Database from 'better-sqlite3';
@@ -169,11 +169,11 @@ t.test('a database with no data in it yet (a first start that failed before writ
   t.equal(await again.stop(), 0);
 });
 
-t.test('a generated admin key is never written over an existing admin-api-key: shown on stdout only, with a warning', async (t) => {
+t.test('every key revoked: the next start makes an admin key and saves it in place of the dead one in admin-api-key', async (t) => {
   const dir = testDataDir(t);
   await firstRun(t, dir);
   const file = join(dir, 'admin-api-key');
-  const old = readFileSync(file, 'utf8');
+  const old = readFileSync(file, 'utf8').trim();
   // Every key revoked: the next start generates one.
   const db = new Database(join(dir, 'flashd.db'));
   db.exec('UPDATE api_keys SET revoked_at = 1');
@@ -181,10 +181,11 @@ t.test('a generated admin key is never written over an existing admin-api-key: s
   const f = await startFlashd(t, node, args(dir), cleanEnv());
   const key = /fd_usr_[A-Za-z0-9]{36}/.exec(f.stdout())?.[0];
   t.ok(key, 'a new key is printed');
-  t.match(f.stdout(), `${file} already exists and was left as it was`);
-  t.match(f.stderr(), /warn\s+admin-api-key left as it was \(it holds an earlier key\)/);
-  t.equal(readFileSync(file, 'utf8'), old, 'admin-api-key not written over');
+  t.match(f.stdout(), `No valid API key was left (every one revoked or expired): created an admin API key. It is shown once here and saved to ${file} (mode 0600), in place of the old one`);
+  t.equal(readFileSync(file, 'utf8'), `${key}\n`, 'admin-api-key holds the new key');
+  t.equal(statSync(file).mode & 0o777, 0o600, 'still 0600');
   t.equal((await fetch(`${f.url}/v2/serverless`, authed(key ?? ''))).status, 200, 'the new key works');
+  t.equal((await fetch(`${f.url}/v2/serverless`, authed(old))).status, 401, 'the old one stays revoked');
   t.equal(await f.stop(), 0);
 });
 
