@@ -194,6 +194,81 @@ class RunTest(unittest.TestCase):
             time.sleep(0.01)
         self.assertEqual(seen, ["cancelled"])
 
+    def stop_when(self, run, event):
+        threading.Thread(target=lambda: (event.wait(5), run.cancel()), daemon=True).start()
+
+    def test_cancelled_async_handler_is_over_only_when_its_cleanup_is(self):
+        # the RunPod docs' pattern: catch CancelledError, await a cleanup, re-raise
+        started, state = threading.Event(), {}
+
+        async def handler(job):
+            started.set()
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                await asyncio.sleep(1)
+                state["cleanup_done"] = True
+                raise
+
+        run = JobRun(handler, dict(JOB), self.loop)
+        self.stop_when(run, started)
+        with self.assertRaises(JobCancelled):
+            run.run()
+        self.assertEqual(state, {"cleanup_done": True})
+
+    def test_async_handler_that_ignores_the_stop_is_waited_for_and_reported(self):
+        started, seen = threading.Event(), {}
+
+        async def handler(job):
+            started.set()
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                pass  # goes on regardless, here until the worker has said so
+            for _ in range(1000):
+                if seen["logs"].records:
+                    break
+                await asyncio.sleep(0.01)
+            return {"refresh_worker": True, "late": 1}
+
+        run = JobRun(handler, dict(JOB), self.loop)
+        run.stop_report_after = 0.0
+        self.stop_when(run, started)
+        with self.assertLogs("vendor_flash", level="ERROR") as logs:
+            seen["logs"] = logs
+            with self.assertRaises(JobCancelled):
+                run.run()
+        # it ran to its end: what it returned is there (refresh_worker still recycles the worker)
+        self.assertEqual(run.cancelled_body, {"output": {"late": 1}, "stopPod": True})
+        self.assertEqual(len(logs.records), 1, logs.output)
+        self.assertIn("handler still running", logs.records[0].getMessage())
+        self.assertEqual(logs.records[0].job_id, JOB["id"])
+
+    def test_cancelled_async_generator_is_over_only_when_its_cleanup_is(self):
+        started, state = threading.Event(), []
+
+        async def agen(job):
+            try:
+                yield 1
+                started.set()
+                try:
+                    await asyncio.sleep(30)
+                except asyncio.CancelledError:
+                    await asyncio.sleep(0.5)
+                    state.append("cleanup")
+                    yield "after the stop"  # ignores it: its value is not sent
+                    state.append("resumed")
+            finally:
+                state.append("closed")
+
+        chunks = []
+        run = JobRun(agen, dict(JOB), self.loop, on_chunk=chunks.append)
+        self.stop_when(run, started)
+        with self.assertRaises(JobCancelled):
+            run.run()
+        self.assertEqual(state, ["cleanup", "closed"])  # closed by the worker, not left running
+        self.assertEqual(chunks, [1])
+
     def test_cancel_sync_drops_result(self):
         gate = threading.Event()
 

@@ -505,6 +505,46 @@ class StopTest(WorkerTestCase):
         nxt = self.fake.submit({})
         self.assertEqual(self.final_post(nxt).json(), {"output": "quick"})
 
+    def test_stopped_async_handler_holds_its_slot_until_its_cleanup_ends(self):
+        # the RunPod docs' pattern (catch CancelledError, await a cleanup, re-raise): the job is
+        # still listed and the one slot still taken while the cleanup runs, so the next job
+        # waits for it instead of starting beside it
+        started, cleaning = threading.Event(), threading.Event()
+        gate = threading.Event()
+        self.addCleanup(gate.set)
+        marks = []
+
+        async def handler(job):
+            if job["input"].get("next"):
+                marks.append("next started")
+                return "next"
+            started.set()
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                cleaning.set()
+                while not gate.is_set():
+                    await asyncio.sleep(0.01)
+                marks.append("cleanup done")
+                raise
+
+        worker, _, _ = self.start_worker({"handler": handler})
+        first = self.fake.submit({}, "first")
+        self.assertTrue(started.wait(10))
+        self.fake.stop_job(first)
+        self.assertTrue(cleaning.wait(10))
+        t0 = time.monotonic()
+        nxt = self.fake.submit({"next": True}, "next")
+        pings = self.fake.wait_for(lambda: [p for p in self.fake.recorded("ping") if p.at > t0][3:])
+        self.assertEqual({p.query.get("job_id") for p in pings}, {first})
+        self.assertEqual([r for r in self.fake.recorded("job-take") if r.at > t0], [])
+        self.assertEqual(marks, [])
+        self.assertEqual(list(worker.in_progress_ids()), [first])
+        gate.set()
+        self.assertEqual(self.final_post(nxt).json(), {"output": "next"})
+        self.assertEqual(marks, ["cleanup done", "next started"])
+        self.assertEqual(self.done_posts(first), [])
+
     def test_stop_of_a_sync_job_drops_its_result_without_spinning(self):
         gate = threading.Event()
         self.addCleanup(gate.set)

@@ -117,12 +117,12 @@ class LoopThread:
         """True while the loop thread runs."""
         return self._thread.is_alive()
 
-    def submit(self, awaitable) -> concurrent.futures.Future:
-        """Schedule an awaitable on the loop; returns a thread-safe future.
+    def submit(self, awaitable) -> "Submitted":
+        """Run an awaitable as a task on the loop; returns its :class:`Submitted`.
 
-        A SystemExit or KeyboardInterrupt it raises reaches the future as :class:`_Escaped`.
+        A SystemExit or KeyboardInterrupt it raises reaches the result as :class:`_Escaped`.
         """
-        return asyncio.run_coroutine_threadsafe(_guarded(awaitable), self.loop)
+        return Submitted(self.loop, awaitable)
 
     def stop(self) -> None:
         """Stop the loop (pending tasks are abandoned)."""
@@ -133,6 +133,68 @@ class LoopThread:
             except RuntimeError:  # closed meanwhile
                 pass
         self._thread.join(timeout=5)
+
+
+class Submitted:
+    """An awaitable running as a task on a :class:`LoopThread`, seen from other threads.
+
+    :meth:`cancel` asks the task to stop (its code gets ``asyncio.CancelledError``), and the
+    task counts as ended only when its code has ended: a handler that awaits a cleanup before
+    re-raising, or ignores the cancellation, is still running until then. (The future of
+    ``asyncio.run_coroutine_threadsafe`` counts as cancelled as soon as it is asked to.)
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, awaitable):
+        self._loop = loop
+        self._future: concurrent.futures.Future = concurrent.futures.Future()
+        self._task: Optional[asyncio.Task] = None
+        self._done = threading.Event()  # set once _future is: concurrent.futures.wait() misses its cancel()
+        self._cancel_asked = False
+        self._lock = threading.Lock()
+        loop.call_soon_threadsafe(self._start, awaitable)
+
+    def _start(self, awaitable) -> None:  # on the loop
+        try:
+            self._task = self._loop.create_task(_guarded(awaitable))
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
+            self._future.set_exception(exc)
+            self._done.set()
+            return
+        self._task.add_done_callback(self._ended)
+
+    def _ended(self, task: asyncio.Task) -> None:  # on the loop
+        if task.cancelled():
+            self._future.cancel()
+        elif task.exception() is not None:
+            self._future.set_exception(task.exception())
+        else:
+            self._future.set_result(task.result())
+        self._done.set()
+
+    def cancel(self) -> None:
+        """Ask the task to stop; any thread. Only the first call counts: a second
+        ``CancelledError`` would interrupt the cleanup the first one started."""
+        with self._lock:
+            if self._cancel_asked:
+                return
+            self._cancel_asked = True
+        try:
+            # queued after _start (submitted first), so the task exists when this runs
+            self._loop.call_soon_threadsafe(self._cancel_task)
+        except RuntimeError:  # the loop is closed
+            pass
+
+    def _cancel_task(self) -> None:  # on the loop
+        if self._task is not None:
+            self._task.cancel()
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """Wait up to ``timeout`` seconds for the task to end; True once it has."""
+        return self._done.wait(timeout)
+
+    def result(self) -> Any:
+        """Wait for the task to end; its result, or its exception (``CancelledError`` when cancelled)."""
+        return self._future.result()
 
 
 class MainThreadRunner:
@@ -260,6 +322,11 @@ class StopSignals:
         return "second"
 
 
+#: A stopped async handler that has not ended this many seconds after the stop gets an ERROR
+#: line (once). It is still waited for: its job stays listed in the pings and holds its slot.
+STOP_REPORT_SECONDS = 30.0
+
+
 class JobCancelled(Exception):
     """Raised by :class:`JobRun` when the job was cancelled while running."""
 
@@ -278,7 +345,9 @@ class JobRun:
     (before the job ends); it may raise :class:`ChunkNotDelivered` to end the job with an
     error. :meth:`cancel` may be called from any thread: async handlers get
     ``asyncio.CancelledError`` at their next ``await``; generators stop at their next yield;
-    a sync handler runs to its end and its result is dropped.
+    a sync handler runs to its end and its result is dropped. :meth:`run` returns only once
+    the handler's code has ended, so a stopped job is not over while its handler still runs
+    (an async one awaiting a cleanup after the ``CancelledError``, or ignoring it).
 
     A handler that raises SystemExit or KeyboardInterrupt gets an error result (see
     :func:`result.exit_result`) and the exception is kept in :attr:`exit_exception`, so the
@@ -306,7 +375,10 @@ class JobRun:
         self.hostname = hostname
         self._cancelled = threading.Event()
         self._lock = threading.Lock()
-        self._future: Optional[concurrent.futures.Future] = None
+        self._submitted: Optional[Submitted] = None
+        self._cancelled_at = 0.0
+        #: Seconds after a stop before a handler that still runs is reported (ERROR).
+        self.stop_report_after = STOP_REPORT_SECONDS
         #: The SystemExit or KeyboardInterrupt the handler raised, if it did.
         self.exit_exception: Optional[BaseException] = None
         #: The job-done body the handler came to after its job was cancelled (not posted).
@@ -321,11 +393,13 @@ class JobRun:
 
     def cancel(self) -> None:
         """Ask the running handler to stop. Safe to call from any thread, more than once."""
-        self._cancelled.set()
         with self._lock:
-            future = self._future
-        if future is not None:
-            future.cancel()
+            if not self._cancelled.is_set():
+                self._cancelled_at = time.monotonic()
+                self._cancelled.set()
+            submitted = self._submitted
+        if submitted is not None:
+            submitted.cancel()
 
     def run(self) -> Dict[str, Any]:
         """Run the handler to its end and return the job-done body.
@@ -348,14 +422,20 @@ class JobRun:
         return fn(*args) if self.call is None else self.call(fn, *args)
 
     def _await(self, coro) -> Any:
-        """Run ``coro`` on the loop and wait for it, honouring cancellation."""
-        future = self.loop.submit(coro)
+        """Run ``coro`` on the loop and wait for it to end, honouring cancellation.
+
+        A cancel stops its task, and this still waits until the task has ended: the handler
+        runs until then, so its job must stay with the worker (listed in its pings, holding its
+        slot) and the next job must not start beside it.
+        """
+        submitted = self.loop.submit(coro)
         with self._lock:
-            self._future = future
+            self._submitted = submitted
         if self.cancelled:
-            future.cancel()
+            submitted.cancel()
         try:
-            return future.result()
+            self._wait(submitted)
+            return submitted.result()
         except concurrent.futures.CancelledError as exc:
             if self.cancelled:
                 raise JobCancelled(self.job.get("id")) from exc
@@ -364,7 +444,23 @@ class JobRun:
             raise escaped.original from None
         finally:
             with self._lock:
-                self._future = None
+                self._submitted = None
+
+    def _wait(self, submitted: Submitted) -> None:
+        """Wait for ``submitted`` to end, however long it takes; after a stop, a handler still
+        running :attr:`stop_report_after` seconds later is reported once at ERROR."""
+        reported = False
+        while not submitted.wait(None if reported else 1.0):
+            if not self.cancelled:
+                continue
+            stopped_for = time.monotonic() - self._cancelled_at
+            if stopped_for >= self.stop_report_after:
+                get_logger().error(
+                    "handler still running %.0f s after the job was stopped (asyncio.CancelledError caught "
+                    "and not re-raised, or a long cleanup): the job stays listed in this worker's pings "
+                    "and holds its slot until the handler returns", stopped_for,
+                    extra={"job_id": self.job.get("id")})
+                reported = True
 
     def _run_single(self) -> Dict[str, Any]:
         try:
@@ -468,6 +564,8 @@ class JobRun:
                     value = self._await(agen.__anext__())
                 except StopAsyncIteration:
                     return None
+                if self.cancelled:  # it went on after the CancelledError: its value is not sent
+                    raise JobCancelled(self.job.get("id"))
                 terminal = self._emit(value, chunks)
                 if terminal is not None:
                     return terminal
@@ -475,7 +573,10 @@ class JobRun:
                     raise JobCancelled(self.job.get("id"))
         finally:
             try:
-                self.loop.submit(agen.aclose()).result(timeout=5)
+                # the generator's cleanup (its finally) is the handler still running: waited for
+                closing = self.loop.submit(agen.aclose())
+                self._wait(closing)
+                closing.result()
             except BaseException:  # noqa: BLE001 - closing must not mask the outcome
                 pass
 
