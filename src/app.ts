@@ -341,6 +341,9 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
         const worker = job.workerId ? queue.workers.get(job.endpointId, job.workerId) : undefined;
         if (worker?.recycle && worker.managed && worker.jobs.size === 0) autoscaler.trigger(job.endpointId);
       },
+      // Said in the endpoint log: a handler that runs on (a sync one cannot be interrupted) keeps
+      // its worker busy, and a queue that waits meanwhile showed no reason.
+      endedOnWorker: (job, workerId, why) => logs.append(job.endpointId, workerId, 'system', `job ${job.id} ended on worker ${workerId} (${why}): the worker was told to stop it (job-stop)`),
     });
     endpoints.on({
       // A lower workers.max is a restart reason for the API when workers are above it (they stop:

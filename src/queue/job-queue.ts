@@ -97,6 +97,11 @@ export interface QueueListener {
   finished?(job: Job, hookBody: (() => string) | undefined): void;
   /** A finished job began a new run (/retry): its final status is no longer final. */
   retried?(job: Job): void;
+  /**
+   * flashd ended a job a worker was running (an execution timeout, a TTL, a /cancel): the worker
+   * is told to stop it (job-stop). `why`: how it ended (`cancelled`, `timed out: …`).
+   */
+  endedOnWorker?(job: Job, workerId: string, why: string): void;
 }
 
 /** A job handed to a worker: its input is in memory. */
@@ -768,7 +773,7 @@ export class JobQueue {
       this.#leave(job);
     } else if (job.status === 'IN_PROGRESS') {
       const worker = this.#release(job);
-      if (worker) this.#requestStop(worker, job.id, job);
+      if (worker) this.#requestStop(worker, job.id, 'not stored (its commit failed)', job);
     }
     this.#forgotten.add(job);
     job.status = 'CANCELLED';
@@ -1268,7 +1273,7 @@ export class JobQueue {
         // row per such id (3,000 ids: about 18 ms of the loop per ping), and the else branch
         // below does nothing more for it.
       } else {
-        if (!worker.stops.has(id)) this.#requestStop(worker, id);
+        if (!worker.stops.has(id)) this.#requestStop(worker, id, 'not its job');
         // Still running a job it was fenced from: the fence lasts while its pings list the job.
         if (job?.fencedFrom === workerId) job.fencedUntil = lease;
         // A queued job it still runs, with no fence (its row predates migration 10, or the fence
@@ -1345,20 +1350,22 @@ export class JobQueue {
   /**
    * flashd ended `job` while `worker` ran it (a cancel, a timeout, attempts used up): it is told
    * to stop, and its late result for that attempt is discarded with a 200, even after a /retry
-   * (WorkerInfo.ended).
+   * (WorkerInfo.ended). `say`: the listeners hear of it (endedOnWorker), for the endpoint log;
+   * not for attempts used up, where the worker is gone or lost its lease (said elsewhere).
    */
-  #endedOn(worker: WorkerInfo, job: Job): void {
+  #endedOn(worker: WorkerInfo, job: Job, why: string, say = true): void {
     worker.ended.add(job.id);
-    this.#requestStop(worker, job.id, job);
+    this.#requestStop(worker, job.id, why, job);
+    if (say) for (const l of this.#listeners) l.endedOnWorker?.(job, worker.id, why);
   }
 
   /**
    * Asks `worker` to stop `jobId` (on job-stop). `job`: the job it held, whose claim time bounds
    * how long a ping without the job is taken for one made before the worker registered it;
    * without it (a ping listed the job, so the worker has registered it) a ping that no longer
-   * lists the job ends the stop at once.
+   * lists the job ends the stop at once. `why`: how flashd ended the job for it (WorkerInfo.stops).
    */
-  #requestStop(worker: WorkerInfo, jobId: string, job?: Job): void {
+  #requestStop(worker: WorkerInfo, jobId: string, why: string, job?: Job): void {
     // Its late result came first (a /cancel answers after its commit): nothing left to stop.
     if (worker.letGo.has(jobId)) return;
     const mono = this.#clock.monotonic();
@@ -1367,7 +1374,7 @@ export class JobQueue {
       const heldFor = job.startedAt === null ? 0 : Math.max(0, this.#clock.now() - job.startedAt);
       keepUntil = mono - heldFor + STOP_REOFFER_MS;
     }
-    worker.stops.set(jobId, { keepUntil, offered: -1 });
+    worker.stops.set(jobId, { keepUntil, offered: -1, firstOffered: -1, since: mono, why });
     const waiters = worker.stopWaiters;
     worker.stopWaiters = [];
     for (const w of waiters) w();
@@ -1383,7 +1390,10 @@ export class JobQueue {
       else nextInMs = Math.min(nextInMs, STOP_REOFFER_MS - (now - offered));
     }
     if (!due) return { ids: [], nextInMs };
-    for (const stop of worker.stops.values()) stop.offered = now;
+    for (const stop of worker.stops.values()) {
+      stop.offered = now;
+      if (stop.firstOffered < 0) stop.firstOffered = now;
+    }
     return { ids: [...worker.stops.keys()], nextInMs: STOP_REOFFER_MS };
   }
 
@@ -1679,14 +1689,14 @@ export class JobQueue {
       const before = this.#liveState(job);
       this.#finish(job, 'FAILED', null, `${reason}; gave up after ${job.attempt} attempts`);
       this.#retryIfUnstored([{ job, endedAs: 'FAILED', before }]);
-      if (holder) this.#endedOn(holder, job);
+      if (holder) this.#endedOn(holder, job, 'failed: no attempt left', false);
       return;
     }
     const q = this.#queue(job.endpointId);
     const held = this.#heldState(job);
     const unread = this.#unread.get(job.id);
     const worker = this.#release(job);
-    if (worker) this.#requestStop(worker, job.id, job);
+    if (worker) this.#requestStop(worker, job.id, 'taken back and queued again', job);
     if (worker && mayStillRun) {
       // A lapsed lease: it may still be running the job, so not back to it until it lets go.
       job.fencedFrom = worker.id;
@@ -1739,7 +1749,7 @@ export class JobQueue {
       q.retry.retain((j) => j !== job);
     } else if (job.status === 'IN_PROGRESS') {
       const taker = this.#release(job);
-      if (taker) this.#requestStop(taker, job.id, job);
+      if (taker) this.#requestStop(taker, job.id, 'not stored (its commit failed)', job);
     } else {
       return; // ended since (a cancel), and that end is written or undone on its own
     }
@@ -2032,7 +2042,7 @@ export class JobQueue {
         throw err;
       } finally {
         // Also after a failed sync: the cancel stands (SQLite has it), so the worker stops.
-        if (worker && (job.status as JobStatus) === 'CANCELLED') this.#endedOn(worker, job);
+        if (worker && (job.status as JobStatus) === 'CANCELLED') this.#endedOn(worker, job, 'cancelled');
       }
     }
     return job;
@@ -2123,7 +2133,7 @@ export class JobQueue {
       this.#leave(job);
     } else if (job.status === 'IN_PROGRESS') {
       const worker = this.#release(job);
-      if (worker) this.#requestStop(worker, job.id, job);
+      if (worker) this.#requestStop(worker, job.id, 'not stored (its commit failed)', job);
     } else {
       return; // ended meanwhile, and that end stored: it stands
     }
@@ -2496,11 +2506,11 @@ export class JobQueue {
       if (mono >= job.execDeadline) {
         (ends ??= []).push({ job, endedAs: 'TIMED_OUT', before: this.#liveState(job) });
         this.#finish(job, 'TIMED_OUT', null, `Execution timed out after ${job.executionTimeoutMs} ms.`, (job.startedAt ?? Infinity) + job.executionTimeoutMs);
-        if (worker) this.#endedOn(worker, job);
+        if (worker) this.#endedOn(worker, job, `timed out: execution timeout ${job.executionTimeoutMs / 1000} s`);
       } else if (mono >= job.ttlDeadline) {
         (ends ??= []).push({ job, endedAs: 'TIMED_OUT', before: this.#liveState(job) });
         this.#finish(job, 'TIMED_OUT', null, 'Job exceeded its time to live (policy.ttl).', job.queuedAt + job.ttlMs);
-        if (worker) this.#endedOn(worker, job);
+        if (worker) this.#endedOn(worker, job, `timed out: policy.ttl ${job.ttlMs / 1000} s`);
       } else if (mono >= job.leaseDeadline) {
         // A worker still heard from whose heartbeats no longer list the job dropped it (runpod-python
         // does when the handler's output cannot be serialised): say so, not "no heartbeat".

@@ -208,11 +208,15 @@ export class Autoscaler {
       oldestWaitMs: load.oldestWaitMs,
       workers: live.map((w) => {
         const state = registry.state(w);
+        const endedOnly = state === 'running' ? registry.endedOnly(w) : undefined;
         return {
           id: w.id, state, idleMs: mono - w.idleSince, managed: w.managed, recycle: w.recycle, refresh: w.refresh, retired: w.retired,
-          uncounted: state === 'running' && !this.#o.queue.runsCountedJob(w), returningMs: registry.returningMs(w),
+          uncounted: state === 'running' && !this.#o.queue.runsCountedJob(w), returningMs: registry.returningMs(w), ...(endedOnly ? { endedOnly } : {}),
         };
       }),
+      // A worker still running only jobs flashd ended a lease after it was told to stop them
+      // holds its place under max for good (its heartbeat keeps pinging): it is stopped.
+      endedStopMs: this.#o.queue.settings.leaseMs,
       // Every worker being stopped holds its place under max until it has exited (decideScale
       // leaves out one replaced for a new configuration): counting only those that asked to be
       // recycled or hit the init timeout, a job arriving while an idle-stopped worker exited
@@ -248,8 +252,9 @@ export class Autoscaler {
       const w = registry.get(endpointId, id);
       // Recycled: not kept for a FlashBoot restart. One replaced for a new configuration runs the
       // old one; one that asked for it (refresh_worker, stopPod) is to come back clean, and a
-      // restart would hand the next job its container as it left it.
-      void this.#stop(id, decision.stopReasons[id] ?? 'scaled down', w?.recycle !== true);
+      // restart would hand the next job its container as it left it. Nor one stopped while
+      // running (a handler that never returned from a job flashd ended), as an unheard one is not.
+      void this.#stop(id, decision.stopReasons[id] ?? 'scaled down', w?.recycle !== true && (w === undefined || registry.state(w) !== 'running'));
     }
     for (let i = 0; i < decision.start; i++) this.#launch(row, decision.startReason);
     for (const id of decision.unretire) {

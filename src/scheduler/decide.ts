@@ -32,6 +32,10 @@
  *   starting. For a new configuration its replacement starts at once (`max` applying to the
  *   others); one that asked (stopPod, refresh_worker) keeps its place under `max` while it
  *   still runs jobs, so its replacement waits for room.
+ * - A managed worker whose only work left is jobs flashd ended (a timeout, a TTL, a /cancel) that
+ *   it still runs more than `endedStopMs` (the lease) after it was first told to stop one
+ *   (`endedOnly`: a handler that never returns) is stopped: busy for good, it held its place
+ *   under `max` and the queue waited behind it. Its exit makes room for a replacement.
  * - When the runtime has no room, the shortfall is reported as `throttled`.
  */
 import type { Scaling } from '../endpoints/index.js';
@@ -60,6 +64,12 @@ export interface WorkerSnapshot {
    * with uncounted work, it still has room: a job queued now goes to it, so it starts nobody.
    */
   returningMs?: number;
+  /**
+   * Its only work left is jobs flashd ended that it still runs (WorkerRegistry.endedOnly): the
+   * first one it was told to stop (job-stop), how (`why`), ms since it was first told
+   * (`offeredMs`) and since flashd ended it (`endedMs`).
+   */
+  endedOnly?: { jobId: string; why: string; offeredMs: number; endedMs: number };
 }
 
 export interface ScaleInput {
@@ -86,6 +96,11 @@ export interface ScaleInput {
    * the device ledger does for GPUs), except one replaced for the endpoint's new configuration.
    */
   exiting?: readonly ExitingSnapshot[];
+  /**
+   * How long a managed worker may go on running only jobs flashd ended after it was first told
+   * to stop one (`endedOnly.offeredMs`) before it is stopped (`--lease-ms`); unset: never.
+   */
+  endedStopMs?: number;
 }
 
 /** A managed worker flashd is stopping (SIGTERM sent) that has not exited yet. */
@@ -131,6 +146,11 @@ export interface ScaleDecision {
 const secs = (ms: number): string => String(Math.round(ms / 100) / 10);
 
 export function decideScale(s: ScaleInput): ScaleDecision {
+  // Still running only jobs flashd ended, long after it was told to stop them: a handler that
+  // never returns (a deadlock, a call that never ends) while the SDK's heartbeat goes on pinging.
+  // It would count as running for good; it is stopped, whatever else this decision does with it.
+  const stuck = s.endedStopMs === undefined ? []
+    : s.workers.filter((w) => w.managed && w.state === 'running' && w.endedOnly !== undefined && w.endedOnly.offeredMs > (s.endedStopMs as number));
   // Stopped for idleness, above max, for the init timeout or because it asked: until it has
   // exited it still runs (a handler's cleanup, a deaf one's whole stop grace), so a job arriving
   // meanwhile waits for the exit and then cold-starts, rather than a second worker running
@@ -144,7 +164,7 @@ export function decideScale(s: ScaleInput): ScaleDecision {
   let room = s.max - exiting - s.workers.filter((w) => w.state !== 'unhealthy' && !retiredNow(w) && (!(w.recycle && w.managed) || w.refresh)).length;
   for (const w of s.workers) {
     if (room <= 0) break;
-    if (!retiredNow(w)) continue;
+    if (!retiredNow(w) || stuck.includes(w)) continue;
     unretire.push(w.id);
     room--;
   }
@@ -224,6 +244,12 @@ export function decideScale(s: ScaleInput): ScaleDecision {
   const stop: string[] = [];
   const stopReasons: Record<string, string> = {};
   let remaining = active;
+  for (const w of stuck) {
+    const e = w.endedOnly as NonNullable<WorkerSnapshot['endedOnly']>;
+    stop.push(w.id);
+    stopReasons[w.id] = `it still runs job ${e.jobId} ${secs(e.endedMs)} s after flashd ended it (${e.why}): told to stop it, it did not within --lease-ms (${secs(s.endedStopMs as number)} s)`;
+    if (serving.some((x) => x.id === w.id)) remaining--;
+  }
   for (const w of candidates) {
     if (w.recycle) {
       stop.push(w.id);
@@ -250,7 +276,7 @@ export function decideScale(s: ScaleInput): ScaleDecision {
   // Still above max: busy managed workers are retired, the last listed (the newest) first. They
   // keep their places under max until they have exited, as a worker that asked to be recycled does.
   const retire: string[] = [];
-  const busy = serving.filter((w) => w.managed && w.state === 'running');
+  const busy = serving.filter((w) => w.managed && w.state === 'running' && !stop.includes(w.id));
   for (let i = busy.length - 1; i >= 0 && remaining > s.max; i--) {
     retire.push((busy[i] as WorkerSnapshot).id);
     remaining--;

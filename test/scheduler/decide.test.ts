@@ -202,7 +202,40 @@ const cases: { name: string; input: Partial<ScaleInput>; start: number; stop?: s
   { name: 'a warm idle worker takes the first job: no cold start beside it', input: { min: 1, queued: 1, workers: [w('a', 'idle', 60_000)] }, start: 0, stop: [] },
   { name: 'crash-loop backoff holds starts back without throttling', input: { queued: 2, backoff: true }, start: 0, throttled: 0 },
   { name: 'unhealthy workers do not count as capacity', input: { queued: 1, workers: [w('a', 'unhealthy')] }, start: 1 },
+  // A handler that never returns from a job flashd ended (its heartbeat still lists the job).
+  {
+    name: 'a worker running only jobs flashd ended, told to stop them more than endedStopMs ago, is stopped',
+    input: { max: 1, queued: 1, endedStopMs: 3000, workers: [w('a', 'running', 0, { uncounted: true, endedOnly: ended(3001) })] }, start: 0, stop: ['a'],
+  },
+  {
+    name: 'not within endedStopMs of the first stop offered',
+    input: { max: 1, queued: 1, endedStopMs: 3000, workers: [w('a', 'running', 0, { uncounted: true, endedOnly: ended(3000) })] }, start: 0, stop: [],
+  },
+  {
+    name: 'not without endedStopMs',
+    input: { max: 1, queued: 1, workers: [w('a', 'running', 0, { uncounted: true, endedOnly: ended(60_000) })] }, start: 0, stop: [],
+  },
+  {
+    name: 'not an external worker: flashd cannot stop it, and it keeps counting as running',
+    input: { max: 1, queued: 1, endedStopMs: 3000, workers: [w('x', 'running', 0, { managed: false, endedOnly: ended(60_000) })] }, start: 0, stop: [],
+  },
+  {
+    name: 'not one that runs a job of its own too (endedOnly is unset then)',
+    input: { max: 1, queued: 1, endedStopMs: 3000, workers: [w('a', 'running')] }, start: 0, stop: [],
+  },
+  {
+    name: 'above a lowered max a stuck worker is stopped, not retired as well, and counts as gone',
+    input: { max: 1, endedStopMs: 3000, workers: [w('a', 'running'), w('b', 'running', 0, { uncounted: true, endedOnly: ended(5000) })] }, start: 0, stop: ['b'], retire: [],
+  },
+  {
+    name: 'a retired stuck worker is stopped, not taken back under a raised max',
+    input: { max: 2, endedStopMs: 3000, workers: [w('a', 'running', 0, { recycle: true, refresh: true, retired: true, endedOnly: ended(5000) })] }, start: 0, stop: ['a'], unretire: [],
+  },
 ];
+
+function ended(offeredMs: number): NonNullable<WorkerSnapshot['endedOnly']> {
+  return { jobId: 'job-1', why: 'timed out: execution timeout 5 s', offeredMs, endedMs: offeredMs + 200 };
+}
 
 for (const c of cases) {
   t.test(c.name, async (t) => {
@@ -250,6 +283,10 @@ t.test('a decision says why its workers start and stop, for the logs', async (t)
     'REQUEST_COUNT has no idleTimeout: the reason names the target and the grace',
   );
   t.match(decideScale({ ...base, workers: [w('a', 'idle', 0, { recycle: true })] }).stopReasons, { a: /^recycled/ });
+  t.same(
+    decideScale({ ...base, endedStopMs: 30_000, workers: [w('a', 'running', 0, { endedOnly: { jobId: 'job-1', why: 'cancelled', offeredMs: 30_500, endedMs: 31_000 } })] }).stopReasons,
+    { a: 'it still runs job job-1 31 s after flashd ended it (cancelled): told to stop it, it did not within --lease-ms (30 s)' },
+  );
 });
 
 t.test('crash loop: workers that crash at start back off up to 60 s, and stay there', async (t) => {

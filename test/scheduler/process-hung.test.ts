@@ -3,7 +3,8 @@
  * job: the job goes back to the queue at its lease, and the worker, which calls no more, counts
  * as `unhealthy` in `/health`, not `running` for good, and is stopped: it neither holds its place
  * under `workers.max` nor passes for the idle worker `workers.min` keeps, so the next job runs
- * on a new worker.
+ * on a new worker. And one whose handler never returns from a job flashd ended while the SDK's
+ * heartbeat goes on listing it: stopped a lease after it was told to stop the job.
  */
 import { execFileSync } from 'node:child_process';
 import t from 'tap';
@@ -61,4 +62,48 @@ t.test('a hung worker whose job went back at its lease is unhealthy, not running
   const logs = (await a.req('GET', `/v2/serverless/${ep}/logs`)).json as { line: string }[];
   t.ok(logs.some((l) => /has not called for 2 s \(--lease-ms\): hung, or gone unreported/.test(l.line)), 'the endpoint log says why it was stopped');
   t.notOk(logs.some((l) => /exited unexpectedly/.test(l.line)), 'a stop, not a crash');
+});
+
+t.test('a worker whose handler runs on, a lease after flashd timed its job out and told it to stop, is stopped and replaced', async (t) => {
+  const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT, leaseMs: 3000, takeHoldMs: 1000, workerStopGraceMs: 2000 });
+  // max 1: while the hung worker holds its place, nothing else runs.
+  const ep = (await a.req('POST', '/v2/serverless', {
+    body: cpuBody({ args: 'python3 -u test/fixtures/workers/echo.py', workers: { min: 0, max: 1, idleTimeout: 60 } }),
+  })).json.id as string;
+  const status = async (id: string) => (await a.req('GET', `/v2/${ep}/status/${id}`)).json;
+
+  // A sync handler in a call that does not return (time.sleep(1000)); the SDK's heartbeat, its
+  // own process, keeps pinging and listing the job.
+  const hung = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { sleep: 1000 }, policy: { executionTimeout: 5000 } } })).json.id as string;
+  const worker = await until('the job running', async () => {
+    const s = await status(hung);
+    return s.status === 'IN_PROGRESS' && (s.workerId as string);
+  }, 30_000);
+  const groups = workerGroups();
+  t.equal(groups.length, 1, 'one worker process group');
+  const pgid = groups[0] as number;
+  t.teardown(() => {
+    try {
+      process.kill(-pgid, 'SIGKILL');
+    } catch {
+      // gone already
+    }
+  });
+  await until('the execution timeout', async () => (await status(hung)).status === 'TIMED_OUT', 15_000);
+
+  // The next job gets the endpoint's one place once the hung worker is stopped (SIGKILL at the
+  // end of the stop grace: its handler ignores SIGTERM's request to finish).
+  const r = await a.req('POST', `/v2/${ep}/runsync?wait=60000`, { body: { input: { ok: 1 } } });
+  t.equal(r.json.status, 'COMPLETED', r.text);
+  t.not(r.json.workerId, worker, 'on a new worker');
+  t.same(workerGroups().filter((g) => g === pgid), [], 'the hung worker is gone');
+
+  const lines = ((await a.req('GET', `/v2/serverless/${ep}/logs`)).json as { line: string; workerId: string }[]).filter((l) => l.workerId === worker);
+  t.ok(lines.some((l) => l.line === `job ${hung} ended on worker ${worker} (timed out: execution timeout 5 s): the worker was told to stop it (job-stop)`),
+    'the endpoint log says flashd ended the job on the worker');
+  const stopping = lines.find((l) => l.line.startsWith(`stopping worker ${worker}:`))?.line;
+  t.match(stopping, new RegExp(`: it still runs job ${hung} [\\d.]+ s after flashd ended it \\(timed out: execution timeout 5 s\\): told to stop it, it did not within --lease-ms \\(3 s\\)$`),
+    `the endpoint log says why it was stopped: ${stopping}`);
+  t.notOk(lines.some((l) => /exited unexpectedly/.test(l.line)), 'a stop, not a crash');
+  t.equal((await a.req('GET', `/v2/${ep}/health`)).json.workers.unhealthy, 0, 'no unhealthy worker');
 });

@@ -14,7 +14,9 @@ import { TestWorker } from '../helpers/worker.js';
 const health = async (a: TestAgent, ep: string) => (await a.req('GET', `/v2/${ep}/health`)).json;
 
 t.test('a worker freed from a job flashd ended (cancel) gets its full idleTimeout, counted from when its handler returned', async (t) => {
-  const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT, takeHoldMs: 1000, leaseMs: 3000 });
+  // A lease longer than the handler runs on after the cancel: one that ran on a lease after it
+  // was told to stop would be stopped (process-hung.test.ts).
+  const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT, takeHoldMs: 1000, leaseMs: 10_000 });
   const ep = (await a.req('POST', '/v2/serverless', {
     body: cpuBody({ args: 'python3 -u test/fixtures/workers/echo.py', workers: { min: 0, max: 1, idleTimeout: 3 } }),
   })).json.id as string;
