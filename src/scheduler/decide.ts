@@ -199,7 +199,9 @@ export function decideScale(s: ScaleInput): ScaleDecision {
     const wanted = Math.ceil((s.queued + s.inProgress) / s.scaling.requestCount);
     desired = wanted + occupied;
     why = `REQUEST_COUNT: ${s.queued + s.inProgress} job(s) queued or running at ${s.scaling.requestCount} per worker: ${wanted} worker(s) wanted`
-      + (occupied > 0 && wanted > 0 ? ` beside the ${occupied} busy with low-priority or ended jobs` : '');
+      + (occupied > 0 && wanted > 0 ? ` beside the ${occupied} busy with low-priority or ended jobs` : '')
+      // More than max allows: said, or a reader looks for workers that were never to start.
+      + (wanted > 0 && desired > s.max ? ` (capped at workers.max ${s.max})` : '');
   } else if (s.queued > 0 && idle.length === 0) {
     if (active === 0) {
       desired = 1;

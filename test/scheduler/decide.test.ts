@@ -275,6 +275,21 @@ t.test('a decision says why its workers start and stop, for the logs', async (t)
     decideScale({ ...base, scaling: { type: 'REQUEST_COUNT', requestCount: 1 }, queued: 1, workers: [w('a', 'running', 0, { uncounted: true })] }).startReason,
     'REQUEST_COUNT: 1 job(s) queued or running at 1 per worker: 1 worker(s) wanted beside the 1 busy with low-priority or ended jobs',
   );
+  t.equal(
+    decideScale({ ...base, scaling: { type: 'REQUEST_COUNT', requestCount: 1 }, queued: 5 }).startReason,
+    'REQUEST_COUNT: 5 job(s) queued or running at 1 per worker: 5 worker(s) wanted (capped at workers.max 3)',
+    'more wanted than workers.max allows: the reason says the cap, so nobody looks for the missing workers',
+  );
+  t.equal(
+    decideScale({ ...base, scaling: { type: 'REQUEST_COUNT', requestCount: 1 }, queued: 3, workers: [w('a', 'running', 0, { uncounted: true })] }).startReason,
+    'REQUEST_COUNT: 3 job(s) queued or running at 1 per worker: 3 worker(s) wanted beside the 1 busy with low-priority or ended jobs (capped at workers.max 3)',
+    'also when the busy ones beside them take the count past workers.max',
+  );
+  t.equal(
+    decideScale({ ...base, scaling: { type: 'REQUEST_COUNT', requestCount: 1 }, queued: 3 }).startReason,
+    'REQUEST_COUNT: 3 job(s) queued or running at 1 per worker: 3 worker(s) wanted',
+    'no cap named when workers.max allows them all',
+  );
   t.same(decideScale({ ...base, workers: [w('a', 'idle', 12_000)] }).stopReasons, { a: 'idle for 12 s (idle timeout 10 s)' });
   t.same(decideScale({ ...base, max: 0, workers: [w('a', 'initializing')] }).stopReasons, { a: 'above workers.max (0)' });
   t.same(
