@@ -476,7 +476,9 @@ export class Autoscaler {
    */
   #noteLowOnly(endpointId: string, waiting: boolean, count: number): void {
     this.#sayOnce(this.#lowOnly, endpointId, waiting, () => {
-      this.#o.logs.append(endpointId, null, 'system', `${count} low-priority job(s) wait with no worker up: policy.lowPriority never starts a worker; they run once workers.min or a job without lowPriority brings one up, or expire at their policy.ttl`);
+      // No count: the line is said once while they wait, and more may come after it (flashd's
+      // own log has the count at that moment).
+      this.#o.logs.append(endpointId, null, 'system', 'low-priority jobs wait with no worker up: policy.lowPriority never starts a worker; they run once workers.min or a job without lowPriority brings one up, or expire at their policy.ttl');
       this.#o.log.info('low-priority jobs wait with no worker up', { endpointId, lowQueued: count });
     });
   }
@@ -489,7 +491,8 @@ export class Autoscaler {
    */
   #noteNoMax(endpointId: string, waiting: boolean, count: number): void {
     this.#sayOnce(this.#noMax, endpointId, waiting, () => {
-      this.#o.logs.append(endpointId, null, 'system', `${count} job(s) wait with no worker up: workers.max is 0, so flashd starts no worker; they run on a worker you start yourself (worker-env) or once workers.max is raised, or expire at their policy.ttl`);
+      // No count, as for #noteLowOnly's line.
+      this.#o.logs.append(endpointId, null, 'system', 'jobs wait with no worker up: workers.max is 0, so flashd starts no worker; they run on a worker you start yourself (worker-env) or once workers.max is raised, or expire at their policy.ttl');
       this.#o.log.warn('jobs wait with workers.max 0 and no worker up', { endpointId, queued: count });
     });
   }
