@@ -1374,7 +1374,7 @@ export class JobQueue {
       const heldFor = job.startedAt === null ? 0 : Math.max(0, this.#clock.now() - job.startedAt);
       keepUntil = mono - heldFor + STOP_REOFFER_MS;
     }
-    worker.stops.set(jobId, { keepUntil, offered: -1, firstOffered: -1, since: mono, why });
+    worker.stops.set(jobId, { keepUntil, offered: -1, since: mono, why });
     const waiters = worker.stopWaiters;
     worker.stopWaiters = [];
     for (const w of waiters) w();
@@ -1390,10 +1390,7 @@ export class JobQueue {
       else nextInMs = Math.min(nextInMs, STOP_REOFFER_MS - (now - offered));
     }
     if (!due) return { ids: [], nextInMs };
-    for (const stop of worker.stops.values()) {
-      stop.offered = now;
-      if (stop.firstOffered < 0) stop.firstOffered = now;
-    }
+    for (const stop of worker.stops.values()) stop.offered = now;
     return { ids: [...worker.stops.keys()], nextInMs: STOP_REOFFER_MS };
   }
 

@@ -26,12 +26,11 @@ export interface WorkerInfo {
    * list the job, since a stop that arrives before the worker made the job's task is dropped.
    * `keepUntil`: until then a ping that does not list the job leaves the stop in place (that
    * ping may have been made before the worker registered a job it took moments ago).
-   * `since`: when flashd asked for the stop (monotonic); `firstOffered`: when job-stop first
-   * handed it out (-1: not yet); `why`: how flashd ended the job for the worker (`cancelled`,
+   * `since`: when flashd asked for the stop (monotonic); `why`: how flashd ended the job for the worker (`cancelled`,
    * `timed out: …`), for the log. A worker left running only such jobs past a bound is stopped
    * (WorkerRegistry.endedOnly, decide.ts).
    */
-  readonly stops: Map<string, { readonly keepUntil: number; offered: number; firstOffered: number; readonly since: number; readonly why: string }>;
+  readonly stops: Map<string, { readonly keepUntil: number; offered: number; readonly since: number; readonly why: string }>;
   /**
    * Jobs the worker posted a final result for after flashd had taken them from it (cancelled,
    * timed out, reassigned): it let go of them, though a heartbeat made before its post may still
@@ -315,23 +314,22 @@ export class WorkerRegistry {
 
   /**
    * A worker whose only work left is jobs flashd ended (a timeout, a TTL, a /cancel, one taken
-   * back) that its pings still list: it holds no job and has no job-take open. The stop of those
-   * that job-stop handed it out first, with ms since then (`offeredMs`) and since flashd ended the
-   * job (`endedMs`); undefined otherwise, and while no stop has been handed out (a worker that
-   * never asks for job-stop was never told). A handler that honours job-stop returns and its
-   * pings drop the job; one that never returns (a deadlock, a sync call that never ends) kept its
-   * worker `running` for good, holding its place under max: the autoscaler stops a managed one
-   * once `offeredMs` passes the lease (decide.ts).
+   * back) that its pings still list: it holds no job and has no job-take open. The one flashd
+   * ended first, with ms since then (`endedMs`); undefined otherwise. A handler that honours
+   * job-stop returns and its pings drop the job; one that never returns (a deadlock, a sync call
+   * that never ends) kept its worker `running` for good, holding its place under max: the
+   * autoscaler stops a managed one once `endedMs` passes the lease (decide.ts). Counted from the
+   * end, not from job-stop's answer: runpod-python never asks job-stop, and a sync handler of
+   * its runs to its end however long that is.
    */
-  endedOnly(w: WorkerInfo): { jobId: string; why: string; offeredMs: number; endedMs: number } | undefined {
+  endedOnly(w: WorkerInfo): { jobId: string; why: string; endedMs: number } | undefined {
     if (w.stops.size === 0 || w.jobs.size > 0 || w.parked > 0) return undefined;
-    let first: [string, { firstOffered: number; since: number; why: string }] | undefined;
+    let first: [string, { since: number; why: string }] | undefined;
     for (const entry of w.stops) {
-      if (entry[1].firstOffered >= 0 && (first === undefined || entry[1].firstOffered < first[1].firstOffered)) first = entry;
+      if (first === undefined || entry[1].since < first[1].since) first = entry;
     }
     if (first === undefined) return undefined;
-    const now = this.#clock.monotonic();
-    return { jobId: first[0], why: first[1].why, offeredMs: now - first[1].firstOffered, endedMs: now - first[1].since };
+    return { jobId: first[0], why: first[1].why, endedMs: this.#clock.monotonic() - first[1].since };
   }
 
   /**

@@ -33,7 +33,7 @@
  *   others); one that asked (stopPod, refresh_worker) keeps its place under `max` while it
  *   still runs jobs, so its replacement waits for room.
  * - A managed worker whose only work left is jobs flashd ended (a timeout, a TTL, a /cancel) that
- *   it still runs more than `endedStopMs` (the lease) after it was first told to stop one
+ *   it still runs more than `endedStopMs` (the lease) after flashd ended the first of them
  *   (`endedOnly`: a handler that never returns) is stopped: busy for good, it held its place
  *   under `max` and the queue waited behind it. Its exit makes room for a replacement.
  * - When the runtime has no room, the shortfall is reported as `throttled`.
@@ -66,10 +66,9 @@ export interface WorkerSnapshot {
   returningMs?: number;
   /**
    * Its only work left is jobs flashd ended that it still runs (WorkerRegistry.endedOnly): the
-   * first one it was told to stop (job-stop), how (`why`), ms since it was first told
-   * (`offeredMs`) and since flashd ended it (`endedMs`).
+   * first one flashd ended, how (`why`), and ms since then (`endedMs`).
    */
-  endedOnly?: { jobId: string; why: string; offeredMs: number; endedMs: number };
+  endedOnly?: { jobId: string; why: string; endedMs: number };
 }
 
 export interface ScaleInput {
@@ -97,8 +96,8 @@ export interface ScaleInput {
    */
   exiting?: readonly ExitingSnapshot[];
   /**
-   * How long a managed worker may go on running only jobs flashd ended after it was first told
-   * to stop one (`endedOnly.offeredMs`) before it is stopped (`--lease-ms`); unset: never.
+   * How long a managed worker may go on running only jobs flashd ended after the first of them
+   * ended (`endedOnly.endedMs`) before it is stopped (`--lease-ms`); unset: never.
    */
   endedStopMs?: number;
 }
@@ -150,7 +149,7 @@ export function decideScale(s: ScaleInput): ScaleDecision {
   // never returns (a deadlock, a call that never ends) while the SDK's heartbeat goes on pinging.
   // It would count as running for good; it is stopped, whatever else this decision does with it.
   const stuck = s.endedStopMs === undefined ? []
-    : s.workers.filter((w) => w.managed && w.state === 'running' && w.endedOnly !== undefined && w.endedOnly.offeredMs > (s.endedStopMs as number));
+    : s.workers.filter((w) => w.managed && w.state === 'running' && w.endedOnly !== undefined && w.endedOnly.endedMs > (s.endedStopMs as number));
   // Stopped for idleness, above max, for the init timeout or because it asked: until it has
   // exited it still runs (a handler's cleanup, a deaf one's whole stop grace), so a job arriving
   // meanwhile waits for the exit and then cold-starts, rather than a second worker running
@@ -249,7 +248,7 @@ export function decideScale(s: ScaleInput): ScaleDecision {
   for (const w of stuck) {
     const e = w.endedOnly as NonNullable<WorkerSnapshot['endedOnly']>;
     stop.push(w.id);
-    stopReasons[w.id] = `it still runs job ${e.jobId} ${secs(e.endedMs)} s after flashd ended it (${e.why}): told to stop it, it did not within --lease-ms (${secs(s.endedStopMs as number)} s)`;
+    stopReasons[w.id] = `it still runs job ${e.jobId} ${secs(e.endedMs)} s after flashd ended it (${e.why}), over --lease-ms (${secs(s.endedStopMs as number)} s)`;
     if (serving.some((x) => x.id === w.id)) remaining--;
   }
   for (const w of candidates) {

@@ -233,8 +233,8 @@ const cases: { name: string; input: Partial<ScaleInput>; start: number; stop?: s
   },
 ];
 
-function ended(offeredMs: number): NonNullable<WorkerSnapshot['endedOnly']> {
-  return { jobId: 'job-1', why: 'timed out: execution timeout 5 s', offeredMs, endedMs: offeredMs + 200 };
+function ended(endedMs: number): NonNullable<WorkerSnapshot['endedOnly']> {
+  return { jobId: 'job-1', why: 'timed out: execution timeout 5 s', endedMs };
 }
 
 for (const c of cases) {
@@ -299,8 +299,8 @@ t.test('a decision says why its workers start and stop, for the logs', async (t)
   );
   t.match(decideScale({ ...base, workers: [w('a', 'idle', 0, { recycle: true })] }).stopReasons, { a: /^recycled/ });
   t.same(
-    decideScale({ ...base, endedStopMs: 30_000, workers: [w('a', 'running', 0, { endedOnly: { jobId: 'job-1', why: 'cancelled', offeredMs: 30_500, endedMs: 31_000 } })] }).stopReasons,
-    { a: 'it still runs job job-1 31 s after flashd ended it (cancelled): told to stop it, it did not within --lease-ms (30 s)' },
+    decideScale({ ...base, endedStopMs: 30_000, workers: [w('a', 'running', 0, { endedOnly: { jobId: 'job-1', why: 'cancelled', endedMs: 31_000 } })] }).stopReasons,
+    { a: 'it still runs job job-1 31 s after flashd ended it (cancelled), over --lease-ms (30 s)' },
   );
 });
 

@@ -102,8 +102,30 @@ t.test('a worker whose handler runs on, a lease after flashd timed its job out a
   t.ok(lines.some((l) => l.line === `job ${hung} ended on worker ${worker} (timed out: execution timeout 5 s): the worker was told to stop it (job-stop)`),
     'the endpoint log says flashd ended the job on the worker');
   const stopping = lines.find((l) => l.line.startsWith(`stopping worker ${worker}:`))?.line;
-  t.match(stopping, new RegExp(`: it still runs job ${hung} [\\d.]+ s after flashd ended it \\(timed out: execution timeout 5 s\\): told to stop it, it did not within --lease-ms \\(3 s\\)$`),
+  t.match(stopping, new RegExp(`: it still runs job ${hung} [\\d.]+ s after flashd ended it \\(timed out: execution timeout 5 s\\), over --lease-ms \\(3 s\\)$`),
     `the endpoint log says why it was stopped: ${stopping}`);
   t.notOk(lines.some((l) => /exited unexpectedly/.test(l.line)), 'a stop, not a crash');
   t.equal((await a.req('GET', `/v2/${ep}/health`)).json.workers.unhealthy, 0, 'no unhealthy worker');
+});
+
+t.test('the same for a worker that never asks job-stop (runpod-python): counted from the end of its job, not from a stop it never asked for', async (t) => {
+  const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT, leaseMs: 3000, takeHoldMs: 1000, workerStopGraceMs: 2000 });
+  const ep = (await a.req('POST', '/v2/serverless', {
+    body: cpuBody({ args: 'python3 -u test/fixtures/workers/never_asks_stop.py', workers: { min: 0, max: 1, idleTimeout: 60 } }),
+  })).json.id as string;
+  const status = async (id: string) => (await a.req('GET', `/v2/${ep}/status/${id}`)).json;
+  const hung = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { hang: true }, policy: { executionTimeout: 5000 } } })).json.id as string;
+  const worker = await until('the job running', async () => {
+    const s = await status(hung);
+    return s.status === 'IN_PROGRESS' && (s.workerId as string);
+  }, 30_000);
+  await until('the execution timeout', async () => (await status(hung)).status === 'TIMED_OUT', 15_000);
+
+  const r = await a.req('POST', `/v2/${ep}/runsync?wait=60000`, { body: { input: { ok: 2 } } });
+  t.equal(r.json.status, 'COMPLETED', r.text);
+  t.same(r.json.output, { ok: 2 });
+  t.not(r.json.workerId, worker, 'on a new worker');
+  const lines = ((await a.req('GET', `/v2/serverless/${ep}/logs`)).json as { line: string; workerId: string }[]).filter((l) => l.workerId === worker);
+  t.ok(lines.some((l) => l.line.startsWith(`stopping worker ${worker}: it still runs job ${hung} `)), 'the endpoint log says why it was stopped');
+  t.notOk(lines.some((l) => /exited unexpectedly/.test(l.line)), 'a stop, not a crash');
 });
