@@ -25,6 +25,7 @@ Prints one line per check and a JSON report (OUT/report.json); exits 1 if any ch
 import argparse
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -161,14 +162,14 @@ exit 9
 """)
     os.chmod(wrapper, 0o755)
     env = {**os.environ, "FLASHD_ADMIN_API_KEY": KEY, "PATH": os.path.dirname(wrapper) + os.pathsep + os.environ.get("PATH", "")}
-    port = args.port + 1
-    cmd = [*shlex.split(args.flashd), "--data-dir", os.path.join(work, "data"), "--port", str(port), "--runtime", "none",
-           "--gpu-rediscover-ms", "500"]
+    # Port 0: flashd binds a free one and logs it (args.port + 1 could be any process's port).
+    cmd = [*shlex.split(args.flashd), "--data-dir", os.path.join(work, "data"), "--port", "0", "--runtime", "none",
+           "--gpu-rediscover-ms", "500", "--log-format", "text"]
     log_path = os.path.join(out, "flashd-late-driver.log")
     with open(log_path, "w") as log:
         flashd = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            until("flashd to listen", lambda: flashd.poll() is None and ping(port) or (flashd.poll() is not None and fail_start(log_path)), 90)
+            port = until("flashd to listen", lambda: listening_port(log_path) or (flashd.poll() is not None and fail_start(log_path)), 90)
             total = lambda: sum(t["availability"]["total"] for t in call(port, "GET", "/v2/catalog/gpus?include=AVAILABILITY")[1])
             before = total()
             open(flag, "w").close()
@@ -183,6 +184,12 @@ exit 9
                 os.killpg(flashd.pid, signal.SIGTERM)
                 flashd.wait(30)
             shutil.rmtree(work, ignore_errors=True)
+
+
+def listening_port(log_path):
+    """The port flashd logged it listens on (started with --port 0), or None before that line."""
+    m = re.search(r"flashd listening url=http://[^\s:]+:(\d+)", open(log_path).read())
+    return int(m.group(1)) if m else None
 
 
 def ping(port):
