@@ -7,20 +7,35 @@
  * heartbeat goes on listing it: stopped a lease after it was told to stop the job.
  */
 import { execFileSync } from 'node:child_process';
-import t from 'tap';
+import t, { type Test } from 'tap';
 import { startAgent, cpuBody } from '../helpers/agent.js';
 import { REPO_ROOT } from '../helpers/spawn-flashd.js';
 import { until } from '../helpers/wait.js';
 
-/** Process groups of this test's echo.py workers (the process runtime starts each in its own). */
+/** Process groups of this test's workers (test/fixtures/workers/) (the process runtime starts each in its own). */
 function workerGroups(): number[] {
   const out = execFileSync('ps', ['-eo', 'pid=,ppid=,pgid=,args='], { encoding: 'utf8' });
   const groups = new Set<number>();
   for (const line of out.split('\n')) {
     const m = /^\s*(\d+)\s+(\d+)\s+(\d+)\s+(.*)$/.exec(line);
-    if (m && Number(m[2]) === process.pid && (m[4] as string).includes('test/fixtures/workers/echo.py')) groups.add(Number(m[3]));
+    if (m && Number(m[2]) === process.pid && (m[4] as string).includes('test/fixtures/workers/')) groups.add(Number(m[3]));
   }
   return [...groups];
+}
+
+/** The process group of the one worker running now, killed when the test ends (if it is left). */
+function theWorkerGroup(t: Test): number {
+  const groups = workerGroups();
+  t.equal(groups.length, 1, 'one worker process group');
+  const pgid = groups[0] as number;
+  t.teardown(() => {
+    try {
+      process.kill(-pgid, 'SIGKILL');
+    } catch {
+      // gone already
+    }
+  });
+  return pgid;
 }
 
 t.test('a hung worker whose job went back at its lease is unhealthy, not running, and is stopped and replaced', async (t) => {
@@ -34,16 +49,7 @@ t.test('a hung worker whose job went back at its lease is unhealthy, not running
   await until('the min worker up', async () => (await health()).workers.idle === 1, 30_000);
   const job = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { sleep: 60 } } })).json.id as string;
   await until('the job running', async () => (await health()).jobs.inProgress === 1, 10_000);
-  const groups = workerGroups();
-  t.equal(groups.length, 1, 'one worker process group');
-  const pgid = groups[0] as number;
-  t.teardown(() => {
-    try {
-      process.kill(-pgid, 'SIGKILL');
-    } catch {
-      // gone already
-    }
-  });
+  const pgid = theWorkerGroup(t);
   process.kill(-pgid, 'SIGSTOP');
 
   await until('the job back in the queue at its lease', async () => (await health()).jobs.inQueue === 1, 10_000);
@@ -64,31 +70,31 @@ t.test('a hung worker whose job went back at its lease is unhealthy, not running
   t.notOk(logs.some((l) => /exited unexpectedly/.test(l.line)), 'a stop, not a crash');
 });
 
-t.test('a worker whose handler runs on, a lease after flashd timed its job out and told it to stop, is stopped and replaced', async (t) => {
+/**
+ * An endpoint of `max` 1 whose one worker runs `script` and a job with `input` that its handler
+ * never returns from, timed out by flashd after 5 s: the endpoint, the job's status, its id and
+ * the worker that holds it.
+ */
+async function timedOutOnHungWorker(t: Test, script: string, input: Record<string, unknown>) {
   const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT, leaseMs: 3000, takeHoldMs: 1000, workerStopGraceMs: 2000 });
   // max 1: while the hung worker holds its place, nothing else runs.
   const ep = (await a.req('POST', '/v2/serverless', {
-    body: cpuBody({ args: 'python3 -u test/fixtures/workers/echo.py', workers: { min: 0, max: 1, idleTimeout: 60 } }),
+    body: cpuBody({ args: `python3 -u ${script}`, workers: { min: 0, max: 1, idleTimeout: 60 } }),
   })).json.id as string;
   const status = async (id: string) => (await a.req('GET', `/v2/${ep}/status/${id}`)).json;
-
-  // A sync handler in a call that does not return (time.sleep(1000)); the SDK's heartbeat, its
-  // own process, keeps pinging and listing the job.
-  const hung = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { sleep: 1000 }, policy: { executionTimeout: 5000 } } })).json.id as string;
+  const hung = (await a.req('POST', `/v2/${ep}/run`, { body: { input, policy: { executionTimeout: 5000 } } })).json.id as string;
   const worker = await until('the job running', async () => {
     const s = await status(hung);
     return s.status === 'IN_PROGRESS' && (s.workerId as string);
   }, 30_000);
-  const groups = workerGroups();
-  t.equal(groups.length, 1, 'one worker process group');
-  const pgid = groups[0] as number;
-  t.teardown(() => {
-    try {
-      process.kill(-pgid, 'SIGKILL');
-    } catch {
-      // gone already
-    }
-  });
+  return { a, ep, status, hung, worker };
+}
+
+t.test('a worker whose handler runs on, a lease after flashd timed its job out and told it to stop, is stopped and replaced', async (t) => {
+  // A sync handler in a call that does not return (time.sleep(1000)); the SDK's heartbeat, its
+  // own process, keeps pinging and listing the job.
+  const { a, ep, status, hung, worker } = await timedOutOnHungWorker(t, 'test/fixtures/workers/echo.py', { sleep: 1000 });
+  const pgid = theWorkerGroup(t);
   await until('the execution timeout', async () => (await status(hung)).status === 'TIMED_OUT', 15_000);
 
   // The next job gets the endpoint's one place once the hung worker is stopped (SIGKILL at the
@@ -109,22 +115,15 @@ t.test('a worker whose handler runs on, a lease after flashd timed its job out a
 });
 
 t.test('the same for a worker that never asks job-stop (runpod-python): counted from the end of its job, not from a stop it never asked for', async (t) => {
-  const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT, leaseMs: 3000, takeHoldMs: 1000, workerStopGraceMs: 2000 });
-  const ep = (await a.req('POST', '/v2/serverless', {
-    body: cpuBody({ args: 'python3 -u test/fixtures/workers/never_asks_stop.py', workers: { min: 0, max: 1, idleTimeout: 60 } }),
-  })).json.id as string;
-  const status = async (id: string) => (await a.req('GET', `/v2/${ep}/status/${id}`)).json;
-  const hung = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { hang: true }, policy: { executionTimeout: 5000 } } })).json.id as string;
-  const worker = await until('the job running', async () => {
-    const s = await status(hung);
-    return s.status === 'IN_PROGRESS' && (s.workerId as string);
-  }, 30_000);
+  const { a, ep, status, hung, worker } = await timedOutOnHungWorker(t, 'test/fixtures/workers/never_asks_stop.py', { hang: true });
+  const pgid = theWorkerGroup(t);
   await until('the execution timeout', async () => (await status(hung)).status === 'TIMED_OUT', 15_000);
 
   const r = await a.req('POST', `/v2/${ep}/runsync?wait=60000`, { body: { input: { ok: 2 } } });
   t.equal(r.json.status, 'COMPLETED', r.text);
   t.same(r.json.output, { ok: 2 });
   t.not(r.json.workerId, worker, 'on a new worker');
+  t.same(workerGroups().filter((g) => g === pgid), [], 'the hung worker is gone');
   const lines = ((await a.req('GET', `/v2/serverless/${ep}/logs`)).json as { line: string; workerId: string }[]).filter((l) => l.workerId === worker);
   t.ok(lines.some((l) => l.line.startsWith(`stopping worker ${worker}: it still runs job ${hung} `)), 'the endpoint log says why it was stopped');
   t.notOk(lines.some((l) => /exited unexpectedly/.test(l.line)), 'a stop, not a crash');
