@@ -190,8 +190,7 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
       // none is: every one was revoked or expired), so the new one replaces it. A flashd.db
       // deleted beside it never gets here (refuseLostDatabase).
       const file = join(dataDir, 'admin-api-key');
-      const fresh = createOwnerOnlyFile(file, generated + '\n');
-      if (!fresh) writeOwnerOnlyFile(file, generated + '\n', log);
+      const fresh = writeOwnerOnlyFile(file, generated + '\n', log);
       (options.announce ?? ((t) => process.stdout.write(t)))(fresh
         ? `\nFirst start: created an admin API key. It is shown once here and saved to ${file} (mode 0600):\n\n    ${generated}\n\n`
         : `\nNo valid API key was left (every one revoked or expired): created an admin API key. It is shown once here and saved to ${file} (mode 0600), in place of the old one:\n\n    ${generated}\n\n`,

@@ -164,10 +164,10 @@ export function createOwnerOnlyFile(file: string, text: string): boolean {
 
 /**
  * Writes `text` to the owner-only file `file`: created 0600, or an existing one (checked as
- * above, never through a symbolic link) truncated and rewritten.
+ * above, never through a symbolic link) truncated and rewritten. True when it was created.
  */
-export function writeOwnerOnlyFile(file: string, text: string, log: Logger): void {
-  if (createOwnerOnlyFile(file, text)) return;
+export function writeOwnerOnlyFile(file: string, text: string, log: Logger): boolean {
+  if (createOwnerOnlyFile(file, text)) return true;
   const fd = openNoFollow(file, constants.O_WRONLY | constants.O_NONBLOCK);
   if (fd === null) throw new Error(`${file} went away while it was written`);
   try {
@@ -179,4 +179,5 @@ export function writeOwnerOnlyFile(file: string, text: string, log: Logger): voi
   } finally {
     closeSync(fd);
   }
+  return false;
 }
