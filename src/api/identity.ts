@@ -10,7 +10,7 @@ const iso = (ms: number | null): string | null => (ms === null ? null : new Date
 export function keyView(k: ApiKeyRow): Record<string, unknown> {
   return {
     id: k.id, name: k.name, kind: k.kind, endpointId: k.endpointId, prefix: k.prefix, scopes: k.scopes, userId: k.userId, teamId: k.teamId, exempt: k.exempt,
-    createdAt: iso(k.createdAt), expiresAt: iso(k.expiresAt), revokedAt: iso(k.revokedAt),
+    createdAt: iso(k.createdAt), expiresAt: iso(k.expiresAt), revokedAt: iso(k.revokedAt), createdBy: k.createdBy,
   };
 }
 

@@ -200,7 +200,9 @@ export class AuthService {
     return { generated: key };
   }
 
-  #insertKey(key: string, input: NewKeyInput, userId: string, kind: 'user' | 'worker', endpointId: string | null, fromEnv = false): ApiKeyRow {
+  #insertKey(
+    key: string, input: NewKeyInput, userId: string, kind: 'user' | 'worker', endpointId: string | null, fromEnv = false, createdBy: string | null = null,
+  ): ApiKeyRow {
     const row: ApiKeyRow = {
       id: newId('key'),
       name: input.name,
@@ -215,6 +217,7 @@ export class AuthService {
       createdAt: this.#clock.now(),
       expiresAt: input.expiresAt ?? null,
       revokedAt: null,
+      createdBy,
     };
     this.#repo.insertKey(row, fromEnv);
     return row;
@@ -243,7 +246,7 @@ export class AuthService {
     if (checkKeyFormat(token) === 'malformed') throw unauthenticated('The API key is malformed (bad format or checksum).');
     const row = this.#repo.keyByHash(hashKey(token));
     if (!row) throw unauthenticated('The API key is not valid.');
-    this.#checkUsable(row);
+    const expiresAt = this.#checkUsable(row);
     // A team key acts for the team only while its user belongs to it (spec, Authentication 3).
     if (row.teamId !== null && row.kind === 'user' && !this.#repo.member(row.teamId, row.userId)) {
       throw unauthenticated('The API key belongs to a team its user is no longer a member of.', row);
@@ -261,13 +264,32 @@ export class AuthService {
       exempt: row.exempt,
     });
     if (this.#keys.size >= KEY_CACHE_MAX) this.#keys.clear();
-    this.#keys.set(token, { principal, expiresAt: row.expiresAt, generation: this.#repo.generation });
+    this.#keys.set(token, { principal, expiresAt, generation: this.#repo.generation });
     return principal;
   }
 
-  #checkUsable(row: ApiKeyRow): void {
+  /**
+   * Throws the 401 of a key that is revoked or expired, or one made by a key without `admin`
+   * (`createdBy`) whose creator, or any key above that, is: revoking a leaked key ends the keys
+   * made with it. Returns when the key stops working (the earliest expiry of it and the keys
+   * above it; null: never), which the key cache checks on every hit. A revocation changes the
+   * identity tables' generation, so cached keys below it are checked again here at their next
+   * request. Keys an admin made have no creator and cost no further read.
+   */
+  #checkUsable(row: ApiKeyRow): number | null {
+    const now = this.#clock.now();
     if (row.revokedAt !== null || this.#suspended.has(row.id)) throw unauthenticated(REVOKED, row);
-    if (row.expiresAt !== null && row.expiresAt <= this.#clock.now()) throw unauthenticated('The API key has expired.', row);
+    if (row.expiresAt !== null && row.expiresAt <= now) throw unauthenticated('The API key has expired.', row);
+    let expiresAt = row.expiresAt;
+    for (let id = row.createdBy; id !== null;) {
+      const creator = this.#repo.keyById(id);
+      // Keys are never deleted but revoked worker keys, and those make no keys: a missing one is taken as revoked.
+      if (!creator || creator.revokedAt !== null) throw unauthenticated(`The API key's creating key (${id}) has been revoked, and with it the keys it made.`, row);
+      if (creator.expiresAt !== null && creator.expiresAt <= now) throw unauthenticated(`The API key's creating key (${id}) has expired, and with it the keys it made.`, row);
+      if (creator.expiresAt !== null && (expiresAt === null || creator.expiresAt < expiresAt)) expiresAt = creator.expiresAt;
+      id = creator.createdBy;
+    }
+    return expiresAt;
   }
 
   #fromSession(token: string, teamHeader: string | undefined): Principal {
@@ -311,7 +333,12 @@ export class AuthService {
     return { token: signSession({ u: principal.userId, k: principal.keyId, e: expiresAt }, this.#sessionSecret), expiresAt };
   }
 
-  /** Creates a user key. Non-admins may only create keys for themselves with scopes they hold. */
+  /**
+   * Creates a user key. Non-admins may only create keys for themselves with scopes they hold,
+   * and such a key is bound to the caller's key (or the key that opened the caller's session):
+   * it records it as `createdBy`, works only while that key does (#checkUsable), and expires no
+   * later than it (a later or absent `expiresAt` is set to the creator's).
+   */
   createKey(caller: Principal, input: NewKeyInput): IssuedKey {
     const isAdmin = caller.scopes.has('admin');
     const userId = input.userId ?? caller.userId;
@@ -337,9 +364,18 @@ export class AuthService {
     if (teamId !== null && !this.#repo.member(teamId, userId)) {
       throw new AgentError('NOT_FOUND', `Team ${teamId} does not exist or the user is not a member.`);
     }
+    let expiresAt = input.expiresAt ?? null;
+    let createdBy: string | null = null;
+    if (!isAdmin) {
+      createdBy = caller.keyId;
+      const creator = this.#repo.keyById(createdBy);
+      if (!creator) throw unauthenticated('The API key is not valid.');
+      const until = this.#checkUsable(creator);
+      if (until !== null && (expiresAt === null || expiresAt > until)) expiresAt = until;
+    }
     const key = generateApiKey('usr');
-    const row = this.#insertKey(key, { ...input, teamId }, userId, 'user', null);
-    this.#log.info('api key created', { keyId: row.id, userId, teamId, scopes: row.scopes.join(',') });
+    const row = this.#insertKey(key, { ...input, teamId, expiresAt }, userId, 'user', null, false, createdBy);
+    this.#log.info('api key created', { keyId: row.id, userId, teamId, scopes: row.scopes.join(','), ...(createdBy === null ? {} : { createdBy }) });
     return { row, key };
   }
 

@@ -35,17 +35,23 @@ export interface ApiKeyRow {
   createdAt: number;
   expiresAt: number | null;
   revokedAt: number | null;
+  /**
+   * The key that made this one, when it was not an admin's (migration 17): this key is valid
+   * only while that one is (AuthService). Null for keys an admin or flashd made.
+   */
+  createdBy: string | null;
 }
 
 interface RawKey {
   id: string; name: string; kind: 'user' | 'worker'; user_id: string; team_id: string | null; endpoint_id: string | null;
   scopes: string; hash: string; prefix: string; exempt: number; created_at: number; expires_at: number | null; revoked_at: number | null;
+  created_by: string | null;
 }
 
 const mapKey = (r: RawKey): ApiKeyRow => ({
   id: r.id, name: r.name, kind: r.kind, userId: r.user_id, teamId: r.team_id, endpointId: r.endpoint_id,
   scopes: JSON.parse(r.scopes) as string[], hash: r.hash, prefix: r.prefix, exempt: r.exempt === 1,
-  createdAt: r.created_at, expiresAt: r.expires_at, revokedAt: r.revoked_at,
+  createdAt: r.created_at, expiresAt: r.expires_at, revokedAt: r.revoked_at, createdBy: r.created_by,
 });
 
 /** Users, teams, memberships, API keys and small settings. */
@@ -68,8 +74,8 @@ export class IdentityRepo {
       deleteMember: db.prepare("DELETE FROM team_members WHERE team_id = ? AND user_id = ? AND role <> 'owner'"),
       getMember: db.prepare('SELECT team_id, user_id, role FROM team_members WHERE team_id = ? AND user_id = ?'),
       listMembers: db.prepare('SELECT team_id, user_id, role FROM team_members WHERE team_id = ? ORDER BY created_at, user_id'),
-      insertKey: db.prepare(`INSERT INTO api_keys (id, name, kind, user_id, team_id, endpoint_id, scopes, hash, prefix, exempt, created_at, expires_at, from_env)
-        VALUES (@id, @name, @kind, @userId, @teamId, @endpointId, @scopes, @hash, @prefix, @exempt, @createdAt, @expiresAt, @fromEnv)`),
+      insertKey: db.prepare(`INSERT INTO api_keys (id, name, kind, user_id, team_id, endpoint_id, scopes, hash, prefix, exempt, created_at, expires_at, from_env, created_by)
+        VALUES (@id, @name, @kind, @userId, @teamId, @endpointId, @scopes, @hash, @prefix, @exempt, @createdAt, @expiresAt, @fromEnv, @createdBy)`),
       liveEnvKeys: db.prepare('SELECT id, prefix FROM api_keys WHERE from_env = 1 AND revoked_at IS NULL ORDER BY created_at, id'),
       keyByHash: db.prepare('SELECT * FROM api_keys WHERE hash = ?'),
       keyById: db.prepare('SELECT * FROM api_keys WHERE id = ?'),

@@ -292,4 +292,34 @@ export const MIGRATIONS: readonly string[] = [
   DROP TABLE webhook_outbox;
   ALTER TABLE webhook_outbox_v16 RENAME TO webhook_outbox;
   `,
+  // 17: the key that made a key, when that key was not an admin's (auth/service.ts createKey):
+  // such a key is refused once any key it descends from is revoked or expired, so revoking a
+  // leaked key also ends the keys made with it. NULL for keys an admin made, flashd's own (the
+  // first admin key, worker keys) and every key made before. Rebuilt rather than altered, as
+  // webhook_outbox in 16, so that a replay on a database whose user_version was set back
+  // (test/queue/s3-config-sealed.test.ts) runs too.
+  `
+  CREATE TABLE api_keys_v17 (
+    id TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    kind TEXT NOT NULL CHECK (kind IN ('user', 'worker')),
+    user_id TEXT NOT NULL REFERENCES users(id) ON DELETE CASCADE,
+    team_id TEXT REFERENCES teams(id) ON DELETE CASCADE,
+    endpoint_id TEXT,
+    scopes TEXT NOT NULL,
+    hash TEXT NOT NULL UNIQUE,
+    prefix TEXT NOT NULL,
+    exempt INTEGER NOT NULL DEFAULT 0,
+    created_at INTEGER NOT NULL,
+    expires_at INTEGER,
+    revoked_at INTEGER,
+    from_env INTEGER NOT NULL DEFAULT 0,
+    created_by TEXT
+  );
+  INSERT INTO api_keys_v17 (id, name, kind, user_id, team_id, endpoint_id, scopes, hash, prefix, exempt, created_at, expires_at, revoked_at, from_env)
+    SELECT id, name, kind, user_id, team_id, endpoint_id, scopes, hash, prefix, exempt, created_at, expires_at, revoked_at, from_env FROM api_keys;
+  DROP TABLE api_keys;
+  ALTER TABLE api_keys_v17 RENAME TO api_keys;
+  CREATE INDEX api_keys_user ON api_keys(user_id);
+  `,
 ];
