@@ -12,6 +12,7 @@
  * queued jobs, or a restart owing thousands of webhooks, so opens no more than 64 connections
  * and holds no more than 64 bodies (each up to the 10 MB input plus the output).
  */
+import { createHash } from 'node:crypto';
 import { lookup } from 'node:dns/promises';
 import { request as httpRequest } from 'node:http';
 import { request as httpsRequest } from 'node:https';
@@ -138,13 +139,17 @@ export function checkWebhookUrl(raw: string, allowPrivate = true, name = 'webhoo
 }
 
 /**
- * `raw` as logged: scheme://host[:port]/path. A query often holds the receiver's token, and
- * userinfo a password: neither is ever logged (a query shows as `?(hidden)`).
+ * `raw` as logged: scheme://host[:port]/ and, when there is more, `(hidden:<hash>)`, the first 8
+ * hex digits of the SHA-256 of the path and query. Receivers keep their token in the path
+ * (Slack's `/services/T…/B…/<secret>`, Discord's `/api/webhooks/<id>/<token>`) or the query, and
+ * userinfo would be a password: none of it is ever logged, while the hash still tells two URLs
+ * to one host apart.
  */
 export function webhookUrlForLog(raw: string): string {
   try {
     const u = new URL(raw);
-    return `${u.protocol}//${u.host}${u.pathname}${u.search ? '?(hidden)' : ''}`;
+    const rest = u.pathname + u.search;
+    return `${u.protocol}//${u.host}/${rest === '/' ? '' : `(hidden:${createHash('sha256').update(rest).digest('hex').slice(0, 8)})`}`;
   } catch {
     return '(not a URL)';
   }

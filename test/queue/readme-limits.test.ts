@@ -96,7 +96,7 @@ t.test('a webhook URL with credentials in it is refused at submit, as README say
     t.match(r.json.errors, [new RegExp(`^/${name}: `)], 'the errors name the member');
   }
   t.equal((await a.req('POST', `/v2/${ep}/run`, { body: { input: {}, webhook: 'https://hooks.example.com/hook?token=s3cret' } })).status, 200, 'a token in the query is taken');
-  t.equal(webhookUrlForLog('https://hooks.example.com/hook?token=s3cret'), 'https://hooks.example.com/hook?(hidden)', 'and logged hidden');
+  t.match(webhookUrlForLog('https://hooks.example.com/hook?token=s3cret'), /^https:\/\/hooks\.example\.com\/\(hidden:[0-9a-f]{8}\)$/, 'and logged hidden');
 });
 
 t.test('input nests at most 512 levels deep on /run and /runsync; 513 is a 400 naming /input', async (t) => {
