@@ -27,6 +27,8 @@ const addFormats = addFormatsModule as unknown as (ajv: Ajv2020) => void;
 // restart). test/core/schemas.test.ts checks every file in schema/ against it instead.
 const ajv = new Ajv2020({ allErrors: true, strict: true, discriminator: true, allowUnionTypes: true, validateSchema: false });
 addFormats(ajv);
+// `x-pattern-hint` beside a `pattern` says in words what the pattern wants (as in the config schema).
+ajv.addVocabulary(['x-pattern-hint']);
 const defLocation = new Map<string, string>();
 for (const [file, doc] of Object.entries(SCHEMA_DOCUMENTS)) {
   ajv.addSchema(doc);
@@ -38,8 +40,17 @@ for (const [file, doc] of Object.entries(SCHEMA_DOCUMENTS)) {
 
 /** The pattern the schemas put on strings that reach a process (env values, commands) or the engine (registry password): no NUL. */
 const NO_NUL_PATTERN = '^[^\\u0000]*$';
-/** The pattern on strings the container engine takes as they are (image, registry user name): no control character. */
+/** The pattern on strings the container engine takes as they are (registry user name): no control character. */
 const NO_CONTROL_PATTERN = '^[^\\u0000-\\u001f\\u007f]*$';
+
+/** The `x-pattern-hint` of every pattern that has one, for its failure's message (the value is never echoed). */
+const patternHints = new Map<string, string>();
+(function collectHints(node: unknown): void {
+  if (typeof node !== 'object' || node === null) return;
+  const o = node as Record<string, unknown>;
+  if (typeof o['pattern'] === 'string' && typeof o['x-pattern-hint'] === 'string') patternHints.set(o['pattern'], o['x-pattern-hint']);
+  for (const v of Object.values(o)) collectHints(v);
+})(SCHEMA_DOCUMENTS);
 
 const compiled = new Map<string, ValidateFunction>();
 
@@ -111,9 +122,10 @@ export function formatSchemaErrors(errors: readonly ErrorObject[]): string[] {
         line = `${at}: must not contain duplicate items (items ${String(p['j'])} and ${String(p['i'])} are equal)`;
         break;
       case 'pattern':
-        // The schemas' NUL and control-character guards: say what is wrong, not the regex.
+        // The schemas' NUL and control-character guards, and patterns with an x-pattern-hint: say what is wrong, not the regex.
         line = p['pattern'] === NO_NUL_PATTERN ? `${at}: must not contain a NUL character (\\u0000)`
           : p['pattern'] === NO_CONTROL_PATTERN ? `${at}: must not contain a control character (U+0000 to U+001F, U+007F)`
+          : patternHints.has(String(p['pattern'])) ? `${at}: must be ${patternHints.get(String(p['pattern']))}`
           : `${at}: ${e.message ?? 'is invalid'}`;
         break;
       case 'minLength':

@@ -155,3 +155,43 @@ t.test('a pull whose progress stream does not end is cut by its abort signal (sh
   t.ok(err instanceof DockerError, `the pull fails: ${String(err)}`);
   t.ok(Date.now() - started < 2000, 'at once, not when the stream ends');
 });
+
+t.test('an image name that is not an image reference never reaches the engine; a valid one goes in the path as it is', async (t) => {
+  const { createServer } = await import('node:http');
+  const { mkdtempSync, rmSync } = await import('node:fs');
+  const { tmpdir } = await import('node:os');
+  const dir = mkdtempSync(`${tmpdir()}/flashd-engine-`);
+  t.teardown(() => rmSync(dir, { recursive: true, force: true }));
+  const socketPath = `${dir}/engine.sock`;
+  // An engine that records the raw request target and has no image.
+  const seen: string[] = [];
+  const server = createServer((req, res) => {
+    seen.push(`${req.method} ${req.url}`);
+    res.writeHead(404, { 'content-type': 'application/json' }).end('{"message":"no such image"}');
+  });
+  await new Promise<void>((r) => server.listen(socketPath, r));
+  t.teardown(() => {
+    server.closeAllConnections();
+    server.close();
+  });
+  const c = new DockerClient({ socketPath });
+  t.teardown(() => c.close());
+  // Stored before the schema checked it, or handed in by a caller: refused here all the same.
+  for (const name of ['../../containers/json', '--privileged', 'x/../../y', 'busybox?all=1', 'busybox#x', 'a%2F..', 'x/./y', '']) {
+    for (const [what, call] of [
+      ['inspect', () => c.inspectImage(name)], ['export', () => c.exportImage(name)], ['remove', () => c.removeImage(name)],
+    ] as const) {
+      const err = await (call as () => Promise<unknown>)().then(() => null, (e: unknown) => e);
+      t.ok(isDockerError(err, 'DOCKER_BAD_REQUEST'), `${what} ${JSON.stringify(name)}: refused (${String(err)})`);
+      t.match((err as Error).message, /not an image reference/);
+    }
+  }
+  t.same(seen, [], 'no request was sent');
+  for (const name of ['python:3.11', 'localhost:5000/a/b:c', `ghcr.io/o/r@sha256:${'a'.repeat(64)}`, 'registry.example.com:443/team/img_x:1.0']) {
+    t.equal(await c.inspectImage(name), null, `${name}: asked, not found`);
+  }
+  t.same(seen, [
+    'GET /images/python:3.11/json', 'GET /images/localhost:5000/a/b:c/json',
+    `GET /images/ghcr.io/o/r@sha256:${'a'.repeat(64)}/json`, 'GET /images/registry.example.com:443/team/img_x:1.0/json',
+  ], 'valid references go in the path as they are');
+});

@@ -9,6 +9,7 @@ import type {
   ContainerCreateBody, ContainerInspect, ContainerSummary, EngineVersion, ImageInspect, NetworkInspect,
   PullProgress, RegistryAuth, VolumeInspect, WaitResult,
 } from './api-types.js';
+import { isImageReference } from '../../core/image-ref.js';
 import { DockerError, isDockerError } from './errors.js';
 import { demultiplexer, type StreamName } from './multiplex.js';
 import { Transport } from './transport.js';
@@ -57,8 +58,19 @@ export function splitImageRef(ref: string): { fromImage: string; tag: string | u
   return { fromImage: ref, tag: 'latest' };
 }
 
-/** Path segment for an image name: slashes and colons stay as they are (the engine's router takes them). */
-const imagePath = (name: string): string => encodeURI(name).replace(/[?#]/g, encodeURIComponent);
+/**
+ * Path segment for an image name: slashes and colons stay as they are (the engine's router takes
+ * them). Only an image reference goes in a path: its characters are letters, digits and
+ * `._-:/@+[]` (encodeURI encodes the brackets) and it has no empty, `.` or `..` segment, so it
+ * names nothing but an image. Anything else (`../../containers/json`, `--privileged`) is refused
+ * without a request; the schema refuses it at create, so only a name stored before that gets here.
+ */
+function imagePath(name: string): string {
+  if (!isImageReference(name)) {
+    throw new DockerError('DOCKER_BAD_REQUEST', 'the image name is not an image reference ([registry-host[:port]/]name[:tag][@digest]); nothing was sent to the engine', { request: '(not sent)' });
+  }
+  return encodeURI(name);
+}
 const idPath = (id: string): string => encodeURIComponent(id);
 
 export interface LogFrameHandler {
