@@ -414,7 +414,9 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
     });
     port = (await http.listen()).port;
     closers.push(async () => {
-      // Workers first, while the API still takes their results; then the queue and the listener.
+      // No job goes out from here, to any worker; then flashd's workers are stopped, while the API
+      // still takes their results (and external workers'); then the queue and the listener.
+      queue.stopDispatch();
       await autoscaler.drain();
       queue.close();
       await logs.close();

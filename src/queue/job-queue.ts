@@ -467,6 +467,8 @@ export class JobQueue {
   readonly #counts = new Map<string, Map<JobStatus, { jobs: number; retries: number }>>();
   #countsQueued = false;
   #closing = false;
+  /** flashd is stopping (stopDispatch): no job goes to any worker until the restart. */
+  #dispatchStopped = false;
   /**
    * A timer for the earliest execution timeout or TTL of a running job, so a job times out at
    * its deadline rather than at the periodic reap up to a second later (when a result posted in
@@ -907,6 +909,8 @@ export class JobQueue {
 
   /** Hands queued jobs to parked takers, longest-waiting first. */
   #dispatch(q: EndpointQueue): void {
+    // Stopping: a job requeued now (a lost lease, a worker cut at the stop grace) waits for the restart.
+    if (this.#dispatchStopped) return;
     // A taker that gets nothing stays parked: what is left may be fenced from its worker only.
     for (let i = 0; i < q.takers.length && q.queued + q.lowQueued > 0; ) {
       const taker = q.takers[i] as Taker;
@@ -935,10 +939,10 @@ export class JobQueue {
    */
   take(endpointId: string, workerId: string, max: number, cancel: Cancellation, allowed?: () => boolean, holdMs = this.settings.takeHoldMs, keyId?: string): Promise<ClaimedJob[]> {
     const worker = this.workers.seen(endpointId, workerId, true, keyId);
-    // Being stopped, or a worker flashd launched that is to be replaced (recycling()): no job.
-    // Its parked polls were answered at once so its SDK sees the SIGTERM and exits; a poll
-    // after that waits a little, never a tight loop.
-    if (worker.draining || (worker.recycle && worker.managed)) return drained<ClaimedJob>(cancel, Math.min(DRAIN_POLL_HOLD_MS, holdMs));
+    // Being stopped, or a worker flashd launched that is to be replaced (recycling()), or flashd
+    // itself stopping (stopDispatch): no job. Its parked polls were answered at once so its SDK
+    // sees the SIGTERM and exits; a poll after that waits a little, never a tight loop.
+    if (worker.draining || (worker.recycle && worker.managed) || this.#dispatchStopped) return drained<ClaimedJob>(cancel, Math.min(DRAIN_POLL_HOLD_MS, holdMs));
     const q = this.#queue(endpointId);
     // A take renews no lease: only pings (which list the jobs held) and results do. A worker
     // restarted with the same id would otherwise keep its dead incarnation's jobs alive.
@@ -2661,6 +2665,18 @@ export class JobQueue {
       });
     };
     step();
+  }
+
+  /**
+   * flashd is stopping, first thing (before its own workers are stopped): no job goes to any
+   * worker from now, external or flashd's own, so none starts that the stop would strand with
+   * a result it cannot post until the restart. Parked job-takes get their 204 now. Results,
+   * progress, stream chunks and pings of the jobs held are still taken, and /run and /runsync
+   * still queue jobs (written, and run after the restart).
+   */
+  stopDispatch(): void {
+    this.#dispatchStopped = true;
+    for (const q of this.#queues.values()) for (const t of q.takers.splice(0)) t.resolve([]);
   }
 
   /** Rejects parked requests at shutdown so their connections close cleanly. */

@@ -1,6 +1,7 @@
 /**
  * The process runtime across flashd's own crashes and stops: kill -9 and the next start (orphaned
- * workers, their keys, jobs and owed webhooks), pid reuse, the data-dir lock and a second signal.
+ * workers, their keys, jobs and owed webhooks), pid reuse, the data-dir lock, a second signal, and
+ * no job handed out while a clean stop waits for its workers.
  */
 import t, { type Test } from 'tap';
 import { spawn } from 'node:child_process';
@@ -11,6 +12,7 @@ import { startAgent, cpuBody, ADMIN_KEY } from '../helpers/agent.js';
 import { REPO_ROOT, cleanEnv, run, startFlashd } from '../helpers/spawn-flashd.js';
 import { until } from '../helpers/wait.js';
 import { testDataDir } from '../helpers/data-dir.js';
+import { TestWorker } from '../helpers/worker.js';
 
 /** JSON requests with the admin key to a flashd started as its own process. */
 const adminCall = (url: string) => async (method: string, path: string, body?: unknown): Promise<any> => {
@@ -301,3 +303,50 @@ t.test('a second SIGTERM during a clean stop exits 1 at once and leaves no worke
   t.equal((await b.req('GET', `/v2/${ep}/status/${id}`)).json.status, 'IN_QUEUE', 'the next start reclaims the job');
 });
 
+t.test("flashd's own shutdown hands no new job to any worker, an external one included, while it waits for its own: jobs queued meanwhile run after the restart", async (t) => {
+  const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT, takeHoldMs: 20_000, leaseMs: 60_000, workerStopGraceMs: 15_000 });
+  const ep = (await a.req('POST', '/v2/serverless', {
+    body: cpuBody({ args: 'python3 -u test/fixtures/workers/echo.py', workers: { min: 0, max: 2, idleTimeout: 30 } }),
+  })).json.id as string;
+  // An external worker (as from `flashd worker-env`) holds a job through the stop.
+  const ext = await TestWorker.create(a, ep);
+  const first = ext.take();
+  await until('the take to park', async () => a.agent.queue.workers.get(ep, ext.workerId)?.parked === 1);
+  const held = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { n: 0 } } })).json.id as string;
+  t.equal((await first)?.id, held, 'the external worker holds a job');
+  // flashd's own worker runs a job long enough for the stop to wait on it.
+  const long = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { sleep: 4 } } })).json.id as string;
+  await until('the long job to start', async () => (await a.req('GET', `/v2/${ep}/status/${long}`)).json.status === 'IN_PROGRESS', 30_000);
+  const parked = ext.take(true);
+  await until('the take to park', async () => a.agent.queue.workers.get(ep, ext.workerId)?.parked === 1);
+
+  const closing = a.agent.close();
+  const queued: string[] = [];
+  for (let i = 1; i <= 3; i++) {
+    const r = await a.req('POST', `/v2/${ep}/run`, { body: { input: { n: i } } });
+    t.equal(r.status, 200, `a job submitted during the stop is accepted: ${r.text}`);
+    queued.push(r.json.id as string);
+  }
+  t.equal(await parked, null, 'the parked take got no job');
+  let started = performance.now();
+  t.equal(await ext.take(true), null, 'a later job-take gets no job');
+  t.ok(performance.now() - started >= 200, 'after a short hold, not at once (no tight loop)');
+  started = performance.now();
+  t.same((await ext.takeBatch(4)).jobs, [], 'nor does a job-take-batch');
+  t.ok(performance.now() - started >= 200, 'after a short hold too');
+  t.equal((await a.req('GET', `/v2/${ep}/status/${long}`)).json.status, 'IN_PROGRESS', 'all that during the stop');
+  t.equal(await ext.ping([held]), 200, 'a ping of a job held is still taken');
+  t.equal((await ext.done(held, { output: { ok: held } })).status, 200, 'and its result');
+  await closing;
+
+  const b = await startAgent(t, {}, { dir: a.dir });
+  const status = (id: string) => (b.agent.db.prepare('SELECT status FROM jobs WHERE id = ?').get(id) as { status: string }).status;
+  t.equal(status(held), 'COMPLETED', "the external worker's result was stored");
+  t.equal(status(long), 'COMPLETED', "flashd's own worker finished its job within the grace");
+  t.same(queued.map(status), ['IN_QUEUE', 'IN_QUEUE', 'IN_QUEUE'], 'the jobs submitted during the stop are still queued');
+  const w = ext.rebase(a.url, b.url);
+  const got = await w.takeBatch(4);
+  t.same(got.jobs.map((j) => j.id).sort(), [...queued].sort(), 'they go out after the restart');
+  for (const j of got.jobs) t.equal((await w.done(j.id, { output: 1 })).status, 200);
+  t.same(queued.map(status), ['COMPLETED', 'COMPLETED', 'COMPLETED']);
+});
