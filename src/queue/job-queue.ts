@@ -1190,15 +1190,17 @@ export class JobQueue {
      */
     const element = (piece: string, pieceBytes: number, withMetrics: boolean): string => {
       if (metrics === undefined || !withMetrics) return `{"output":${piece}}`;
-      if (pieceBytes + metricsBytes <= limit) return `{"output":${piece},"metrics":${metrics}}`;
+      if (ELEMENT_BYTES + pieceBytes + METRICS_BYTES + metricsBytes <= limit) return `{"output":${piece},"metrics":${metrics}}`;
       this.#log.warn('stream chunk metrics dropped: over the chunk limit with the output', { endpointId, jobId, metricsBytes, limit });
       return `{"output":${piece}}`;
     };
     const pieces: string[] = [];
     const outputBytes = Buffer.byteLength(output);
     // A chunk that fits, or an output other than a string that fits alone: sent as posted (a split
-    // would turn it into pieces of its JSON text just to make room for metrics).
-    if (outputBytes + metricsBytes <= limit || (typeof body.output !== 'string' && outputBytes <= limit)) {
+    // would turn it into pieces of its JSON text just to make room for metrics). Counted as the
+    // element is served, `{"output":}` and `,"metrics":` included.
+    const alone = ELEMENT_BYTES + outputBytes;
+    if (alone + (metrics === undefined ? 0 : METRICS_BYTES + metricsBytes) <= limit || (typeof body.output !== 'string' && alone <= limit)) {
       pieces.push(element(output, outputBytes, true));
     } else {
       // Too large for one chunk: split strings into pieces (lossless), anything else as pieces of its JSON text.
