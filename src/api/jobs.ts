@@ -58,7 +58,8 @@ function intQuery(query: URLSearchParams, name: string, min: number, max: number
     });
   }
   const raw = query.get(name);
-  if (raw === null || raw === '') return undefined;
+  // Absent only when not given: an empty `?wait=` is a non-integer like `?wait=abc`.
+  if (raw === null) return undefined;
   if (!/^\d+$/.test(raw) || Number(raw) < min || Number(raw) > max) {
     throw new AgentError('VALIDATION_FAILED', `?${name} must be an integer from ${min} to ${max} (milliseconds).`, {
       errors: [`?${name}: must be an integer from ${min} to ${max}`],

@@ -1,8 +1,9 @@
 /**
  * The job API's limits as README "Running jobs" states them, pinned at both edges: bodies up
  * to 10 MiB on /run and 20 MiB on /runsync, input nested at most 512 deep, ?wait 1000–300000,
- * ?ttl 1000–604800000, and results kept 30 min after /run, 1 min after /runsync, up to 5 min
- * with ?wait; a webhook URL with credentials in it refused.
+ * ?ttl 1000–604800000 (an empty value a 400 like any other non-integer), and results kept
+ * 30 min after /run, 1 min after /runsync, up to 5 min with ?wait; a webhook URL with
+ * credentials in it refused.
  */
 import t from 'tap';
 import { readFileSync } from 'node:fs';
@@ -47,6 +48,23 @@ t.test('?wait is 1000–300000 and ?ttl 1000–604800000, both ends included', a
   await serve();
   for (const ttl of [1000, 604_800_000]) t.equal((await a.req('GET', `/v2/${ep}/status/${id}?ttl=${ttl}`)).status, 200, `ttl=${ttl} accepted`);
   for (const ttl of [999, 604_800_001]) assertProblem(t, await a.req('GET', `/v2/${ep}/status/${id}?ttl=${ttl}`), 400, `ttl=${ttl} refused`);
+});
+
+t.test('an empty ?wait= or ?ttl= is not an integer: the same 400 as ?wait=abc, and nothing is queued', async (t) => {
+  const a = await startAgent(t, { takeHoldMs: 2000 });
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  const id = (await a.req('POST', `/v2/${ep}/run`, { body: { input: {} } })).json.id as string;
+  const requests: [string, string][] = [['POST', `/v2/${ep}/runsync?wait=`], ['GET', `/v2/${ep}/status-sync/${id}?wait=`], ['GET', `/v2/${ep}/status/${id}?ttl=`]];
+  for (const [method, path] of requests) {
+    const name = path.slice(path.indexOf('?') + 1, -1);
+    const abc = await a.req(method, `${path}abc`, method === 'POST' ? { body: { input: {} } } : {});
+    assertProblem(t, abc, 400, `${path}abc refused`);
+    const empty = await a.req(method, path, method === 'POST' ? { body: { input: {} } } : {});
+    assertProblem(t, empty, 400, `${path} refused, not taken as absent`);
+    t.same(empty.json.errors, abc.json.errors, `${path}: the same errors as ?${name}=abc`);
+    t.equal(empty.json.detail, abc.json.detail, `${path}: the same detail as ?${name}=abc`);
+  }
+  t.equal((await a.req('GET', `/v2/${ep}/health`)).json.jobs.inQueue, 1, 'the refused /runsync queued nothing');
 });
 
 t.test('retention: /run 30 min, /runsync 1 min, /runsync?wait=300000 5 min', async (t) => {
