@@ -122,6 +122,9 @@ function outcomeReply(outcome: DoneOutcome, jobId: string): { status: number; bo
     case 'duplicate':
       // A re-post of this worker's own result, already recorded (lost ack): nothing changes.
       return { status: 200, body: { ok: true, duplicate: true } };
+    case 'finished':
+      // A progress update or stream chunk after this worker's own result: the job is over, and it is not a re-post of that result.
+      return { status: 200, body: { ok: true, discarded: true, reason: "the job already ended with this worker's result; a progress update or stream chunk posted after it is not kept" } };
     case 'ended':
       // flashd ended the job (cancel, timeout, attempts used up) while this worker held it: discarded, without an error on the worker's side.
       return { status: 200, body: { ok: true, discarded: true, reason: 'the job was already ended by flashd (cancelled, timed out, or failed after its attempts were used up)' } };

@@ -162,9 +162,11 @@ class EndpointQueue {
  * while this worker held it, also when a /retry has started a new run since (WorkerInfo.ended);
  * the late result is discarded with a 2xx, because runpod-python logs every 4xx on a result
  * post as an ERROR and a cancelled job is no fault of the worker.
+ * `finished`: a progress update or stream chunk from the worker whose own result already ended
+ * the job: no re-post of that result, so not `duplicate`; discarded with a 2xx, as `ended` is.
  * `stale`: the job moved on without this worker (lost lease, another worker's result): 409.
  */
-export type DoneOutcome = 'accepted' | 'duplicate' | 'ended' | 'stale' | 'unknown';
+export type DoneOutcome = 'accepted' | 'duplicate' | 'finished' | 'ended' | 'stale' | 'unknown';
 
 /** `{"output":}` and `,"metrics":`: what a /stream element adds to its piece and its metrics. */
 const ELEMENT_BYTES = 11;
@@ -1006,14 +1008,19 @@ export class JobQueue {
   /** job-done: a progress update, or the final result of the worker's current attempt. */
   async done(endpointId: string, workerId: string, jobId: string, body: DoneBody): Promise<DoneOutcome> {
     const worker = this.workers.seen(endpointId, workerId);
-    const { job, outcome } = this.#owned(endpointId, worker, jobId);
+    const owned = this.#owned(endpointId, worker, jobId);
+    const { job } = owned;
+    // Only a result is re-posted: a progress update after the worker's own result comes too late.
+    const outcome = owned.outcome === 'duplicate' && body.status === 'IN_PROGRESS' ? 'finished' : owned.outcome;
     if (!job) {
       // A late final result (the job timed out or was cancelled, and maybe retried): the worker
       // no longer runs it. Its stop is done, and a /retry fenced from it may go to it now
       // instead of after its pings drop the job (up to a ping interval later).
       if (this.#debug && outcome !== 'stale' && outcome !== 'unknown') {
         // stale and unknown are 409/404, logged as refused requests (api/dispatch.ts).
-        this.#log.debug(outcome === 'ended' ? 'worker result discarded: job already ended by flashd' : 'worker result repeated: already recorded', {
+        const what = outcome === 'ended' ? 'worker result discarded: job already ended by flashd'
+          : outcome === 'finished' ? 'worker progress discarded: job already ended with its result' : 'worker result repeated: already recorded';
+        this.#log.debug(what, {
           jobId, endpointId, workerId, progress: body.status === 'IN_PROGRESS' || undefined,
         });
       }
@@ -1172,7 +1179,8 @@ export class JobQueue {
   async stream(endpointId: string, workerId: string, jobId: string, body: { output?: unknown; outputJson?: string | undefined; metrics?: unknown }, chunk?: number): Promise<DoneOutcome> {
     const worker = this.workers.seen(endpointId, workerId);
     const { job, outcome } = this.#owned(endpointId, worker, jobId);
-    if (!job) return outcome as DoneOutcome;
+    // A chunk is no re-post of the result: after the worker's own result it comes too late.
+    if (!job) return outcome === 'duplicate' ? 'finished' : outcome as DoneOutcome;
     if (chunk !== undefined) {
       // The worker numbers its chunks (`?chunk=`): one it posts again because the answer was lost
       // (a dropped connection, a proxy's 502 after flashd stored it) is not stored a second time.

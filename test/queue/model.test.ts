@@ -257,15 +257,16 @@ function eligible(c: Ctx, j: MJob, sw: SimWorker): 'yes' | 'no' {
 
 // Expected outcomes of worker posts -----------------------------------------------------------------
 
-type Outcome = 'accepted' | 'duplicate' | 'ended' | 'stale' | 'unknown';
+type Outcome = 'accepted' | 'duplicate' | 'finished' | 'ended' | 'stale' | 'unknown';
 
-function expectedOutcome(c: Ctx, sw: SimWorker, id: string): Outcome[] {
+/** `result`: a final result (a re-post of one is a duplicate), not a progress update or stream chunk. */
+function expectedOutcome(c: Ctx, sw: SimWorker, id: string, result: boolean): Outcome[] {
   const j = c.jobs.get(id);
   if (!j || j.ep !== sw.ep) return ['unknown'];
   const wid = sw.w.workerId;
   let o: Outcome;
   if (j.status === 'IN_PROGRESS' && j.workerId === wid) o = 'accepted';
-  else if (j.resultBy === wid) o = 'duplicate';
+  else if (j.resultBy === wid) o = result ? 'duplicate' : 'finished';
   else if (j.resultBy === null && j.workerId === wid && (j.status === 'CANCELLED' || j.status === 'TIMED_OUT' || j.status === 'FAILED')) o = 'ended';
   // An attempt the server ended on this worker, the job since retried (queued, or another's).
   else if (sw.ended.has(id)) o = 'ended';
@@ -276,7 +277,7 @@ function expectedOutcome(c: Ctx, sw: SimWorker, id: string): Outcome[] {
 
 function outcomeOf(status: number, json: any): Outcome | string {
   if (status === 200 && json?.duplicate) return 'duplicate';
-  if (status === 200 && json?.discarded) return 'ended';
+  if (status === 200 && json?.discarded) return /with this worker's result/.test(json.reason) ? 'finished' : 'ended';
   if (status === 200) return 'accepted';
   if (status === 409) return 'stale';
   if (status === 404) return 'unknown';
@@ -356,7 +357,7 @@ async function opTake(c: Ctx, sw: SimWorker, batch: boolean) {
 
 async function opDone(c: Ctx, sw: SimWorker, id: string, kind: 'ok' | 'error' | 'progress' | 'stopPod') {
   const j = c.jobs.get(id);
-  const expect = expectedOutcome(c, sw, id);
+  const expect = expectedOutcome(c, sw, id, kind !== 'progress');
   const n = ++c.counter;
   const body = kind === 'ok' ? { output: { r: n } } : kind === 'error' ? { error: `e${n}`, output: { partial: n } } : kind === 'progress' ? { status: 'IN_PROGRESS', output: { p: n } } : { output: { r: n }, stopPod: true };
   const before = j ? { status: j.status, output: j.output, error: j.error } : undefined;
@@ -403,7 +404,7 @@ async function opDone(c: Ctx, sw: SimWorker, id: string, kind: 'ok' | 'error' | 
 
 async function opStream(c: Ctx, sw: SimWorker, id: string) {
   const j = c.jobs.get(id);
-  const expect = expectedOutcome(c, sw, id);
+  const expect = expectedOutcome(c, sw, id, false);
   const chunk = { c: ++c.counter };
   const res = await fetch(sw.w.postUrl('stream', id), {
     method: 'POST',
