@@ -63,6 +63,15 @@ export function jsonSyntaxDetail(err: unknown): string {
   return message.startsWith('Unexpected token') ? 'Unexpected token' : 'Syntax error';
 }
 
+/**
+ * A body's text without a leading byte order mark (a file saved by Notepad, sent with curl
+ * --data-binary @f), which RFC 8259 §8.1 allows a parser to ignore: JSON.parse said only
+ * "Unexpected token" of it. One mark only.
+ */
+export function withoutBom(text: string): string {
+  return text.charCodeAt(0) === 0xfeff ? text.slice(1) : text;
+}
+
 export function createDispatcher(options: DispatcherOptions): (method: string, path: string, headers: Readonly<Record<string, string>>) => RouteDecision {
   const router = new Router<RouteDef>();
   for (const r of options.routes) router.add(r.method, r.path, r);
@@ -240,10 +249,7 @@ export function createDispatcher(options: DispatcherOptions): (method: string, p
             if (hasBody && route.body !== 'raw') {
               // JSON is UTF-8 (RFC 8259 §8.1): other bytes would be stored as U+FFFD, silently.
               if (!isUtf8(req.body)) throw new AgentError('INVALID_JSON', 'The body is not valid JSON: it is not UTF-8 text.');
-              bodyText = req.body.toString('utf8');
-              // A leading byte order mark (a file saved by Notepad, sent with curl --data-binary @f)
-              // is ignored, as RFC 8259 §8.1 allows: JSON.parse said only "Unexpected token" of it.
-              if (bodyText.charCodeAt(0) === 0xfeff) bodyText = bodyText.slice(1);
+              bodyText = withoutBom(req.body.toString('utf8'));
               try {
                 body = JSON.parse(bodyText);
               } catch (err) {

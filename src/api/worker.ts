@@ -11,7 +11,7 @@ import type { IncomingRequest, OutgoingReply } from '../http/index.js';
 import { SDK_DEFAULT_ENV, workerEnv, workerJobBody, type DoneBody, type DoneOutcome, type JobQueue } from '../queue/index.js';
 import type { LogLine } from '../store/index.js';
 import type { LogHub } from '../scheduler/index.js';
-import { jsonSyntaxDetail } from './dispatch.js';
+import { jsonSyntaxDetail, withoutBom } from './dispatch.js';
 import { NO_STORE, type RouteDef } from './route.js';
 
 export interface WorkerRouteServices {
@@ -81,7 +81,9 @@ function jsonKind(value: unknown): string {
 function parseRaw(body: Buffer, what: keyof typeof SEND): DoneBody {
   // runpod-python posts JSON as application/x-www-form-urlencoded: read the raw bytes as JSON.
   if (body.length === 0) return {};
-  let text = body.toString('utf8');
+  // A leading byte order mark is ignored, as on a client's body; the raw members (rawMember) are
+  // sliced from this text, so their offsets leave it out too.
+  let text = withoutBom(body.toString('utf8'));
   let parsed: unknown;
   let syntax: unknown;
   try {
