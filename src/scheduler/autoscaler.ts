@@ -16,7 +16,7 @@ import { idleTimeoutApplies, type EndpointService, type EndpointSpec } from '../
 import { SDK_DEFAULT_ENV, workerEnv, type JobQueue } from '../queue/index.js';
 import type { ExitInfo, LaunchSpec, WorkerRuntime } from '../runtime/index.js';
 import type { ResourceRow } from '../store/index.js';
-import { afterCrash, decideScale, type CrashState, type ScaleDecision } from './decide.js';
+import { aboveMax, afterCrash, decideScale, type CrashState, type ScaleDecision } from './decide.js';
 import type { LogHub } from './log-hub.js';
 import { CPU_ONLY_PLACEMENT, type Placement } from './placement.js';
 
@@ -262,10 +262,12 @@ export class Autoscaler {
       this.#o.logs.append(endpointId, id, 'system', `worker ${id} fits under workers.max (${spec.workers.max}) again: it takes jobs again`);
       this.#o.log.info('worker no longer retiring', { endpointId, workerId: id, max: spec.workers.max });
     }
+    // External workers count toward max: one that joins at max retires a worker flashd started.
+    const external = decision.retire.length ? live.filter((w) => !w.managed && registry.state(w) !== 'unhealthy').length : 0;
     for (const id of decision.retire) {
       this.#o.queue.retireAboveMax(endpointId, id);
-      this.#o.logs.append(endpointId, id, 'system', `worker ${id} is above workers.max (${spec.workers.max}): it finishes its jobs, takes no new one and stops`);
-      this.#o.log.info('worker retiring', { endpointId, workerId: id, max: spec.workers.max });
+      this.#o.logs.append(endpointId, id, 'system', `worker ${id} is ${aboveMax(spec.workers.max, external)}: it finishes its jobs, takes no new one and stops`);
+      this.#o.log.info('worker retiring', { endpointId, workerId: id, max: spec.workers.max, externalWorkers: external || undefined });
     }
     this.#trimUnhealthy(endpointId, spec.workers.max);
     return decision;

@@ -23,7 +23,8 @@
  *   backoff must be able to hold that replacement.
  * - Idle workers stop after `idleTimeout` (down to `min`; REQUEST_COUNT, which has no
  *   idleTimeout: down to its target, after the loop's grace), longest idle first; above `max`
- *   (a lowered `max`), starting and idle workers stop at once and busy ones are retired: they
+ *   (a lowered `max`, or an external worker that joined at it: external workers count toward
+ *   `max` but are never stopped), starting and idle workers stop at once and busy ones are retired: they
  *   finish what they hold, take no new job and then stop, so a backlog that keeps every worker
  *   busy cannot hold the count above `max`. A retired worker
  *   that fits under `max` again before it stops (max raised) serves again.
@@ -144,6 +145,13 @@ export interface ScaleDecision {
 /** Seconds for a log line: `2`, `2.5`. */
 const secs = (ms: number): string => String(Math.round(ms / 100) / 10);
 
+/**
+ * `above workers.max (3)`, naming the external workers up when there are any: they count toward
+ * max, so one that joins at max puts a worker flashd started above it with nobody lowering max.
+ */
+export const aboveMax = (max: number, external: number): string =>
+  external > 0 ? `above workers.max (${max}), counting the endpoint's ${external} external worker(s)` : `above workers.max (${max})`;
+
 export function decideScale(s: ScaleInput): ScaleDecision {
   // Still running only jobs flashd ended, long after it was told to stop them: a handler that
   // never returns (a deadlock, a call that never ends) while the SDK's heartbeat goes on pinging.
@@ -244,6 +252,7 @@ export function decideScale(s: ScaleInput): ScaleDecision {
   ];
   const stop: string[] = [];
   const stopReasons: Record<string, string> = {};
+  const external = live.filter((w) => !w.managed).length;
   let remaining = active;
   for (const w of stuck) {
     const e = w.endedOnly as NonNullable<WorkerSnapshot['endedOnly']>;
@@ -254,9 +263,10 @@ export function decideScale(s: ScaleInput): ScaleDecision {
   for (const w of candidates) {
     if (w.recycle) {
       stop.push(w.id);
-      // Which of the three: a user reading the log acts on each differently.
+      // Which of the three: a user reading the log acts on each differently. Above max with no
+      // external worker up, max was lowered; with one, it may have joined at max.
       stopReasons[w.id] = w.retired
-        ? `recycled: it was busy above a lowered workers.max (${s.max})`
+        ? external > 0 ? `recycled: it was busy ${aboveMax(s.max, external)}` : `recycled: it was busy above a lowered workers.max (${s.max})`
         : w.refresh
           ? 'recycled: the worker asked for it (stopPod: refresh_worker, or a handler that exited)'
           : 'recycled: replaced for the endpoint\'s new configuration';
@@ -267,15 +277,16 @@ export function decideScale(s: ScaleInput): ScaleDecision {
     if (overMax || expired) {
       stop.push(w.id);
       stopReasons[w.id] = overMax
-        ? `above workers.max (${s.max})`
+        ? aboveMax(s.max, external)
         : s.scaling.type === 'REQUEST_COUNT'
           ? `idle for ${secs(w.idleMs)} s above the REQUEST_COUNT target of ${floor} worker(s) (grace ${secs(s.idleTimeoutMs)} s; idleTimeout does not apply)`
           : `idle for ${secs(w.idleMs)} s (idle timeout ${secs(s.idleTimeoutMs)} s)`;
       remaining--;
     }
   }
-  // Still above max: busy managed workers are retired, the last listed (the newest) first. They
-  // keep their places under max until they have exited, as a worker that asked to be recycled does.
+  // Still above max (lowered, or an external worker joined at it): busy managed workers are
+  // retired, the last listed (the newest) first. They keep their places under max until they
+  // have exited, as a worker that asked to be recycled does.
   const retire: string[] = [];
   const busy = serving.filter((w) => w.managed && w.state === 'running' && !stop.includes(w.id));
   for (let i = busy.length - 1; i >= 0 && remaining > s.max; i--) {

@@ -299,6 +299,21 @@ t.test('a decision says why its workers start and stop, for the logs', async (t)
   );
   t.match(decideScale({ ...base, workers: [w('a', 'idle', 0, { recycle: true })] }).stopReasons, { a: /^recycled/ });
   t.same(
+    decideScale({ ...base, max: 1, workers: [w('x', 'running', 0, { managed: false }), w('a', 'initializing')] }).stopReasons,
+    { a: "above workers.max (1), counting the endpoint's 1 external worker(s)" },
+    'an external worker joined at max: said, as nobody lowered max',
+  );
+  const retired = { recycle: true, refresh: true, retired: true };
+  t.same(
+    decideScale({ ...base, max: 1, workers: [w('a', 'running'), w('b', 'idle', 0, retired)] }).stopReasons,
+    { b: 'recycled: it was busy above a lowered workers.max (1)' },
+  );
+  t.same(
+    decideScale({ ...base, max: 1, workers: [w('x', 'running', 0, { managed: false }), w('b', 'idle', 0, retired)] }).stopReasons,
+    { b: "recycled: it was busy above workers.max (1), counting the endpoint's 1 external worker(s)" },
+    'retired for an external worker that joined at max: not "a lowered workers.max"',
+  );
+  t.same(
     decideScale({ ...base, endedStopMs: 30_000, workers: [w('a', 'running', 0, { endedOnly: { jobId: 'job-1', why: 'cancelled', endedMs: 31_000 } })] }).stopReasons,
     { a: 'it still runs job job-1 31 s after flashd ended it (cancelled), over --lease-ms (30 s)' },
   );
