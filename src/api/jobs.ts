@@ -7,7 +7,7 @@ import { AgentError } from '../core/errors.js';
 import { jsonDepth, rawMember, rawMemberDepth } from '../core/json-raw.js';
 import { assertSchema } from '../core/schemas.js';
 import type { EndpointService, EndpointSpec } from '../endpoints/index.js';
-import { TERMINAL, checkWebhookUrl, jobNotFound, statusBody, type JobQueue, type JobSnapshot } from '../queue/index.js';
+import { TERMINAL, checkWebhookUrl, jobNotFound, statusBody, type Job, type JobQueue, type JobSnapshot } from '../queue/index.js';
 import type { ResourceRow } from '../store/index.js';
 import type { Principal } from '../auth/index.js';
 import type { ApiResult, RouteDef } from './route.js';
@@ -84,6 +84,11 @@ export function jobRoutes(s: JobRouteServices): RouteDef[] {
   /** The routes whose body may be left out: one sent must be uncompressed UTF-8 JSON within the limit. */
   const OPTIONAL_BODY = [...READ, 413, 415];
 
+  /** The endpoint was deleted while the job waited (/runsync, /status-sync): its jobs went with it. */
+  const deletedWhileWaiting = (job: Job): boolean => (job.status === 'IN_QUEUE' || job.status === 'IN_PROGRESS') && s.queue.live(job.id) !== job;
+  const endpointDeletedWhileWaiting = (job: Job): AgentError =>
+    new AgentError('NOT_FOUND', `Endpoint ${job.endpointId} was deleted while job ${job.id} waited; the job is gone.`);
+
   const submit = (principal: Principal, endpointId: string, body: unknown, text: string | undefined, retentionMs: number, deferInsert = false) => {
     const ep = queueEndpoint(endpointFor(principal, endpointId));
     const b = assertSchema<SubmitBody>('JobSubmit', body);
@@ -150,10 +155,7 @@ export function jobRoutes(s: JobRouteServices): RouteDef[] {
         const job = await submit(principal, params['endpointId'] as string, body, bodyText, retention, true);
         // A client that goes away stops waiting; it never cancels the job.
         await s.queue.waitFinal(job, wait ?? 90_000, req.cancel);
-        // The endpoint was deleted while the job waited: its jobs went with it.
-        if ((job.status === 'IN_QUEUE' || job.status === 'IN_PROGRESS') && s.queue.live(job.id) !== job) {
-          throw new AgentError('NOT_FOUND', `Endpoint ${job.endpointId} was deleted while job ${job.id} waited; the job is gone.`);
-        }
+        if (deletedWhileWaiting(job)) throw endpointDeletedWhileWaiting(job);
         // Still running, or its result not yet durable: written and synced before its id is told.
         // No await when there is nothing to wait for: one more hop here halved S2 (the reply
         // then went out uncorked, about three times the kernel time per job; bench:profile s2).
@@ -189,7 +191,10 @@ export function jobRoutes(s: JobRouteServices): RouteDef[] {
         const jobId = params['jobId'] as string;
         const live = s.queue.live(jobId);
         // A client that goes away stops waiting; the job goes on.
-        if (live && live.endpointId === ep.id && !TERMINAL.has(live.status)) await s.queue.waitFinal(live, wait ?? 90_000, req.cancel);
+        if (live && live.endpointId === ep.id && !TERMINAL.has(live.status)) {
+          await s.queue.waitFinal(live, wait ?? 90_000, req.cancel);
+          if (deletedWhileWaiting(live)) throw endpointDeletedWhileWaiting(live);
+        }
         const snap = await s.queue.findDurable(ep.id, jobId);
         if (!snap) throw jobNotFound(jobId);
         return json(200, statusBody(snap, s.now()));

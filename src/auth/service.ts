@@ -278,6 +278,11 @@ export class AuthService {
    */
   #checkUsable(row: ApiKeyRow): number | null {
     const now = this.#clock.now();
+    if (row.revokedAt !== null && row.kind === 'worker' && row.endpointId !== null && !this.#repo.endpointExists(row.endpointId)) {
+      // Deleting an endpoint revokes its worker keys: a worker run by hand keeps calling, and its
+      // log should say why, not send the operator looking for who revoked a key.
+      throw unauthenticated(`The API key has been revoked: it is a worker key of endpoint ${row.endpointId}, which was deleted.`, row);
+    }
     if (row.revokedAt !== null || this.#suspended.has(row.id)) throw unauthenticated(REVOKED, row);
     if (row.expiresAt !== null && row.expiresAt <= now) throw unauthenticated('The API key has expired.', row);
     let expiresAt = row.expiresAt;

@@ -87,6 +87,7 @@ export class IdentityRepo {
       revokeKey: db.prepare('UPDATE api_keys SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL'),
       setExempt: db.prepare('UPDATE api_keys SET exempt = ? WHERE id = ?'),
       revokeEndpointKeys: db.prepare('UPDATE api_keys SET revoked_at = ? WHERE endpoint_id = ? AND revoked_at IS NULL'),
+      endpointExists: db.prepare('SELECT EXISTS (SELECT 1 FROM endpoints WHERE id = ?) AS present'),
       deleteRevokedWorkerKeys: db.prepare("DELETE FROM api_keys WHERE kind = 'worker' AND revoked_at IS NOT NULL AND revoked_at <= ?"),
       liveWorkerKeysNamed: db.prepare("SELECT id, endpoint_id, name FROM api_keys WHERE kind = 'worker' AND revoked_at IS NULL AND substr(name, 1, length(?)) = ?"),
       renameKey: db.prepare('UPDATE api_keys SET name = ? WHERE id = ?'),
@@ -203,6 +204,10 @@ export class IdentityRepo {
   }
   revokeEndpointKeys(endpointId: string, now: number): number {
     return this.#write('revokeEndpointKeys', now, endpointId).changes;
+  }
+  /** Whether the endpoint a worker key was bound to still exists (a revoked key's 401 says when not). */
+  endpointExists(endpointId: string): boolean {
+    return (this.#s['endpointExists']!.get(endpointId) as { present: number }).present === 1;
   }
   setKeyExempt(id: string, exempt: boolean): void {
     this.#write('setExempt', exempt ? 1 : 0, id);

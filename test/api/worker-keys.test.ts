@@ -113,7 +113,35 @@ t.test('deleting an endpoint answers the parked polls of its workers at once wit
   t.equal(took.status, 401, 'the parked job-take is refused');
   t.equal(stopped.status, 401, 'so is the parked job-stop');
   t.match(JSON.parse(stopped.text), { status: 401 });
+  t.match(JSON.parse(took.text), { detail: `The API key has been revoked: it is a worker key of endpoint ${ep}, which was deleted.` }, 'saying why');
   t.ok(took.ms < 5000 && stopped.ms < 5000, `both at once, not after the 30 s hold (${took.ms} ms, ${stopped.ms} ms)`);
+});
+
+t.test('a worker of a deleted endpoint is told so: its 401 says the endpoint was deleted, not only that its key was revoked', async (t) => {
+  const a = await startAgent(t, { takeHoldMs: 300 });
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  const worker = await TestWorker.create(a, ep);
+  const job = (await a.req('POST', `/v2/${ep}/run`, { body: { input: {} } })).json.id as string;
+  t.match(await worker.take(), { id: job }, 'the worker holds a job');
+  t.equal((await a.req('DELETE', `/v2/serverless/${ep}`)).status, 204);
+  const detail = `The API key has been revoked: it is a worker key of endpoint ${ep}, which was deleted.`;
+  for (const [what, method, path, body] of [
+    ['job-take', 'GET', `/v2/${ep}/job-take/${worker.workerId}?gpu=cpu&job_in_progress=1`, undefined],
+    ['ping', 'GET', `/v2/${ep}/ping/${worker.workerId}?job_id=${job}&runpod_version=1.12.0`, undefined],
+    ['job-done', 'POST', `/v2/${ep}/job-done/${worker.workerId}/${job}?gpu=cpu&isStream=false`, { output: 'late' }],
+  ] as const) {
+    const r = await a.req(method, path, { key: worker.key, ...(body ? { body } : {}) });
+    assertProblem(t, r, 401, `${what}: 401`);
+    t.equal(r.json.detail, detail, `${what}: the detail names the deleted endpoint`);
+    t.match(r.headers.get('www-authenticate') ?? '', /^Bearer/, `${what}: still a 401 challenge`);
+  }
+  // Any other revoked worker key keeps the plain detail.
+  const ep2 = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  const env = (await a.req('GET', `/v2/serverless/${ep2}/worker-env`)).json as { workerId: string; keyId: string; env: Record<string, string> };
+  t.equal((await a.req('DELETE', `/v2/api-keys/${env.keyId}`)).status, 204);
+  const other = await a.req('GET', `/v2/${ep2}/ping/${env.workerId}`, { key: env.env['RUNPOD_AI_API_KEY'] as string });
+  assertProblem(t, other, 401);
+  t.equal(other.json.detail, 'The API key has been revoked.', 'a key revoked with its endpoint still there');
 });
 
 t.test("a worker key acts only as its own worker: another worker's id in the path is a 403", async (t) => {
