@@ -59,6 +59,11 @@ interface Managed {
   runningSince?: number;
   /** When flashd began stopping it (monotonic): it holds its place under max until its exit, within bounds. */
   stoppingSince?: number;
+  /**
+   * Stopped for not calling within --lease-ms (hung whole, or gone unreported): it holds no place
+   * under max while it exits, its GPUs apart, which stay reserved in placement until its exit.
+   */
+  unheard?: boolean;
   /** A kept worker whose container the runtime is restarting (FlashBoot), until the launch resolves. */
   restarting?: boolean;
 }
@@ -188,6 +193,7 @@ export class Autoscaler {
     for (const w of registry.list(endpointId)) {
       const m = this.#managed.get(w.id);
       if (!m || m.stopping || !registry.unheard(w)) continue;
+      m.unheard = true;
       void this.#stop(w.id, `it has not called for ${Math.round(this.#o.queue.settings.leaseMs / 1000)} s (--lease-ms): hung, or gone unreported`, false);
     }
     const listed = registry.list(endpointId);
@@ -223,9 +229,13 @@ export class Autoscaler {
       // cold-started a second process beside it, past max.
       // Not past the stop grace and DRAIN_SLACK_MS, by which the runtime has killed it: an exit
       // never reported (an engine gone) must not hold the place for good.
+      // Nor one stopped as unheard (hung whole, or gone unreported): it takes no job, and SIGTERM
+      // does nothing to a hung process, so its replacement would wait the whole grace for the
+      // SIGKILL. Its GPUs stay reserved until its exit: placement's capacity holds a GPU
+      // endpoint's replacement back until then, or puts it on a free one.
       exiting: listed.filter((w) => {
         const m = this.#managed.get(w.id);
-        return m?.stopping === true && mono - (m.stoppingSince ?? mono) < this.#graceMs + DRAIN_SLACK_MS;
+        return m?.stopping === true && m.unheard !== true && mono - (m.stoppingSince ?? mono) < this.#graceMs + DRAIN_SLACK_MS;
       }).map((w) => ({ id: w.id, replaced: w.recycle && !w.refresh, initTimedOut: this.#managed.get(w.id)?.initTimedOut === true })),
       capacity,
       backoff: crash !== undefined && mono < crash.backoffUntil,

@@ -7,8 +7,9 @@
  * heartbeat goes on listing it: stopped a lease after it was told to stop the job.
  */
 import { execFileSync } from 'node:child_process';
+import { join } from 'node:path';
 import t, { type Test } from 'tap';
-import { startAgent, cpuBody } from '../helpers/agent.js';
+import { startAgent, cpuBody, queueBody } from '../helpers/agent.js';
 import { REPO_ROOT } from '../helpers/spawn-flashd.js';
 import { until } from '../helpers/wait.js';
 
@@ -59,15 +60,99 @@ t.test('a hung worker whose job went back at its lease is unhealthy, not running
     const now = await health();
     return now.workers.unhealthy === 1 ? now : undefined;
   }, 5000);
-  t.same(h.workers, { idle: 0, initializing: 0, ready: 0, running: 0, throttled: 0, unhealthy: 1 }, 'neither running nor ready');
+  t.match(h.workers, { idle: 0, ready: 0, running: 0, unhealthy: 1 }, 'neither running nor ready');
 
-  // Stopped (SIGKILL once the stop grace is over), and a new worker takes its place under max (1).
+  // Stopped (SIGKILL once the stop grace is over), and a new worker takes its place under max (1)
+  // without waiting for that.
   const r = await a.req('POST', `/v2/${ep}/runsync?wait=30000`, { body: { input: { ok: 1 } } });
   t.equal(r.json.status, 'COMPLETED', 'the next job ran on a new worker');
-  t.same(workerGroups().filter((g) => g === pgid), [], 'the hung worker was stopped');
+  await until('the hung worker stopped', async () => workerGroups().every((g) => g !== pgid), 10_000);
   const logs = (await a.req('GET', `/v2/serverless/${ep}/logs`)).json as { line: string }[];
   t.ok(logs.some((l) => /has not called for 2 s \(--lease-ms\): hung, or gone unreported/.test(l.line)), 'the endpoint log says why it was stopped');
   t.notOk(logs.some((l) => /exited unexpectedly/.test(l.line)), 'a stop, not a crash');
+});
+
+t.test('at workers.max a hung worker being stopped does not hold its place: its requeued job runs on a replacement at once, not after the stop grace', async (t) => {
+  // A long stop grace: the replacement must not wait for the hung worker's SIGKILL.
+  const graceMs = 30_000;
+  const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT, leaseMs: 1500, takeHoldMs: 1000, workerStopGraceMs: graceMs });
+  const ep = (await a.req('POST', '/v2/serverless', {
+    body: cpuBody({ args: 'python3 -u test/fixtures/workers/echo.py', workers: { min: 0, max: 1, idleTimeout: 60 } }),
+  })).json.id as string;
+  const status = async (id: string) => (await a.req('GET', `/v2/${ep}/status/${id}`)).json;
+  const job = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { sleep: 5 } } })).json.id as string;
+  const hungWorker = await until('the job running', async () => {
+    const s = await status(job);
+    return s.status === 'IN_PROGRESS' && (s.workerId as string);
+  }, 30_000);
+  const pgid = theWorkerGroup(t);
+  process.kill(-pgid, 'SIGSTOP');
+  const stoppedAt = Date.now();
+
+  const s = await until('the job running again, on a replacement', async () => {
+    const now = await status(job);
+    return now.status === 'IN_PROGRESS' && now.workerId !== hungWorker ? now : undefined;
+  }, graceMs);
+  const waitedMs = Date.now() - stoppedAt;
+  t.ok(waitedMs < graceMs / 2, `the replacement took the job ${waitedMs} ms after the hang, well before the stop grace (${graceMs} ms) ended`);
+  t.equal(s.retries, 1, 'requeued once');
+  let hungAlive = true;
+  try {
+    process.kill(-pgid, 0);
+  } catch {
+    hungAlive = false;
+  }
+  t.ok(hungAlive, 'the hung worker was still being stopped (its grace not over) when the replacement took the job');
+  const logs = (await a.req('GET', `/v2/serverless/${ep}/logs`)).json as { line: string }[];
+  t.ok(logs.some((l) => l.line === `stopping worker ${hungWorker}: it has not called for 2 s (--lease-ms): hung, or gone unreported`), 'stopped as hung');
+  const done = await until('the job done', async () => {
+    const now = await status(job);
+    return now.status === 'COMPLETED' ? now : undefined;
+  }, 20_000);
+  t.not(done.workerId, hungWorker, 'completed on the replacement');
+  // Not left to the stop grace (flashd's close would wait for it).
+  process.kill(-pgid, 'SIGKILL');
+});
+
+t.test('a hung GPU worker being stopped keeps its GPU: the replacement waits for its exit, not placed on the same GPU', async (t) => {
+  // The fake nvidia-smi (one RTX 4090), for this agent's discovery only.
+  const path = process.env['PATH'];
+  process.env['PATH'] = `${join(REPO_ROOT, 'test/fixtures/nvidia-smi/bin')}:${path ?? ''}`;
+  process.env['FAKE_NVIDIA_SMI_SCENARIO'] = 'rtx4090-single';
+  t.teardown(() => {
+    process.env['PATH'] = path;
+    delete process.env['FAKE_NVIDIA_SMI_SCENARIO'];
+  });
+  const graceMs = 5000;
+  const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT, leaseMs: 1500, takeHoldMs: 1000, workerStopGraceMs: graceMs });
+  const ep = (await a.req('POST', '/v2/serverless', {
+    body: queueBody({ gpu: { pools: ['ADA_24'] }, args: 'python3 -u test/fixtures/workers/echo.py', workers: { min: 0, max: 1, idleTimeout: 60 } }),
+  })).json.id as string;
+  const status = async (id: string) => (await a.req('GET', `/v2/${ep}/status/${id}`)).json;
+  const job = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { sleep: 5 } } })).json.id as string;
+  const hungWorker = await until('the job running', async () => {
+    const s = await status(job);
+    return s.status === 'IN_PROGRESS' && (s.workerId as string);
+  }, 30_000);
+  const pgid = theWorkerGroup(t);
+  process.kill(-pgid, 'SIGSTOP');
+
+  await until('the job back in the queue at its lease', async () => (await status(job)).retries === 1, 10_000);
+  let throttled = false;
+  // Until the hung worker has exited (SIGKILL at the end of the grace), its GPU stays its own.
+  for (;;) {
+    const s = await status(job);
+    if (!workerGroups().includes(pgid)) break;
+    t.not(s.status === 'IN_PROGRESS' && s.workerId !== hungWorker, true, 'no replacement on the GPU the hung worker holds');
+    if ((await a.req('GET', `/v2/${ep}/health`)).json.workers.throttled >= 1) throttled = true;
+    await new Promise((r) => setTimeout(r, 200));
+  }
+  t.ok(throttled, 'the replacement waited throttled for the GPU');
+  const done = await until('the job done on a replacement', async () => {
+    const now = await status(job);
+    return now.status === 'COMPLETED' ? now : undefined;
+  }, 30_000);
+  t.not(done.workerId, hungWorker, 'on a new worker, once the GPU was free');
 });
 
 /**
