@@ -308,11 +308,16 @@ export class WebhookSender {
     d.state = 'flight';
     this.#inFlight++;
     this.#dest(d.dest).inFlight++;
+    const startedAt = performance.now();
     this.#post(d.url, body).then(
       (status) => {
         this.#tryEnded(d);
         if (status < 200 || status >= 300) this.#again(d, `status ${status}`);
-        else this.#settle(d);
+        else {
+          // Debug only: one line per delivered webhook (the failures are info and warn).
+          this.#o.log.debug('webhook delivered', { jobId: d.jobId, url: d.target, status, attempt: d.attempt, ms: Math.round(performance.now() - startedAt) });
+          this.#settle(d);
+        }
         this.#pump();
       },
       (err: Error) => {

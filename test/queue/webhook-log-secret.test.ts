@@ -55,6 +55,48 @@ t.test('a webhook whose path and query hold tokens: flashd logs neither, through
   t.match(printed, `url=http://127.0.0.1:${port}/`, 'which names the receiver');
 });
 
+t.test('a delivered webhook is logged at debug level: job, hidden URL, status, attempt, time taken', async (t) => {
+  // The first try gets a 500, the second a 204.
+  let tries = 0;
+  const receiver = createServer((req, res) => {
+    req.resume();
+    req.on('end', () => {
+      tries++;
+      res.writeHead(tries === 1 ? 500 : 204, { connection: 'close' }).end();
+    });
+  });
+  await new Promise<void>((resolve) => receiver.listen(0, '127.0.0.1', resolve));
+  t.teardown(() => new Promise<void>((resolve) => {
+    receiver.closeAllConnections();
+    receiver.close(() => resolve());
+  }));
+  const port = (receiver.address() as { port: number }).port;
+  const hook = `http://127.0.0.1:${port}/api/webhooks/123/PATHSECRET4h8w?token=QUERYSECRET1m5z`;
+
+  const flashd = await startFlashd(t, process.execPath, [
+    'dist/flashd.mjs', '--port', '0', '--data-dir', testDataDir(t), '--runtime', 'none', '--log-level', 'debug',
+    '--webhook-allow-private', '--webhook-retry-delay-ms', '50',
+  ], cleanEnv({ FLASHD_ADMIN_API_KEY: ADMIN_KEY }));
+  t.teardown(() => flashd.stop());
+  const call = async (method: string, path: string, body?: unknown) => {
+    const r = await fetch(flashd.url + path, {
+      method, headers: { authorization: `Bearer ${ADMIN_KEY}`, 'content-type': 'application/json' }, ...(body ? { body: JSON.stringify(body) } : {}),
+    });
+    return r.json() as Promise<any>;
+  };
+  const ep = (await call('POST', '/v2/serverless', cpuBody({ workers: { min: 0, max: 0 } }))).id as string;
+  const job = (await call('POST', `/v2/${ep}/run`, { input: {}, webhook: hook })).id as string;
+  t.equal((await call('POST', `/v2/${ep}/cancel/${job}`)).status, 'CANCELLED');
+  const line = await until('the delivery logged', async () => flashd.stderr().split('\n').find((l) => l.includes('webhook delivered')), 20_000);
+  t.equal(tries, 2, 'delivered at the second try');
+  t.match(line, /^\S+ debug \[webhook\] webhook delivered /, line);
+  t.ok(line.includes(` jobId=${job} `), 'names the job');
+  t.ok(line.includes(` url=${webhookUrlForLog(hook)} `), 'and the receiver, as the other webhook lines do');
+  t.match(line, / status=204 attempt=2 ms=\d+$/, 'with the status, the try and how long it took');
+  const printed = flashd.stdout() + flashd.stderr();
+  t.notOk(printed.includes('PATHSECRET4h8w') || printed.includes('QUERYSECRET1m5z') || printed.includes('/api/webhooks'), 'no path or query is logged');
+});
+
 t.test('webhookUrlForLog: scheme, host and port, then a short hash of the rest, never its text', async (t) => {
   const slack = 'https://hooks.slack.com/services/T000/B000/XXXXSECRET';
   const logged = webhookUrlForLog(slack);
