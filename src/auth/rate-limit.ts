@@ -70,12 +70,15 @@ export class RateLimiter {
     });
     if (violated) {
       const v = violated;
+      // One member per window, as on a 200: the refused request used no quota, so the other
+      // windows report what they have left (an exhausted one r=0).
+      const parts = this.windows.map((w, i) => `"${w.name}";r=${Math.max(0, w.quota - (counters[i] as Counter).used)};t=${resets[i]}`);
       return {
         allowed: false,
         violated: v,
         headers: {
           'ratelimit-policy': this.#policy,
-          ratelimit: `"${v.window.name}";r=0;t=${v.retryAfter}`,
+          ratelimit: parts.join(', '),
           'retry-after': String(v.retryAfter),
         },
       };

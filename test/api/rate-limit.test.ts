@@ -17,7 +17,9 @@ function limits(r: Reply): { policy: string | null; state: string | null } {
 function assert429(t: Test, r: Reply, window: 'minute' | 'hour' | 'day', retryAfter: number): void {
   assertProblem(t, r, 429, `429 for the ${window} window`);
   t.equal(r.headers.get('retry-after'), String(retryAfter), 'Retry-After in integer seconds until the window resets');
-  t.equal(r.headers.get('ratelimit'), `"${window}";r=0;t=${retryAfter}`, 'RateLimit names the violated window');
+  const members = (r.headers.get('ratelimit') ?? '').split(', ');
+  t.same(members.map((m) => m.split(';')[0]), ['"minute"', '"hour"', '"day"'], 'RateLimit: one member per window, in the order of RateLimit-Policy');
+  t.equal(members.find((m) => m.startsWith(`"${window}";`)), `"${window}";r=0;t=${retryAfter}`, 'the violated window has r=0 and its reset');
   t.ok(r.headers.get('ratelimit-policy'), 'the policy is still reported');
   t.match(r.json.detail, new RegExp(`"${window}"`), 'the detail names the window');
   t.equal(r.json.window, window, 'problem member window');
@@ -57,6 +59,7 @@ t.test('the minute window: 429, Retry-After, then a fresh window at the next wal
   for (let i = 0; i < 3; i++) t.equal((await a.req('GET', '/v2/serverless')).status, 200, `request ${i + 1} of 3`);
   const refused = await a.req('GET', '/v2/serverless');
   assert429(t, refused, 'minute', 40);
+  t.equal(refused.headers.get('ratelimit'), '"minute";r=0;t=40, "hour";r=997;t=3580, "day";r=9997;t=86380', 'a 429 reports every window, like a 200');
   assert429(t, await a.req('POST', '/v2/serverless', { body: queueBody() }), 'minute', 40);
   clock.advance(39_000);
   assert429(t, await a.req('GET', '/v2/serverless'), 'minute', 1);
