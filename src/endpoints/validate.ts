@@ -67,15 +67,26 @@ const isObject = (v: unknown): v is Record<string, unknown> => v !== null && typ
 
 /**
  * Rule 2: CUDA constraints on a CPU endpoint are a 422, whether they come top level or as a
- * `gpu` object holding only CUDA fields. Checked before the schema, which would otherwise
- * report a missing `gpu.pools` as a 400.
+ * `gpu` object holding only CUDA fields. The schema runs first, so a body with other mistakes
+ * gets the 400 listing them all; schema errors at the CUDA fields themselves (a malformed
+ * floor, and the missing `gpu.pools` of a CUDA-only `gpu` object) are left out of it, since
+ * any value there is refused. Otherwise valid, the body gets the 422.
  */
-function rejectCudaOnCpu(body: Record<string, unknown>, resultIsCpu: boolean): void {
-  const topLevel = CUDA_KEYS.filter((k) => body[k] !== undefined);
-  const gpu = body['gpu'];
+function validateWithCudaRule(schema: 'EndpointCreate' | 'EndpointUpdate', raw: unknown, resultIsCpu: (body: Record<string, unknown>) => boolean): EndpointBody {
+  if (!isObject(raw) || !resultIsCpu(raw)) return assertSchema<EndpointBody>(schema, raw);
+  const topLevel = CUDA_KEYS.filter((k) => raw[k] !== undefined);
+  const gpu = raw['gpu'];
   const gpuOnlyCuda = isObject(gpu) && Object.keys(gpu).length > 0 && Object.keys(gpu).every((k) => (CUDA_KEYS as readonly string[]).includes(k));
-  if (!resultIsCpu || (!topLevel.length && !gpuOnlyCuda)) return;
+  if (!topLevel.length && !gpuOnlyCuda) return assertSchema<EndpointBody>(schema, raw);
   const where = [...topLevel.map((k) => `/${k}`), ...(gpuOnlyCuda ? Object.keys(gpu).map((k) => `/gpu/${k}`) : [])];
+  const covered = [...topLevel.map((k) => `/${k}`), ...(gpuOnlyCuda ? ['/gpu'] : [])];
+  try {
+    assertSchema(schema, raw);
+  } catch (err) {
+    if (!(err instanceof AgentError)) throw err;
+    const others = (err.errors ?? []).filter((e) => !covered.some((p) => e.startsWith(`${p}: `) || e.startsWith(`${p}/`)));
+    if (others.length) throw validationError(others);
+  }
   throw validationError(where.map((p) => `${p}: CUDA constraints apply only to GPU endpoints; this endpoint uses cpu`), 422);
 }
 
@@ -247,11 +258,7 @@ function normalizeGpu(input: GpuInput, base: GpuSpec | null): GpuSpec {
 
 /** Builds the stored spec of a new endpoint from a create body. */
 export function buildEndpoint(raw: unknown, ctx: ValidationContext): EndpointSpec {
-  if (isObject(raw)) {
-    const gpuGiven = isObject(raw['gpu']) && 'pools' in raw['gpu'];
-    rejectCudaOnCpu(raw, Array.isArray(raw['cpu']) && !gpuGiven);
-  }
-  const body = assertSchema<EndpointBody>('EndpointCreate', raw);
+  const body = validateWithCudaRule('EndpointCreate', raw, (b) => Array.isArray(b['cpu']) && !(isObject(b['gpu']) && 'pools' in b['gpu']));
   const errors: string[] = [];
   for (const k of CUDA_KEYS) {
     if (body[k] !== undefined) errors.push(`/${k}: unknown property; CUDA constraints go inside gpu`);
@@ -359,12 +366,8 @@ export function namesLaunchField(body: unknown): boolean {
 
 /** Applies a PATCH body to a stored spec (spec, "Update semantics"). */
 export function updateEndpoint(current: EndpointSpec, raw: unknown, ctx: ValidationContext): UpdateOutcome {
-  if (isObject(raw)) {
-    const switchesToGpu = isObject(raw['gpu']) && 'pools' in raw['gpu'];
-    const resultIsCpu = Array.isArray(raw['cpu']) || (current.cpu !== null && !switchesToGpu);
-    rejectCudaOnCpu(raw, resultIsCpu);
-  }
-  const body = assertSchema<EndpointBody>('EndpointUpdate', raw);
+  const body = validateWithCudaRule('EndpointUpdate', raw,
+    (b) => Array.isArray(b['cpu']) || (current.cpu !== null && !(isObject(b['gpu']) && 'pools' in b['gpu'])));
   const errors: string[] = [];
   for (const k of CUDA_KEYS) {
     if (body[k] !== undefined) errors.push(`/${k}: unknown property; CUDA constraints go inside gpu`);

@@ -433,6 +433,25 @@ t.test('CUDA constraints on a CPU create are a 422', async (t) => {
   assertProblem(t, both, 400, 'a real gpu object next to cpu is "both", a 400');
 });
 
+t.test('schema errors of a CPU body with CUDA constraints are a 400 listing all of them, not a 422 hiding them', async (t) => {
+  const a = await startAgent(t);
+  const r = await createEndpoint(a, cpuBody({ minCudaVersion: '12.4', foo: 1, disk: 0 }));
+  assertProblem(t, r, 400, 'the schema runs first');
+  t.same(r.json.errors, ['/foo: unknown property', '/disk: must be >= 1'], 'every schema error, and not the CUDA one');
+  const gpuOnly = await createEndpoint(a, cpuBody({ gpu: { minCudaVersion: '12.4' }, foo: 1 }));
+  assertProblem(t, gpuOnly, 400);
+  t.same(gpuOnly.json.errors, ['/foo: unknown property'], 'a CUDA-only gpu object adds no "/gpu/pools: is required"');
+  for (const [label, body, pointer] of [
+    ['a malformed top-level floor', cpuBody({ minCudaVersion: 'abc' }), '/minCudaVersion'],
+    ['a null top-level floor', cpuBody({ minCudaVersion: null }), '/minCudaVersion'],
+    ['top-level versions that are not an array', cpuBody({ allowedCudaVersions: '12.4' }), '/allowedCudaVersions'],
+    ['a malformed floor in a CUDA-only gpu object', cpuBody({ gpu: { minCudaVersion: 'abc' } }), '/gpu/minCudaVersion'],
+  ] as const) {
+    const only = await createEndpoint(a, body);
+    assertErrorAt(t, only, 422, pointer, `${label} on an otherwise valid CPU body is still the 422: ${only.text.slice(0, 300)}`);
+  }
+});
+
 t.test('cpu items', async (t) => {
   const a = await startAgent(t);
   const cpu = (...items: unknown[]) => cpuBody({ cpu: items });

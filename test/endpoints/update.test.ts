@@ -159,6 +159,9 @@ t.test('switching hardware between gpu and cpu', async (t) => {
 
   assertErrorAt(t, await patch(a, g.id, { gpu: { allowedCudaVersions: ['12.4'] } }), 422, '/gpu/allowedCudaVersions', 'CUDA on a CPU endpoint is a 422');
   assertErrorAt(t, await patch(a, g.id, { minCudaVersion: '12.4' }), 422, '/minCudaVersion', 'top-level CUDA on a CPU endpoint is a 422');
+  const hidden = await patch(a, g.id, { minCudaVersion: '12.4', gpu: { minCudaVersion: '12.4' }, foo: 1, timeout: -1 });
+  assertErrorAt(t, hidden, 400, '/foo', 'schema errors first: the CUDA 422 comes only for an otherwise valid body');
+  t.same(hidden.json?.errors, ['/foo: unknown property', '/timeout: must be >= 1'], `every schema error, not the CUDA ones: ${hidden.text.slice(0, 300)}`);
   assertErrorAt(t, await patch(a, g.id, { gpu: { count: 2 } }), 400, '/gpu/pools', 'switching to GPU needs pools');
   assertErrorAt(t, await patch(a, g.id, { cpu: null }), 400, '/cpu', 'cpu: null would leave no hardware');
   assertErrorAt(t, await patch(a, g.id, { cpu: [] }), 400, '/cpu');
