@@ -152,9 +152,16 @@ function checkScaling(type: EndpointSpec['type'], scaling: Scaling, errors: stri
   }
 }
 
+/** RFC 3986 path-absolute characters: pchar (unreserved, sub-delims, ":", "@", %HH) and "/". */
+const URI_PATH = /^(?:[A-Za-z0-9\-._~!$&'()*+,;=:@/]|%[0-9A-Fa-f]{2})*$/;
+
 function checkEnv(spec: EndpointSpec, errors: string[]): void {
   const path = spec.env['HEALTH_CHECK_PATH'];
   if (path !== undefined && !path.startsWith('/')) errors.push('/env/HEALTH_CHECK_PATH: must start with "/"');
+  else if (path !== undefined && !URI_PATH.test(path)) {
+    // It becomes the path of requestUrls.health, which must be a URI.
+    errors.push('/env/HEALTH_CHECK_PATH: must be a URI path: letters, digits, "/" and -._~!$&\'()*+,;=:@ or %XX escapes (no space, "?" or "#")');
+  }
   for (const name of ['PORT', 'PORT_HEALTH']) {
     const v = spec.env[name];
     if (v !== undefined && !(/^[0-9]{1,5}$/.test(v) && Number(v) >= 1 && Number(v) <= 65535)) errors.push(`/env/${name}: must be a port number from 1 to 65535`);

@@ -527,6 +527,23 @@ t.test('requestUrls follow the configured queue_base_url, endpoint_host and sche
   t.same(lb.requestUrls, { base: `https://${lb.id}.ep.example.test`, health: `https://${lb.id}.ep.example.test/ping` });
 });
 
+t.test('HEALTH_CHECK_PATH must be a URI path, so requestUrls.health is a URI', async (t) => {
+  const a = await startAgent(t);
+  for (const bad of ['/a b', '/a?x=1', '/a#f', '/a b?x=1#f', '/a%2', '/a%zz', '/caf\u00e9', '/a\\b', '/a"b', '/<x>', '/a|b', '/a\tb']) {
+    const r = await createEndpoint(a, LB({ env: { HEALTH_CHECK_PATH: bad } }));
+    assertErrorAt(t, r, 400, '/env/HEALTH_CHECK_PATH', `${JSON.stringify(bad)} is refused: ${r.text.slice(0, 300)}`);
+    t.notOk(r.text.includes(JSON.stringify(bad).slice(1, -1)), 'the reply does not echo the value');
+  }
+  for (const good of ['/', '/ping', '/a/b/', '/v1/health-check_x.json', "/a~b!$&'()*+,;=:@", '/a%20b', '/%E2%9C%93', '//x']) {
+    const e = await mustCreate(t, a, LB({ env: { HEALTH_CHECK_PATH: good } }));
+    t.equal(e.requestUrls.health, `${e.requestUrls.base}${good}`, `${good} is accepted as sent`);
+    t.equal(new URL(e.requestUrls.health).pathname, good, `${good}: the health URL parses with that path`);
+  }
+  const lb = await mustCreate(t, a, LB());
+  const patched = await a.req('PATCH', `/v2/serverless/${lb.id}`, { body: { env: { HEALTH_CHECK_PATH: '/a b?x=1#f' } } });
+  assertErrorAt(t, patched, 400, '/env/HEALTH_CHECK_PATH', 'and on PATCH');
+});
+
 t.test('validation failures are listed together', async (t) => {
   const a = await startAgent(t);
   const schema = await createEndpoint(a, queueBody({ name: '', disk: 0, extra: true, workers: { idleTimeout: 0 } }));
