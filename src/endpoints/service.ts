@@ -1,5 +1,6 @@
 import type { Clock } from '../core/clock.js';
 import { AgentError } from '../core/errors.js';
+import { sortedJson } from '../core/json-raw.js';
 import { newEndpointId, newId } from '../core/ids.js';
 import type { Logger } from '../core/logger.js';
 import { assertSchema } from '../core/schemas.js';
@@ -131,6 +132,10 @@ export class EndpointService {
       && !(r === 'workers' && this.workersAboveMax !== null && this.workersAboveMax(id, spec.workers.max) === 0));
     authorize?.(restartReasons);
     if (byAdmin ? namesLaunchField(body) : restartReasons.some((r) => LAUNCH_REASONS.has(r))) spec.commandByAdmin = byAdmin;
+    // Nothing changed (`{}`, or the same fields again): no write, so updatedAt stays, no log
+    // line and no listener. An absent gpuTypePriority and an empty one mean the same.
+    const comparable = (s: EndpointSpec) => sortedJson({ ...s, gpuTypePriority: s.gpuTypePriority ?? [] });
+    if (comparable(spec) === comparable(current.data)) return { row: current, restartReasons: [] };
     const row = this.endpoints.update(current, spec, this.#clock.now());
     this.#byId.delete(id);
     this.#log.info('endpoint updated', { endpointId: id, restartReasons: restartReasons.join(',') || undefined });

@@ -49,6 +49,35 @@ t.test('fields merge; env replaces the whole map; timestamps', async (t) => {
   t.same(empty.restartReasons, []);
 });
 
+t.test('a PATCH that changes nothing writes nothing: updatedAt, the log and the change listeners stay still', async (t) => {
+  const clock = new ManualClock();
+  const a = await startAgent(t, {}, { clock });
+  const changed: string[] = [];
+  a.agent.endpoints.on({ changed: (id) => void changed.push(id) });
+  const body = queueBody({ name: 'noop', env: { A: '1', B: '2' }, gpu: { pools: ['AMPERE_24'], excludedTypes: [] } });
+  const e = await mustCreate(t, a, body);
+  changed.length = 0;
+  const updatedLines = () => a.logs.filter((l) => l.includes('endpoint updated')).length;
+  for (const [label, same] of [
+    ['{}', {}],
+    ['the same name', { name: 'noop' }],
+    ['the same env in another order', { env: { B: '2', A: '1' } }],
+    ['the create body again', body],
+  ] as const) {
+    clock.advance(1000);
+    const r = await mustPatch(t, a, e.id, same);
+    t.same(r, { ...e, restartRequired: false, restartReasons: [] }, `${label}: the reply is the endpoint as it was, updatedAt included`);
+    t.equal((await a.req('GET', `/v2/serverless/${e.id}`)).json.updatedAt, e.updatedAt, `${label}: nothing was written`);
+  }
+  t.equal(updatedLines(), 0, 'no "endpoint updated" log line');
+  t.same(changed, [], 'no change listener ran');
+  clock.advance(1000);
+  const renamed = await mustPatch(t, a, e.id, { name: 'noop2' });
+  t.equal(Date.parse(renamed.updatedAt) - Date.parse(e.updatedAt), 5000, 'a real change still moves updatedAt');
+  t.equal(updatedLines(), 1, 'and is logged');
+  t.same(changed, [e.id], 'and reaches the listeners');
+});
+
 t.test('the same env in another key order is no change and restarts nothing', async (t) => {
   const a = await startAgent(t);
   const e = await mustCreate(t, a, queueBody({ env: { A: '1', B: '2', C: '3' } }));
