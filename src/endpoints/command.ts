@@ -1,7 +1,7 @@
 /**
  * Command encoding (spec, "Command encoding"). `args` is one raw string: a shell-style string
  * is the CMD split into arguments; a JSON object string `{"entrypoint": [...], "cmd": [...]}`
- * sets either or both. `entrypoint` overrides the image's ENTRYPOINT; `cmd` is the argument
+ * sets either or both; a JSON array (Docker's exec form) is refused. `entrypoint` overrides the image's ENTRYPOINT; `cmd` is the argument
  * list passed to it.
  */
 export interface Command {
@@ -88,8 +88,21 @@ export function parseArgs(args: string): Command {
     const cmd = (obj['cmd'] as string[] | undefined) ?? null;
     return { entrypoint: entrypoint && entrypoint.length ? entrypoint : null, cmd: cmd && cmd.length ? cmd : null };
   }
+  if (trimmed.startsWith('[') && isJsonArray(trimmed)) {
+    // Docker's exec form; split as shell words it would run a program named `[echo,hi]`.
+    throw new CommandError('args is a JSON array (Docker\'s exec form), which args does not take; use {"entrypoint": [...], "cmd": [...]} (["a", "b"] is {"cmd": ["a", "b"]}), the array itself as cmd, or a plain command string');
+  }
   const cmd = shellSplit(trimmed);
   return { entrypoint: null, cmd: cmd.length ? cmd : null };
+}
+
+/** Whether `text` is a JSON array; a shell string such as `[ -f /x ] && …` is not. */
+function isJsonArray(text: string): boolean {
+  try {
+    return Array.isArray(JSON.parse(text));
+  } catch {
+    return false;
+  }
 }
 
 /** The stored `args` for a command given as arrays: the JSON-object form, or "" for none. */

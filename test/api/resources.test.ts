@@ -65,6 +65,7 @@ t.test('templates', async (t) => {
     ['no image', { name: 'x' }, 400, '/image'],
     ['bad args', { name: 'x', image: 'i', args: 'python "a.py' }, 400, '/args'],
     ['bad JSON args', { name: 'x', image: 'i', args: '{"cmd": 1}' }, 400, '/args'],
+    ['JSON array args (Docker exec form)', { name: 'x', image: 'i', args: '["python", "a.py"]' }, 400, '/args'],
     ['bad CUDA version', { name: 'x', image: 'i', allowedCudaVersions: ['12'] }, 400, '/allowedCudaVersions/0'],
     ['bad port', { name: 'x', image: 'i', ports: ['80'] }, 400, '/ports/0'],
     ['disk 0', { name: 'x', image: 'i', disk: 0 }, 400, '/disk'],

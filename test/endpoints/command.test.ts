@@ -45,7 +45,12 @@ t.test('parseArgs: a shell string is CMD; a JSON object sets entrypoint and/or c
   t.same(parseArgs('{"entrypoint": ["/start.sh"]}'), { entrypoint: ['/start.sh'], cmd: null });
   t.same(parseArgs(' {"entrypoint": [], "cmd": []} '), { entrypoint: null, cmd: null }, 'empty arrays are "not set"');
   t.same(parseArgs('{"cmd": ["a b", "c\\"d"]}'), { entrypoint: null, cmd: ['a b', 'c"d'] }, 'JSON items are taken verbatim, not split');
-  t.same(parseArgs('[1, 2]'), { entrypoint: null, cmd: ['[1,', '2]'] }, 'only an object is the JSON form');
+  t.throws(() => parseArgs('["echo", "hi"]'), /args is a JSON array.*use \{"entrypoint": \[\.\.\.\], "cmd": \[\.\.\.\]\}/, 'a JSON array (Docker exec form) is refused with a hint, not split into ["[echo,hi]"]');
+  t.throws(() => parseArgs(' [1, 2] '), CommandError, 'any JSON array');
+  t.throws(() => parseArgs('[]'), CommandError, 'an empty one too');
+  t.same(parseArgs('[ -f /x ] && python h.py'), { entrypoint: null, cmd: ['[', '-f', '/x', ']', '&&', 'python', 'h.py'] }, 'a shell string that starts with "[" is still a shell string');
+  t.same(parseArgs('[[ -n "$A" ]]'), { entrypoint: null, cmd: ['[[', '-n', '$A', ']]'] });
+  t.same(parseArgs('[echo,hi]'), { entrypoint: null, cmd: ['[echo,hi]'] }, 'not JSON: a shell word');
   for (const bad of ['{"cmd": ["a"]', '{"foo": ["a"]}', '{"cmd": "a"}', '{"cmd": [1]}', '{"entrypoint": [null]}', '{"cmd": ["a"], "env": {}}']) {
     t.throws(() => parseArgs(bad), CommandError, `${bad} is refused`);
   }
@@ -120,6 +125,11 @@ t.test('the five rules over HTTP on create', async (t) => {
   assertErrorAt(t, await createEndpoint(a, queueBody({ cmd: 'python app.py' })), 400, '/cmd', 'cmd must be an array');
   assertErrorAt(t, await createEndpoint(a, queueBody({ entrypoint: [1] })), 400, '/entrypoint/0', 'entrypoint items are strings');
   assertErrorAt(t, await createEndpoint(a, queueBody({ args: ['python'] })), 400, '/args', 'args is a string');
+  const exec = await createEndpoint(a, queueBody({ args: '["echo","hi"]' }));
+  assertErrorAt(t, exec, 400, '/args', 'a JSON array in args (Docker exec form)');
+  t.match(exec.json?.errors?.[0], /^\/args: args is a JSON array .*\{"entrypoint": \[\.\.\.\], "cmd": \[\.\.\.\]\}/, `the error says what to send: ${exec.text.slice(0, 400)}`);
+  const test = await mustCreate(t, a, queueBody({ args: '[ -f /x ] && python h.py' }));
+  t.same(test.cmd, ['[', '-f', '/x', ']', '&&', 'python', 'h.py'], 'a shell string starting with "[" still works');
 });
 
 t.test('the command on PATCH: "" and [] clear, omitted leaves unchanged', async (t) => {
