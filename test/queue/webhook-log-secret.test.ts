@@ -5,20 +5,24 @@
  * a delivery to a failing receiver was tried, retried and given up.
  */
 import { createServer } from 'node:http';
-import t from 'tap';
+import t, { type Test } from 'tap';
 import { ADMIN_KEY, cpuBody } from '../helpers/agent.js';
 import { testDataDir } from '../helpers/data-dir.js';
 import { cleanEnv, startFlashd } from '../helpers/spawn-flashd.js';
 import { until } from '../helpers/wait.js';
 import { webhookUrlForLog } from '../../src/queue/webhook.js';
 
-t.test('a webhook whose path and query hold tokens: flashd logs neither, through every try', async (t) => {
+/**
+ * A receiver answering try N with `answer(N)`, a flashd process at debug level that may send it
+ * webhooks, and a job with a webhook to `pathAndQuery` on it, cancelled so the webhook is owed.
+ */
+async function cancelledJobWithWebhook(t: Test, pathAndQuery: string, answer: (tryNo: number) => number) {
   let tries = 0;
   const receiver = createServer((req, res) => {
     req.resume();
     req.on('end', () => {
       tries++;
-      res.writeHead(500, { connection: 'close' }).end();
+      res.writeHead(answer(tries), { connection: 'close' }).end();
     });
   });
   await new Promise<void>((resolve) => receiver.listen(0, '127.0.0.1', resolve));
@@ -27,7 +31,7 @@ t.test('a webhook whose path and query hold tokens: flashd logs neither, through
     receiver.close(() => resolve());
   }));
   const port = (receiver.address() as { port: number }).port;
-  const hook = `http://127.0.0.1:${port}/services/T000/B000/PATHSECRET9f3k?token=QUERYSECRET7x2q`;
+  const hook = `http://127.0.0.1:${port}${pathAndQuery}`;
 
   const flashd = await startFlashd(t, process.execPath, [
     'dist/flashd.mjs', '--port', '0', '--data-dir', testDataDir(t), '--runtime', 'none', '--log-level', 'debug',
@@ -43,8 +47,13 @@ t.test('a webhook whose path and query hold tokens: flashd logs neither, through
   const ep = (await call('POST', '/v2/serverless', cpuBody({ workers: { min: 0, max: 0 } }))).id as string;
   const job = (await call('POST', `/v2/${ep}/run`, { input: {}, webhook: hook })).id as string;
   t.equal((await call('POST', `/v2/${ep}/cancel/${job}`)).status, 'CANCELLED');
+  return { flashd, port, hook, job, tries: () => tries };
+}
+
+t.test('a webhook whose path and query hold tokens: flashd logs neither, through every try', async (t) => {
+  const { flashd, port, hook, tries } = await cancelledJobWithWebhook(t, '/services/T000/B000/PATHSECRET9f3k?token=QUERYSECRET7x2q', () => 500);
   await until('the webhook to be given up', async () => flashd.stderr().includes('webhook gave up'), 20_000);
-  t.equal(tries, 3, 'the receiver got every try');
+  t.equal(tries(), 3, 'the receiver got every try');
 
   const printed = flashd.stdout() + flashd.stderr();
   t.match(printed, 'webhook try failed, trying again', 'the failed tries are logged');
@@ -57,38 +66,9 @@ t.test('a webhook whose path and query hold tokens: flashd logs neither, through
 
 t.test('a delivered webhook is logged at debug level: job, hidden URL, status, attempt, time taken', async (t) => {
   // The first try gets a 500, the second a 204.
-  let tries = 0;
-  const receiver = createServer((req, res) => {
-    req.resume();
-    req.on('end', () => {
-      tries++;
-      res.writeHead(tries === 1 ? 500 : 204, { connection: 'close' }).end();
-    });
-  });
-  await new Promise<void>((resolve) => receiver.listen(0, '127.0.0.1', resolve));
-  t.teardown(() => new Promise<void>((resolve) => {
-    receiver.closeAllConnections();
-    receiver.close(() => resolve());
-  }));
-  const port = (receiver.address() as { port: number }).port;
-  const hook = `http://127.0.0.1:${port}/api/webhooks/123/PATHSECRET4h8w?token=QUERYSECRET1m5z`;
-
-  const flashd = await startFlashd(t, process.execPath, [
-    'dist/flashd.mjs', '--port', '0', '--data-dir', testDataDir(t), '--runtime', 'none', '--log-level', 'debug',
-    '--webhook-allow-private', '--webhook-retry-delay-ms', '50',
-  ], cleanEnv({ FLASHD_ADMIN_API_KEY: ADMIN_KEY }));
-  t.teardown(() => flashd.stop());
-  const call = async (method: string, path: string, body?: unknown) => {
-    const r = await fetch(flashd.url + path, {
-      method, headers: { authorization: `Bearer ${ADMIN_KEY}`, 'content-type': 'application/json' }, ...(body ? { body: JSON.stringify(body) } : {}),
-    });
-    return r.json() as Promise<any>;
-  };
-  const ep = (await call('POST', '/v2/serverless', cpuBody({ workers: { min: 0, max: 0 } }))).id as string;
-  const job = (await call('POST', `/v2/${ep}/run`, { input: {}, webhook: hook })).id as string;
-  t.equal((await call('POST', `/v2/${ep}/cancel/${job}`)).status, 'CANCELLED');
+  const { flashd, hook, job, tries } = await cancelledJobWithWebhook(t, '/api/webhooks/123/PATHSECRET4h8w?token=QUERYSECRET1m5z', (n) => (n === 1 ? 500 : 204));
   const line = await until('the delivery logged', async () => flashd.stderr().split('\n').find((l) => l.includes('webhook delivered')), 20_000);
-  t.equal(tries, 2, 'delivered at the second try');
+  t.equal(tries(), 2, 'delivered at the second try');
   t.match(line, /^\S+ debug \[webhook\] webhook delivered /, line);
   t.ok(line.includes(` jobId=${job} `), 'names the job');
   t.ok(line.includes(` url=${webhookUrlForLog(hook)} `), 'and the receiver, as the other webhook lines do');
