@@ -9,7 +9,7 @@
 import { execFileSync } from 'node:child_process';
 import { join } from 'node:path';
 import t, { type Test } from 'tap';
-import { startAgent, cpuBody, queueBody } from '../helpers/agent.js';
+import { startAgent, cpuBody, queueBody, type TestAgent } from '../helpers/agent.js';
 import { REPO_ROOT } from '../helpers/spawn-flashd.js';
 import { until } from '../helpers/wait.js';
 
@@ -37,6 +37,23 @@ function theWorkerGroup(t: Test): number {
     }
   });
   return pgid;
+}
+
+/**
+ * Creates an endpoint from `body` (max 1), runs a 5 s job on its one worker and SIGSTOPs that
+ * worker's whole process group while it holds the job.
+ */
+async function hungOnItsJob(t: Test, a: TestAgent, body: unknown) {
+  const ep = (await a.req('POST', '/v2/serverless', { body })).json.id as string;
+  const status = async (id: string) => (await a.req('GET', `/v2/${ep}/status/${id}`)).json;
+  const job = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { sleep: 5 } } })).json.id as string;
+  const hungWorker = await until('the job running', async () => {
+    const s = await status(job);
+    return s.status === 'IN_PROGRESS' && (s.workerId as string);
+  }, 30_000);
+  const pgid = theWorkerGroup(t);
+  process.kill(-pgid, 'SIGSTOP');
+  return { ep, status, job, hungWorker, pgid };
 }
 
 t.test('a hung worker whose job went back at its lease is unhealthy, not running, and is stopped and replaced', async (t) => {
@@ -76,17 +93,8 @@ t.test('at workers.max a hung worker being stopped does not hold its place: its 
   // A long stop grace: the replacement must not wait for the hung worker's SIGKILL.
   const graceMs = 30_000;
   const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT, leaseMs: 1500, takeHoldMs: 1000, workerStopGraceMs: graceMs });
-  const ep = (await a.req('POST', '/v2/serverless', {
-    body: cpuBody({ args: 'python3 -u test/fixtures/workers/echo.py', workers: { min: 0, max: 1, idleTimeout: 60 } }),
-  })).json.id as string;
-  const status = async (id: string) => (await a.req('GET', `/v2/${ep}/status/${id}`)).json;
-  const job = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { sleep: 5 } } })).json.id as string;
-  const hungWorker = await until('the job running', async () => {
-    const s = await status(job);
-    return s.status === 'IN_PROGRESS' && (s.workerId as string);
-  }, 30_000);
-  const pgid = theWorkerGroup(t);
-  process.kill(-pgid, 'SIGSTOP');
+  const { ep, status, job, hungWorker, pgid } = await hungOnItsJob(t, a,
+    cpuBody({ args: 'python3 -u test/fixtures/workers/echo.py', workers: { min: 0, max: 1, idleTimeout: 60 } }));
   const stoppedAt = Date.now();
 
   const s = await until('the job running again, on a replacement', async () => {
@@ -125,17 +133,8 @@ t.test('a hung GPU worker being stopped keeps its GPU: the replacement waits for
   });
   const graceMs = 5000;
   const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT, leaseMs: 1500, takeHoldMs: 1000, workerStopGraceMs: graceMs });
-  const ep = (await a.req('POST', '/v2/serverless', {
-    body: queueBody({ gpu: { pools: ['ADA_24'] }, args: 'python3 -u test/fixtures/workers/echo.py', workers: { min: 0, max: 1, idleTimeout: 60 } }),
-  })).json.id as string;
-  const status = async (id: string) => (await a.req('GET', `/v2/${ep}/status/${id}`)).json;
-  const job = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { sleep: 5 } } })).json.id as string;
-  const hungWorker = await until('the job running', async () => {
-    const s = await status(job);
-    return s.status === 'IN_PROGRESS' && (s.workerId as string);
-  }, 30_000);
-  const pgid = theWorkerGroup(t);
-  process.kill(-pgid, 'SIGSTOP');
+  const { ep, status, job, hungWorker, pgid } = await hungOnItsJob(t, a,
+    queueBody({ gpu: { pools: ['ADA_24'] }, args: 'python3 -u test/fixtures/workers/echo.py', workers: { min: 0, max: 1, idleTimeout: 60 } }));
 
   await until('the job back in the queue at its lease', async () => (await status(job)).retries === 1, 10_000);
   let throttled = false;
