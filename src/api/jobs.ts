@@ -84,7 +84,7 @@ export function jobRoutes(s: JobRouteServices): RouteDef[] {
   /** The routes whose body may be left out: one sent must be uncompressed UTF-8 JSON within the limit. */
   const OPTIONAL_BODY = [...READ, 413, 415];
 
-  /** The endpoint was deleted while the job waited (/runsync, /status-sync): its jobs went with it. */
+  /** The endpoint was deleted while the job waited (/runsync, /status-sync, /stream?wait=): its jobs went with it. */
   const deletedWhileWaiting = (job: Job): boolean => (job.status === 'IN_QUEUE' || job.status === 'IN_PROGRESS') && s.queue.live(job.id) !== job;
   const endpointDeletedWhileWaiting = (job: Job): AgentError =>
     new AgentError('NOT_FOUND', `Endpoint ${job.endpointId} was deleted while job ${job.id} waited; the job is gone.`);
@@ -221,6 +221,7 @@ export function jobRoutes(s: JobRouteServices): RouteDef[] {
           await s.queue.waitStream(live, wait, req.cancel);
           // Gone: the chunks stay for its next poll.
           if (req.cancel.aborted) return json(200, `{"status":"${live.status}","stream":[]}`);
+          if (deletedWhileWaiting(live)) throw endpointDeletedWhileWaiting(live);
           await s.queue.durable();
           if (req.cancel.aborted) return json(200, `{"status":"${live.status}","stream":[]}`);
           drained = s.queue.drainStream(ep.id, jobId);
