@@ -171,6 +171,14 @@ export type DoneOutcome = 'accepted' | 'duplicate' | 'finished' | 'ended' | 'sta
 /** `{"output":}` and `,"metrics":`: what a /stream element adds to its piece and its metrics. */
 const ELEMENT_BYTES = 11;
 const METRICS_BYTES = 11;
+/**
+ * Room kept in each piece of a split chunk for its marker members, `,"part":I,"parts":N` with I
+ * and N of `digits` digits, and `,"json":true` when the pieces are JSON text.
+ */
+const splitBytes = (digits: number, json: boolean): number => ',"part":,"parts":'.length + 2 * digits + (json ? ',"json":true'.length : 0);
+
+/** The marker members of piece `i` (1-based) of `n`: a client joins pieces 1..n back into the chunk. */
+const splitMarker = (i: number, n: number, json: boolean): string => `,"part":${i},"parts":${n}${json ? ',"json":true' : ''}`;
 
 /**
  * Splits `text` into JSON string literals (as JSON.stringify writes them) whose UTF-8 encoding,
@@ -1196,11 +1204,11 @@ export class JobQueue {
      * The JSON text of one /stream element. Metrics go with a chunk only if both fit; metrics too
      * large for that are dropped (logged), the output never.
      */
-    const element = (piece: string, pieceBytes: number, withMetrics: boolean): string => {
-      if (metrics === undefined || !withMetrics) return `{"output":${piece}}`;
-      if (ELEMENT_BYTES + pieceBytes + METRICS_BYTES + metricsBytes <= limit) return `{"output":${piece},"metrics":${metrics}}`;
+    const element = (piece: string, pieceBytes: number, withMetrics: boolean, marker = ''): string => {
+      if (metrics === undefined || !withMetrics) return `{"output":${piece}${marker}}`;
+      if (ELEMENT_BYTES + pieceBytes + Buffer.byteLength(marker) + METRICS_BYTES + metricsBytes <= limit) return `{"output":${piece}${marker},"metrics":${metrics}}`;
       this.#log.warn('stream chunk metrics dropped: over the chunk limit with the output', { endpointId, jobId, metricsBytes, limit });
-      return `{"output":${piece}}`;
+      return `{"output":${piece}${marker}}`;
     };
     const pieces: string[] = [];
     const outputBytes = Buffer.byteLength(output);
@@ -1212,12 +1220,23 @@ export class JobQueue {
       pieces.push(element(output, outputBytes, true));
     } else {
       // Too large for one chunk: split strings into pieces (lossless), anything else as pieces of its JSON text.
-      // Each element at most `limit` bytes: its piece as large as fits beside `{"output":}`, the
-      // first one leaving room for metrics that take at most half the limit.
-      const text = typeof body.output === 'string' ? body.output : output;
-      const budget = limit - ELEMENT_BYTES;
-      const first = metrics !== undefined && metricsBytes <= limit / 2 ? budget - METRICS_BYTES - metricsBytes : budget;
-      jsonStringPieces(text, first, budget, (piece, bytes, isFirst) => pieces.push(element(piece, isFirst ? bytes : 0, isFirst)));
+      // Each element at most `limit` bytes: its piece as large as fits beside `{"output":}` and its
+      // markers, the first one leaving room for metrics that take at most half the limit.
+      // Each piece carries `part` and `parts` (and `json: true` when the pieces are JSON text), so
+      // a client can tell the pieces of one chunk from the chunks posted around it.
+      const json = typeof body.output !== 'string';
+      const text = json ? output : body.output as string;
+      // Room for markers of one digit first; split again with room for more only when there are
+      // 10 pieces or more (a chunk over about 10 MB), so the pieces stay as large as they can be.
+      const raw: { piece: string; bytes: number }[] = [];
+      for (let digits = 1; ; digits++) {
+        raw.length = 0;
+        const budget = limit - ELEMENT_BYTES - splitBytes(digits, json);
+        const first = metrics !== undefined && metricsBytes <= limit / 2 ? budget - METRICS_BYTES - metricsBytes : budget;
+        jsonStringPieces(text, first, budget, (piece, bytes) => raw.push({ piece, bytes }));
+        if (raw.length < 10 ** digits) break;
+      }
+      raw.forEach(({ piece, bytes }, i) => pieces.push(element(piece, bytes, i === 0, splitMarker(i + 1, raw.length, json))));
     }
     // A /runsync job whose insert is still deferred gets its row first (a crash must not leave
     // chunks of a job SQLite does not know), and its claim (CLAIM_SAVE_DELAY_MS) as a progress

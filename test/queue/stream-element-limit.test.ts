@@ -53,7 +53,7 @@ t.test('a string output: every element at most 1 MB as served, and as few as tha
       const parsed = els.map((e) => JSON.parse(e) as { output: string; metrics?: unknown });
       t.equal(parsed.map((e) => e.output).join(''), output, `joined back they are the output (${what})`);
       if (withMetrics) t.same(parsed[0]?.metrics, metrics, `the metrics ride on the first element (${what})`);
-      if (whole > LIMIT) t.equal(sizes[0], LIMIT, `the first element is full (${what})`);
+      if (whole > LIMIT) t.equal(sizes[0], LIMIT, `the first element is full, its part and parts members included (${what})`);
     }
   }
 });
@@ -85,4 +85,41 @@ t.test('an object output: served whole up to exactly 1 MB, split into pieces of 
     t.ok(els.every((e) => Buffer.byteLength(e) <= LIMIT), `each element at most 1 MB (${what})`);
     t.same(els.map((e) => JSON.parse(e)), whole <= LIMIT ? [{ output, metrics }] : [{ output }], `${whole <= LIMIT ? 'kept' : 'dropped'} (${what})`);
   }
+});
+
+t.test('the pieces of a split chunk say which chunk they belong to: part, parts and, for JSON text, json', async (t) => {
+  const { a, ep, w, id } = await setup(t);
+  // Four yields in a row, as a generator posts them: a big string, a small one, a big object, a small object.
+  const big = 'x'.repeat(LIMIT + 200_000);
+  const yields: unknown[] = [big, 'between', { big: 'y'.repeat(LIMIT + 200_000) }, { small: 1 }];
+  for (const output of yields) {
+    const res = await fetch(w.postUrl('stream', id), {
+      method: 'POST', headers: { authorization: w.key, 'content-type': 'application/json' }, body: JSON.stringify({ output }),
+    });
+    await res.arrayBuffer();
+    t.equal(res.status, 200, 'chunk stored');
+  }
+  const served = (await a.req('GET', `/v2/${ep}/stream/${id}`)).json.stream as { output: unknown; part?: number; parts?: number; json?: boolean }[];
+  t.same(served.map((e) => [e.part, e.parts, e.json]), [[1, 2, undefined], [2, 2, undefined], [undefined, undefined, undefined], [1, 2, true], [2, 2, true], [undefined, undefined, undefined]],
+    'pieces are numbered within their chunk; a chunk served whole has no marker');
+  // What a client does: join the pieces of each chunk, parse them when they are JSON text.
+  const rebuilt: unknown[] = [];
+  let acc = '';
+  for (const e of served) {
+    if (e.part === undefined) { rebuilt.push(e.output); continue; }
+    acc += e.output as string;
+    if (e.part === e.parts) { rebuilt.push(e.json ? JSON.parse(acc) : acc); acc = ''; }
+  }
+  t.same(rebuilt, yields, 'each yield comes back as posted');
+  t.ok(served.every((e) => Buffer.byteLength(JSON.stringify(e)) <= LIMIT), 'each element, its markers included, at most 1 MB');
+  // Ten pieces or more: two-digit numbers, still within the limit and in order.
+  const huge = 'z'.repeat(12 * LIMIT);
+  const res = await fetch(w.postUrl('stream', id), { method: 'POST', headers: { authorization: w.key, 'content-type': 'application/json' }, body: JSON.stringify({ output: huge }) });
+  await res.arrayBuffer();
+  t.equal(res.status, 200, 'a 12 MB chunk stored');
+  const many = (await a.req('GET', `/v2/${ep}/stream/${id}`)).json.stream as { output: string; part: number; parts: number }[];
+  t.same(many.map((e) => e.part), Array.from({ length: many.length }, (_, i) => i + 1), `numbered 1 to ${many.length}`);
+  t.ok(many.length >= 12 && many.every((e) => e.parts === many.length), 'each says how many');
+  t.ok(many.every((e) => Buffer.byteLength(JSON.stringify(e)) <= LIMIT), 'each at most 1 MB');
+  t.equal(many.map((e) => e.output).join(''), huge, 'joined back they are the chunk');
 });
