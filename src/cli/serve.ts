@@ -6,7 +6,7 @@ import { listenForSignals, onStopSignal } from './signals.js';
 const KILL_NOW_BOUND_MS = 5000;
 
 /**
- * Runs until SIGINT/SIGTERM, then closes every component in reverse order. A second signal
+ * Runs until SIGINT, SIGTERM or SIGHUP, then closes every component in reverse order. A second signal
  * during that (Ctrl-C pressed again) stops at once: process workers are killed, containers
  * force-removed (waiting for the engine at most 5 s), and the exit code is 1. A signal while
  * flashd is still starting stops it as soon as it has started.

@@ -1,5 +1,5 @@
 /**
- * flashd's SIGINT and SIGTERM listeners: added by main.ts before the rest of flashd is loaded
+ * flashd's SIGINT, SIGTERM and SIGHUP listeners: added by main.ts before the rest of flashd is loaded
  * (which takes a while: the bundle's modules, schemas, native addons) and never removed.
  *
  * - Before a command has claimed them, a signal is held; a second one exits 1 at once.
@@ -12,7 +12,12 @@
  * and a signal it had caught but not yet delivered (the loop had not turned since) is dropped
  * with it. This module imports nothing, so main.ts can load it first.
  */
-type StopSignal = 'SIGINT' | 'SIGTERM';
+/**
+ * SIGHUP stops flashd as SIGTERM does: it comes when the terminal or ssh session flashd runs in
+ * closes, and flashd has no configuration to reload, so Node's default action (exit at once,
+ * workers left running, no log line) is what it must not take.
+ */
+type StopSignal = 'SIGINT' | 'SIGTERM' | 'SIGHUP';
 
 let installed = false;
 let held: StopSignal | undefined;
@@ -21,6 +26,7 @@ let defaultAction = false;
 
 const onSigint = () => onSignal('SIGINT');
 const onSigterm = () => onSignal('SIGTERM');
+const onSighup = () => onSignal('SIGHUP');
 
 function onSignal(signal: StopSignal): void {
   if (handler !== undefined) return handler(signal);
@@ -33,6 +39,7 @@ function onSignal(signal: StopSignal): void {
 function raise(signal: StopSignal): void {
   process.off('SIGINT', onSigint);
   process.off('SIGTERM', onSigterm);
+  process.off('SIGHUP', onSighup);
   process.kill(process.pid, signal);
 }
 
@@ -42,6 +49,7 @@ export function listenForSignals(): void {
   installed = true;
   process.on('SIGINT', onSigint);
   process.on('SIGTERM', onSigterm);
+  process.on('SIGHUP', onSighup);
 }
 
 /** From now on each signal goes to `stop`; one held since the start is handed over at once. */

@@ -39,6 +39,15 @@ t.test('a closed stderr pipe does not end flashd: it goes on serving and stops c
   t.notOk(existsSync(join(dir, 'flashd.db-wal')) && statSync(join(dir, 'flashd.db-wal')).size > 0, 'the WAL was checkpointed by the clean close');
 });
 
+t.test('SIGHUP (the terminal or ssh session closed) stops flashd as SIGTERM does: exit 0 and the stop logged, not killed by the signal', async (t) => {
+  const dir = testDataDir(t);
+  const f = await startFlashd(t, node, [BUNDLE, '--port', '0', '--data-dir', dir, '--runtime', 'none'], cleanEnv());
+  t.equal(await f.stop('SIGHUP'), 0, 'exit 0');
+  t.equal(f.child.signalCode, null, 'not ended by the signal');
+  t.match(f.stderr(), /shutting down signal=SIGHUP/, 'says which signal stopped it');
+  t.match(f.stderr(), /stopped ms=\d+ exitCode=0/, 'and that the stop is over');
+});
+
 /**
  * Starts flashd, sends SIGTERM `after` ms after `milestone` appears on its stderr, and reports how it
  * ended. A plain node process watches, not this test: tap's own process, busy with its loader,
