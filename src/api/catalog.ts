@@ -20,8 +20,11 @@ function stock(available: number): 'HIGH' | 'MEDIUM' | 'LOW' | 'NONE' {
   return available === 0 ? 'NONE' : available <= 1 ? 'LOW' : available <= 3 ? 'MEDIUM' : 'HIGH';
 }
 
+/** A GPU's type id; a model the catalog does not know goes by its nvidia-smi name (pool OTHER). */
+const typeOf = (g: InventoryGpu): string => g.gpuTypeId ?? g.name;
+
 function count(gpus: readonly InventoryGpu[], typeId: string) {
-  const mine = gpus.filter((g) => g.gpuTypeId === typeId);
+  const mine = gpus.filter((g) => typeOf(g) === typeId);
   const available = mine.filter((g) => g.free).length;
   return { available, total: mine.length, stockStatus: stock(available) };
 }
@@ -69,7 +72,7 @@ export function catalogRoutes(s: ApiServices): RouteDef[] {
           const out: Record<string, unknown> = { id: dc.id, name: dc.name };
           if (inc.has('GPU_AVAILABILITY')) {
             const here = gpus.filter((g) => g.dataCenterId === dc.id);
-            const types = [...new Set(here.map((g) => g.gpuTypeId).filter((t): t is string => t !== null))];
+            const types = [...new Set(here.map(typeOf))];
             out['gpuAvailability'] = types.map((gpuTypeId) => ({ gpuTypeId, ...count(here, gpuTypeId) }));
           }
           return out;

@@ -1,10 +1,11 @@
 /**
  * Older REST create (`POST /v1/endpoints`, spec "Older REST create"). The body is translated
  * into a v2 create and checked by the same rules. `gpuTypeIds` are tried in priority order:
- * they become the pools they belong to, with every other member of those pools excluded, and
+ * they become the pools they belong to (flashd's OTHER for a type in no RunPod pool or a model
+ * of this host the catalog does not know), with every other member of those pools excluded, and
  * the order is kept for placement.
  */
-import { GPU_POOLS, gpuType } from '../catalog/index.js';
+import { GPU_POOLS, OTHER_POOL, gpuType, poolTypes } from '../catalog/index.js';
 import { AgentError, validationError } from '../core/errors.js';
 import { assertSchema } from '../core/schemas.js';
 import type { EndpointSpec } from '../endpoints/index.js';
@@ -34,22 +35,27 @@ interface LegacyBody {
   networkVolumeId?: string;
 }
 
-/** Maps GPU type ids (priority order) onto pools and exclusions. */
-export function gpuSelectionFor(typeIds: readonly string[]): { pools: string[]; excludedTypes: string[] } {
+/**
+ * Maps GPU type ids (priority order) onto pools and exclusions. A catalog type in no RunPod pool
+ * maps onto flashd's pool OTHER, and so does a model the catalog does not know when one of
+ * `hostModels` (the nvidia-smi names of this host's uncataloged GPUs) has that name.
+ */
+export function gpuSelectionFor(typeIds: readonly string[], hostModels: readonly string[] = []): { pools: string[]; excludedTypes: string[] } {
   const errors: string[] = [];
   const pools: string[] = [];
+  const add = (pool: string) => void (pools.includes(pool) || pools.push(pool));
   typeIds.forEach((id, i) => {
     const t = gpuType(id);
-    if (!t) errors.push(`/gpuTypeIds/${i}: unknown GPU type "${id}"`);
-    else if (t.pool === null) errors.push(`/gpuTypeIds/${i}: "${id}" belongs to no serverless pool`);
-    else if (!pools.includes(t.pool)) pools.push(t.pool);
+    if (t) add(t.pool ?? OTHER_POOL);
+    else if (hostModels.includes(id)) add(OTHER_POOL);
+    else errors.push(`/gpuTypeIds/${i}: unknown GPU type "${id}" (not in the GPU catalog, and no GPU of this host has that name)`);
   });
   if (errors.length) throw validationError(errors);
-  const excludedTypes = pools.flatMap((p) => (GPU_POOLS.get(p) ?? []).filter((t) => !typeIds.includes(t)));
+  const excludedTypes = pools.flatMap((p) => (poolTypes(p) ?? []).filter((t) => !typeIds.includes(t)));
   return { pools, excludedTypes };
 }
 
-function toV2(b: LegacyBody): Record<string, unknown> {
+function toV2(b: LegacyBody, hostModels: readonly string[]): Record<string, unknown> {
   const type = b.type === 'LB' || b.type === 'LOAD_BALANCER' ? 'LOAD_BALANCER' : 'QUEUE';
   const scalerType = b.scalerType ?? (type === 'LOAD_BALANCER' ? 'REQUEST_COUNT' : 'QUEUE_DELAY');
   const value = b.scalerValue ?? 4;
@@ -73,7 +79,7 @@ function toV2(b: LegacyBody): Record<string, unknown> {
     v2['cpu'] = (b.cpuFlavorIds ?? ['cpu3c']).map((id) => ({ id, vcpuCount }));
     if (b.allowedCudaVersions !== undefined) v2['allowedCudaVersions'] = b.allowedCudaVersions;
   } else {
-    const gpu: Record<string, unknown> = b.gpuTypeIds ? gpuSelectionFor(b.gpuTypeIds) : { pools: [...GPU_POOLS.keys()] };
+    const gpu: Record<string, unknown> = b.gpuTypeIds ? gpuSelectionFor(b.gpuTypeIds, hostModels) : { pools: [...GPU_POOLS.keys()] };
     if (b.gpuCount !== undefined) gpu['count'] = b.gpuCount;
     if (b.allowedCudaVersions !== undefined) gpu['allowedCudaVersions'] = b.allowedCudaVersions;
     v2['gpu'] = gpu;
@@ -118,7 +124,7 @@ export function legacyView(row: ResourceRow<EndpointSpec>): Record<string, unkno
   const scalerValue = s.scaling.type === 'QUEUE_DELAY' ? s.scaling.queueDelay : s.scaling.requestCount;
   const gpuTypeIds = s.gpuTypePriority?.length
     ? s.gpuTypePriority
-    : s.gpu ? s.gpu.pools.flatMap((p) => GPU_POOLS.get(p) ?? []).filter((t) => !s.gpu?.excludedTypes.includes(t)) : [];
+    : s.gpu ? s.gpu.pools.flatMap((p) => poolTypes(p) ?? []).filter((t) => !s.gpu?.excludedTypes.includes(t)) : [];
   return {
     id: row.id, name: s.name, templateId: s.templateId, type: s.type === 'QUEUE' ? 'QB' : 'LB',
     computeType: s.gpu ? 'GPU' : 'CPU',
@@ -140,7 +146,7 @@ export function legacyRoutes(s: ApiServices): RouteDef[] {
       handle: ({ principal, body }) => {
         requireAdminForHostCommand(s, principal, 'creating an endpoint');
         const b = assertSchema<LegacyBody>('LegacyEndpointCreate', body);
-        const v2 = toV2(b);
+        const v2 = toV2(b, s.inventory().filter((g) => g.gpuTypeId === null).map((g) => g.name));
         let row: ResourceRow<EndpointSpec>;
         try {
           row = s.endpoints.create(principal.ownerId, v2, {

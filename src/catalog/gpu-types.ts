@@ -76,6 +76,24 @@ export const GPU_POOLS: ReadonlyMap<string, readonly string[]> = (() => {
   return pools;
 })();
 
+/**
+ * flashd's own pool, which RunPod does not have: every catalog type in no serverless pool, plus
+ * every GPU model a host reports that the catalog does not know (its type id is then the name
+ * nvidia-smi prints), so a homelab's T4s or RTX 3080s can serve endpoints too.
+ */
+export const OTHER_POOL = 'OTHER';
+
+/** The catalog types of {@link OTHER_POOL} (models the catalog does not know join them on the host). */
+export const OTHER_POOL_TYPES: readonly string[] = GPU_TYPES.filter((t) => t.pool === null).map((t) => t.id);
+
+/** The catalog types of a pool id, {@link OTHER_POOL} included; undefined for an unknown pool. */
+export function poolTypes(pool: string): readonly string[] | undefined {
+  return pool === OTHER_POOL ? OTHER_POOL_TYPES : GPU_POOLS.get(pool);
+}
+
+/** Every pool id an endpoint may name: RunPod's serverless pools, then {@link OTHER_POOL}. */
+export const POOL_IDS: readonly string[] = [...GPU_POOLS.keys(), OTHER_POOL];
+
 const byId = new Map(GPU_TYPES.map((t) => [t.id, t]));
 const byName = new Map<string, GpuTypeInfo>();
 for (const t of GPU_TYPES) {

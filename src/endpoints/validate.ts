@@ -7,7 +7,7 @@
 import { AgentError, validationError } from '../core/errors.js';
 import { sortedJson } from '../core/json-raw.js';
 import { assertSchema } from '../core/schemas.js';
-import { GPU_POOLS, cpuFlavor, gpuType } from '../catalog/index.js';
+import { OTHER_POOL, POOL_IDS, cpuFlavor, gpuType, gpuTypeForName, poolTypes } from '../catalog/index.js';
 import { applyCommand, CommandError, type StoredCommand } from './command.js';
 import {
   DEFAULT_TIMEOUT_MS, DEFAULT_WORKERS, idleTimeoutApplies,
@@ -93,25 +93,30 @@ function validateWithCudaRule(schema: 'EndpointCreate' | 'EndpointUpdate', raw: 
 function checkGpu(gpu: GpuSpec, errors: string[]): void {
   const types = new Set<string>();
   gpu.pools.forEach((pool, i) => {
-    const members = GPU_POOLS.get(pool);
+    const members = poolTypes(pool);
     if (members) {
       members.forEach((t) => types.add(t));
       return;
     }
     const asType = gpuType(pool);
     errors.push(asType
-      ? `/gpu/pools/${i}: "${pool}" is a GPU type id, not a pool id${asType.pool ? `; use pool "${asType.pool}" (and excludedTypes for the others)` : '; it belongs to no serverless pool'}`
-      : `/gpu/pools/${i}: unknown pool "${pool}"; pools are ${[...GPU_POOLS.keys()].join(', ')}`);
+      ? `/gpu/pools/${i}: "${pool}" is a GPU type id, not a pool id${asType.pool
+        ? `; use pool "${asType.pool}" (and excludedTypes for the others)`
+        : `; it belongs to no RunPod serverless pool: use pool "${OTHER_POOL}" (flashd only; excludedTypes for the others)`}`
+      : `/gpu/pools/${i}: unknown pool "${pool}"; pools are ${POOL_IDS.join(', ')}`);
   });
+  // OTHER also holds every model the catalog does not know, so such a name may be excluded too,
+  // and some type always remains.
+  const other = gpu.pools.includes(OTHER_POOL);
   const seen = new Set<string>();
   gpu.excludedTypes.forEach((t, i) => {
     if (seen.has(t)) errors.push(`/gpu/excludedTypes/${i}: duplicate GPU type "${t}" (after trimming white space)`);
     seen.add(t);
-    if (!types.has(t) && errors.every((e) => !e.startsWith('/gpu/pools'))) {
+    if (!types.has(t) && !(other && gpuTypeForName(t) === undefined) && errors.every((e) => !e.startsWith('/gpu/pools'))) {
       errors.push(`/gpu/excludedTypes/${i}: "${t}" is not a GPU type in the selected pools (${gpu.pools.join(', ')})`);
     }
   });
-  if (types.size > 0 && [...types].every((t) => seen.has(t))) {
+  if (!other && types.size > 0 && [...types].every((t) => seen.has(t))) {
     errors.push('/gpu/excludedTypes: excludes every GPU type of the selected pools; at least one must remain');
   }
   if (gpu.allowedCudaVersions.length > 0 && gpu.minCudaVersion !== null) {

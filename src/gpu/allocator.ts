@@ -5,9 +5,10 @@
  * (gpu/ imports neither scheduler/ nor endpoints/). {@link createLedgerPlacement} gives an object
  * with the shape of the scheduler's `Placement` interface.
  */
+import { OTHER_POOL, gpuType } from '../catalog/index.js';
 import { AgentError } from '../core/errors.js';
 import { placeCpuWorker, placeGpuWorker, type CpuNoFitReason, type GpuNoFitReason } from './placement.js';
-import type { CpuResources, DiscoveredGpu, GpuDiscovery, InventoryGpuRow, PlacementGpu, WorkerRequirement } from './types.js';
+import type { CpuResources, DiscoveredGpu, GpuDiscovery, GpuRequirement, InventoryGpuRow, PlacementGpu, WorkerRequirement } from './types.js';
 
 /** The host as the ledger sees it. */
 export interface LedgerHost {
@@ -67,7 +68,17 @@ export class ResourceLedger {
 
   #placementGpus(): PlacementGpu[] {
     const hostId = this.#host.hostId ?? 'local';
-    return this.#host.gpus.map((g) => ({ uuid: g.uuid, gpuTypeId: g.gpuTypeId, cudaVersion: g.cudaVersion, dataCenterId: this.#host.dataCenterId, hostId }));
+    // A model the catalog does not know goes by the name nvidia-smi prints (pool OTHER).
+    return this.#host.gpus.map((g) => ({ uuid: g.uuid, gpuTypeId: g.gpuTypeId ?? g.name, cudaVersion: g.cudaVersion, dataCenterId: this.#host.dataCenterId, hostId }));
+  }
+
+  /** The requirement with this host's uncataloged models added when it allows them (pool OTHER). */
+  #withHostModels(req: GpuRequirement): GpuRequirement {
+    if (!req.uncatalogedModels) return req;
+    const excluded = new Set(req.uncatalogedModels.excluded);
+    const names = this.#host.gpus.filter((g) => g.gpuTypeId === null && !excluded.has(g.name)).map((g) => g.name);
+    const extra = [...new Set(names)].filter((n) => !req.allowedTypeIds.includes(n));
+    return extra.length ? { ...req, allowedTypeIds: [...req.allowedTypeIds, ...extra] } : req;
   }
 
   /** UUIDs of every GPU some worker holds. */
@@ -98,7 +109,7 @@ export class ResourceLedger {
   /** Where one more worker with this requirement would go, without recording it. */
   #decide(req: WorkerRequirement, heldGpus: ReadonlySet<string>, reservedCpu: CpuResources): Omit<Holding, 'workerId'> | LedgerNoFit {
     if (req.kind === 'gpu') {
-      const p = placeGpuWorker(req.gpu, this.#placementGpus(), heldGpus);
+      const p = placeGpuWorker(this.#withHostModels(req.gpu), this.#placementGpus(), heldGpus);
       if (!p.ok) return p;
       return { gpuUuids: p.gpuUuids, gpuTypeId: p.gpuTypeId, vcpus: 0, memoryGb: 0, cpuFlavorId: null };
     }
@@ -156,7 +167,8 @@ export class ResourceLedger {
     if (d.reason === 'no-allowed-type') {
       const have = new Map<string, number>();
       for (const g of this.#host.gpus) {
-        const label = g.gpuTypeId === null ? `${g.name} (not in the GPU catalog)` : g.gpuTypeId;
+        const label = g.gpuTypeId === null ? `${g.name} (not in the GPU catalog, pool ${OTHER_POOL})`
+          : gpuType(g.gpuTypeId)?.pool === null ? `${g.gpuTypeId} (pool ${OTHER_POOL})` : g.gpuTypeId;
         have.set(label, (have.get(label) ?? 0) + 1);
       }
       return { ...d, detail: `${d.detail}; this host has ${[...have].map(([label, n]) => `${n}× ${label}`).join(', ')}` };

@@ -10,7 +10,7 @@
  * reason, never a throw.
  */
 import { execFile } from 'node:child_process';
-import { gpuTypeForName } from '../catalog/index.js';
+import { OTHER_POOL, gpuTypeForName } from '../catalog/index.js';
 import type { Logger } from '../core/logger.js';
 import type { DiscoveredGpu, GpuDiscovery, NoGpuReason } from './types.js';
 
@@ -154,7 +154,9 @@ export async function discoverGpus(options: DiscoverGpusOptions = {}): Promise<G
       cudaVersion: header.cudaVersion,
     };
   });
-  for (const g of gpus.filter((x) => x.gpuTypeId === null)) options.log?.info('gpu model not in the catalog', { name: g.name, uuid: g.uuid });
+  // Neither is in a RunPod pool: endpoints reach them through flashd's pool OTHER.
+  for (const g of gpus.filter((x) => x.gpuTypeId === null)) options.log?.info('gpu model not in the catalog', { name: g.name, uuid: g.uuid, pool: OTHER_POOL });
+  for (const g of gpus.filter((x) => x.gpuTypeId !== null && x.pool === null)) options.log?.info('gpu type in no serverless pool', { name: g.name, uuid: g.uuid, pool: OTHER_POOL });
   options.log?.info('gpus discovered', { count: gpus.length, driverVersion, cudaVersion: header.cudaVersion });
   return { gpus, driverVersion, cudaVersion: header.cudaVersion, noGpuReason: null, detail: null };
 }

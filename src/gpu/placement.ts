@@ -5,7 +5,8 @@
  *
  * GPU rules (spec "Create `gpu` object" and rules 4–6; issue 4 §4):
  *   - `count` free GPUs of one allowed type, all on one host; types are tried in the order of
- *     `allowedTypeIds` (pool members minus `excludedTypes`, priority order when given);
+ *     `allowedTypeIds` (pool members minus `excludedTypes`, priority order when given; the ledger
+ *     adds the host's models not in the catalog when `uncatalogedModels` allows them);
  *   - `allowedCudaVersions`, when non-empty, must contain the host's CUDA version exactly;
  *   - `minCudaVersion`, when set, is compared numerically (12.11 > 12.2, catalog `compareCuda`);
  *   - `dataCenterIds`, when non-empty, must contain the GPU's data center;
@@ -42,12 +43,16 @@ function noFit(reason: GpuNoFitReason, detail: string): GpuPlacement {
 /** Picks `req.count` GPUs for one worker, or the reason nothing fits. */
 export function placeGpuWorker(req: GpuRequirement, inventory: readonly PlacementGpu[], held: ReadonlySet<string>): GpuPlacement {
   if (!Number.isInteger(req.count) || req.count < 1) return noFit('invalid-requirement', `count must be an integer >= 1, got ${req.count}`);
-  if (req.allowedTypeIds.length === 0) return noFit('invalid-requirement', 'no GPU type is allowed (pools minus exclusions is empty)');
+  if (req.allowedTypeIds.length === 0 && !req.uncatalogedModels) return noFit('invalid-requirement', 'no GPU type is allowed (pools minus exclusions is empty)');
   if (inventory.length === 0) return noFit('no-gpus', 'this installation has no GPUs');
 
   const allowed = new Set(req.allowedTypeIds);
   const typed = inventory.filter((g) => g.gpuTypeId !== null && allowed.has(g.gpuTypeId));
-  if (typed.length === 0) return noFit('no-allowed-type', `no GPU of an allowed type (${req.allowedTypeIds.join(', ')})`);
+  if (typed.length === 0) {
+    const ids = req.allowedTypeIds.join(', ');
+    const models = !req.uncatalogedModels ? '' : ids ? ', or a model not in the GPU catalog' : 'a model not in the GPU catalog';
+    return noFit('no-allowed-type', `no GPU of an allowed type (${ids}${models})`);
+  }
   const inDc = req.dataCenterIds.length === 0 ? typed : typed.filter((g) => req.dataCenterIds.includes(g.dataCenterId));
   if (inDc.length === 0) return noFit('data-center', `no GPU of an allowed type in data centers ${req.dataCenterIds.join(', ')}`);
   const eligible = inDc.filter((g) => cudaAllows(req, g.cudaVersion));

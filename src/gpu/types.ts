@@ -51,7 +51,10 @@ export interface PlacementGpu {
 export interface GpuRequirement {
   /** GPUs per worker (>= 1), all of one type and on one host. */
   count: number;
-  /** Pool members minus `excludedTypes`, in priority order: the first type with room wins. */
+  /**
+   * Pool members minus `excludedTypes`, in priority order: the first type with room wins. A GPU
+   * model the catalog does not know is matched by the name nvidia-smi prints.
+   */
   allowedTypeIds: readonly string[];
   /** When non-empty, the host's CUDA version must be one of these exactly (string equality). */
   allowedCudaVersions: readonly string[];
@@ -59,6 +62,12 @@ export interface GpuRequirement {
   minCudaVersion: string | null;
   /** When non-empty, the GPU's data center must be one of these. */
   dataCenterIds: readonly string[];
+  /**
+   * The pool OTHER without a priority list: a GPU model the catalog does not know is allowed too,
+   * after `allowedTypeIds`, under the name nvidia-smi prints, unless that name is in `excluded`.
+   * The ledger adds the host's such names to `allowedTypeIds`. Absent: only `allowedTypeIds`.
+   */
+  uncatalogedModels?: { excluded: readonly string[] };
 }
 
 /** One entry of a CPU endpoint's `cpu` list. */

@@ -3,6 +3,7 @@ import t from 'tap';
 import { delimiter } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type { InventoryGpu } from '../../src/api/index.js';
+import { OTHER_POOL_TYPES } from '../../src/catalog/index.js';
 import type { EndpointSpec } from '../../src/endpoints/index.js';
 import type { Placement } from '../../src/scheduler/index.js';
 import {
@@ -85,7 +86,7 @@ t.test('whyNot says what the host has: the types it holds, or why discovery foun
   const mixed = new ResourceLedger(mixedHost());
   t.match(mixed.whyNot(gpuReq(1, ['NVIDIA H100 80GB HBM3'])), {
     reason: 'no-allowed-type',
-    detail: 'no GPU of an allowed type (NVIDIA H100 80GB HBM3); this host has 1× NVIDIA L4, 2× NVIDIA A100-SXM4-80GB, 1× GeForce RTX 2070 (not in the GPU catalog)',
+    detail: 'no GPU of an allowed type (NVIDIA H100 80GB HBM3); this host has 1× NVIDIA L4, 2× NVIDIA A100-SXM4-80GB, 1× GeForce RTX 2070 (not in the GPU catalog, pool OTHER)',
   });
   const none = new ResourceLedger({ ...mixedHost(), gpus: [], discovery: { noGpuReason: 'driver-not-loaded', detail: 'NVIDIA-SMI has failed because it couldn\'t communicate with the NVIDIA driver.' } });
   t.match(none.whyNot(gpuReq(1)), {
@@ -93,6 +94,41 @@ t.test('whyNot says what the host has: the types it holds, or why discovery foun
     detail: 'this installation has no GPUs (GPU discovery: driver-not-loaded, NVIDIA-SMI has failed because it couldn\'t communicate with the NVIDIA driver.)',
   });
   t.match(new ResourceLedger({ ...mixedHost(), gpus: [] }).whyNot(gpuReq(1)), { detail: 'this installation has no GPUs' }, 'no discovery detail given: the bare reason');
+});
+
+t.test('pool OTHER: catalog types in no RunPod pool and models the catalog does not know', async (t) => {
+  const T4 = 'Tesla T4';
+  const homelab = new ResourceLedger({
+    dataCenterId: 'dc-a',
+    gpus: [
+      { uuid: 'T4-0', name: T4, gpuTypeId: T4, cudaVersion: '12.2' },
+      { uuid: 'L4-1', name: L4, gpuTypeId: L4, cudaVersion: '12.2' },
+      { uuid: 'X-2', name: 'GeForce RTX 2070', gpuTypeId: null, cudaVersion: '12.2' },
+    ],
+    cpu: { vcpus: 16, memoryGb: 64 },
+  });
+  const req = (pools: string[], excludedTypes: string[] = [], gpuTypePriority: string[] = []) =>
+    workerRequirement({ gpu: { pools, excludedTypes, count: 1, allowedCudaVersions: [], minCudaVersion: null }, cpu: null, dataCenterIds: [], gpuTypePriority });
+  t.equal(homelab.capacity(req(['AMPERE_24'])), 1, 'a RunPod pool gets only the L4');
+  t.equal(homelab.capacity(req(['OTHER'])), 2, 'OTHER gets the T4 and the RTX 2070');
+  t.match(homelab.reserve('w1', req(['OTHER'])), { ok: true, gpuDeviceIds: ['T4-0'], gpuName: T4 }, 'catalog types first');
+  t.match(homelab.reserve('w2', req(['OTHER'])), { ok: true, gpuDeviceIds: ['X-2'], gpuName: 'GeForce RTX 2070' }, 'then the unknown model, by its name');
+  t.match(homelab.reserve('w3', req(['OTHER', 'AMPERE_24'])), { ok: true, gpuDeviceIds: ['L4-1'] });
+  homelab.release('w1');
+  homelab.release('w2');
+  homelab.release('w3');
+  t.equal(homelab.capacity(req(['OTHER'], [T4, 'GeForce RTX 2070'])), 0, 'excludedTypes may name either kind');
+  t.match(homelab.whyNot(req(['OTHER'], [T4, 'GeForce RTX 2070'])), {
+    reason: 'no-allowed-type',
+    detail: /^no GPU of an allowed type \(NVIDIA A30, .*, or a model not in the GPU catalog\); this host has 1× Tesla T4 \(pool OTHER\), 1× NVIDIA L4, 1× GeForce RTX 2070 \(not in the GPU catalog, pool OTHER\)$/,
+  });
+  const onlyUnknown = new ResourceLedger({ dataCenterId: 'dc-a', gpus: [{ uuid: 'T4-0', name: T4, gpuTypeId: T4, cudaVersion: '12.2' }], cpu: { vcpus: 16, memoryGb: 64 } });
+  t.match(onlyUnknown.whyNot(req(['OTHER'], [...OTHER_POOL_TYPES])), {
+    reason: 'no-allowed-type',
+    detail: 'no GPU of an allowed type (a model not in the GPU catalog); this host has 1× Tesla T4 (pool OTHER)',
+  }, 'every catalog type of OTHER excluded: only models not in the catalog are left');
+  t.match(homelab.reserve('w4', req(['OTHER'], [], ['GeForce RTX 2070', T4])), { ok: true, gpuDeviceIds: ['X-2'] }, 'a priority list (v1 gpuTypeIds) may name the unknown model first');
+  t.equal(homelab.capacity(req(['OTHER'], [], [T4])), 1, 'a priority list without it leaves the unknown model out');
 });
 
 t.test('CPU workers: vCPUs and memory from the flavor, entries in order', async (t) => {

@@ -105,7 +105,7 @@ t.test('old driver: CUDA 11.2 from the 79-column table, an unknown model keeps i
   t.equal(d.gpus.length, 1);
   t.match(d.gpus[0], { name: 'GeForce RTX 2070', gpuTypeId: null, pool: null, memoryMiB: 7973, driverVersion: '460.39', cudaVersion: '11.2' });
   t.equal(d.cudaVersion, '11.2');
-  t.match(lines.find((l) => l['msg'] === 'gpu model not in the catalog'), { name: 'GeForce RTX 2070' });
+  t.match(lines.find((l) => l['msg'] === 'gpu model not in the catalog'), { name: 'GeForce RTX 2070', pool: 'OTHER' });
 });
 
 t.test('no GPU: nvidia-smi missing from PATH', async (t) => {
