@@ -125,7 +125,10 @@ export async function discoverGpus(options: DiscoverGpusOptions = {}): Promise<G
 
   if (!query.ok) {
     const { reason, detail } = classify(query);
-    options.log?.info('no gpus found', { reason, detail });
+    // No NVIDIA tools or no device is what a CPU-only host says; a driver that did not load, a
+    // hang or a failure is a GPU host in trouble, which `--log-level warn` must still show.
+    if (reason === 'nvidia-smi-not-found' || reason === 'no-devices') options.log?.info('no gpus found', { reason, detail });
+    else options.log?.warn('no gpus found', { reason, detail });
     return empty(reason, detail);
   }
   const rows = parseQueryGpuCsv(query.stdout);

@@ -112,7 +112,7 @@ t.test('no GPU: nvidia-smi missing from PATH', async (t) => {
   const { log, lines } = capture();
   const d = await discoverGpus({ env: { PATH: t.testdir() }, log });
   t.same(d, { gpus: [], driverVersion: null, cudaVersion: null, noGpuReason: 'nvidia-smi-not-found', detail: 'nvidia-smi is not on PATH' });
-  t.match(lines.find((l) => l['msg'] === 'no gpus found'), { reason: 'nvidia-smi-not-found' });
+  t.match(lines.find((l) => l['msg'] === 'no gpus found'), { level: 'info', reason: 'nvidia-smi-not-found' }, 'a host without NVIDIA tools: info');
 });
 
 t.test('no GPU: driver not loaded (exit 9 and its message)', async (t) => {
@@ -121,20 +121,26 @@ t.test('no GPU: driver not loaded (exit 9 and its message)', async (t) => {
   t.equal(d.gpus.length, 0);
   t.equal(d.noGpuReason, 'driver-not-loaded');
   t.match(d.detail, /^NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver/);
-  t.match(lines.find((l) => l['msg'] === 'no gpus found'), { reason: 'driver-not-loaded' });
+  // An 8-GPU box whose driver did not load is not a CPU-only host: with --log-level warn it
+  // must still say so at start.
+  t.match(lines.find((l) => l['msg'] === 'no gpus found'), { level: 'warn', reason: 'driver-not-loaded' }, 'a driver that did not load: warn');
 });
 
 t.test('a hung nvidia-smi is killed at the timeout and reported, not awaited forever', async (t) => {
+  const { log, lines } = capture();
   const started = Date.now();
-  const d = await discoverGpus({ env: fakeEnv('rtx4090-single', { FAKE_NVIDIA_SMI_SLEEP: '5' }), timeoutMs: 300 });
+  const d = await discoverGpus({ env: fakeEnv('rtx4090-single', { FAKE_NVIDIA_SMI_SLEEP: '5' }), timeoutMs: 300, log });
   t.equal(d.noGpuReason, 'timeout');
+  t.match(lines.find((l) => l['msg'] === 'no gpus found'), { level: 'warn', reason: 'timeout' }, 'a hung nvidia-smi: warn');
   t.ok(Date.now() - started < 4000, 'returned long before the fake would have answered');
 });
 
 t.test('an unknown failure keeps its first line as the detail', async (t) => {
-  const d = await discover('no-such-scenario');
+  const { log, lines } = capture();
+  const d = await discoverGpus({ env: fakeEnv('no-such-scenario'), log });
   t.equal(d.noGpuReason, 'nvidia-smi-failed');
   t.match(d.detail, /unknown scenario/);
+  t.match(lines.find((l) => l['msg'] === 'no gpus found'), { level: 'warn', reason: 'nvidia-smi-failed' }, 'an nvidia-smi that fails: warn');
 });
 
 t.test('parseQueryGpuCsv', async (t) => {
