@@ -17,8 +17,11 @@ export interface LedgerHost {
   dataCenterId: string;
   gpus: readonly Pick<DiscoveredGpu, 'uuid' | 'name' | 'gpuTypeId' | 'cudaVersion'>[];
   cpu: CpuResources;
-  /** Why discovery found no GPU, for {@link ResourceLedger.whyNot}'s explanation. */
-  discovery?: Pick<GpuDiscovery, 'noGpuReason' | 'detail'>;
+  /**
+   * Why discovery found no GPU, for {@link ResourceLedger.whyNot}'s explanation; the driver and
+   * CUDA versions it found, for the next rediscovery (GpuWatch).
+   */
+  discovery?: Pick<GpuDiscovery, 'noGpuReason' | 'detail'> & Partial<Pick<GpuDiscovery, 'driverVersion' | 'cudaVersion'>>;
 }
 
 /** What one worker holds. */

@@ -27,6 +27,11 @@ export interface DiscoverGpusOptions {
   /** Per-call limit; nvidia-smi can hang on a wedged driver. @defaultValue `10000` */
   timeoutMs?: number;
   log?: Logger;
+  /**
+   * A run of {@link GpuWatch} after the one at start: the lines every run would repeat
+   * (`gpus discovered`, `no gpus found`) go to debug, as the watch logs what changed.
+   */
+  again?: boolean;
 }
 
 /** One CSV row of the `--query-gpu` call. */
@@ -127,7 +132,8 @@ export async function discoverGpus(options: DiscoverGpusOptions = {}): Promise<G
     const { reason, detail } = classify(query);
     // No NVIDIA tools or no device is what a CPU-only host says; a driver that did not load, a
     // hang or a failure is a GPU host in trouble, which `--log-level warn` must still show.
-    if (reason === 'nvidia-smi-not-found' || reason === 'no-devices') options.log?.info('no gpus found', { reason, detail });
+    if (options.again) options.log?.debug('no gpus found', { reason, detail });
+    else if (reason === 'nvidia-smi-not-found' || reason === 'no-devices') options.log?.info('no gpus found', { reason, detail });
     else options.log?.warn('no gpus found', { reason, detail });
     return empty(reason, detail);
   }
@@ -135,7 +141,8 @@ export async function discoverGpus(options: DiscoverGpusOptions = {}): Promise<G
   if (rows.length === 0) {
     const detail = firstLine(query.stdout);
     const reason: NoGpuReason = detail === null || /No devices were found/i.test(detail) ? 'no-devices' : 'unparseable-output';
-    options.log?.warn('no gpus found', { reason, detail });
+    if (options.again) options.log?.debug('no gpus found', { reason, detail });
+    else options.log?.warn('no gpus found', { reason, detail });
     return empty(reason, detail);
   }
 
@@ -160,6 +167,8 @@ export async function discoverGpus(options: DiscoverGpusOptions = {}): Promise<G
   // Neither is in a RunPod pool: endpoints reach them through flashd's pool OTHER.
   for (const g of gpus.filter((x) => x.gpuTypeId === null)) options.log?.info('gpu model not in the catalog', { name: g.name, uuid: g.uuid, pool: OTHER_POOL });
   for (const g of gpus.filter((x) => x.gpuTypeId !== null && x.pool === null)) options.log?.info('gpu type in no serverless pool', { name: g.name, uuid: g.uuid, pool: OTHER_POOL });
-  options.log?.info('gpus discovered', { count: gpus.length, driverVersion, cudaVersion: header.cudaVersion });
+  const fields = { count: gpus.length, driverVersion, cudaVersion: header.cudaVersion };
+  if (options.again) options.log?.debug('gpus discovered', fields);
+  else options.log?.info('gpus discovered', fields);
   return { gpus, driverVersion, cudaVersion: header.cudaVersion, noGpuReason: null, detail: null };
 }
