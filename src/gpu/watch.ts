@@ -99,8 +99,14 @@ export class GpuWatch {
       }
       return;
     }
+    const failedBefore = this.#warned !== null;
+    const keptBefore = this.#keptCuda;
     this.#warned = null;
     const found = this.#keepCuda(run);
+    // Whoever read the warning about a failed run learns that it is over (as `store writes work again`).
+    if (failedBefore || (keptBefore && found.cudaVersion !== null && !this.#keptCuda)) {
+      this.#o.log.info('gpu rediscovery works again', { gpus: found.gpus.length, cuda: found.cudaVersion ?? undefined });
+    }
     const was = new Map(before.map((g) => [g.uuid, g]));
     const now = new Set(found.gpus.map((g) => g.uuid));
     const added = found.gpus.filter((g) => !was.has(g.uuid));

@@ -93,3 +93,26 @@ t.test('a rediscovery logs what discovery finds once, and not the lines every ru
   t.match(h.said('gpu model not in the catalog'), [{ name: 'GeForce RTX 2070' }], 'the unknown model is named, once');
   t.same(h.said('gpus discovered', 'info'), [], 'no "gpus discovered" at info every run');
 });
+
+t.test('after a failed run, the first run that answers says so once', async (t) => {
+  const h = await host(t, 'rtx4090-single');
+  h.env['FAKE_NVIDIA_SMI_SCENARIO'] = 'no-driver';
+  await h.watch.check();
+  await h.watch.check();
+  t.match(h.said('gpu rediscovery failed; keeping the GPUs found before', 'warn'), [{ reason: 'driver-not-loaded', gpus: 1 }]);
+  t.same(h.said('gpu rediscovery works again'), [], 'not while it fails');
+
+  h.env['FAKE_NVIDIA_SMI_SCENARIO'] = 'rtx4090-single';
+  await h.watch.check();
+  await h.watch.check();
+  t.match(h.said('gpu rediscovery works again', 'info'), [{ gpus: 1 }], 'once, when nvidia-smi answers again');
+  t.same(h.said('gpus changed'), [], 'the same GPU: nothing changed');
+
+  // The summary call alone failing (the CUDA version kept) ends the same way.
+  h.summaryFails(true);
+  await h.watch.check();
+  h.summaryFails(false);
+  await h.watch.check();
+  await h.watch.check();
+  t.match(h.said('gpu rediscovery works again', 'info'), [{ gpus: 1 }, { gpus: 1, cuda: '12.4' }], 'and once after the CUDA version came back');
+});
