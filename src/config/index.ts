@@ -63,6 +63,8 @@ interface OptionSchema {
   'x-secret'?: boolean;
   /** What a value failing `pattern` should look like, said instead of the regular expression. */
   'x-pattern-hint'?: string;
+  /** What a value caught by `not` (a range refused inside the bounds) should be instead. */
+  'x-not-hint'?: string;
 }
 
 type SettingKey = Exclude<keyof FlashdConfig, 'containerSocketCandidates' | 'dockerHostSkipped'>;
@@ -221,7 +223,7 @@ export function closestSetting(name: string): string | undefined {
 
 // No meta-schema check at start (see core/schemas.ts; the test checks config.schema.json too).
 const ajv = new Ajv2020({ useDefaults: true, allErrors: true, strict: true, allowUnionTypes: true, validateSchema: false });
-ajv.addVocabulary(['x-flag', 'x-env', 'x-secret', 'x-pattern-hint']);
+ajv.addVocabulary(['x-flag', 'x-env', 'x-secret', 'x-pattern-hint', 'x-not-hint']);
 const validateConfig = ajv.compile(configSchema);
 
 /**
@@ -279,10 +281,11 @@ export function loadConfig(input: LoadConfigInput = {}): FlashdConfig {
       }
       const key = e.instancePath.slice(1);
       const where = key && sources[key] ? `${sources[key]}: ` : '';
-      // ajv's "must be equal to one of the allowed values" leaves the user guessing which, and
-      // "must match pattern" shows a regular expression; each names what is wanted instead (the
-      // value is not echoed: a URL may carry credentials).
-      const shape = e.keyword === 'pattern' && Object.hasOwn(properties, key) ? properties[key as SettingKey]['x-pattern-hint'] : undefined;
+      // ajv's "must be equal to one of the allowed values" leaves the user guessing which,
+      // "must match pattern" shows a regular expression and "must NOT be valid" says nothing; each
+      // names what is wanted instead (the value is not echoed: a URL may carry credentials).
+      const hint = e.keyword === 'pattern' ? 'x-pattern-hint' : e.keyword === 'not' ? 'x-not-hint' : undefined;
+      const shape = hint !== undefined && Object.hasOwn(properties, key) ? properties[key as SettingKey][hint] : undefined;
       const message = e.keyword === 'enum'
         ? `must be one of: ${((e.params as { allowedValues?: unknown[] }).allowedValues ?? []).map(String).join(', ')}`
         : shape !== undefined ? `must be ${shape}` : e.message ?? 'is invalid';

@@ -76,6 +76,11 @@ t.test('bad usage exits 2 with a message on stderr', async (t) => {
   t.equal(overflow.status, 2, 'a delay no timer can hold');
   t.match(overflow.stderr, /flag --webhook-retry-delay-ms: webhookRetryDelayMs must be <= 3600000\n$/);
 
+  // `1` (meant as one second?) ran nvidia-smi back to back, each run initialising NVML.
+  const busy = run(node, [BUNDLE, '--gpu-rediscover-ms', '1', '--port', '0', '--data-dir', testDataDir(t)]);
+  t.equal(busy.status, 2, 'a rediscovery interval under a second');
+  t.equal(busy.stderr, 'flashd: invalid configuration: flag --gpu-rediscover-ms: gpuRediscoverMs must be 0 (off) or at least 1000 (a second)\n');
+
   // The admin key is read from FLASHD_ADMIN_API_KEY only: a config file holding it is refused, before anything starts.
   const fileDir = testDataDir(t);
   const secretFile = join(fileDir, 'flashd.json');

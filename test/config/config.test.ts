@@ -116,6 +116,18 @@ t.test('every bad value is listed, with where it came from', async (t) => {
   }
 });
 
+t.test('--gpu-rediscover-ms is 0 (off) or at least a second, not nvidia-smi back to back', async (t) => {
+  t.equal(loadConfig({ argv: ['--gpu-rediscover-ms', '0'] }).gpuRediscoverMs, 0, '0: only at start');
+  t.equal(loadConfig({ argv: ['--gpu-rediscover-ms', '1000'] }).gpuRediscoverMs, 1000, 'a second');
+  for (const v of ['1', '500', '999']) {
+    t.same(failure(() => loadConfig({ argv: ['--gpu-rediscover-ms', v] })).errors,
+      ['flag --gpu-rediscover-ms: gpuRediscoverMs must be 0 (off) or at least 1000 (a second)'], `--gpu-rediscover-ms ${v}: one error that says what is allowed`);
+  }
+  t.same(failure(() => loadConfig({ env: { FLASHD_GPU_REDISCOVER_MS: '10' } })).errors,
+    ['env FLASHD_GPU_REDISCOVER_MS: gpuRediscoverMs must be 0 (off) or at least 1000 (a second)'], 'from env too');
+  t.match(failure(() => loadConfig({ argv: ['--gpu-rediscover-ms', '-5'] })).message, /gpuRediscoverMs must be >= 0/, 'negative: as before');
+});
+
 t.test('base URLs: a trailing slash is dropped; a path, query or credentials are refused without echoing them', async (t) => {
   const config = loadConfig({ argv: ['--public-url', 'http://192.168.1.20:8000/'], env: { FLASHD_WORKER_URL: 'https://[fd00::2]:8443/' } });
   t.equal(config.publicUrl, 'http://192.168.1.20:8000', 'publicUrl without its trailing slash');

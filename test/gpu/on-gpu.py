@@ -164,7 +164,7 @@ exit 9
     env = {**os.environ, "FLASHD_ADMIN_API_KEY": KEY, "PATH": os.path.dirname(wrapper) + os.pathsep + os.environ.get("PATH", "")}
     # Port 0: flashd binds a free one and logs it (args.port + 1 could be any process's port).
     cmd = [*shlex.split(args.flashd), "--data-dir", os.path.join(work, "data"), "--port", "0", "--runtime", "none",
-           "--gpu-rediscover-ms", "500", "--log-format", "text"]
+           "--gpu-rediscover-ms", "1000", "--log-format", "text"]
     log_path = os.path.join(out, "flashd-late-driver.log")
     with open(log_path, "w") as log:
         flashd = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
