@@ -244,7 +244,7 @@ export function workerRoutes(s: WorkerRouteServices): RouteDef[] {
           throw new AgentError('CONFLICT', `Endpoint ${ep.id} is a LOAD_BALANCER endpoint: its workers serve HTTP themselves (PORT, PORT_HEALTH, HEALTH_CHECK_PATH) and take no jobs from the queue, so there is no queue worker environment for it. flashd does not route load-balancing traffic yet.`);
         }
         const workerId = newId('wkr');
-        const { key, row } = s.auth.createEnvWorkerKey(principal.userId, principal.teamId, ep.id, workerId);
+        const { key, row } = s.auth.createEnvWorkerKey(principal.userId, principal.teamId, ep.id, workerId, principal.keyId);
         const gpu = req.query.get('gpu') ?? (ep.data.gpu ? 'gpu' : 'cpu');
         return {
           status: 200,

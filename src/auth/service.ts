@@ -404,9 +404,15 @@ export class AuthService {
     return this.#createWorkerKey('usr_admin', null, endpointId, `${MANAGED_KEY_PREFIX}${workerId}`);
   }
 
-  /** The key of a worker given out by worker-env (see workerIdOfKey). */
-  createEnvWorkerKey(userId: string, teamId: string | null, endpointId: string, workerId: string): IssuedKey {
-    return this.#createWorkerKey(userId, teamId, endpointId, `${WORKER_KEY_PREFIX}${workerId}`);
+  /**
+   * The key of a worker given out by worker-env (see workerIdOfKey). Logged, as every key made
+   * through the API is: it stays valid until revoked or the endpoint is deleted, so an operator
+   * needs to know who was given it (`by`: the caller's key id; never the key itself).
+   */
+  createEnvWorkerKey(userId: string, teamId: string | null, endpointId: string, workerId: string, by?: string): IssuedKey {
+    const issued = this.#createWorkerKey(userId, teamId, endpointId, `${WORKER_KEY_PREFIX}${workerId}`);
+    this.#log.info('worker key issued', { keyId: issued.row.id, endpointId, workerId, userId, ...(by === undefined ? {} : { by }) });
+    return issued;
   }
 
   /**

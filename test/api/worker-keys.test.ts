@@ -144,6 +144,17 @@ t.test('a worker of a deleted endpoint is told so: its 401 says the endpoint was
   t.equal(other.json.detail, 'The API key has been revoked.', 'a key revoked with its endpoint still there');
 });
 
+t.test('each key worker-env hands out is logged with who asked for it, as keys made through the API are, and never the key itself', async (t) => {
+  const a = await startAgent(t, { takeHoldMs: 300 });
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  const env = (await a.req('GET', `/v2/serverless/${ep}/worker-env`)).json as { workerId: string; keyId: string; env: Record<string, string> };
+  const line = a.logs.find((l) => l.includes('worker key issued'));
+  t.ok(line, 'a "worker key issued" line');
+  t.match(line ?? '', new RegExp(`keyId=${env.keyId}\\b.*endpointId=${ep}\\b.*workerId=${env.workerId}\\b`), 'naming the key id, the endpoint and the worker');
+  t.match(line ?? '', /by=key_\w+/, 'and the key that asked for it');
+  t.notOk(a.logs.some((l) => l.includes(env.env['RUNPOD_AI_API_KEY'] as string)), 'the key itself is never logged');
+});
+
 t.test("a worker key acts only as its own worker: another worker's id in the path is a 403", async (t) => {
   const a = await startAgent(t, { takeHoldMs: 300 });
   const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
