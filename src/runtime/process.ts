@@ -201,8 +201,11 @@ export class ProcessRuntime implements WorkerRuntime {
     const env: Record<string, string> = {};
     for (const k of INHERITED_ENV) if (process.env[k] !== undefined) env[k] = process.env[k] as string;
     Object.assign(env, spec.env);
-    // A host process sees every GPU; CUDA honours this list, so the worker uses only its own.
-    if (spec.gpuDeviceIds.length) env['CUDA_VISIBLE_DEVICES'] = spec.gpuDeviceIds.join(',');
+    // A host process sees every GPU, and CUDA takes an unset list for all of them: always set,
+    // after the endpoint env, so a GPU worker uses only its own and a CPU worker ("") none, not
+    // one the ledger gave another worker. NVIDIA_VISIBLE_DEVICES as the container runtime sets it.
+    env['CUDA_VISIBLE_DEVICES'] = spec.gpuDeviceIds.join(',');
+    env['NVIDIA_VISIBLE_DEVICES'] = spec.gpuDeviceIds.length > 0 ? spec.gpuDeviceIds.join(',') : 'void';
     return new Promise((resolve, reject) => {
       const child = spawn(argv[0] as string, argv.slice(1), { cwd: this.#workdir, env, stdio: ['ignore', 'pipe', 'pipe'], detached: true });
       let started = false;
