@@ -435,8 +435,9 @@ export function updateEndpoint(current: EndpointSpec, raw: unknown, ctx: Validat
     mounts: { network: [...network], global: [...global] },
     timeout: body.timeout ?? current.timeout,
     flashboot: body.flashboot ?? current.flashboot,
-    // A new hardware selection drops the older REST priority order.
-    gpuTypePriority: gpuGiven || cpuGiven ? [] : current.gpuTypePriority ?? [],
+    // A new hardware selection (pools or exclusions, or cpu) drops the older REST priority
+    // order; a gpu that changes only count or CUDA fields keeps it.
+    gpuTypePriority: cpuGiven || (gpuGiven && (body.gpu?.pools !== undefined || body.gpu?.excludedTypes !== undefined)) ? [] : current.gpuTypePriority ?? [],
   };
   checkEnv(spec, errors);
   checkReferences(spec, ctx, errors, networkPointer);

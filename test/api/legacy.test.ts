@@ -92,3 +92,25 @@ t.test('other older REST fields', async (t) => {
   const cuda = await v1(a, { name: 'v1-cuda', templateId: tpl.id, gpuTypeIds: ['NVIDIA L4'], allowedCudaVersions: ['12.4'] });
   t.same(cuda.json.allowedCudaVersions, ['12.4']);
 });
+
+t.test('a v2 PATCH keeps the gpuTypeIds priority unless it brings a new selection', async (t) => {
+  const a = await startAgent(t);
+  const tpl = await makeTemplate(t, a, { name: 'v1-order' });
+  const order = ['NVIDIA GeForce RTX 3090', 'NVIDIA L4'];
+  const id = (await v1(a, { name: 'v1-order', templateId: tpl.id, gpuTypeIds: order })).json.id as string;
+  const typeIds = async () => (await a.req('GET', `/v1/endpoints/${id}`)).json.gpuTypeIds as string[];
+  t.same(await typeIds(), order);
+  const patch = async (body: unknown) => {
+    const r = await a.req('PATCH', `/v2/serverless/${id}`, { body });
+    t.equal(r.status, 200, r.text.slice(0, 300));
+  };
+  for (const gpu of [{ count: 1 }, { count: 2 }, { minCudaVersion: '12.4' }, { minCudaVersion: null, allowedCudaVersions: ['12.4', '12.8'] }]) {
+    await patch({ gpu });
+    t.same(await typeIds(), order, `gpu ${JSON.stringify(gpu)} leaves the priority order as it was`);
+  }
+  t.same((await a.req('GET', `/v2/serverless/${id}`)).json.gpu.count, 2, 'while the fields it names change');
+  await patch({ gpu: { excludedTypes: [] } });
+  t.same(await typeIds(), ['NVIDIA RTX A5000', 'NVIDIA L4', 'NVIDIA GeForce RTX 3090'], 'new exclusions are a new selection: in pool order');
+  await patch({ gpu: { pools: ['AMPERE_24'], excludedTypes: ['NVIDIA RTX A5000'] } });
+  t.same(await typeIds(), ['NVIDIA L4', 'NVIDIA GeForce RTX 3090'], 'and so are new pools');
+});
