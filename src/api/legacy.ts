@@ -75,6 +75,9 @@ function toV2(b: LegacyBody, hostModels: readonly string[]): Record<string, unkn
   if (b.dataCenterIds !== undefined) v2['dataCenterIds'] = b.dataCenterIds;
   if (b.networkVolumeId !== undefined) v2['mounts'] = { network: [{ volumeId: b.networkVolumeId }] };
   if (b.computeType === 'CPU') {
+    // As v2 refuses gpu beside cpu: GPU fields on a CPU endpoint are a contradiction, not dropped.
+    const gpuFields = (['gpuTypeIds', 'gpuCount'] as const).filter((k) => b[k] !== undefined);
+    if (gpuFields.length) throw validationError(gpuFields.map((k) => `/${k}: only for computeType GPU; a CPU endpoint takes cpuFlavorIds and vcpuCount`));
     const vcpuCount = b.vcpuCount ?? 2;
     v2['cpu'] = (b.cpuFlavorIds ?? ['cpu3c']).map((id) => ({ id, vcpuCount }));
     if (b.allowedCudaVersions !== undefined) v2['allowedCudaVersions'] = b.allowedCudaVersions;

@@ -89,6 +89,14 @@ t.test('other older REST fields', async (t) => {
   assertErrorAt(t, await v1(a, { name: 'v1-cpu-bad', templateId: tpl.id, computeType: 'CPU', cpuFlavorIds: ['cpu5g'], vcpuCount: 32 }), 400, '/vcpuCount', 'a vCPU count the flavor lacks');
   assertErrorAt(t, await v1(a, { name: 'v1-cpu-bad2', templateId: tpl.id, computeType: 'CPU', cpuFlavorIds: ['cpu7x'] }), 400, '/cpuFlavorIds', 'an unknown flavor');
   assertErrorAt(t, await v1(a, { name: 'v1-cuda-cpu', templateId: tpl.id, computeType: 'CPU', allowedCudaVersions: ['12.4'] }), 422, '/allowedCudaVersions', 'CUDA on a CPU create is a 422 here too');
+  // GPU fields on a CPU create contradict it, as gpu beside cpu does in v2: refused, not dropped.
+  const gpuOnCpu = await v1(a, { name: 'v1-gpu-cpu', templateId: tpl.id, computeType: 'CPU', gpuTypeIds: ['NVIDIA L4'], gpuCount: 2 });
+  assertErrorAt(t, gpuOnCpu, 400, '/gpuTypeIds', 'gpuTypeIds on a CPU create');
+  assertErrorAt(t, gpuOnCpu, 400, '/gpuCount', 'gpuCount on a CPU create');
+  t.match(gpuOnCpu.json.errors, [/only for computeType GPU/, /only for computeType GPU/]);
+  assertErrorAt(t, await v1(a, { name: 'v1-count-cpu', templateId: tpl.id, computeType: 'CPU', gpuCount: 1 }), 400, '/gpuCount', 'gpuCount alone');
+  const names = ((await a.req('GET', '/v1/endpoints')).json as { name: string }[]).map((x) => x.name);
+  t.notOk(names.includes('v1-gpu-cpu') || names.includes('v1-count-cpu'), `none of them was created: ${names.join(', ')}`);
   const cuda = await v1(a, { name: 'v1-cuda', templateId: tpl.id, gpuTypeIds: ['NVIDIA L4'], allowedCudaVersions: ['12.4'] });
   t.same(cuda.json.allowedCudaVersions, ['12.4']);
 });
