@@ -369,6 +369,9 @@ export class Autoscaler {
       PYTHONUNBUFFERED: '1',
       ...spec.env,
       ...workerEnv({ baseUrl: this.#o.baseUrl(), endpointId, workerId: freshId, key, gpu: placed.gpuName, pingIntervalMs: this.#o.pingIntervalMs }),
+      // As on RunPod's machines (multi-GPU servers size tensor parallelism by it): the GPUs this
+      // worker was given, 0 for a CPU worker; after the endpoint env, like the GPU list itself.
+      RUNPOD_GPU_COUNT: String(placed.gpuDeviceIds.length),
     };
     const launchSpec = this.#launchSpec(row, freshId, env, placed.gpuDeviceIds);
     // FlashBoot: the kept worker this launch restarts, with its own identity.

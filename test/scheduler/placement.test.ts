@@ -78,16 +78,16 @@ t.test('GPU inventory, throttling and exclusive placement', async (t) => {
     'the log says the GPU is taken');
 });
 
-t.test('a CPU process worker sees no GPU, a GPU one only its own, whatever the endpoint env says', async (t) => {
+t.test('a CPU process worker sees no GPU, a GPU one only its own, whatever the endpoint env says; RUNPOD_GPU_COUNT counts them', async (t) => {
   const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT, takeHoldMs: 1000, leaseMs: 3000 });
-  const vars = ['CUDA_VISIBLE_DEVICES', 'NVIDIA_VISIBLE_DEVICES'];
-  const env = { CUDA_VISIBLE_DEVICES: '0', NVIDIA_VISIBLE_DEVICES: 'all' };
+  const vars = ['CUDA_VISIBLE_DEVICES', 'NVIDIA_VISIBLE_DEVICES', 'RUNPOD_GPU_COUNT'];
+  const env = { CUDA_VISIBLE_DEVICES: '0', NVIDIA_VISIBLE_DEVICES: 'all', RUNPOD_GPU_COUNT: '8' };
   const gpu = (await a.req('POST', '/v2/serverless', {
     body: queueBody({ gpu: { pools: ['ADA_24'] }, env, args: 'python3 -u test/fixtures/workers/env.py', workers: { min: 0, max: 1, idleTimeout: 60 } }),
   })).json.id as string;
   const onGpu = await a.req('POST', `/v2/${gpu}/runsync`, { body: { input: { vars } } });
   t.equal(onGpu.json.status, 'COMPLETED', onGpu.text);
-  t.same(onGpu.json.output, { CUDA_VISIBLE_DEVICES: UUID, NVIDIA_VISIBLE_DEVICES: UUID }, 'the GPU worker gets its own GPU, not the one its env names');
+  t.same(onGpu.json.output, { CUDA_VISIBLE_DEVICES: UUID, NVIDIA_VISIBLE_DEVICES: UUID, RUNPOD_GPU_COUNT: '1' }, 'the GPU worker gets its own GPU, not the one its env names');
 
   // Started while the GPU worker holds the host's only GPU: CUDA must not hand it out twice.
   const cpu = (await a.req('POST', '/v2/serverless', {
@@ -95,5 +95,5 @@ t.test('a CPU process worker sees no GPU, a GPU one only its own, whatever the e
   })).json.id as string;
   const onCpu = await a.req('POST', `/v2/${cpu}/runsync`, { body: { input: { vars } } });
   t.equal(onCpu.json.status, 'COMPLETED', onCpu.text);
-  t.same(onCpu.json.output, { CUDA_VISIBLE_DEVICES: '', NVIDIA_VISIBLE_DEVICES: 'void' }, 'an empty list: CUDA sees no device');
+  t.same(onCpu.json.output, { CUDA_VISIBLE_DEVICES: '', NVIDIA_VISIBLE_DEVICES: 'void', RUNPOD_GPU_COUNT: '0' }, 'an empty list: CUDA sees no device');
 });
