@@ -142,7 +142,7 @@ function createContainerRuntime(config: FlashdConfig, dataDir: string, log: Logg
     return null;
   }
   return new ContainerRuntime({
-    socketPath, dataDir, workerUrl: config.workerUrl, gpuDriver: config.containerGpuDriver, volumeExists, log: log.child({ component: 'runtime' }),
+    socketPath, dataDir, workerUrl: config.workerUrl, gpuDriver: config.containerGpuDriver, pullIdleTimeoutMs: config.imagePullIdleTimeoutMs, volumeExists, log: log.child({ component: 'runtime' }),
   });
 }
 

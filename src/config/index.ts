@@ -32,6 +32,7 @@ export interface FlashdConfig {
   readonly maxAttempts: number;
   readonly gpuRediscoverMs: number;
   readonly containerGpuDriver: 'auto' | 'nvidia' | 'cdi';
+  readonly imagePullIdleTimeoutMs: number;
   readonly workerStopGraceMs: number;
   readonly workerInitTimeoutMs: number;
   readonly webhookAllowPrivate: boolean;

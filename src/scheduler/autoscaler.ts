@@ -455,7 +455,10 @@ export class Autoscaler {
           // shutting down) failed for want of capacity, not because of the endpoint: that is no
           // crash (no unhealthy worker, no backoff); the jobs wait throttled until it is back.
           const noRoom = this.#o.runtime?.capacity(endpointId) === 0;
-          this.#exited(endpointId, ref.id, { code: null, signal: null, requested: noRoom }, err.message);
+          // Stopped before it ran (its endpoint deleted, a PATCH, a scale-down during an image
+          // pull): the runtime gave the launch up, as asked; no crash either.
+          const stopped = this.#managed.get(ref.id)?.stopping === true;
+          this.#exited(endpointId, ref.id, { code: null, signal: null, requested: noRoom || stopped }, err.message);
         },
       );
   }
@@ -553,10 +556,15 @@ export class Autoscaler {
     const how = info.signal ? `signal ${info.signal}` : `code ${info.code ?? '?'}`;
     // A job cut short by flashd's own shutdown goes back without using one of its attempts (a
     // worker that dies by itself meanwhile still uses one).
-    const gone = startError === undefined ? `exited (${how})` : 'failed to start';
+    // Stopped by flashd while its launch was still under way (an image pull): it never ran.
+    const stoppedEarly = startError !== undefined && managed?.stopping === true;
+    const gone = startError === undefined ? `exited (${how})` : stoppedEarly ? 'stopped before it started' : 'failed to start';
     this.#o.queue.workerGone(endpointId, workerId, `worker ${workerId} ${gone}`, !(this.#shuttingDown && info.requested));
     // One line per end, saying why: one that never ran has no exit code to show.
-    if (startError !== undefined) {
+    if (stoppedEarly) {
+      this.#o.logs.append(endpointId, workerId, 'system', `worker ${workerId} stopped before it started: ${startError}`);
+      this.#o.log.info('worker stopped before it started', { endpointId, workerId, reason: startError });
+    } else if (startError !== undefined) {
       this.#o.logs.append(endpointId, workerId, 'system', `worker ${workerId} failed to start: ${startError}`);
       this.#o.log.warn('worker failed to start', { endpointId, workerId, reason: startError });
     } else if (crashed) {

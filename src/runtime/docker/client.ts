@@ -21,7 +21,7 @@ export const MAX_API_VERSION = '1.47';
 
 export interface DockerClientOptions {
   socketPath: string;
-  /** Timeout of ordinary requests, in ms (waits, attach and pulls have none). @defaultValue 60000 */
+  /** Timeout of ordinary requests, in ms (waits and attach have none; a pull has its `idleTimeoutMs`). @defaultValue 60000 */
   timeoutMs?: number;
 }
 
@@ -134,28 +134,54 @@ export class DockerClient {
   /**
    * `POST /images/create?fromImage=&tag=`: pulls an image, with credentials in
    * `X-Registry-Auth` only. The reply is a 200 JSON progress stream even when the pull fails,
-   * so an `error` line in it rejects.
+   * so an `error` line in it rejects. `idleTimeoutMs`: gives up when the engine sends nothing
+   * (no reply head, no progress byte) for that long: a registry or proxy that stalls (answers
+   * `/v2/`, never the manifest or a layer) otherwise holds the pull, and the worker waiting on
+   * it, for good. The engine may go on with the pull or drop it.
    */
-  async pullImage(ref: string, options: { auth?: RegistryAuth | null; signal?: AbortSignal; onProgress?: (p: PullProgress) => void } = {}): Promise<void> {
+  async pullImage(ref: string, options: { auth?: RegistryAuth | null; signal?: AbortSignal; idleTimeoutMs?: number; onProgress?: (p: PullProgress) => void } = {}): Promise<void> {
     const { fromImage, tag } = splitImageRef(ref);
-    const res = await this.#t.stream({
-      method: 'POST', path: '/images/create', query: { fromImage, tag }, timeoutMs: 0,
-      ...(options.auth ? { headers: { 'x-registry-auth': registryAuthHeader(options.auth) } } : {}),
-      ...(options.signal ? { signal: options.signal } : {}),
+    const idleMs = options.idleTimeoutMs ?? 0;
+    const idle = new AbortController();
+    let timer: NodeJS.Timeout | undefined;
+    const arm = (): void => {
+      if (idleMs <= 0) return;
+      clearTimeout(timer);
+      timer = setTimeout(() => idle.abort(), idleMs);
+    };
+    const stalled = (): DockerError => new DockerError('DOCKER_PROTOCOL', `pull of ${ref}: no progress from the engine for ${Math.round(idleMs / 1000)} s (the registry or the network stalled); given up`, {
+      request: 'POST /images/create',
     });
-    let failure: string | null = null;
-    const broken = await consumeLines(res, (line) => {
-      let p: PullProgress;
+    const signal = options.signal ? AbortSignal.any([options.signal, idle.signal]) : idle.signal;
+    arm();
+    try {
+      let res: Readable;
       try {
-        p = JSON.parse(line) as PullProgress;
-      } catch {
-        return;
+        res = await this.#t.stream({
+          method: 'POST', path: '/images/create', query: { fromImage, tag }, timeoutMs: 0, signal,
+          ...(options.auth ? { headers: { 'x-registry-auth': registryAuthHeader(options.auth) } } : {}),
+        });
+      } catch (err) {
+        throw idle.signal.aborted ? stalled() : err;
       }
-      if (p.error || p.errorDetail?.message) failure ??= p.errorDetail?.message ?? p.error ?? 'pull failed';
-      options.onProgress?.(p);
-    });
-    if (failure !== null) throw new DockerError('DOCKER_API', `pull of ${ref} failed: ${failure}`, { request: 'POST /images/create' });
-    if (broken) throw new DockerError('DOCKER_PROTOCOL', `pull of ${ref}: progress stream broke`, { request: 'POST /images/create', cause: broken });
+      res.on('data', arm);
+      let failure: string | null = null;
+      const broken = await consumeLines(res, (line) => {
+        let p: PullProgress;
+        try {
+          p = JSON.parse(line) as PullProgress;
+        } catch {
+          return;
+        }
+        if (p.error || p.errorDetail?.message) failure ??= p.errorDetail?.message ?? p.error ?? 'pull failed';
+        options.onProgress?.(p);
+      });
+      if (failure !== null) throw new DockerError('DOCKER_API', `pull of ${ref} failed: ${failure}`, { request: 'POST /images/create' });
+      if (broken && idle.signal.aborted) throw stalled();
+      if (broken) throw new DockerError('DOCKER_PROTOCOL', `pull of ${ref}: progress stream broke`, { request: 'POST /images/create', cause: broken });
+    } finally {
+      clearTimeout(timer);
+    }
   }
 
   /** `GET /images/{name}/get`: the image as a `docker save` tarball, streamed. */

@@ -48,6 +48,18 @@ export interface ContainerRuntimeOptions {
    * pending when a previous run stopped or crashed. Without it such volumes are left alone.
    */
   volumeExists?(id: string): boolean;
+  /**
+   * `--image-pull-idle-timeout-ms`: a pull the engine reports no progress of for this long fails
+   * (a registry that stalls), and with it the launches waiting for it. @defaultValue 300000
+   */
+  pullIdleTimeoutMs?: number;
+}
+
+/** A pull in flight, shared by the launches of its image; given up when the last of them is stopped. */
+interface Pull {
+  done: Promise<void>;
+  waiters: number;
+  abort: AbortController;
 }
 
 export interface LaunchTiming {
@@ -106,6 +118,9 @@ function refusesInit(err: unknown): boolean {
   return isDockerError(err) && err.code !== 'DOCKER_UNREACHABLE' && /init binary not found|"?docker-init"?: executable file not found/i.test(err.message);
 }
 
+/** `--image-pull-idle-timeout-ms`'s default: 5 minutes without progress from the engine. */
+export const DEFAULT_PULL_IDLE_TIMEOUT_MS = 300_000;
+
 const SIGNALS = new Map(Object.entries(constants.signals).map(([name, n]) => [n, name]));
 const isLoopback = (host: string): boolean => host === 'localhost' || host === '::1' || host.startsWith('127.');
 const isWildcard = (host: string): boolean => host === '0.0.0.0' || host === '::';
@@ -133,8 +148,10 @@ export class ContainerRuntime implements WorkerRuntime {
   readonly #running = new Map<string, Running>();
   /** Launches in progress, by the launch's worker id (a stop waits for them). */
   readonly #launching = new Map<string, Promise<unknown>>();
+  /** Per launch in progress: aborted by `stop()`, so a launch still waiting for its image gives up at once. */
+  readonly #launchAborts = new Map<string, AbortController>();
   readonly #kept: KeptPool<Kept>;
-  readonly #pulls = new Map<string, Promise<void>>();
+  readonly #pulls = new Map<string, Pull>();
   readonly #volumes = new Map<string, Promise<void>>();
   /** Engine volumes of deleted flashd volumes that a container still used when they were deleted. */
   readonly #deletedVolumes = new Set<string>();
@@ -330,8 +347,10 @@ export class ContainerRuntime implements WorkerRuntime {
       throw new DockerError('DOCKER_UNREACHABLE', `the container engine at ${this.client.socketPath} is unreachable`, { request: 'launch' });
     }
     const t0 = performance.now();
-    const launching = (async () => (await this.#restartKept(spec, events, t0)) ?? (await this.#create(spec, events, t0)))();
+    const stopped = new AbortController();
+    const launching = (async () => (await this.#restartKept(spec, events, t0)) ?? (await this.#create(spec, events, t0, stopped.signal)))();
     this.#launching.set(spec.workerId, launching);
+    this.#launchAborts.set(spec.workerId, stopped);
     try {
       return await launching;
     } catch (err) {
@@ -339,6 +358,7 @@ export class ContainerRuntime implements WorkerRuntime {
       throw err;
     } finally {
       this.#launching.delete(spec.workerId);
+      this.#launchAborts.delete(spec.workerId);
     }
   }
 
@@ -362,9 +382,11 @@ export class ContainerRuntime implements WorkerRuntime {
     }
   }
 
-  async #create(spec: LaunchSpec, events: WorkerEvents, t0: number): Promise<LaunchResult> {
-    await this.#ensureImage(spec);
+  /** `stopped`: the worker was stopped meanwhile; before its container exists, the launch gives up. */
+  async #create(spec: LaunchSpec, events: WorkerEvents, t0: number, stopped: AbortSignal): Promise<LaunchResult> {
+    await this.#ensureImage(spec, stopped);
     if (spec.volume) await this.#ensureVolume(spec.volume.id, spec.volume.kind);
+    if (stopped.aborted) throw new Error('it was stopped before its container was created');
     const tImage = performance.now();
     for (;;) {
       const { id, init } = await this.#createContainer(spec);
@@ -404,16 +426,44 @@ export class ContainerRuntime implements WorkerRuntime {
     this.#o.onLaunchTiming?.(timing);
   }
 
-  /** Pulls the image when it is not present (one pull per image at a time). */
-  async #ensureImage(spec: LaunchSpec): Promise<void> {
+  /**
+   * Pulls the image when it is not present (one pull per image at a time, which later launches
+   * of the image join). A launch whose worker is stopped meanwhile stops waiting at once; the
+   * pull is given up when no launch waits for it any more. A pull without progress for
+   * `pullIdleTimeoutMs` fails (the client's idle bound), and with it every launch waiting.
+   */
+  async #ensureImage(spec: LaunchSpec, stopped: AbortSignal): Promise<void> {
     if (await this.client.inspectImage(spec.image)) return;
     let pull = this.#pulls.get(spec.image);
     if (!pull) {
+      const abort = new AbortController();
       this.#log.info('pulling image', { image: spec.image, endpointId: spec.endpointId, authenticated: spec.registryAuth !== null });
-      pull = this.client.pullImage(spec.image, { auth: spec.registryAuth, signal: this.#shutdown.signal }).finally(() => this.#pulls.delete(spec.image));
-      this.#pulls.set(spec.image, pull);
+      const done = this.client.pullImage(spec.image, {
+        auth: spec.registryAuth, signal: AbortSignal.any([this.#shutdown.signal, abort.signal]), idleTimeoutMs: this.#o.pullIdleTimeoutMs ?? DEFAULT_PULL_IDLE_TIMEOUT_MS,
+      }).finally(() => {
+        if (this.#pulls.get(spec.image) === created) this.#pulls.delete(spec.image);
+      });
+      // Given up with no launch left to hear it: not an unhandled rejection.
+      done.catch(() => undefined);
+      const created: Pull = { done, waiters: 0, abort };
+      this.#pulls.set(spec.image, created);
+      pull = created;
     }
-    await pull;
+    const shared = pull;
+    shared.waiters++;
+    try {
+      await new Promise<void>((resolve, reject) => {
+        const onStop = (): void => reject(new Error(`its image ${spec.image} was still being pulled`));
+        if (stopped.aborted) return onStop();
+        stopped.addEventListener('abort', onStop, { once: true });
+        shared.done.then(resolve, reject).finally(() => stopped.removeEventListener('abort', onStop));
+      });
+    } finally {
+      if (--shared.waiters === 0 && stopped.aborted) {
+        if (this.#pulls.get(spec.image) === shared) this.#pulls.delete(spec.image);
+        shared.abort.abort();
+      }
+    }
   }
 
   /** Creates the named volume of a flashd volume id when it does not exist yet. */
@@ -619,7 +669,9 @@ export class ContainerRuntime implements WorkerRuntime {
   }
 
   async stop(workerId: string, graceMs: number, options: { keep?: boolean } = {}): Promise<void> {
-    // A worker still being launched is stopped once it runs (or not at all when it fails).
+    // A worker still being launched is stopped once it runs (or not at all when it fails); one
+    // still waiting for its image gives up the wait (#ensureImage).
+    this.#launchAborts.get(workerId)?.abort();
     await this.#launching.get(workerId)?.catch(() => undefined);
     const w = this.#running.get(workerId);
     if (!w) return;
