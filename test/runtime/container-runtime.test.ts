@@ -5,7 +5,7 @@
  * test/helpers/containers.ts), QUEUE endpoints on CPU hardware, jobs through the public API.
  * Deadlines are generous and every wait polls: CI has 2 loaded cores.
  */
-import { until, containersOf, start, endpoint, runsync, health, logLines, noWorkers } from '../helpers/containers.js';
+import { until, docker, containersOf, start, endpoint, runsync, health, logLines, noWorkers } from '../helpers/containers.js';
 import t from 'tap';
 import { LABELS } from '../../src/runtime/index.js';
 
@@ -179,6 +179,22 @@ t.test('a handler that crashes the container: the job is retried, /health shows 
     (await containersOf([`${LABELS.endpoint}=${ep}`])).every((c) => c.State === 'running'));
   const ok = await runsync(a, ep, { fine: true });
   t.equal(ok.status, 'COMPLETED', `a healthy job still runs after the crashes: ${JSON.stringify(ok)}`);
+});
+
+t.test('a worker container removed outside flashd (rm -f) is said so, with no exit code: not a clean exit', async (t) => {
+  const a = await start(t);
+  const ep = await endpoint(a, { workers: { min: 0, max: 1, idleTimeout: 30 } });
+  const id = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { sleep: 600 } } })).json.id as string;
+  await until('the job to run', async () => (await a.req('GET', `/v2/${ep}/status/${id}`)).json.status === 'IN_PROGRESS');
+  const [c] = await containersOf([`${LABELS.endpoint}=${ep}`]);
+  const worker = c?.Labels?.[LABELS.worker] as string;
+  await docker.removeContainer(c?.Id as string, { force: true });
+  const exit = await until('the exit to be reported', async () => (await logLines(a, ep)).find((l) => l.stream === 'system' && l.workerId === worker && /exited/.test(l.line)));
+  t.equal(exit.line, `worker ${worker} exited unexpectedly (code ?)`, 'no exit code: the engine\'s 0 or 137 for a removed container is not the handler\'s');
+  const lines = (await logLines(a, ep)).filter((l) => l.workerId === worker).map((l) => l.line);
+  t.ok(lines.includes('flashd: the container was removed outside flashd (docker/podman rm); its exit code is unknown'), 'the endpoint log says why');
+  t.ok(a.logs.some((l) => /worker container removed outside flashd .*workerId=/.test(l)), 'and flashd\'s log');
+  t.equal((await a.req('POST', `/v2/${ep}/cancel/${id}`)).status, 200, 'the job, queued again for a new worker, is cancelled');
 });
 
 t.test('env and command encoding as seen inside the container; the safe defaults from inside', async (t) => {

@@ -586,13 +586,14 @@ export class ContainerRuntime implements WorkerRuntime {
     };
     w.exited = (async () => {
       const code = await this.#waitExit(containerId);
+      const removed = await this.#removedOutside(containerId);
       // Let the last output arrive before the exit is reported (bounded: the engine may hold it).
       await Promise.race([attached.ended, sleep(2000)]);
       attached.detach();
       out.end();
       err.end();
       await gate;
-      await this.#exited(w, code);
+      await this.#exited(w, removed ? null : code, removed);
     })();
     this.#running.set(spec.workerId, w);
     return performance.now() - t;
@@ -619,9 +620,31 @@ export class ContainerRuntime implements WorkerRuntime {
     }
   }
 
-  /** One exit of one launch: keep (FlashBoot, asked to stop) or remove, then `events.exit`. */
-  async #exited(w: Running, code: number | null): Promise<void> {
+  /**
+   * Whether a container whose wait ended is gone although flashd did not remove it (`docker rm
+   * -f`, `podman rm -f`): its exit code is then the engine's guess (Podman 4.3 answers 0, or 137),
+   * not the handler's.
+   */
+  async #removedOutside(containerId: string): Promise<boolean> {
+    try {
+      await this.client.inspectContainer(containerId);
+      return false;
+    } catch (err) {
+      // removeAllNow (a second signal) removes running containers itself.
+      return isDockerError(err, 'DOCKER_NOT_FOUND') && !this.#killed;
+    }
+  }
+
+  /**
+   * One exit of one launch: keep (FlashBoot, asked to stop) or remove, then `events.exit`.
+   * `removed`: its container was removed outside flashd (code null), said in its log.
+   */
+  async #exited(w: Running, code: number | null, removed = false): Promise<void> {
     this.#running.delete(w.workerId);
+    if (removed) {
+      w.events.log('stderr', 'flashd: the container was removed outside flashd (docker/podman rm); its exit code is unknown');
+      this.#log.warn('worker container removed outside flashd', { endpointId: w.endpointId, workerId: w.workerId, containerId: w.containerId });
+    }
     const signal = code !== null && code > 128 ? SIGNALS.get(code - 128) ?? null : null;
     if (signal === 'SIGKILL' && !w.stopping) {
       // Say why when the kernel's OOM killer ended it: the exit code alone reads like a kill.
