@@ -210,6 +210,16 @@ class LocalModeTest(unittest.TestCase):
         self.assertEqual(rc, 2, out)
         self.assertIn("VENDOR_WEBHOOK_POST_OUTPUT (or RUNPOD_WEBHOOK_POST_OUTPUT) is not set", out)
 
+    def test_generator_without_stream_url_exits_2_saying_what_is_missing(self):
+        # without it every yield went to the literal "JOB_STREAM_URL" and each job failed with
+        # "handler: unsupported URL scheme: ''"
+        rc, _, out = run_local("gen", env_extra={
+            "RUNPOD_WEBHOOK_GET_JOB": "http://127.0.0.1:9/v2/x/job-take/$ID?gpu=cpu",
+            "RUNPOD_WEBHOOK_POST_OUTPUT": "http://127.0.0.1:9/v2/x/job-done/$ID?gpu=cpu"})
+        self.assertEqual(rc, 2, out)
+        self.assertIn("VENDOR_WEBHOOK_POST_STREAM (or RUNPOD_WEBHOOK_POST_STREAM) is not set", out)
+
+
 class AliasTest(unittest.TestCase):
     def test_import_as_runpod(self):
         import vendor_flash as runpod

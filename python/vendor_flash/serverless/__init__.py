@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from . import modules, utils
 from .env import WorkerEnv
+from .handler import handler_kind
 from .log import setup as _setup_logging
 from .modules.rp_logger import RunPodLogger
 from .progress import progress_update
@@ -115,6 +116,13 @@ def start(config: Dict[str, Any], argv: Optional[List[str]] = None) -> Optional[
             log.error("VENDOR_WEBHOOK_POST_OUTPUT (or RUNPOD_WEBHOOK_POST_OUTPUT) is not set, so no "
                       "result could be posted: set it too (`flashd worker-env` prints every variable "
                       "a worker needs)")
+            sys.exit(2)
+        if not env.post_stream and handler_kind(config["handler"]).is_stream:
+            # every yield would go to the literal "JOB_STREAM_URL" and each job fail with
+            # "handler: unsupported URL scheme: ''", which blames the handler
+            log.error("VENDOR_WEBHOOK_POST_STREAM (or RUNPOD_WEBHOOK_POST_STREAM) is not set, so a "
+                      "generator handler could post none of its yields: set it too (`flashd "
+                      "worker-env` prints every variable a worker needs)")
             sys.exit(2)
         _line_buffer_stdout()
         worker = Worker(config, env)
