@@ -829,13 +829,15 @@ class ProgressOrderTest(WorkerTestCase):
 class WorkerProcessTest(WorkerTestCase):
     """``tests/workers/handlers.py sync`` in its own process, its stdout a pipe."""
 
-    def start_worker_process(self, **env_overrides):
+    def start_worker_process(self, path_first=None, extra_env=None, **env_overrides):
+        """``path_first``: a folder put first on PYTHONPATH (a ``sitecustomize.py``)."""
         tests = os.path.dirname(os.path.abspath(__file__))
         env = {k: v for k, v in os.environ.items()
                if not k.startswith(("RUNPOD_", "VENDOR_")) and k != "PYTHONUNBUFFERED"}
-        env.update(self.fake.env(**env_overrides), PYTHONPATH=os.path.dirname(tests), VENDOR_LOG_FORMAT="text")
+        pythonpath = os.pathsep.join(p for p in (path_first, os.path.dirname(tests)) if p)
+        env.update(self.fake.env(**env_overrides), PYTHONPATH=pythonpath, VENDOR_LOG_FORMAT="text", **(extra_env or {}))
         proc = subprocess.Popen([sys.executable, os.path.join(tests, "workers", "handlers.py"), "sync"],
-                                env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
         self.addCleanup(lambda: (proc.poll() is None and proc.kill(), proc.wait(), proc.stdout.close()))
         return proc
 
@@ -948,6 +950,47 @@ class WorkerProcessTest(WorkerTestCase):
         time.sleep(1)
         self.assertEqual(self.pings_listing(job_id), before, "no ping for a dead worker's job")
         self.assertFalse(os.path.exists(f"/proc/{heartbeat}") and _alive(heartbeat), "the heartbeat process is gone")
+
+
+    def test_heartbeat_process_ignores_a_group_sigterm_while_it_starts(self):
+        # the heartbeat set SIG_IGN only once its interpreter had started and imported the SDK:
+        # a SIGTERM to the worker's process group in that window (flashd stopping a fresh
+        # process worker, `timeout`, Ctrl-C) killed it, and the worker warned "heartbeat
+        # process gone" in a normal shutdown. A sitecustomize holds the heartbeat at its start
+        # (before any of its own code runs) until the group has had its SIGTERM.
+        hold = tempfile.mkdtemp(prefix="vf-hb-")
+        with open(os.path.join(hold, "sitecustomize.py"), "w") as f:
+            f.write(HOLD_HEARTBEAT_AT_START)
+        proc = self.start_worker_process(path_first=hold, extra_env={"VF_TEST_HOLD_DIR": hold})
+        ready = os.path.join(hold, "ready")
+        self.fake.wait_for(lambda: os.path.exists(ready), timeout=20)
+        with open(ready) as f:
+            ignored = int(f.read(), 16)
+        os.killpg(proc.pid, signal.SIGTERM)
+        time.sleep(0.2)  # delivered before the heartbeat goes on
+        open(os.path.join(hold, "go"), "w").close()
+        self.assertEqual(proc.wait(10), 0)
+        out = proc.stdout.read().decode()
+        self.assertTrue(ignored & (1 << (signal.SIGTERM - 1)), f"SIGTERM not ignored at the start: {ignored:x}")
+        self.assertTrue(ignored & (1 << (signal.SIGINT - 1)), f"SIGINT not ignored at the start: {ignored:x}")
+        self.assertNotIn("heartbeat process gone", out)
+
+
+#: Run in the heartbeat process only, before its own code: writes its ignored-signal mask
+#: (/proc/self/status SigIgn) to $VF_TEST_HOLD_DIR/ready, then waits for .../go.
+HOLD_HEARTBEAT_AT_START = """
+import os, time
+if b"vendor_flash.serverless.heartbeat" in open("/proc/self/cmdline", "rb").read():
+    d = os.environ["VF_TEST_HOLD_DIR"]
+    with open("/proc/self/status") as f:
+        mask = [line.split()[1] for line in f if line.startswith("SigIgn:")][0]
+    with open(os.path.join(d, "ready.tmp"), "w") as f:
+        f.write(mask)
+    os.rename(os.path.join(d, "ready.tmp"), os.path.join(d, "ready"))
+    deadline = time.monotonic() + 20
+    while not os.path.exists(os.path.join(d, "go")) and time.monotonic() < deadline:
+        time.sleep(0.01)
+"""
 
 
 class HeartbeatProcessTest(WorkerTestCase):

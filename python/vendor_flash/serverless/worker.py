@@ -50,6 +50,12 @@ SPIN_GUARD_SECONDS = 1.0
 HEARTBEAT_FEED_SECONDS = 0.2
 
 
+def _ignore_stop_signals() -> None:
+    """In the heartbeat process, between fork and exec: SIGTERM and SIGINT are the worker's to act on."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
+
+
 class Backoff:
     """Exponential backoff: ``first``, doubling, capped at ``cap`` seconds."""
 
@@ -743,8 +749,12 @@ class Worker:
         env = dict(os.environ)
         env["PYTHONPATH"] = package_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         try:
+            # SIG_IGN set between fork and exec is kept across exec, and Python keeps an inherited
+            # SIG_IGN: the heartbeat ignores a SIGTERM/SIGINT sent to the whole process group
+            # from its first instant, not only once its interpreter has started and imported us
             proc = subprocess.Popen([sys.executable, "-m", "vendor_flash.serverless.heartbeat"], env=env,
-                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True)
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True,
+                                    preexec_fn=_ignore_stop_signals)
             proc.stdin.write((json.dumps(dataclasses.asdict(self.env)) + "\n").encode())
             proc.stdin.flush()
         except (OSError, ValueError) as exc:
