@@ -343,6 +343,10 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
       // Said in the endpoint log: a handler that runs on (a sync one cannot be interrupted) keeps
       // its worker busy, and a queue that waits meanwhile showed no reason.
       endedOnWorker: (job, workerId, why) => logs.append(job.endpointId, workerId, 'system', `job ${job.id} ended on worker ${workerId} (${why}): the worker was told to stop it (job-stop)`),
+      // runpod-python's failed fitness check: the one report before it exits, which the user
+      // would otherwise see only as an unexpected exit.
+      workerUnhealthy: (endpointId, workerId, { check, reason }) => logs.append(endpointId, workerId, 'system',
+        `worker ${workerId} reported unhealthy${check ? `: check ${check} failed` : ''}${reason ? `: ${reason}` : ''}`),
     });
     endpoints.on({
       // A lower workers.max is a restart reason for the API when workers are above it (they stop:

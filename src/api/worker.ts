@@ -30,6 +30,19 @@ const W = '/v2/{endpointId}';
 /** How long a job-take's error reply waits (RouteDef.holdErrorsMs). */
 export const POLL_ERROR_HOLD_MS = 1000;
 
+/** The most characters of a ping's `check` or `reason` that are kept (runpod-python sends at most 256). */
+export const REPORT_CHARS = 256;
+
+/**
+ * A ping's `check` or `reason` as flashd's log and the endpoint log show it: control characters
+ * (a newline, an escape sequence) become a space, so it stays one line that cannot pass for
+ * another, and at most REPORT_CHARS characters are kept.
+ */
+function reportText(value: string | null): string {
+  const text = (value ?? '').replace(/[\u0000-\u001f\u007f-\u009f]+/g, ' ').trim();
+  return Array.from(text).slice(0, REPORT_CHARS).join('').trimEnd();
+}
+
 /**
  * A worker key may act only for its own endpoint and as its own worker (the id in the path:
  * runpod-python puts RUNPOD_POD_ID there, the id the key was made for), so one worker's key
@@ -228,7 +241,10 @@ export function workerRoutes(s: WorkerRouteServices): RouteDef[] {
         const endpointId = params['endpointId'] as string;
         checkWorker(s, principal, endpointId, params['workerId'] as string);
         const ids = (req.query.get('job_id') ?? '').split(',').map((x) => x.trim()).filter(Boolean);
-        s.queue.ping(endpointId, params['workerId'] as string, ids, req.query.get('status') === 'unhealthy', principal.keyId);
+        const unhealthy = req.query.get('status') === 'unhealthy'
+          ? { check: reportText(req.query.get('check')), reason: reportText(req.query.get('reason')) }
+          : undefined;
+        s.queue.ping(endpointId, params['workerId'] as string, ids, unhealthy, principal.keyId);
         return { status: 200, body: { ok: true } };
       },
     },

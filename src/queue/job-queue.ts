@@ -102,6 +102,17 @@ export interface QueueListener {
    * is told to stop it (job-stop). `why`: how it ended (`cancelled`, `timed out: …`).
    */
   endedOnWorker?(job: Job, workerId: string, why: string): void;
+  /** A worker's ping said it is unhealthy (runpod-python's failed fitness check), with what it said. */
+  workerUnhealthy?(endpointId: string, workerId: string, report: UnhealthyReport): void;
+}
+
+/**
+ * What a worker's `ping?status=unhealthy&check=…&reason=…` says (runpod-python's fitness-check
+ * report, research/worker-protocol.md §1.12): each empty when not given.
+ */
+export interface UnhealthyReport {
+  check: string;
+  reason: string;
 }
 
 /** A job handed to a worker: its input is in memory. */
@@ -1276,12 +1287,18 @@ export class JobQueue {
     return 'accepted';
   }
 
-  /** ping: renews the leases of the jobs the worker lists; tells it to stop jobs no longer its own. */
-  ping(endpointId: string, workerId: string, jobIds: readonly string[], unhealthy: boolean, keyId?: string): void {
+  /**
+   * ping: renews the leases of the jobs the worker lists; tells it to stop jobs no longer its own.
+   * `unhealthy`: the worker said it is (`status=unhealthy`), and why.
+   */
+  ping(endpointId: string, workerId: string, jobIds: readonly string[], unhealthy?: UnhealthyReport, keyId?: string): void {
     const worker = this.workers.seen(endpointId, workerId, false, keyId);
     if (unhealthy) {
       this.workers.markUnhealthy(endpointId, workerId);
-      this.#log.warn('worker reported unhealthy', { endpointId, workerId });
+      this.#log.warn('worker reported unhealthy', {
+        endpointId, workerId, check: unhealthy.check || undefined, reason: unhealthy.reason || undefined,
+      });
+      for (const l of this.#listeners) l.workerUnhealthy?.(endpointId, workerId, unhealthy);
     }
     const listed = new Set(jobIds);
     const now = this.#clock.monotonic();

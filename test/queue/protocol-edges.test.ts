@@ -49,6 +49,32 @@ t.test('a worker that reported itself unhealthy is up again once it asks for wor
   t.match((await a.req('GET', `/v2/${e}/health`)).json.workers, { unhealthy: 0, running: 1 }, 'counted as what it does');
 });
 
+t.test("an unhealthy ping's check and reason reach flashd's log and the endpoint log, capped and on one line", async (t) => {
+  const { a, ep } = await setup(t);
+  const e = await ep();
+  const w = await TestWorker.create(a, e);
+  // runpod-python's fitness-check report (worker-protocol.md §1.12): once, then os._exit(1)
+  const report = (query: string) => fetch(`${a.url}/v2/${e}/ping/${w.workerId}?gpu=cpu&status=unhealthy&${query}&runpod_version=1.12.0`, { headers: { authorization: w.key } });
+  t.equal((await report('check=gpu_memory&reason=CUDA+out+of+memory')).status, 200);
+  t.equal((await report(`check=disk%0A%1B[31mfake&reason=${encodeURIComponent('line one\r\nline two\u0085 ' + 'x'.repeat(400))}`)).status, 200);
+  t.equal((await report('reason=no+check+named')).status, 200);
+  t.equal((await report('x=1')).status, 200);
+  await new Promise((r) => setImmediate(r));
+  const lines = ((await a.req('GET', `/v2/serverless/${e}/logs`)).json as { line: string; stream: string; workerId: string }[])
+    .filter((l) => l.line.includes('reported unhealthy'));
+  t.same(lines.map((l) => [l.stream, l.workerId]), Array(4).fill(['system', w.workerId]));
+  t.equal(lines[0]!.line, `worker ${w.workerId} reported unhealthy: check gpu_memory failed: CUDA out of memory`);
+  const long = lines[1]!.line;
+  t.match(long, `worker ${w.workerId} reported unhealthy: check disk [31mfake failed: line one line two `, 'control characters become spaces');
+  t.notMatch(long, /[\u0000-\u001f\u007f-\u009f]/, 'no control character is left');
+  t.equal(long.length, `worker ${w.workerId} reported unhealthy: check disk [31mfake failed: `.length + 256, 'the reason is capped at 256 characters');
+  t.equal(lines[2]!.line, `worker ${w.workerId} reported unhealthy: no check named`);
+  t.equal(lines[3]!.line, `worker ${w.workerId} reported unhealthy`);
+  const warn = a.logs.find((l) => l.includes('worker reported unhealthy') && l.includes('gpu_memory'));
+  t.ok(warn, "flashd's own log names the check");
+  t.match(warn, 'CUDA out of memory', "and the reason");
+});
+
 t.test("error is judged by Python's truth test: empty lists and objects are not errors, NaN is", async (t) => {
   const { a, ep } = await setup(t);
   const e = await ep();
