@@ -13,9 +13,11 @@
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import { existsSync, readdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
+import { hostname } from 'node:os';
 import { join } from 'node:path';
 import type { Logger } from '../core/logger.js';
 import { lineSplitter } from './line-splitter.js';
+import { withPodHostname } from './pod-hostname.js';
 import type { LaunchResult, LaunchSpec, WorkerEvents, WorkerRuntime } from './types.js';
 
 /** Host variables a worker inherits; nothing else of flashd's environment (it may hold secrets). */
@@ -200,7 +202,8 @@ export class ProcessRuntime implements WorkerRuntime {
     }
     const env: Record<string, string> = {};
     for (const k of INHERITED_ENV) if (process.env[k] !== undefined) env[k] = process.env[k] as string;
-    Object.assign(env, spec.env);
+    // A host process runs on this host: its name, as a RunPod pod's container hostname is.
+    Object.assign(env, withPodHostname(spec.env, hostname()));
     // A host process sees every GPU, and CUDA takes an unset list for all of them: always set,
     // after the endpoint env, so a GPU worker uses only its own and a CPU worker ("") none, not
     // one the ledger gave another worker. NVIDIA_VISIBLE_DEVICES as the container runtime sets it.

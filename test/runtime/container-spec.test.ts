@@ -46,13 +46,27 @@ t.test('safe defaults on every worker container', async (t) => {
 t.test('env: user NVIDIA_* dropped; GPU workers get their device list, CPU workers none', async (t) => {
   const userEnv = { NVIDIA_VISIBLE_DEVICES: 'all', NVIDIA_DRIVER_CAPABILITIES: 'all', nvidia_require_cuda: 'cuda>=9', KEEP: 'a=b c' };
   const cpu = envOf(createBody(spec({ env: userEnv }), { instanceId: 'i', diskLimit: false }).Env);
-  t.same(cpu, { KEEP: 'a=b c', NVIDIA_VISIBLE_DEVICES: 'void' }, 'CPU: only KEEP survives; no GPU even when the image says all');
+  const host = { RUNPOD_POD_HOSTNAME: 'wkr-spec000000000000001', VENDOR_POD_HOSTNAME: 'wkr-spec000000000000001' };
+  t.same(cpu, { KEEP: 'a=b c', ...host, NVIDIA_VISIBLE_DEVICES: 'void' }, 'CPU: only KEEP survives; no GPU even when the image says all');
   const gpu = createBody(spec({ env: userEnv, cpu: null, gpuDeviceIds: ['GPU-aaa', 'GPU-bbb'] }), { instanceId: 'i', diskLimit: false });
-  t.same(envOf(gpu.Env), { KEEP: 'a=b c', NVIDIA_VISIBLE_DEVICES: 'GPU-aaa,GPU-bbb', NVIDIA_DRIVER_CAPABILITIES: 'compute,utility' });
+  t.same(envOf(gpu.Env), { KEEP: 'a=b c', ...host, NVIDIA_VISIBLE_DEVICES: 'GPU-aaa,GPU-bbb', NVIDIA_DRIVER_CAPABILITIES: 'compute,utility' });
   t.same(gpu.HostConfig.DeviceRequests, [{ Driver: 'nvidia', DeviceIDs: ['GPU-aaa', 'GPU-bbb'], Capabilities: [['gpu']] }]);
   t.equal(gpu.HostConfig.NanoCpus, undefined, 'a GPU worker has no CPU quota');
   t.equal(gpu.HostConfig.ShmSize, SAFE_LIMITS.gpuShmBytes);
   t.equal(createBody(spec(), { instanceId: 'i', diskLimit: false }).HostConfig.DeviceRequests, undefined, 'CPU: no device request');
+});
+
+t.test("the container's hostname comes from its worker id, and its env says it (RUNPOD_POD_HOSTNAME), unless the endpoint's env sets that", async (t) => {
+  // Without it the SDK's error reports said "hostname": "unknown"; the engine's default
+  // hostname (the container id's first 12 characters) is not known before the create.
+  const body = createBody(spec(), { instanceId: 'i', diskLimit: false });
+  t.equal(body.Hostname, 'wkr-spec000000000000001', 'a valid host name: no underscore');
+  t.match(envOf(body.Env), { RUNPOD_POD_HOSTNAME: body.Hostname, VENDOR_POD_HOSTNAME: body.Hostname });
+  const theirs = envOf(createBody(spec({ env: { RUNPOD_POD_HOSTNAME: 'gpu-box-7' } }), { instanceId: 'i', diskLimit: false }).Env);
+  t.equal(theirs['RUNPOD_POD_HOSTNAME'], 'gpu-box-7');
+  t.equal(theirs['VENDOR_POD_HOSTNAME'], undefined, "not set beside theirs: the SDK would read it first");
+  t.equal(createBody(spec({ workerId: `wkr_${'X'.repeat(58)}_Y` }), { instanceId: 'i', diskLimit: false }).Hostname, `wkr-${'x'.repeat(58)}`,
+    'at most 63 characters, lower case, not ending in a hyphen');
 });
 
 t.test('GPUs: the nvidia device driver on Docker, CDI by UUID on Podman 5.4+, none on an older Podman', async (t) => {
@@ -182,7 +196,7 @@ t.test('the same body on a real engine: GET /containers/{id}/json and a look fro
     image: IMAGE as string, workerId: `wkr_spec${process.pid}`, volume: { kind: 'network', id: vol },
     env: { NVIDIA_VISIBLE_DEVICES: 'all', NVIDIA_DRIVER_CAPABILITIES: 'all', SHOWN: 'yes' }, cpu: { vcpuCount: 1, memoryGb: 1 },
     entrypoint: ['python3', '-c'],
-    cmd: ['import json,os;st=dict(l.split(":",1) for l in open("/proc/self/status"));print(json.dumps({"cap":st["CapEff"].strip(),"nnp":st["NoNewPrivs"].strip(),"env":dict(os.environ),"vol":os.path.ismount("/vendor-volume")}))'],
+    cmd: ['import json,os;st=dict(l.split(":",1) for l in open("/proc/self/status"));print(json.dumps({"host":__import__("socket").gethostname(),"cap":st["CapEff"].strip(),"nnp":st["NoNewPrivs"].strip(),"env":dict(os.environ),"vol":os.path.ismount("/vendor-volume")}))'],
   });
   const { Id } = await docker.createContainer(createBody(s, { instanceId: `spec-test-${process.pid}`, diskLimit: false }), `flashd-spec-${process.pid}`);
   t.teardown(async () => {
@@ -216,7 +230,9 @@ t.test('the same body on a real engine: GET /containers/{id}/json and a look fro
   await docker.startContainer(Id);
   t.equal((await docker.wait(Id)).StatusCode, 0, 'the container ran');
   await attached.ended;
-  const inside = JSON.parse(lines.join('')) as { cap: string; nnp: string; env: Record<string, string>; vol: boolean };
+  const inside = JSON.parse(lines.join('')) as { host: string; cap: string; nnp: string; env: Record<string, string>; vol: boolean };
+  t.equal(inside.host, `wkr-spec${process.pid}`, "the container's hostname");
+  t.equal(inside.env['RUNPOD_POD_HOSTNAME'], inside.host, 'is what its env says');
   t.equal(BigInt(`0x${inside.cap}`), 0n, 'no effective capabilities inside');
   t.equal(inside.nnp, '1', 'no_new_privs set inside');
   t.equal(inside.vol, true, '/vendor-volume is a mount inside');

@@ -2,6 +2,7 @@
  * Autoscaling with the process runtime, end to end: real flashd, real worker processes running
  * the vendor_flash SDK, real HTTP. Cold start, warm reuse, scale to zero, logs and crashes.
  */
+import { hostname } from 'node:os';
 import t from 'tap';
 import { ManualClock } from '../../src/core/clock.js';
 import { startAgent, cpuBody, type TestAgent } from '../helpers/agent.js';
@@ -347,6 +348,23 @@ t.test('lowering workers.max under a backlog: a busy surplus worker finishes its
   const stopping = ((await a.req('GET', `/v2/serverless/${ep}/logs`)).json as { line: string; workerId: string }[])
     .find((l) => l.workerId === retired && /^stopping worker/.test(l.line))?.line;
   t.match(stopping, /: recycled: it was busy above a lowered workers\.max \(1\)$/, `the log says which recycle: ${stopping}`);
+});
+
+t.test("a process worker gets the host's name as RUNPOD_POD_HOSTNAME, which the SDK's error report carries; the endpoint's env may set it", async (t) => {
+  // Without it every raised exception's report said "hostname": "unknown".
+  const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT, takeHoldMs: 1000 });
+  const make = async (env: Record<string, string>) => (await a.req('POST', '/v2/serverless', {
+    body: cpuBody({ args: 'python3 -u test/fixtures/workers/env.py', env, workers: { min: 0, max: 1, idleTimeout: 30 } }),
+  })).json.id as string;
+  const run = async (ep: string, input: unknown) => (await a.req('POST', `/v2/${ep}/runsync`, { body: { input } })).json;
+  const [own, set] = [await make({}), await make({ RUNPOD_POD_HOSTNAME: 'gpu-box-7' })];
+  const vars = await run(own, { vars: ['RUNPOD_POD_HOSTNAME', 'VENDOR_POD_HOSTNAME'] });
+  t.same(vars.output, { RUNPOD_POD_HOSTNAME: hostname(), VENDOR_POD_HOSTNAME: hostname() }, `both names: ${JSON.stringify(vars)}`);
+  const failed = await run(own, { raise: 'boom' });
+  t.equal(failed.status, 'FAILED');
+  t.match(JSON.parse(failed.error), { error_message: 'boom', hostname: hostname() }, 'the error report names the host');
+  const theirs = await run(set, { raise: 'boom' });
+  t.equal(JSON.parse(theirs.error).hostname, 'gpu-box-7', "the endpoint's own value is kept");
 });
 
 t.test("a Python worker's print() reaches the log while it runs, not when it exits (PYTHONUNBUFFERED)", async (t) => {

@@ -74,6 +74,8 @@ export interface HostConfig {
 
 export interface ContainerCreateBody {
   Image: string;
+  /** The container's host name (the engine's default: the first 12 characters of its id). */
+  Hostname?: string;
   Entrypoint?: string[];
   Cmd?: string[];
   Env: string[];
@@ -109,6 +111,7 @@ export interface ContainerInspect {
     Cmd: string[] | null;
     Entrypoint: string[] | string | null;
     Labels: Record<string, string> | null;
+    Hostname?: string;
     ExposedPorts?: Record<string, unknown> | null;
     User?: string;
   };

@@ -4,6 +4,7 @@
  * and checked again on a real container's inspect. reliability-anchors §3.5 is the source of
  * the defaults; ARCHITECTURE.md ("Containers") lists them with the reasons.
  */
+import { withPodHostname } from '../pod-hostname.js';
 import type { LaunchSpec } from '../types.js';
 import type { ContainerCreateBody, HostConfig } from './api-types.js';
 
@@ -48,15 +49,26 @@ export function containerName(workerId: string): string {
 }
 
 /**
- * The worker's environment as `KEY=value` lines. Every `NVIDIA_*` variable the user set is
- * dropped: with the NVIDIA container toolkit, `NVIDIA_VISIBLE_DEVICES=all` in a container's
- * env can hand it every GPU of the host. flashd then sets the pair itself: a GPU worker's own
- * device UUIDs (the same list as its device request), and `void` for a CPU worker, which
- * also overrides an image's `ENV NVIDIA_VISIBLE_DEVICES=all` (CUDA base images set it).
+ * The container's host name, set at create so that its env can say it (`RUNPOD_POD_HOSTNAME`):
+ * the engine's default, the container id's first 12 characters, is not known before. The worker
+ * id as a valid host name (RFC 1123 label: lower case letters, digits and hyphens, at most 63).
  */
-export function containerEnv(spec: Pick<LaunchSpec, 'env' | 'gpuDeviceIds'>): string[] {
+export function containerHostname(workerId: string): string {
+  return workerId.toLowerCase().replace(/[^a-z0-9-]/g, '-').slice(0, 63).replace(/^-+|-+$/g, '') || 'worker';
+}
+
+/**
+ * The worker's environment as `KEY=value` lines, with its host name (containerHostname) as
+ * `RUNPOD_POD_HOSTNAME` and `VENDOR_POD_HOSTNAME` unless the endpoint's env sets one. Every
+ * `NVIDIA_*` variable the user set is dropped: with the NVIDIA container toolkit,
+ * `NVIDIA_VISIBLE_DEVICES=all` in a container's env can hand it every GPU of the host. flashd
+ * then sets the pair itself: a GPU worker's own device UUIDs (the same list as its device
+ * request), and `void` for a CPU worker, which also overrides an image's
+ * `ENV NVIDIA_VISIBLE_DEVICES=all` (CUDA base images set it).
+ */
+export function containerEnv(spec: Pick<LaunchSpec, 'env' | 'gpuDeviceIds' | 'workerId'>): string[] {
   const env: Record<string, string> = {};
-  for (const [k, v] of Object.entries(spec.env)) if (!/^NVIDIA_/i.test(k)) env[k] = v;
+  for (const [k, v] of Object.entries(withPodHostname(spec.env, containerHostname(spec.workerId)))) if (!/^NVIDIA_/i.test(k)) env[k] = v;
   if (spec.gpuDeviceIds.length > 0) {
     env['NVIDIA_VISIBLE_DEVICES'] = spec.gpuDeviceIds.join(',');
     env['NVIDIA_DRIVER_CAPABILITIES'] = 'compute,utility';
@@ -151,6 +163,7 @@ export function hostConfig(spec: LaunchSpec, options: Pick<CreateBodyOptions, 'd
 export function createBody(spec: LaunchSpec, options: CreateBodyOptions): ContainerCreateBody {
   const body: ContainerCreateBody = {
     Image: spec.image,
+    Hostname: containerHostname(spec.workerId),
     Env: containerEnv(spec),
     Labels: {
       [LABELS.managed]: 'true',
