@@ -35,7 +35,7 @@ export interface Holding {
   cpuFlavorId: string | null;
 }
 
-/** A successful reservation. `gpuDeviceIds`/`gpuName` match the scheduler's `Reservation`. */
+/** A successful reservation. `gpuDeviceIds`/`gpuName`/`cpu` match the scheduler's `Reservation`. */
 export interface LedgerReservation {
   ok: true;
   workerId: string;
@@ -199,7 +199,7 @@ export function inventorySnapshot(
 /** The scheduler's `Placement` shape, for a ledger and a function from the scheduler's spec type to a requirement. */
 export interface LedgerPlacement<S> {
   capacity(endpointId: string, spec: S): number;
-  reserve(endpointId: string, workerId: string, spec: S): { gpuDeviceIds: string[]; gpuName: string } | undefined;
+  reserve(endpointId: string, workerId: string, spec: S): Pick<LedgerReservation, 'gpuDeviceIds' | 'gpuName' | 'cpu'> | undefined;
   release(workerId: string): void;
   whyNot(endpointId: string, spec: S): string | null;
 }
@@ -213,7 +213,7 @@ export function createLedgerPlacement<S>(ledger: ResourceLedger, toRequirement: 
     capacity: (_endpointId, spec) => ledger.capacity(toRequirement(spec)),
     reserve: (_endpointId, workerId, spec) => {
       const r = ledger.reserve(workerId, toRequirement(spec));
-      return r.ok ? { gpuDeviceIds: r.gpuDeviceIds, gpuName: r.gpuName } : undefined;
+      return r.ok ? { gpuDeviceIds: r.gpuDeviceIds, gpuName: r.gpuName, cpu: r.cpu } : undefined;
     },
     release: (workerId) => {
       ledger.release(workerId);

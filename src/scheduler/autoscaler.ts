@@ -7,7 +7,6 @@
  */
 import { createHash } from 'node:crypto';
 import type { AuthService } from '../auth/index.js';
-import { cpuFlavor } from '../catalog/index.js';
 import type { Clock } from '../core/clock.js';
 import { newId } from '../core/ids.js';
 import { sortedJson } from '../core/json-raw.js';
@@ -18,7 +17,7 @@ import type { ExitInfo, LaunchSpec, WorkerRuntime } from '../runtime/index.js';
 import type { ResourceRow } from '../store/index.js';
 import { aboveMax, afterCrash, decideScale, type CrashState, type ScaleDecision } from './decide.js';
 import type { LogHub } from './log-hub.js';
-import { CPU_ONLY_PLACEMENT, type Placement } from './placement.js';
+import { CPU_ONLY_PLACEMENT, type Placement, type Reservation } from './placement.js';
 
 export interface AutoscalerOptions {
   queue: JobQueue;
@@ -329,11 +328,16 @@ export class Autoscaler {
     }
   }
 
-  /** The launch description of one worker of an endpoint (identity apart). */
-  #launchSpec(row: ResourceRow<EndpointSpec>, workerId: string, env: Record<string, string>, gpuDeviceIds: string[]): LaunchSpec {
+  /**
+   * The launch description of one worker of an endpoint (identity apart). Its CPU and memory
+   * limits are those of the `cpu` entry placement reserved (the first that fits, which need not
+   * be the first), and so is the config hash: a kept FlashBoot container of another entry's
+   * limits is not restarted for this placement.
+   */
+  #launchSpec(row: ResourceRow<EndpointSpec>, workerId: string, env: Record<string, string>, placed: Reservation): LaunchSpec {
     const spec = row.data;
-    const first = spec.cpu?.[0];
-    const cpu = first ? { vcpuCount: first.vcpuCount, memoryGb: Math.max(1, Math.round(first.vcpuCount * (cpuFlavor(first.id)?.ramMultiplier ?? 2))) } : null;
+    const { gpuDeviceIds } = placed;
+    const cpu = placed.cpu ? { vcpuCount: placed.cpu.vcpuCount, memoryGb: Math.max(1, Math.round(placed.cpu.memoryGb)) } : null;
     const volume = spec.mounts.network[0] !== undefined
       ? { kind: 'network' as const, id: spec.mounts.network[0] }
       : spec.mounts.global[0] !== undefined ? { kind: 'global' as const, id: spec.mounts.global[0] } : null;
@@ -373,7 +377,7 @@ export class Autoscaler {
       // worker was given, 0 for a CPU worker; after the endpoint env, like the GPU list itself.
       RUNPOD_GPU_COUNT: String(placed.gpuDeviceIds.length),
     };
-    const launchSpec = this.#launchSpec(row, freshId, env, placed.gpuDeviceIds);
+    const launchSpec = this.#launchSpec(row, freshId, env, placed);
     // FlashBoot: the kept worker this launch restarts, with its own identity.
     const keptId = runtime.keptWorker?.(endpointId, launchSpec.configHash) ?? null;
     const kept = keptId !== null ? this.#kept.get(keptId) : undefined;

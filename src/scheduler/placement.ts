@@ -2,6 +2,7 @@
  * What the autoscaler needs from placement (gpu/ implements it for GPU endpoints): how many
  * more workers of an endpoint fit right now, and reserving/releasing the devices of one.
  */
+import { cpuFlavor } from '../catalog/index.js';
 import type { EndpointSpec } from '../endpoints/index.js';
 
 export interface Reservation {
@@ -9,6 +10,17 @@ export interface Reservation {
   gpuDeviceIds: string[];
   /** GPU model name for the worker's URLs (`?gpu=`), or "cpu". */
   gpuName: string;
+  /**
+   * A CPU worker's `cpu` entry, the one placement chose (the first that fits, not always the
+   * first), with its memory in GiB: its container's limits come from it. null for a GPU worker.
+   */
+  cpu: { id: string; vcpuCount: number; memoryGb: number } | null;
+}
+
+/** The first `cpu` entry, for a placement that reserves no vCPUs (it takes the first entry as it is). */
+function firstCpuEntry(spec: EndpointSpec): Reservation['cpu'] {
+  const first = spec.cpu?.[0];
+  return first ? { id: first.id, vcpuCount: first.vcpuCount, memoryGb: first.vcpuCount * (cpuFlavor(first.id)?.ramMultiplier ?? 2) } : null;
 }
 
 export interface Placement {
@@ -25,7 +37,7 @@ export interface Placement {
 /** Without a placement component: CPU workers everywhere, GPU workers nowhere. */
 export const CPU_ONLY_PLACEMENT: Placement = {
   capacity: (_id, spec) => (spec.gpu ? 0 : Number.POSITIVE_INFINITY),
-  reserve: (_id, _w, spec) => (spec.gpu ? undefined : { gpuDeviceIds: [], gpuName: 'cpu' }),
+  reserve: (_id, _w, spec) => (spec.gpu ? undefined : { gpuDeviceIds: [], gpuName: 'cpu', cpu: firstCpuEntry(spec) }),
   release: () => undefined,
   whyNot: (_id, spec) => (spec.gpu ? 'this flashd places no GPU workers' : null),
 };

@@ -178,8 +178,8 @@ t.test('createLedgerPlacement has the scheduler Placement shape, with workerRequ
     dataCenterIds: [],
   } as unknown as EndpointSpec;
   t.equal(placement.capacity('ep1', gpuSpec), 2);
-  t.same(placement.reserve('ep1', 'w1', gpuSpec), { gpuDeviceIds: ['A100-1'], gpuName: A100 });
-  t.same(placement.reserve('ep1', 'w2', gpuSpec), { gpuDeviceIds: ['A100-2'], gpuName: A100 });
+  t.same(placement.reserve('ep1', 'w1', gpuSpec), { gpuDeviceIds: ['A100-1'], gpuName: A100, cpu: null });
+  t.same(placement.reserve('ep1', 'w2', gpuSpec), { gpuDeviceIds: ['A100-2'], gpuName: A100, cpu: null });
   t.equal(placement.reserve('ep1', 'w3', gpuSpec), undefined, 'nothing fits: undefined, as Placement says');
   placement.release('w1');
   t.equal(placement.capacity('ep1', gpuSpec), 1);
@@ -189,7 +189,11 @@ t.test('createLedgerPlacement has the scheduler Placement shape, with workerRequ
 
   const cpuSpec = { gpu: null, cpu: [{ id: 'cpu3c', vcpuCount: 8 }], dataCenterIds: [] } as unknown as EndpointSpec;
   t.equal(placement.capacity('ep3', cpuSpec), 2);
-  t.same(placement.reserve('ep3', 'c1', cpuSpec), { gpuDeviceIds: [], gpuName: 'cpu' });
+  t.same(placement.reserve('ep3', 'c1', cpuSpec), { gpuDeviceIds: [], gpuName: 'cpu', cpu: { id: 'cpu3c', vcpuCount: 8, memoryGb: 16 } });
+  // 8 vCPUs left: the first entry (16 vCPUs) does not fit, the second does, and the reservation
+  // says which (the container's limits are that entry's).
+  const twoEntries = { gpu: null, cpu: [{ id: 'cpu3g', vcpuCount: 16 }, { id: 'cpu3c', vcpuCount: 4 }], dataCenterIds: [] } as unknown as EndpointSpec;
+  t.same(placement.reserve('ep4', 'c2', twoEntries), { gpuDeviceIds: [], gpuName: 'cpu', cpu: { id: 'cpu3c', vcpuCount: 4, memoryGb: 8 } });
 });
 
 t.test('workerRequirement builds plain requirements from endpoint fields', async (t) => {
