@@ -4,9 +4,9 @@
  * with the docker runtime that checks on teardown that none of its containers is left, and
  * engine stand-ins (a relay that can be cut, a proxy that can refuse or hold requests).
  */
-import { readFileSync } from 'node:fs';
+import { readFileSync, rmSync } from 'node:fs';
 import { createServer as createHttpServer, request } from 'node:http';
-import { connect, createServer, type Socket } from 'node:net';
+import { connect, createServer, type Server, type Socket } from 'node:net';
 import { join } from 'node:path';
 import t, { type Test } from 'tap';
 import { cpuBody, startAgent, type TestAgent } from './agent.js';
@@ -56,24 +56,35 @@ export const health = async (a: TestAgent, ep: string) => (await a.req('GET', `/
 export const logLines = async (a: TestAgent, ep: string) => (await a.req('GET', `/v2/serverless/${ep}/logs`)).json as { line: string; stream: string; workerId: string }[];
 export const noWorkers = (h: any) => h.workers.idle + h.workers.running + h.workers.initializing === 0;
 
-/** A socket relayed to the real engine, which `cut()` takes away (the engine stopped, a daemon restart). */
-export async function engineRelay(relaySocket: string): Promise<{ relaySocket: string; cut(): void }> {
+/**
+ * A socket relayed to the real engine, which `cut()` takes away (the engine stopped, a daemon
+ * restart) and `restore()` brings back on the same path (the engine started again).
+ */
+export async function engineRelay(relaySocket: string): Promise<{ relaySocket: string; cut(): void; restore(): Promise<void> }> {
   const open = new Set<Socket>();
-  const relay = createServer((c) => {
-    const up = connect(SOCKET);
-    open.add(c).add(up);
-    c.on('close', () => open.delete(c));
-    up.on('close', () => open.delete(up));
-    c.on('error', () => up.destroy());
-    up.on('error', () => c.destroy());
-    c.pipe(up).pipe(c);
-  });
-  await new Promise<void>((r) => relay.listen(relaySocket, r));
+  const listen = async (): Promise<Server> => {
+    const relay = createServer((c) => {
+      const up = connect(SOCKET);
+      open.add(c).add(up);
+      c.on('close', () => open.delete(c));
+      up.on('close', () => open.delete(up));
+      c.on('error', () => up.destroy());
+      up.on('error', () => c.destroy());
+      c.pipe(up).pipe(c);
+    });
+    await new Promise<void>((r) => relay.listen(relaySocket, r));
+    return relay;
+  };
+  let relay = await listen();
   return {
     relaySocket,
     cut: () => {
       relay.close();
       for (const c of open) c.destroy();
+    },
+    restore: async () => {
+      rmSync(relaySocket, { force: true });
+      relay = await listen();
     },
   };
 }

@@ -91,6 +91,35 @@ t.test('engine sockets', async (t) => {
     t.equal(h.workers.unhealthy, 1, 'but unhealthy');
   });
 
+  t.test('a worker stopped while the engine is unreachable is stopped once it answers again', async (t) => {
+    // The idle stop finds the engine gone (its API down; the container runs on): it is sent again
+    // when the engine is back, so the container does not run for good holding its vCPUs.
+    const { relaySocket, cut, restore } = await engineRelay(join(sockets, 'back.sock'));
+    const d = await startAgent(t, { runtime: 'docker', containerSocket: relaySocket, takeHoldMs: 1000, workerStopGraceMs: 1000, leaseMs: 6000 });
+    const instance = instanceOf(d.dir);
+    const mine = () => containersOf([`${LABELS.instance}=${instance}`]);
+    t.teardown(async () => {
+      for (const c of await mine()) await docker.removeContainer(c.Id, { force: true }).catch(() => undefined);
+      cut();
+    });
+    const ep = await endpoint(d, { workers: { min: 0, max: 1, idleTimeout: 5 } });
+    const done = (await d.req('POST', `/v2/${ep}/runsync?wait=120000`, { body: { input: { n: 1 } } })).json;
+    t.equal(done.status, 'COMPLETED', 'a worker ran the job');
+    cut();
+    await until('the idle stop to fail on the missing engine', async () => d.logs.some((l) => /cannot stop container/.test(l)), 60_000);
+    t.ok(d.logs.some((l) => /container engine unreachable/.test(l)), 'the outage is logged');
+    t.equal((await mine()).filter((c) => c.State === 'running').length, 1, 'its container still runs');
+    await restore();
+    await until('the container stopped and removed once the engine answers', async () => (await mine()).length === 0)
+      .catch((e: Error) => { t.comment(d.logs.join('\n')); throw e; });
+    const h = await until('the worker gone', async () => {
+      const x = await health(d, ep);
+      return x.workers.idle + x.workers.running + x.workers.initializing === 0 && x;
+    }, 30_000);
+    t.equal(h.workers.unhealthy, 0, 'a stop, not a crash');
+    t.ok(d.logs.some((l) => /stop sent again/.test(l)), 'the stop sent again is logged');
+  });
+
   t.test('an engine that goes away while a worker runs does not hold the shutdown', async (t) => {
     // flashd talks to the real engine through a relay that the test cuts (a daemon restart, or
     // the engine stopped first at system shutdown).

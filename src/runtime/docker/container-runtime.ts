@@ -89,7 +89,14 @@ interface Running {
   configHash: string;
   flashboot: LaunchSpec['flashboot'];
   events: WorkerEvents;
+  /** A stop was asked for (its exit is then `requested`), whether or not the engine got it yet. */
   stopping: boolean;
+  /** The engine took the stop (or the kill after it): not sent again. */
+  stopSent?: boolean;
+  /** The stop (or kill) request in flight: a second `stop()` joins it instead of sending another. */
+  stopSending?: Promise<void> | null;
+  /** The grace of the first stop asked for, for a stop sent again once the engine answers. */
+  stopGraceMs?: number;
   /** Stopped with `keep: false` (unhealthy, its endpoint deleted, shutdown): removed, never kept for FlashBoot. */
   noKeep?: boolean;
   /** Resolves once the exit was handled (container removed or kept, `events.exit` called). */
@@ -227,6 +234,7 @@ export class ContainerRuntime implements WorkerRuntime {
         // Derived once: kept containers hold it in their env.
         this.#workerUrl ??= await this.#deriveWorkerUrl();
         this.#ready = true;
+        this.#resendStops();
         if (this.#deletedVolumes.size) void this.#removeDeletedVolumes();
         const component = v.Components?.find((c) => /engine/i.test(c.Name));
         const engine = component?.Name ?? 'Docker Engine';
@@ -691,6 +699,12 @@ export class ContainerRuntime implements WorkerRuntime {
     if (this.#deletedVolumes.size) void this.#removeDeletedVolumes();
   }
 
+  /**
+   * Stops a worker's container (SIGTERM, SIGKILL after `graceMs`) and resolves once its exit was
+   * handled. A stop the engine did not get (its API down) is sent again when it answers (see
+   * `#connect`), or at the next `stop()` of the worker: until then the container runs on,
+   * holding its place, and its exit cannot be reported anyway.
+   */
   async stop(workerId: string, graceMs: number, options: { keep?: boolean } = {}): Promise<void> {
     // A worker still being launched is stopped once it runs (or not at all when it fails); one
     // still waiting for its image gives up the wait (#ensureImage).
@@ -699,18 +713,57 @@ export class ContainerRuntime implements WorkerRuntime {
     const w = this.#running.get(workerId);
     if (!w) return;
     if (options.keep === false) w.noKeep = true;
-    if (!w.stopping) {
-      w.stopping = true;
-      try {
-        await this.client.stopContainer(w.containerId, graceMs / 1000);
-      } catch (err) {
-        if (!isDockerError(err, 'DOCKER_NOT_FOUND')) {
-          this.#log.warn('cannot stop container; killing it', { workerId, reason: (err as Error).message });
-          await this.client.killContainer(w.containerId).catch(() => undefined);
-        }
-      }
-    }
+    w.stopping = true;
+    w.stopGraceMs ??= graceMs;
+    if (!w.stopSent) await this.#sendStop(w, graceMs);
     await w.exited;
+  }
+
+  /**
+   * `POST /containers/{id}/stop`, then a kill when that fails. When neither reached the engine
+   * the stop stays unsent (`stopSent` false): the engine is marked unreachable, and the stop is
+   * sent again once it answers. Concurrent calls share one request.
+   */
+  #sendStop(w: Running, graceMs: number): Promise<void> {
+    w.stopSending ??= (async () => {
+      const { workerId, containerId } = w;
+      try {
+        await this.client.stopContainer(containerId, graceMs / 1000);
+        w.stopSent = true;
+        return;
+      } catch (err) {
+        // Gone already: its wait reports the exit.
+        if (isDockerError(err, 'DOCKER_NOT_FOUND')) {
+          w.stopSent = true;
+          return;
+        }
+        this.#log.warn('cannot stop container; killing it', { workerId, reason: (err as Error).message });
+      }
+      try {
+        await this.client.killContainer(containerId);
+        w.stopSent = true;
+      } catch (err) {
+        // 404: gone. 409: not running any more (it exited meanwhile): its wait reports the exit.
+        if (isDockerError(err, 'DOCKER_NOT_FOUND') || isDockerError(err, 'DOCKER_CONFLICT')) {
+          w.stopSent = true;
+          return;
+        }
+        const unreachable = isDockerError(err, 'DOCKER_UNREACHABLE');
+        this.#log.warn(unreachable ? 'cannot kill container: the engine is unreachable; the stop is sent again when it answers'
+          : 'cannot kill container; the next stop of this worker tries again', { workerId, containerId, reason: (err as Error).message });
+        if (unreachable) this.#unreachable(err);
+      }
+    })().finally(() => (w.stopSending = null));
+    return w.stopSending;
+  }
+
+  /** Stops that did not reach the engine while it was unreachable: sent now that it answers. */
+  #resendStops(): void {
+    for (const w of this.#running.values()) {
+      if (!w.stopping || w.stopSent || w.stopSending) continue;
+      this.#log.info('container stop sent again: the engine answers again', { workerId: w.workerId, endpointId: w.endpointId });
+      void this.#sendStop(w, w.stopGraceMs ?? 10_000);
+    }
   }
 
   async discardEndpoint(endpointId: string, reason = 'endpoint deleted'): Promise<void> {
