@@ -184,16 +184,17 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
   }];
   try {
     const auth = new AuthService(identity, clock, log.child({ component: 'auth' }), config.sessionTtlSeconds, fileKey);
-    const { generated } = auth.bootstrap(config.adminApiKey);
+    const { generated, first } = auth.bootstrap(config.adminApiKey);
     if (generated) {
       // A file already there holds a key that is no longer valid (a key is generated only when
-      // none is: every one was revoked or expired), so the new one replaces it. A flashd.db
-      // deleted beside it never gets here (refuseLostDatabase).
+      // no admin key is: every one was revoked or expired), so the new one replaces it. A
+      // flashd.db deleted beside it never gets here (refuseLostDatabase). No file is there when
+      // the admin keys came from FLASHD_ADMIN_API_KEY alone.
       const file = join(dataDir, 'admin-api-key');
       const fresh = writeOwnerOnlyFile(file, generated + '\n', log);
-      (options.announce ?? ((t) => process.stdout.write(t)))(fresh
+      (options.announce ?? ((t) => process.stdout.write(t)))(first
         ? `\nFirst start: created an admin API key. It is shown once here and saved to ${file} (mode 0600):\n\n    ${generated}\n\n`
-        : `\nNo valid API key was left (every one revoked or expired): created an admin API key. It is shown once here and saved to ${file} (mode 0600), in place of the old one:\n\n    ${generated}\n\n`,
+        : `\nNo valid admin API key was left (every one revoked or expired): created an admin API key. It is shown once here and saved to ${file} (mode 0600)${fresh ? '' : ', in place of the old one'}:\n\n    ${generated}\n\n`,
       );
     }
 

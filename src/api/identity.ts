@@ -59,8 +59,9 @@ export function identityRoutes(s: ApiServices): RouteDef[] {
       },
     },
     {
-      method: 'DELETE', path: '/v2/api-keys/{keyId}', operationId: 'revokeApiKey', summary: 'Revoke an API key', tag: 'Access',
-      auth: 'user', successStatus: 204, responseSchema: null, problems: [...AUTHN, 404],
+      method: 'DELETE', path: '/v2/api-keys/{keyId}', operationId: 'revokeApiKey',
+      summary: 'Revoke an API key; the last valid admin key cannot be revoked (409): create another admin key first', tag: 'Access',
+      auth: 'user', successStatus: 204, responseSchema: null, problems: [...AUTHN, 404, 409],
       handle: ({ principal, params }) => {
         s.auth.revokeKey(principal, params['keyId'] as string);
         return { status: 204 };

@@ -71,6 +71,19 @@ const REVOKED = 'The API key has been revoked.';
  * launch for as long as flashd ran.
  */
 export const REVOKED_WORKER_KEY_KEEP_MS = 86_400_000;
+/** The user flashd makes on its first start, whose admin keys administer it (bootstrap). */
+const ADMIN_USER = 'usr_admin';
+
+/**
+ * A key that administers flashd: the admin user's own key (not a team's) with the `admin`
+ * scope, neither revoked nor expired at `now`. flashd keeps at least one (bootstrap makes one
+ * when none is left; revokeKey refuses to revoke the last).
+ */
+function isValidAdminKey(row: ApiKeyRow, now: number): boolean {
+  return row.kind === 'user' && row.userId === ADMIN_USER && row.teamId === null && row.scopes.includes('admin')
+    && row.revokedAt === null && (row.expiresAt === null || row.expiresAt > now);
+}
+
 /** Names the keys of workers flashd launches: `managed worker <worker id>`. */
 const MANAGED_KEY_PREFIX = 'managed worker ';
 /** Names the keys worker-env hands out: `worker <worker id>`. */
@@ -156,14 +169,16 @@ export class AuthService {
    * earlier start registered from it is revoked in the same transaction as the new one's
    * registration (rotating a leaked key must end it). The first generated key and keys made
    * through the API are never revoked here, also when the variable names one of them. Without
-   * `envKey` nothing is revoked, and a key is generated only when no key is valid; it is
-   * returned so the caller can print and save it once.
+   * `envKey` nothing is revoked, and a key is generated when no valid admin key is left
+   * (isValidAdminKey: every one revoked or expired; other keys, read-only or worker keys, do not
+   * count); it is returned so the caller can print and save it once. `first`: the admin user had
+   * no key before (a first start), rather than none left valid.
    */
-  bootstrap(envKey: string | null): { generated: string | null } {
+  bootstrap(envKey: string | null): { generated: string | null; first: boolean } {
     const now = this.#clock.now();
-    let admin = this.#repo.getUser('usr_admin');
+    let admin = this.#repo.getUser(ADMIN_USER);
     if (!admin) {
-      admin = { id: 'usr_admin', name: 'admin', isAdmin: true, createdAt: now };
+      admin = { id: ADMIN_USER, name: 'admin', isAdmin: true, createdAt: now };
       this.#repo.insertUser(admin);
     }
     if (envKey !== null) {
@@ -177,8 +192,7 @@ export class AuthService {
       // A key of less (a read-only key, a worker key, another user's or an expired one) would be
       // taken as the admin key while the earlier one from the variable was revoked: nothing
       // could administer this flashd any more.
-      if (existing && !(existing.kind === 'user' && existing.userId === admin.id && existing.teamId === null && existing.scopes.includes('admin')
-        && (existing.expiresAt === null || existing.expiresAt > now))) {
+      if (existing && !isValidAdminKey(existing, now)) {
         throw new AgentError('CONFLICT', `FLASHD_ADMIN_API_KEY names an existing key that is not a valid admin key (${existing.kind === 'worker' ? 'a worker key' : existing.id}); `
           + 'choose a new value, or the value of an admin key');
       }
@@ -192,12 +206,15 @@ export class AuthService {
       // Its listed prefix shows nothing of the value (keyPrefix): the id tells the operator which row it is.
       if (registered) this.#log.info('admin key from environment registered', { keyId: registered.id, prefix: registered.prefix });
       for (const k of revoked) this.#log.info('admin key from environment revoked: FLASHD_ADMIN_API_KEY changed', { keyId: k.id, prefix: k.prefix });
-      return { generated: null };
+      return { generated: null, first: false };
     }
-    if (this.#repo.activeKeyCount() > 0) return { generated: null };
+    const adminKeys = this.#repo.userKeys(admin.id);
+    if (adminKeys.some((k) => isValidAdminKey(k, now))) return { generated: null, first: false };
+    const first = adminKeys.length === 0;
     const key = generateApiKey('usr');
-    this.#insertKey(key, { name: 'first admin key', scopes: ['admin'] }, admin.id, 'user', null);
-    return { generated: key };
+    const row = this.#insertKey(key, { name: first ? 'first admin key' : 'admin key (none was left valid)', scopes: ['admin'] }, admin.id, 'user', null);
+    if (!first) this.#log.warn('no valid admin API key was left: created one (every admin key was revoked or expired)', { keyId: row.id });
+    return { generated: key, first };
   }
 
   #insertKey(
@@ -512,8 +529,16 @@ export class AuthService {
 
   revokeKey(caller: Principal, id: string): void {
     const row = this.#keyToManage(caller, id);
+    const now = this.#clock.now();
+    // Without an admin key nothing could administer flashd until a restart (bootstrap): a
+    // rotation makes the new key before it revokes the old one.
+    if (isValidAdminKey(row, now) && !this.#repo.userKeys(ADMIN_USER).some((k) => k.id !== id && isValidAdminKey(k, now))) {
+      throw new AgentError('CONFLICT', `API key ${id} is the last valid admin key: revoking it would leave no key able to administer flashd. `
+        + 'To rotate it, create another admin key first (POST /v2/api-keys with "scopes": ["admin"]), then revoke this one; '
+        + 'or restart flashd with a new FLASHD_ADMIN_API_KEY value, which revokes the key an earlier value registered.');
+    }
     this.#suspended.delete(id);
-    const revoked = this.#repo.revokeKey(id, this.#clock.now());
+    const revoked = this.#repo.revokeKey(id, now);
     // A repeated DELETE is answered the same (204) but changes nothing: no second line.
     if (!revoked) return;
     this.#log.info('api key revoked', { keyId: id, kind: row.kind, endpointId: row.endpointId });

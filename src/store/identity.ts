@@ -83,7 +83,6 @@ export class IdentityRepo {
       allUserKeys: db.prepare("SELECT * FROM api_keys WHERE kind = 'user' ORDER BY created_at, id"),
       workerKeysOfUser: db.prepare("SELECT * FROM api_keys WHERE user_id = ? AND kind = 'worker' AND revoked_at IS NULL ORDER BY created_at, id"),
       allWorkerKeys: db.prepare("SELECT * FROM api_keys WHERE kind = 'worker' AND revoked_at IS NULL ORDER BY created_at, id"),
-      countKeys: db.prepare('SELECT count(*) AS n FROM api_keys WHERE revoked_at IS NULL'),
       revokeKey: db.prepare('UPDATE api_keys SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL'),
       setExempt: db.prepare('UPDATE api_keys SET exempt = ? WHERE id = ?'),
       revokeEndpointKeys: db.prepare('UPDATE api_keys SET revoked_at = ? WHERE endpoint_id = ? AND revoked_at IS NULL'),
@@ -186,9 +185,6 @@ export class IdentityRepo {
   workerKeys(userId: string | null): ApiKeyRow[] {
     const rows = (userId === null ? this.#s['allWorkerKeys']!.all() : this.#s['workerKeysOfUser']!.all(userId)) as RawKey[];
     return rows.map(mapKey);
-  }
-  activeKeyCount(): number {
-    return (this.#s['countKeys']!.get() as { n: number }).n;
   }
   revokeKey(id: string, now: number): boolean {
     return this.#write('revokeKey', now, id).changes > 0;

@@ -406,6 +406,8 @@ t.test('a revoked FLASHD_ADMIN_API_KEY is not revived by a restart', async (t) =
   const first = await startAgent(t, { adminApiKey: 'automation-key-to-revoke-0001' }, { dir });
   const keys = (await first.req('GET', '/v2/api-keys', { key: 'automation-key-to-revoke-0001' })).json;
   t.equal(keys.length, 1);
+  // The last admin key cannot be revoked (test/auth/last-admin-key.test.ts): another one first.
+  t.equal((await first.req('POST', '/v2/api-keys', { key: 'automation-key-to-revoke-0001', body: { name: 'next', scopes: ['admin'] } })).status, 201);
   t.equal((await first.req('DELETE', `/v2/api-keys/${keys[0].id}`, { key: 'automation-key-to-revoke-0001' })).status, 204);
   assert401(t, await first.req('GET', '/v2/serverless', { key: 'automation-key-to-revoke-0001' }), /revoked/);
   await first.agent.close();
