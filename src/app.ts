@@ -182,6 +182,8 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
   const closers: (() => Promise<void> | void)[] = [() => lock.release(), () => {
     db.close();
   }];
+  const announce = options.announce ?? ((t: string) => void process.stdout.write(t));
+  let keyNotice: { started: () => void; failed: () => void } | null = null;
   try {
     const auth = new AuthService(identity, clock, log.child({ component: 'auth' }), config.sessionTtlSeconds, fileKey);
     const { generated, first } = auth.bootstrap(config.adminApiKey);
@@ -192,10 +194,16 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
       // the admin keys came from FLASHD_ADMIN_API_KEY alone.
       const file = join(dataDir, 'admin-api-key');
       const fresh = writeOwnerOnlyFile(file, generated + '\n', log);
-      (options.announce ?? ((t) => process.stdout.write(t)))(first
+      // Shown once flashd listens: a start that fails after this (its port in use) says where
+      // the key was saved instead of showing it "once" for a start that did not happen, and the
+      // next start, finding the key valid, makes and prints none.
+      const text = first
         ? `\nFirst start: created an admin API key. It is shown once here and saved to ${file} (mode 0600):\n\n    ${generated}\n\n`
-        : `\nNo valid admin API key was left (every one revoked or expired): created an admin API key. It is shown once here and saved to ${file} (mode 0600)${fresh ? '' : ', in place of the old one'}:\n\n    ${generated}\n\n`,
-      );
+        : `\nNo valid admin API key was left (every one revoked or expired): created an admin API key. It is shown once here and saved to ${file} (mode 0600)${fresh ? '' : ', in place of the old one'}:\n\n    ${generated}\n\n`;
+      keyNotice = {
+        started: () => announce(text),
+        failed: () => announce(`\nCreated an admin API key and saved it to ${file} (mode 0600), but the start failed. The key stays valid (it is not shown here): read it from that file.\n\n`),
+      };
     }
 
     let port = config.port;
@@ -430,6 +438,8 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
     // Containers need the bound port for the URL they reach flashd at (see --worker-url).
     await containers?.start({ host: config.host, port });
     autoscaler.start();
+    keyNotice?.started();
+    keyNotice = null;
     log.info('flashd listening', { url: `http://${host}:${port}`, dataDir, version: VERSION, runtime: runtime?.name ?? 'none' });
 
     let closed = false;
@@ -448,6 +458,7 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
       },
     };
   } catch (err) {
+    keyNotice?.failed();
     await runClosers(closers, log).catch(() => undefined);
     throw err;
   }

@@ -183,6 +183,7 @@ export class AuthService {
     }
     if (envKey !== null) {
       // authenticate() refuses a malformed fd_ key before any lookup: registered, it could never be used.
+      // loadConfig refuses it first (exit 2, before the data directory is made); this guards other callers.
       if (checkKeyFormat(envKey) === 'malformed') {
         throw new AgentError('VALIDATION_FAILED', 'FLASHD_ADMIN_API_KEY starts with fd_ but is not a key flashd generated (bad format or checksum), '
           + 'so every request with it would be refused as malformed; choose a value that does not start with fd_');

@@ -10,52 +10,10 @@
  * secret kept in the database's settings table.
  */
 import { createHash, createHmac, timingSafeEqual } from 'node:crypto';
+import { checkKeyFormat } from '../core/key-format.js';
 import { randomString } from '../core/ids.js';
 
-const BASE62 = 'ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789';
-export type KeyKind = 'usr' | 'wkr';
-
-let crcTable: Uint32Array | undefined;
-function crc32(text: string): number {
-  if (!crcTable) {
-    crcTable = new Uint32Array(256);
-    for (let n = 0; n < 256; n++) {
-      let c = n;
-      for (let k = 0; k < 8; k++) c = c & 1 ? 0xedb88320 ^ (c >>> 1) : c >>> 1;
-      crcTable[n] = c >>> 0;
-    }
-  }
-  let crc = 0xffffffff;
-  for (const byte of Buffer.from(text)) crc = (crcTable[(crc ^ byte) & 0xff] as number) ^ (crc >>> 8);
-  return (crc ^ 0xffffffff) >>> 0;
-}
-
-function base62(n: number, width: number): string {
-  let out = '';
-  for (let i = 0; i < width; i++) {
-    out = BASE62[n % 62] + out;
-    n = Math.floor(n / 62);
-  }
-  return out;
-}
-
-export function generateApiKey(kind: KeyKind): string {
-  const body = randomString(30);
-  return `fd_${kind}_${body}${base62(crc32(body), 6)}`;
-}
-
-const KEY_RE = /^fd_(usr|wkr)_([A-Za-z0-9]{30})([A-Za-z0-9]{6})$/;
-
-/**
- * `valid`: well formed with a good checksum; `malformed`: claims our format but is broken;
- * `foreign`: not our format (an operator-chosen FLASHD_ADMIN_API_KEY), looked up by hash only.
- */
-export function checkKeyFormat(token: string): 'valid' | 'malformed' | 'foreign' {
-  if (!token.startsWith('fd_')) return 'foreign';
-  const m = KEY_RE.exec(token);
-  if (!m) return 'malformed';
-  return base62(crc32(m[2] as string), 6) === m[3] ? 'valid' : 'malformed';
-}
+export { checkKeyFormat, generateApiKey, type KeyKind } from '../core/key-format.js';
 
 export function hashKey(token: string): string {
   return createHash('sha256').update(token).digest('hex');

@@ -7,6 +7,7 @@ import { readFileSync } from 'node:fs';
 import { Ajv2020 } from 'ajv/dist/2020.js';
 import configSchema from '../../schema/config.schema.json' with { type: 'json' };
 import { AgentError } from '../core/errors.js';
+import { checkKeyFormat } from '../core/key-format.js';
 
 export interface FlashdConfig {
   readonly host: string;
@@ -292,6 +293,13 @@ export function loadConfig(input: LoadConfigInput = {}): FlashdConfig {
         : shape !== undefined ? `must be ${shape}` : e.message ?? 'is invalid';
       errors.push(`${where}${key || 'config'} ${message}`);
     }
+  }
+  // authenticate() refuses a malformed fd_ key before any lookup: registered, it could never be
+  // used. Checked here, with no database, so the start stops before the data directory is made.
+  const adminApiKey = merged['adminApiKey'];
+  if (typeof adminApiKey === 'string' && checkKeyFormat(adminApiKey) === 'malformed') {
+    errors.push('FLASHD_ADMIN_API_KEY starts with fd_ but is not a key flashd generated (bad format or checksum), '
+      + 'so every request with it would be refused as malformed; choose a value that does not start with fd_');
   }
   if (errors.length) throw new AgentError('VALIDATION_FAILED', `invalid configuration: ${errors.join('; ')}`, { errors });
   // `http://10.0.0.5:8000/` is how a base URL is often written; the URLs built on it add their own `/`.
