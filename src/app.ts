@@ -440,7 +440,9 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
     autoscaler.start();
     keyNotice?.started();
     keyNotice = null;
-    log.info('flashd listening', { url: `http://${host}:${port}`, dataDir, version: VERSION, runtime: runtime?.name ?? 'none' });
+    // `url` is where this machine reaches flashd (127.0.0.1 for a wildcard bind); `host` is what
+    // it bound, so 0.0.0.0 (every interface) shows in the log.
+    log.info('flashd listening', { url: `http://${host}:${port}`, host: config.host, dataDir, version: VERSION, runtime: runtime?.name ?? 'none' });
 
     let closed = false;
     return {

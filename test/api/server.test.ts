@@ -180,3 +180,13 @@ t.test('a second flashd on a port already in use fails to start instead of shari
   // The first one still answers every request (with SO_REUSEPORT the kernel would split them).
   for (let i = 0; i < 8; i++) t.equal((await a.req('GET', '/v2/serverless')).status, 200);
 });
+
+t.test('the listening line names the bind address: with 0.0.0.0 the url alone said 127.0.0.1', async (t) => {
+  for (const host of ['0.0.0.0', '127.0.0.1']) {
+    const a = await startAgent(t, { host });
+    const line = a.logs.find((l) => l.includes('flashd listening')) ?? '';
+    t.match(line, `host=${host}`, `${host}: the bind address`);
+    t.match(line, `url=http://127.0.0.1:${a.agent.port}`, `${host}: and the local URL`);
+    await a.agent.close();
+  }
+});
