@@ -30,9 +30,11 @@ Options:
   -h, --help           show this help
 
 The API key is the first of --api-key, --api-key-file, FLASHD_API_KEY and <data-dir>/admin-api-key.
+Each run registers a new worker and a worker key that stays valid until it is revoked or the
+endpoint is deleted: keep the file it is written to private (umask 077) and out of version control.
 
 Example:
-  flashd worker-env abc123def456gh --format shell > worker.env && . ./worker.env && python3 handler.py
+  (umask 077; flashd worker-env abc123def456gh --format shell > worker.env) && . ./worker.env && python3 handler.py
   pass show flashd | flashd worker-env abc123def456gh --api-key-file - --url https://flashd.example.lan
 `;
 

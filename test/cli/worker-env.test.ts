@@ -3,7 +3,7 @@
  * drives a real worker through a job. Uses dist/flashd.mjs, built by `npm test` before tap.
  */
 import t, { type Test } from 'tap';
-import { writeFileSync } from 'node:fs';
+import { readFileSync, statSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { ADMIN_KEY, assertProblem, cpuBody, startAgent } from '../helpers/agent.js';
 import { TestWorker } from '../helpers/worker.js';
@@ -12,6 +12,7 @@ import { createServer as createHttpServer, type Server as HttpServer } from 'nod
 import { createServer as createNetServer, type Server as NetServer, type Socket } from 'node:net';
 import { networkInterfaces } from 'node:os';
 import { cleanEnv, REPO_ROOT } from '../helpers/spawn-flashd.js';
+import { WORKER_ENV_USAGE } from '../../src/cli/worker-env.js';
 import { testDataDir } from '../helpers/data-dir.js';
 
 const BUNDLE = join(REPO_ROOT, 'dist/flashd.mjs');
@@ -277,4 +278,27 @@ t.test('worker-env warns on stderr before sending the key over plain http to ano
     t.equal(r.status, 0, `${local}: ${r.stderr}`);
     t.equal(r.stderr, '', `${local} is this machine: no warning`);
   }
+});
+
+t.test("README's recipe writes worker.env (a worker key that never expires) owner-only, and git ignores the file", async (t) => {
+  const readme = readFileSync(join(REPO_ROOT, 'README.md'), 'utf8');
+  const writes = [...readme.split('\n'), ...WORKER_ENV_USAGE.split('\n')].filter((l) => /worker-env .*> *worker\.env/.test(l));
+  t.ok(writes.length >= 2, `README and --help each show one: ${writes.length}`);
+  t.same(writes.filter((l) => !/\(umask 077; [^)]*> *worker\.env\)/.test(l)), [], 'each one writes it with umask 077');
+
+  // README's line as written, the file moved out of the checkout.
+  const recipe = readme.split('\n').find((l) => l.includes('worker-env $EP --format shell') && l.includes('worker.env')) ?? '';
+  const a = await startAgent(t);
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  const out = join(testDataDir(t), 'worker.env');
+  const r = await run('sh', ['-c', `umask 022; ${recipe.replace(/\.\/worker\.env|worker\.env/g, '"$OUT"')}`],
+    cleanEnv({ EP: ep, KEY: ADMIN_KEY, FLASHD_URL: a.url, OUT: out }));
+  t.equal(r.status, 0, `${recipe}: ${r.stderr}`);
+  t.match(readFileSync(out, 'utf8'), /RUNPOD_AI_API_KEY='fd_wkr_/, 'the worker key is in it');
+  t.equal(statSync(out).mode & 0o777, 0o600, 'readable by its owner only, under a umask of 022');
+
+  // A copy of the sources without .git (a release tarball) has nothing to ask.
+  if ((await run('git', ['rev-parse', '--git-dir'], cleanEnv())).status !== 0) return;
+  const ignored = await run('git', ['check-ignore', '-q', 'worker.env'], cleanEnv());
+  t.equal(ignored.status, 0, 'git ignores worker.env in the checkout');
 });
