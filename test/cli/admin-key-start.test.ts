@@ -32,6 +32,25 @@ t.test('a malformed fd_ FLASHD_ADMIN_API_KEY exits 2 and leaves the data directo
   }
 });
 
+t.test('a FLASHD_ADMIN_API_KEY with whitespace (a trailing newline from a file or a secret) exits 2 and revokes nothing', async (t) => {
+  // No request can present it (Authorization carries one token), so registered it locked the
+  // admin out: the earlier value was revoked for a key that never authenticates.
+  const dir = testDataDir(t);
+  const good = 'goodkeyabcdefghij123';
+  const f = await startFlashd(t, node, [BUNDLE, '--port', '0', '--data-dir', dir, '--runtime', 'none'], cleanEnv({ FLASHD_ADMIN_API_KEY: good }));
+  t.equal(await f.stop(), 0);
+  for (const value of ['newkeyabcdefghij1234\n', '  spacedkeyabcdefghij  ', 'inner space key 0123456789']) {
+    const r = run(node, [BUNDLE, '--port', '0', '--data-dir', dir, '--runtime', 'none'], cleanEnv({ FLASHD_ADMIN_API_KEY: value }));
+    t.equal(r.status, 2, `${JSON.stringify(value)}: exit 2, a configuration error`);
+    t.match(r.stderr, /FLASHD_ADMIN_API_KEY: adminApiKey must be visible ASCII with no space, tab or newline/);
+    t.notOk(r.stderr.includes(value.trim()), 'the value is not echoed');
+  }
+  const again = await startFlashd(t, node, [BUNDLE, '--port', '0', '--data-dir', dir, '--runtime', 'none'], cleanEnv({ FLASHD_ADMIN_API_KEY: good }));
+  t.equal((await fetch(`${again.url}/v2/serverless`, { headers: { authorization: `Bearer ${good}` } })).status, 200, 'the earlier key still works');
+  t.notMatch(again.stderr(), /revoked/, 'nothing was revoked');
+  t.equal(await again.stop(), 0);
+});
+
 t.test('a first start that fails to listen does not announce the key as shown once; it says where it was saved', async (t) => {
   const dir = testDataDir(t);
   const server = createServer();
