@@ -369,7 +369,9 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
         queue.dropEndpoint(id);
         logs.drop(id);
         jobRateLimiter.forget(id);
-        void autoscaler.dropEndpoint(id);
+        // In the background: its workers stop within their grace. A failure is logged, never an
+        // unhandled rejection (which would end flashd).
+        autoscaler.dropEndpoint(id).catch((err: unknown) => log.error('endpoint workers not all stopped', { endpointId: id, err }));
       },
       // Its engine volume and data; none with another runtime (process workers have no volume).
       volumeDeleted: (id) => void containers?.removeVolume(id),

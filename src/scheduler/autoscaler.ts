@@ -535,11 +535,25 @@ export class Autoscaler {
   #discard(workerId: string): void {
     // Its restart failed (the runtime creates a new container in its place): the key goes now.
     const m = this.#managed.get(workerId);
-    if (m?.restarting) this.#o.auth.revokeKeyById(m.keyId);
+    if (m?.restarting) this.#revoke(m.keyId);
     const kept = this.#kept.get(workerId);
     if (!kept) return;
     this.#kept.delete(workerId);
-    this.#o.auth.revokeKeyById(kept.keyId);
+    this.#revoke(kept.keyId);
+  }
+
+  /**
+   * Revokes a managed worker's key. Once flashd is stopping, its store may be closed before a
+   * container removal the engine was slow to answer (an endpoint deleted just before the stop)
+   * ends: the key is then left to the next start, which revokes every managed key still valid
+   * (revokeLeftoverManagedKeys); a deleted endpoint's keys were revoked by the delete itself.
+   */
+  #revoke(keyId: string): void {
+    try {
+      this.#o.auth.revokeKeyById(keyId);
+    } catch (err) {
+      if (!this.#closed) throw err;
+    }
   }
 
   /** `startError`: it never ran, the runtime could not start it (a bad command, a failed pull). */

@@ -59,3 +59,27 @@ t.test('FLASHBOOT: the key of a kept (stopped) worker is refused as a stopped wo
   const hb = (await b.req('GET', `/v2/${kept}/health`)).json;
   t.same(hb.workers, { idle: 0, initializing: 0, ready: 0, running: 0, throttled: 0, unhealthy: 0 }, `nothing in /health after the restart: ${JSON.stringify(hb)}`);
 });
+
+t.test('deleting a FLASHBOOT endpoint just before flashd stops: the kept container is removed after the store closed, and nothing throws', async (t) => {
+  const a = await start(t);
+  const kept = await endpoint(a, { flashboot: 'FLASHBOOT', workers: { min: 0, max: 1, idleTimeout: 1 } });
+  const first = await runsync(a, kept, { n: 1 });
+  t.equal(first.status, 'COMPLETED', JSON.stringify(first));
+  await until('the FLASHBOOT container kept stopped', async () => a.logs.some((l) => /container kept for FlashBoot/.test(l)) && (await containersOf([`${LABELS.endpoint}=${kept}`]))[0]?.State === 'exited');
+  // The delete removes the kept container through the engine, in the background; flashd closes
+  // (and its store with it) before the engine has answered. That removal then revoked the kept
+  // worker's key in a closed database: an unhandled rejection, which ends a Node process.
+  const rejections: unknown[] = [];
+  const onRejection = (err: unknown) => void rejections.push(err);
+  process.on('unhandledRejection', onRejection);
+  t.teardown(() => void process.off('unhandledRejection', onRejection));
+  t.equal((await a.req('DELETE', `/v2/serverless/${kept}`)).status, 204);
+  await a.agent.close();
+  await until('the kept container removed', async () => (await containersOf([`${LABELS.endpoint}=${kept}`])).length === 0);
+  await new Promise((r) => setTimeout(r, 500));
+  t.same(rejections.map((e) => String(e)), [], 'no unhandled rejection');
+  // Its key is revoked all the same: by the delete (every key of the endpoint).
+  const b = await start(t, {}, a.dir);
+  const keys = (await b.req('GET', '/v2/api-keys?kind=worker')).json as { endpointId?: string }[];
+  t.same(keys.filter((k) => k.endpointId === kept), [], 'no unrevoked worker key of the endpoint is left');
+});
