@@ -15,7 +15,8 @@ The key stays valid until revoked (DELETE /v2/api-keys/<key id>, the id printed 
 GET /v2/api-keys?kind=worker lists them) or until the endpoint is deleted.
 
 Options:
-  --url <url>          flashd to ask (default: FLASHD_URL, else http://127.0.0.1:<FLASHD_PORT or 8000>);
+  --url <url>          flashd to ask (default: FLASHD_URL, else http://127.0.0.1:<FLASHD_PORT or 8000>),
+                       without a user name, password, ?query or #fragment;
                        plain http:// to another machine sends the API key (and brings the worker
                        key back) unencrypted: allowed, with a warning on stderr
   --api-key-file <f>   read the admin API key from file <f>, or from stdin with -
@@ -53,6 +54,16 @@ function isHttpUrl(raw: string): boolean {
   try {
     const u = new URL(raw);
     return (u.protocol === 'http:' || u.protocol === 'https:') && u.hostname !== '';
+  } catch {
+    return false;
+  }
+}
+
+/** Whether `raw` parses as a URL with a user name or password (`http://user:pass@host`). */
+function hasCredentials(raw: string): boolean {
+  try {
+    const u = new URL(raw);
+    return u.username !== '' || u.password !== '';
   } catch {
     return false;
   }
@@ -144,9 +155,21 @@ export async function workerEnvCommand(args: string[], env: NodeJS.ProcessEnv): 
   }
   // An empty FLASHD_URL or FLASHD_PORT counts as unset, as the server's FLASHD_* settings do.
   const url = (opts['url'] ?? (env['FLASHD_URL'] || `http://127.0.0.1:${env['FLASHD_PORT'] || '8000'}`)).replace(/\/+$/, '');
+  const source = opts['url'] !== undefined ? '--url' : env['FLASHD_URL'] ? 'FLASHD_URL' : 'FLASHD_PORT';
+  // Before anything echoes the URL: fetch refuses a URL with credentials (its message, said as
+  // "cannot reach", would print the password twice), and the key is what flashd checks anyway.
+  if (hasCredentials(url)) {
+    process.stderr.write(`flashd worker-env: ${source} must not hold a user name or password (the API key is what flashd checks), such as http://127.0.0.1:8000\n`);
+    return 2;
+  }
+  // worker-env appends /v2/serverless/…: after a ?query or #fragment that path is not a path
+  // (a baffling 404). Not echoed: a query may hold a token as well.
+  if (/[?#]/.test(url)) {
+    process.stderr.write(`flashd worker-env: ${source} must not hold a ?query or #fragment: worker-env adds the path and query itself; give the base URL such as http://127.0.0.1:8000\n`);
+    return 2;
+  }
   // `--url localhost:8000` (no scheme) would otherwise be reported as flashd not answering there.
   if (!isHttpUrl(url)) {
-    const source = opts['url'] !== undefined ? '--url' : env['FLASHD_URL'] ? 'FLASHD_URL' : 'FLASHD_PORT';
     process.stderr.write(`flashd worker-env: ${source} must give an http:// or https:// URL such as http://127.0.0.1:8000, got ${JSON.stringify(url)}\n`);
     return 2;
   }

@@ -304,3 +304,22 @@ t.test("README's recipe writes worker.env (a worker key that never expires) owne
   const ignored = await run('git', ['check-ignore', '-q', 'worker.env'], cleanEnv());
   t.equal(ignored.status, 0, 'git ignores worker.env in the checkout');
 });
+
+t.test('worker-env refuses credentials, a query or a fragment in --url or FLASHD_URL (exit 2), without echoing them', async (t) => {
+  const env = cleanEnv({ FLASHD_API_KEY: ADMIN_KEY });
+  // Nothing need listen there: the address is refused before anything is sent.
+  const creds = await run(process.execPath, [BUNDLE, 'worker-env', 'ep', '--url', 'http://admin:PROXYPASS@127.0.0.1:1'], env);
+  t.equal(creds.status, 2, 'bad usage, not "is it running?"');
+  t.notMatch(creds.stderr, /PROXYPASS|admin:/, 'the password is not echoed');
+  t.equal(creds.stderr, 'flashd worker-env: --url must not hold a user name or password (the API key is what flashd checks), such as http://127.0.0.1:8000\n');
+  t.equal(creds.stdout, '');
+  const userOnly = await run(process.execPath, [BUNDLE, 'worker-env', 'ep'], cleanEnv({ FLASHD_API_KEY: ADMIN_KEY, FLASHD_URL: 'https://token-xyz@flashd.example.lan' }));
+  t.equal(userOnly.status, 2);
+  t.match(userOnly.stderr, /^flashd worker-env: FLASHD_URL must not hold a user name or password/);
+  t.notMatch(userOnly.stderr, /token-xyz/);
+  for (const bad of ['http://127.0.0.1:1/?token=abc', 'http://127.0.0.1:1#top', 'http://127.0.0.1:1/flashd?']) {
+    const r = await run(process.execPath, [BUNDLE, 'worker-env', 'ep', '--url', bad], env);
+    t.equal(r.status, 2, `${bad}: bad usage, not a 404 from the server`);
+    t.equal(r.stderr, 'flashd worker-env: --url must not hold a ?query or #fragment: worker-env adds the path and query itself; give the base URL such as http://127.0.0.1:8000\n', bad);
+  }
+});
