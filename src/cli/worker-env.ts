@@ -30,7 +30,8 @@ Options:
   --gpu <name>         GPU name the worker reports in its URLs (default: gpu or cpu from the endpoint)
   -h, --help           show this help
 
-The API key is the first of --api-key, --api-key-file, FLASHD_API_KEY and <data-dir>/admin-api-key.
+The API key is the first of --api-key, --api-key-file, FLASHD_API_KEY, FLASHD_ADMIN_API_KEY and <data-dir>/admin-api-key
+(a flashd started with FLASHD_ADMIN_API_KEY writes no admin-api-key file).
 Each run registers a new worker and a worker key that stays valid until it is revoked or the
 endpoint is deleted: keep the file it is written to private (umask 077) and out of version control.
 
@@ -193,13 +194,15 @@ export async function workerEnvCommand(args: string[], env: NodeJS.ProcessEnv): 
       return 2;
     }
   }
-  key ??= env['FLASHD_API_KEY'];
+  // FLASHD_ADMIN_API_KEY is the server's name for the same key: one env file sourced for both
+  // (a systemd unit's, compose's) then serves worker-env too. Empty counts as unset.
+  key ??= env['FLASHD_API_KEY'] || env['FLASHD_ADMIN_API_KEY'] || undefined;
   if (!key) {
     const file = join(opts['data-dir'] ?? env['FLASHD_DATA_DIR'] ?? './data', 'admin-api-key');
     try {
       key = readFileSync(file, 'utf8').trim();
     } catch {
-      process.stderr.write(`flashd worker-env: no API key: set FLASHD_API_KEY, pass --api-key-file (- for stdin) or --api-key, or run where ${file} exists\n`);
+      process.stderr.write(`flashd worker-env: no API key: set FLASHD_API_KEY (or FLASHD_ADMIN_API_KEY), pass --api-key-file (- for stdin) or --api-key, or run where ${file} exists (a flashd started with FLASHD_ADMIN_API_KEY writes no such file: give that key)\n`);
       return 2;
     }
   }

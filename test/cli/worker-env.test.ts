@@ -258,7 +258,7 @@ t.test('worker-env takes the key from a file or stdin, off the command line; --a
   t.equal(empty.stderr, 'flashd worker-env: stdin holds no API key (it is empty)\n');
   t.equal(empty.stdout, '');
   const noKey = await run(process.execPath, [BUNDLE, 'worker-env', ep, '--url', a.url, '--data-dir', testDataDir(t)], cleanEnv());
-  t.match(noKey.stderr, /no API key: set FLASHD_API_KEY, pass --api-key-file \(- for stdin\) or --api-key/);
+  t.match(noKey.stderr, /no API key: set FLASHD_API_KEY \(or FLASHD_ADMIN_API_KEY\), pass --api-key-file \(- for stdin\) or --api-key/);
 
   const help = (await run(process.execPath, [BUNDLE, 'worker-env', '--help'], cleanEnv())).stdout;
   t.match(help, /^ {2}--api-key-file <f> +read the admin API key from file <f>, or from stdin with -$/m);
@@ -322,4 +322,23 @@ t.test('worker-env refuses credentials, a query or a fragment in --url or FLASHD
     t.equal(r.status, 2, `${bad}: bad usage, not a 404 from the server`);
     t.equal(r.stderr, 'flashd worker-env: --url must not hold a ?query or #fragment: worker-env adds the path and query itself; give the base URL such as http://127.0.0.1:8000\n', bad);
   }
+});
+
+t.test('worker-env takes FLASHD_ADMIN_API_KEY, the server\'s own variable, after FLASHD_API_KEY', async (t) => {
+  const a = await startAgent(t);
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  // One unit env file sourced for both: the server's key is the one there is.
+  const serverVar = await run(process.execPath, [BUNDLE, 'worker-env', ep, '--url', a.url, '--data-dir', testDataDir(t)], cleanEnv({ FLASHD_ADMIN_API_KEY: ADMIN_KEY }));
+  t.equal(serverVar.status, 0, serverVar.stderr);
+  t.match(serverVar.stdout, /^# worker wkr_\w+ for endpoint/m);
+  const both = await run(process.execPath, [BUNDLE, 'worker-env', ep, '--url', a.url], cleanEnv({ FLASHD_API_KEY: 'not-the-key-0123456789', FLASHD_ADMIN_API_KEY: ADMIN_KEY }));
+  t.equal(both.status, 1, 'FLASHD_API_KEY comes first');
+  t.match(both.stderr, /^flashd worker-env: 401: /);
+
+  const dir = testDataDir(t);
+  const none = await run(process.execPath, [BUNDLE, 'worker-env', ep, '--url', a.url, '--data-dir', dir], cleanEnv());
+  t.equal(none.status, 2);
+  t.equal(none.stderr, `flashd worker-env: no API key: set FLASHD_API_KEY (or FLASHD_ADMIN_API_KEY), pass --api-key-file (- for stdin) or --api-key, or run where ${join(dir, 'admin-api-key')} exists (a flashd started with FLASHD_ADMIN_API_KEY writes no such file: give that key)\n`);
+  const help = (await run(process.execPath, [BUNDLE, 'worker-env', '--help'], cleanEnv())).stdout;
+  t.match(help, /The API key is the first of --api-key, --api-key-file, FLASHD_API_KEY, FLASHD_ADMIN_API_KEY and <data-dir>\/admin-api-key/);
 });
