@@ -153,6 +153,8 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
   const config = options.config;
   const clock = options.clock ?? systemClock;
   const log = createLogger({ level: config.logLevel, format: config.logFormat, ...(options.logSink ? { sink: options.logSink } : {}) });
+  // Once, first: a typo such as FLASHD_PROT would otherwise leave the default without a word.
+  for (const { name, didYouMean } of config.unknownEnv) log.warn('unknown FLASHD_ variable ignored', { name, ...(didYouMean === undefined ? {} : { didYouMean }) });
   const dataDir = resolve(config.dataDir);
   // Made 0700, or an existing one that group or others may write tightened (or refused when
   // another user owns it): before any file in it is opened. One flashd's user may not write, or

@@ -53,6 +53,13 @@ export interface FlashdConfig {
    * flashd does not use, so the "no engine found" line can say why it was passed over; else null.
    */
   readonly dockerHostSkipped: string | null;
+  /**
+   * Derived: the `FLASHD_*` environment variables that are neither a setting nor read elsewhere
+   * (OTHER_FLASHD_VARIABLES), each with the setting's variable it probably meant (`FLASHD_PROT`:
+   * `FLASHD_PORT`), for one warning each at start: a typo in a unit's `Environment=` would
+   * otherwise leave the default in place without a word.
+   */
+  readonly unknownEnv: readonly { readonly name: string; readonly didYouMean?: string }[];
 }
 
 interface OptionSchema {
@@ -69,14 +76,15 @@ interface OptionSchema {
   'x-not-hint'?: string;
 }
 
-type SettingKey = Exclude<keyof FlashdConfig, 'containerSocketCandidates' | 'dockerHostSkipped'>;
+type DerivedKey = 'containerSocketCandidates' | 'dockerHostSkipped' | 'unknownEnv';
+type SettingKey = Exclude<keyof FlashdConfig, DerivedKey>;
 const properties = configSchema.properties as unknown as Record<SettingKey, OptionSchema>;
 
 export interface LoadConfigInput {
   argv?: readonly string[];
   env?: Readonly<Record<string, string | undefined>>;
   /** Values that win over everything (tests). */
-  overrides?: Partial<Omit<FlashdConfig, 'containerSocketCandidates' | 'dockerHostSkipped'>>;
+  overrides?: Partial<Omit<FlashdConfig, DerivedKey>>;
 }
 
 function containerSocketCandidates(explicit: unknown, env: Readonly<Record<string, string | undefined>>): string[] {
@@ -146,7 +154,10 @@ function collectFlags(argv: readonly string[]): ParsedFlags {
     }
     const entry = byFlag.get(name);
     if (!entry) {
-      out.errors.push(`unknown flag ${name} (see flashd --help)`);
+      // As a config file's unknown setting: `--prot` names `--port`. Only a name that has a flag.
+      const hint = name.startsWith('--') ? closestSetting(name) : undefined;
+      const flag = hint === undefined ? undefined : properties[hint as SettingKey]['x-flag'];
+      out.errors.push(`unknown flag ${name} (${flag === undefined ? '' : `did you mean ${flag}? `}see flashd --help)`);
       // Its value, if it has one, is not another unknown flag.
       if (name.startsWith('--') && inline === undefined && argv[i + 1] !== undefined && !(argv[i + 1] as string).startsWith('--')) i++;
       continue;
@@ -221,6 +232,27 @@ export function closestSetting(name: string): string | undefined {
     if (score < (best?.score ?? Infinity)) best = { key, score };
   }
   return best?.key;
+}
+
+/**
+ * `FLASHD_*` variables read outside config/, which are not settings: worker-env's (the admin key
+ * it sends, the URL it asks, its test-only timeout), the native loader's (core/native.ts), and
+ * those of the tests, benchmarks and CI scripts (by prefix). Not warned about at start.
+ */
+const OTHER_FLASHD_VARIABLES = new Set(['FLASHD_API_KEY', 'FLASHD_URL', 'FLASHD_WORKER_ENV_TIMEOUT_MS', 'FLASHD_NATIVE_DIR', 'FLASHD_UWS_UNPATCHED', 'FLASHD_CI_CACHE']);
+const OTHER_FLASHD_PREFIXES = ['FLASHD_TEST_', 'FLASHD_BENCH_'];
+
+/** The FLASHD_* names in `env` flashd reads nowhere, with the setting's variable each probably meant. */
+function unknownEnv(env: Readonly<Record<string, string | undefined>>): { name: string; didYouMean?: string }[] {
+  const settings = new Set(Object.values(properties).map((schema) => schema['x-env']));
+  const out: { name: string; didYouMean?: string }[] = [];
+  for (const name of Object.keys(env)) {
+    if (!/^FLASHD_/i.test(name) || settings.has(name) || OTHER_FLASHD_VARIABLES.has(name) || OTHER_FLASHD_PREFIXES.some((p) => name.startsWith(p))) continue;
+    const key = closestSetting(name);
+    const didYouMean = key === undefined ? undefined : properties[key as SettingKey]['x-env'];
+    out.push(didYouMean === undefined ? { name } : { name, didYouMean });
+  }
+  return out;
 }
 
 // No meta-schema check at start (see core/schemas.ts; the test checks config.schema.json too).
@@ -310,6 +342,7 @@ export function loadConfig(input: LoadConfigInput = {}): FlashdConfig {
   merged['containerSocketCandidates'] = Object.freeze(containerSocketCandidates(merged['containerSocket'], env));
   // Only the scheme: the rest of the address may name a user (ssh://user@host).
   const dockerHost = env['DOCKER_HOST'];
+  merged['unknownEnv'] = Object.freeze(unknownEnv(env));
   merged['dockerHostSkipped'] = merged['containerSocket'] == null && dockerHost && !dockerHost.startsWith('unix://') ? /^[A-Za-z][A-Za-z0-9+.-]*:\/\//.exec(dockerHost)?.[0] ?? 'not a URL' : null;
   return Object.freeze(merged) as unknown as FlashdConfig;
 }

@@ -243,3 +243,19 @@ t.test('FLASHD_* env configures the server without flags', async (t) => {
   t.ok(existsSync(join(dir, 'flashd.db')), 'database in FLASHD_DATA_DIR');
   t.equal(await f.stop(), 0);
 });
+
+t.test('an unknown FLASHD_* variable is warned about once at start, with the setting it probably meant', async (t) => {
+  const env = cleanEnv({
+    FLASHD_PORT: '0', FLASHD_DATA_DIR: testDataDir(t), FLASHD_PROT: '1234', FLASHD_SESION_TTL: '60',
+    // worker-env's, the native loader's and the tests' own: not settings, and no warning.
+    FLASHD_API_KEY: 'client-side-key-0123456789', FLASHD_URL: 'http://127.0.0.1:8000', FLASHD_NATIVE_DIR: '', FLASHD_TEST_ANYTHING: '1',
+  });
+  const f = await startFlashd(t, node, [BUNDLE], env);
+  const warned = f.stderr().split('\n').filter((l) => l.includes('unknown FLASHD_ variable'));
+  t.same(warned.map((l) => l.replace(/^.*?warn\s+/, 'warn ')), [
+    'warn unknown FLASHD_ variable ignored name=FLASHD_PROT didYouMean=FLASHD_PORT',
+    'warn unknown FLASHD_ variable ignored name=FLASHD_SESION_TTL didYouMean=FLASHD_SESSION_TTL',
+  ], 'each once, with the closest name; the value is not logged');
+  t.notMatch(f.stderr(), /client-side-key/, 'no value is logged');
+  t.equal(await f.stop(), 0);
+});

@@ -142,7 +142,8 @@ t.test('base URLs: a trailing slash is dropped; a path, query or credentials are
 
 t.test('unknown flags and missing values', async (t) => {
   const unknown = failure(() => loadConfig({ argv: ['--prot', '9000'] }));
-  t.match(unknown.message, /unknown flag --prot \(see flashd --help\)/);
+  t.match(unknown.message, /unknown flag --prot \(did you mean --port\? see flashd --help\)/, 'the closest flag, as a config file\'s unknown setting gets');
+  t.match(failure(() => loadConfig({ argv: ['--zzzzzz', '1'] })).message, /unknown flag --zzzzzz \(see flashd --help\)/, 'nothing close: no suggestion');
   t.match(failure(() => loadConfig({ argv: ['--port'] })).message, /flag --port needs a value/);
   t.match(failure(() => loadConfig({ argv: ['serve'] })).message, /unknown flag serve/, 'a positional argument is not a flag');
   t.match(failure(() => loadConfig({ argv: ['--admin-api-key', 'k'] })).message, /unknown flag --admin-api-key/, 'the admin key is env only (flags show in ps)');
@@ -218,4 +219,19 @@ t.test('engine sockets: $DOCKER_HOST unix:// is a candidate; another scheme is n
   t.equal(loadConfig({ env: { DOCKER_HOST: 'tcp://10.0.0.9:2375' }, argv: ['--container-socket', '/run/podman/podman.sock'] }).dockerHostSkipped, null,
     'not asked about when --container-socket names the socket');
   t.equal(loadConfig({ env: {} }).dockerHostSkipped, null);
+});
+
+t.test('FLASHD_* variables that are neither settings nor read elsewhere are listed, with the closest name', async (t) => {
+  const c = loadConfig({ env: {
+    FLASHD_PROT: '1234', FLASHD_LOGLEVEL: 'debug', FLASHD_ZZZZZZ: '1', FLASHD_PORT: '9000',
+    FLASHD_API_KEY: 'k', FLASHD_URL: 'http://x', FLASHD_WORKER_ENV_TIMEOUT_MS: '1', FLASHD_NATIVE_DIR: '/n', FLASHD_UWS_UNPATCHED: '1',
+    FLASHD_TEST_GPU: '1', FLASHD_BENCH_WORKER_IMAGE: 'i', FLASHD_CI_CACHE: '/c', FLASHD_ADMIN_API_KEY: 'admin-key-0123456789',
+  } });
+  t.equal(c.port, 9000);
+  t.same(c.unknownEnv, [
+    { name: 'FLASHD_PROT', didYouMean: 'FLASHD_PORT' },
+    { name: 'FLASHD_LOGLEVEL', didYouMean: 'FLASHD_LOG_LEVEL' },
+    { name: 'FLASHD_ZZZZZZ' },
+  ], 'known client, loader, test and bench variables are not listed');
+  t.same(loadConfig({ env: {} }).unknownEnv, []);
 });
