@@ -74,6 +74,7 @@ interface OptionSchema {
   'x-pattern-hint'?: string;
   /** What a value caught by `not` (a range refused inside the bounds) should be instead. */
   'x-not-hint'?: string;
+  pattern?: string;
 }
 
 type DerivedKey = 'containerSocketCandidates' | 'dockerHostSkipped' | 'unknownEnv';
@@ -332,6 +333,23 @@ export function loadConfig(input: LoadConfigInput = {}): FlashdConfig {
   if (typeof adminApiKey === 'string' && checkKeyFormat(adminApiKey) === 'malformed') {
     errors.push('FLASHD_ADMIN_API_KEY starts with fd_ but is not a key flashd generated (bad format or checksum), '
       + 'so every request with it would be refused as malformed; choose a value that does not start with fd_');
+  }
+  // The pattern cannot bound a port (`:99999`) or check a host (`[zz]`): the URL parser does, so
+  // such a base URL is refused here, not found out in every requestUrl and worker URL built on it.
+  for (const key of ['publicUrl', 'workerUrl'] as const) {
+    const url = merged[key];
+    const schema = properties[key];
+    if (typeof url !== 'string' || schema.pattern === undefined || !new RegExp(schema.pattern).test(url)) continue;
+    let valid: boolean;
+    try {
+      valid = new URL(url).port !== '0';
+    } catch {
+      valid = false;
+    }
+    if (!valid) {
+      const example = /e\.g\. (\S+)$/.exec(schema['x-pattern-hint'] ?? '')?.[1] ?? 'http://192.168.1.20:8000';
+      errors.push(`${sources[key] ?? 'config'}: ${key} must be a URL with a valid host and a port from 1 to 65535, e.g. ${example}`);
+    }
   }
   if (errors.length) throw new AgentError('VALIDATION_FAILED', `invalid configuration: ${errors.join('; ')}`, { errors });
   // `http://10.0.0.5:8000/` is how a base URL is often written; the URLs built on it add their own `/`.

@@ -30,6 +30,10 @@ export function secureDataDir(dir: string, log: Logger, files: readonly string[]
   try {
     mkdirSync(dir, { recursive: true, mode: 0o700 });
   } catch (err) {
+    // A file of that name: mkdir says EEXIST ("file already exists"), which reads as if the directory were there.
+    if (errnoCode(err) === 'EEXIST' && !statSync(dir, { throwIfNoEntry: false })?.isDirectory()) {
+      throw new Error(`data directory ${dir} is not a directory (a file of that name exists): choose another --data-dir`);
+    }
     throw new Error(`cannot create data directory ${dir} as ${who} (${errnoCode(err)}): ${(err as Error).message}. Create it for flashd's user (or choose another --data-dir)`);
   }
   const st = statSync(dir);

@@ -259,3 +259,12 @@ t.test('an unknown FLASHD_* variable is warned about once at start, with the set
   t.notMatch(f.stderr(), /client-side-key/, 'no value is logged');
   t.equal(await f.stop(), 0);
 });
+
+t.test('a --data-dir that names a regular file: exit 1 saying it is not a directory, not "cannot create"', async (t) => {
+  const file = join(testDataDir(t), 'not-a-dir');
+  writeFileSync(file, 'x');
+  const r = run(node, [BUNDLE, '--port', '0', '--data-dir', file]);
+  t.equal(r.status, 1);
+  t.match(r.stderr, `data directory ${file} is not a directory`);
+  t.notMatch(r.stderr, /cannot create|EEXIST/);
+});

@@ -140,6 +140,16 @@ t.test('base URLs: a trailing slash is dropped; a path, query or credentials are
   t.notMatch(failure(() => loadConfig({ env: { FLASHD_WORKER_URL: 'http://user:secret@10.0.0.1' } })).message, /secret/, 'the credentials are not echoed');
 });
 
+t.test('base URLs: a port outside 1-65535 or a host no URL can hold is refused at start, not in every URL built on it', async (t) => {
+  for (const bad of ['http://example.com:99999', 'http://example.com:65536', 'http://example.com:0', 'https://[zz]:8000']) {
+    const err = failure(() => loadConfig({ argv: ['--public-url', bad] }));
+    t.equal(err.message, 'invalid configuration: flag --public-url: publicUrl must be a URL with a valid host and a port from 1 to 65535, e.g. http://192.168.1.20:8000', bad);
+  }
+  const worker = failure(() => loadConfig({ env: { FLASHD_WORKER_URL: 'http://172.17.0.1:70000' } }));
+  t.equal(worker.message, 'invalid configuration: env FLASHD_WORKER_URL: workerUrl must be a URL with a valid host and a port from 1 to 65535, e.g. http://172.17.0.1:8000');
+  t.equal(loadConfig({ argv: ['--worker-url', 'http://172.17.0.1:65535'] }).workerUrl, 'http://172.17.0.1:65535', '65535 is a port');
+});
+
 t.test('unknown flags and missing values', async (t) => {
   const unknown = failure(() => loadConfig({ argv: ['--prot', '9000'] }));
   t.match(unknown.message, /unknown flag --prot \(did you mean --port\? see flashd --help\)/, 'the closest flag, as a config file\'s unknown setting gets');
