@@ -5,7 +5,6 @@
 import { configHelp, loadConfig } from '../config/index.js';
 import { AgentError } from '../core/errors.js';
 import { survivePipeLoss } from '../core/logger.js';
-import { serve } from './serve.js';
 import { defaultSignals } from './signals.js';
 import { workerEnvCommand } from './worker-env.js';
 
@@ -60,5 +59,7 @@ export async function main(argv: readonly string[], env: NodeJS.ProcessEnv, vers
     }
     throw err;
   }
+  // Loaded only here: app.ts loads the native addons (cli/serve.ts).
+  const { serve } = await import('./serve.js');
   return serve(config);
 }

@@ -1,4 +1,4 @@
-import { createAgent, type Agent } from '../app.js';
+import type { Agent } from '../app.js';
 import type { FlashdConfig } from '../config/index.js';
 import { listenForSignals, onStopSignal } from './signals.js';
 
@@ -17,6 +17,9 @@ export async function serve(config: FlashdConfig): Promise<number> {
   listenForSignals();
   let agent: Agent;
   try {
+    // Loaded here, not at the top: app.ts loads the native addons (uWS at module init), which the
+    // single binary first unpacks; a failure there is one `cannot start` line, not a stack trace.
+    const { createAgent } = await import('../app.js');
     agent = await createAgent({ config });
   } catch (err) {
     process.stderr.write(`flashd: cannot start: ${(err as Error).message}\n`);

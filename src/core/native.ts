@@ -2,11 +2,12 @@
  * The one place native addons are loaded. In a development checkout they come from
  * node_modules. In the single binary (`build/sea.mjs`) they travel as SEA assets: on first use
  * they are extracted to `<cache>/flashd/native-<hash>/` (the hash of the assets, so a new build
- * never reuses an old file) and loaded from there. FLASHD_NATIVE_DIR names a directory that
+ * never reuses an old file; `<tmpdir>/flashd-<uid>/native-<hash>/` when the cache cannot be
+ * written, see cacheRoots) and loaded from there. FLASHD_NATIVE_DIR names a directory that
  * holds them already and wins over both.
  */
 import { createHash } from 'node:crypto';
-import { closeSync, existsSync, mkdirSync, openSync, readFileSync, readSync, renameSync, statSync, writeFileSync } from 'node:fs';
+import { accessSync, chmodSync, closeSync, constants, existsSync, lstatSync, mkdirSync, openSync, readFileSync, readSync, renameSync, statSync, writeFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { homedir, tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -41,32 +42,95 @@ function seaModule(): SeaModule | undefined {
   }
 }
 
-function cacheRoot(): string {
+/**
+ * Where flashd may keep its cache, in order: `$XDG_CACHE_HOME/flashd` (else `~/.cache/flashd`),
+ * then `<tmpdir>/flashd-<uid>` for a user without a writable home (nobody, `useradd -r`,
+ * systemd `ProtectHome=`/`DynamicUser=`). The second is `perUid`: made 0700 and used only if
+ * that uid owns it, since any local user can create names in the temp dir.
+ */
+function cacheRoots(): { dir: string; perUid: boolean }[] {
+  const roots: { dir: string; perUid: boolean }[] = [];
   const xdg = process.env['XDG_CACHE_HOME'];
-  if (xdg) return join(xdg, 'flashd');
-  try {
-    return join(homedir(), '.cache', 'flashd');
-  } catch {
-    return join(tmpdir(), 'flashd-cache');
+  if (xdg) roots.push({ dir: join(xdg, 'flashd'), perUid: false });
+  else {
+    try {
+      roots.push({ dir: join(homedir(), '.cache', 'flashd'), perUid: false });
+    } catch {
+      // No home directory at all: only the temp dir is left.
+    }
   }
+  roots.push({ dir: join(tmpdir(), `flashd-${process.getuid?.() ?? 'user'}`), perUid: true });
+  return roots;
 }
 
-/** Writes each addon of the binary once per build; later starts find them in place. */
+/**
+ * Makes `dir` (0700) if missing and checks it is a directory (not a link) of flashd's user that
+ * no one else may write: another user could otherwise swap an addon between its check and its
+ * load. One of flashd's own with a looser mode is made 0700.
+ */
+function ownDir(dir: string): void {
+  try {
+    mkdirSync(dir, { mode: 0o700 });
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code !== 'EEXIST') throw err;
+  }
+  const st = lstatSync(dir);
+  if (!st.isDirectory()) throw new Error('not a directory');
+  const me = process.getuid?.();
+  if (me === undefined) return;
+  if (st.uid !== me) throw new Error(`owned by uid ${st.uid}, not by flashd's user (uid ${me})`);
+  if ((st.mode & 0o077) !== 0) chmodSync(dir, 0o700);
+}
+
+/**
+ * `fill(dir)` with `dir` = `<root>/<name>` in the first cache root where it succeeds (see
+ * cacheRoots). Throws naming each place tried and why (`/x/native-… (EACCES)`), in one line.
+ */
+function inCache<T>(name: string, fill: (dir: string) => T): T {
+  const tried: string[] = [];
+  for (const root of cacheRoots()) {
+    const dir = join(root.dir, name);
+    try {
+      if (root.perUid) ownDir(root.dir);
+      else mkdirSync(root.dir, { recursive: true, mode: 0o700 });
+      ownDir(dir);
+      accessSync(dir, constants.W_OK | constants.X_OK);
+      return fill(dir);
+    } catch (err) {
+      tried.push(`${dir} (${(err as NodeJS.ErrnoException).code ?? (err as Error).message})`);
+    }
+  }
+  throw new Error(tried.join(' or '));
+}
+
+function sha256File(file: string): string {
+  return createHash('sha256').update(readFileSync(file)).digest('hex');
+}
+
+/**
+ * Writes each addon of the binary once per build; later starts find them in place, and use a
+ * file there only if its sha256 is the manifest's (the size alone would load a damaged or
+ * planted file).
+ */
 function extractSeaAddons(sea: SeaModule): string {
   const manifest = JSON.parse(Buffer.from(sea.getAsset(NATIVE_MANIFEST)).toString('utf8')) as NativeManifest;
-  const dir = join(cacheRoot(), `native-${manifest.hash.slice(0, 16)}`);
-  mkdirSync(dir, { recursive: true, mode: 0o700 });
-  for (const f of manifest.files) {
-    const target = join(dir, f.name);
-    if (existsSync(target) && statSync(target).size === f.bytes) continue;
-    const bytes = Buffer.from(sea.getAsset(f.name));
-    if (createHash('sha256').update(bytes).digest('hex') !== f.sha256) throw new Error(`native asset ${f.name} is corrupt`);
-    // Write then rename, so a concurrent start never loads a half-written file.
-    const partial = `${target}.${process.pid}.partial`;
-    writeFileSync(partial, bytes, { mode: 0o700 });
-    renameSync(partial, target);
+  try {
+    return inCache(`native-${manifest.hash.slice(0, 16)}`, (dir) => {
+      for (const f of manifest.files) {
+        const target = join(dir, f.name);
+        if (existsSync(target) && statSync(target).size === f.bytes && sha256File(target) === f.sha256) continue;
+        const bytes = Buffer.from(sea.getAsset(f.name));
+        if (createHash('sha256').update(bytes).digest('hex') !== f.sha256) throw new Error(`native asset ${f.name} is corrupt`);
+        // Write then rename, so a concurrent start never loads a half-written file.
+        const partial = `${target}.${process.pid}.partial`;
+        writeFileSync(partial, bytes, { mode: 0o700 });
+        renameSync(partial, target);
+      }
+      return dir;
+    });
+  } catch (err) {
+    throw new Error(`cannot unpack native addons to ${(err as Error).message}; set XDG_CACHE_HOME or FLASHD_NATIVE_DIR to a writable directory`);
   }
-  return dir;
 }
 
 function loadAddon(file: string): unknown {
@@ -218,25 +282,26 @@ function patchedUws(file: string): string {
       uwsPatchSkipped = `${file} is not the known build`;
       return file;
     }
-    const dir = join(cacheRoot(), `uws-p3-${p.sha256.slice(0, 16)}`);
-    const target = join(dir, UWS_ADDON);
-    if (!(existsSync(target) && statSync(target).size === p.bytes && sitesPatched(target, p))) {
+    const target = inCache(`uws-p3-${p.sha256.slice(0, 16)}`, (dir) => {
+      const copy = join(dir, UWS_ADDON);
+      if (existsSync(copy) && statSync(copy).size === p.bytes && sitesPatched(copy, p)) return copy;
       const patched = patchUwsAddon(UWS_ADDON, readFileSync(file));
-      if (!patched) {
-        uwsPatchSkipped = `${file} is not the known build`;
-        return file;
-      }
-      mkdirSync(dir, { recursive: true, mode: 0o700 });
-      const partial = `${target}.${process.pid}.partial`;
+      if (!patched) return null;
+      const partial = `${copy}.${process.pid}.partial`;
       writeFileSync(partial, patched, { mode: 0o700 });
-      renameSync(partial, target);
+      renameSync(partial, copy);
+      return copy;
+    });
+    if (target === null) {
+      uwsPatchSkipped = `${file} is not the known build`;
+      return file;
     }
     uwsSplitHeaderLimit = UWS_SPLIT_HEADER_LIMIT;
     uwsIdleTimeoutS = UWS_IDLE_TIMEOUT_S;
     uwsPatchSkipped = null;
     return target;
   } catch (err) {
-    uwsPatchSkipped = `cannot write the patched copy: ${(err as Error).message}`;
+    uwsPatchSkipped = `cannot write the patched copy to ${(err as Error).message}`;
     return file;
   }
 }

@@ -170,7 +170,7 @@ t.test('a data directory flashd cannot write: exit 1 naming the path, the uid an
   // checkout in a directory only root may enter (a clone under /root or a mktemp -d), while
   // writes keep nobody's own permissions, which is what the test is about.
   const as = (args: string[]) => (root
-    ? run('env', ['-i', `PATH=${process.env['PATH'] ?? '/usr/bin:/bin'}`, 'setpriv', '--reuid', '65534', '--regid', '65534', '--clear-groups', '--inh-caps=+dac_read_search', '--ambient-caps=+dac_read_search', node, BUNDLE, ...args])
+    ? run('env', ['-i', `PATH=${process.env['PATH'] ?? '/usr/bin:/bin'}`, `TMPDIR=${nobodyTmp}`, 'setpriv', '--reuid', '65534', '--regid', '65534', '--clear-groups', '--inh-caps=+dac_read_search', '--ambient-caps=+dac_read_search', node, BUNDLE, ...args])
     : run(node, [BUNDLE, ...args]));
   // In the system's temporary directory, not under the checkout: nobody must be able to reach the
   // data directories through every parent (access(2) checks as the real user, without the
@@ -183,6 +183,8 @@ t.test('a data directory flashd cannot write: exit 1 naming the path, the uid an
     if (root) chownSync(dir, 65534, 65534);
     return dir;
   };
+  // nobody's home (/nonexistent) cannot hold flashd's cache: the uWS copy goes to $TMPDIR/flashd-65534, kept in here.
+  const nobodyTmp = own(join(parent, 'tmp'));
 
   const readOnly = own(join(parent, 'read-only'));
   chmodSync(readOnly, 0o500);

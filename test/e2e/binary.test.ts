@@ -3,7 +3,8 @@
  * binary, so it runs only with FLASHD_TEST_BINARY=1 (.ci/run sets it).
  */
 import t from 'tap';
-import { existsSync, readdirSync, readFileSync, statSync } from 'node:fs';
+import { createHash } from 'node:crypto';
+import { chmodSync, chownSync, copyFileSync, existsSync, mkdirSync, readdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import configSchema from '../../schema/config.schema.json' with { type: 'json' };
 import pkg from '../../package.json' with { type: 'json' };
@@ -73,4 +74,74 @@ t.test('single binary: build, --help, --version, serve from extracted native add
   t.equal(await again.stop(), 0);
   t.equal(statSync(join(nativeDir, 'better_sqlite3.node')).mtimeMs, before, 'not extracted again');
   t.notOk(existsSync(join(data, 'admin-api-key')), 'FLASHD_ADMIN_API_KEY: no generated key file');
+});
+
+const asOtherUser = process.getuid?.() === 0 && run('sh', ['-c', 'command -v setpriv']).status === 0 ? skip : 'needs root and setpriv(1) to run as uid 65534';
+
+t.test('single binary as a user without a writable home (nobody, useradd -r, systemd DynamicUser): --help/--version load no addons, serve falls back to a per-uid temp dir, else one line', { skip: asOtherUser }, async (t) => {
+  if (!existsSync(BINARY)) t.equal(run(process.execPath, ['build/sea.mjs']).status, 0, 'npm run build:binary succeeds');
+  const NOBODY = 65534;
+  const base = testDataDir(t);
+  chmodSync(base, 0o755);
+  const bin = join(base, 'flashd');
+  copyFileSync(BINARY, bin);
+  chmodSync(bin, 0o755);
+  const owned = (name: string, mode = 0o700) => {
+    const dir = join(base, name);
+    mkdirSync(dir);
+    chownSync(dir, NOBODY, NOBODY);
+    chmodSync(dir, mode);
+    return dir;
+  };
+  const data = owned('data');
+  const tmp = owned('tmp');
+  // As nobody, with nobody's home (/nonexistent) and nothing else: no XDG_CACHE_HOME, no FLASHD_NATIVE_DIR.
+  const asNobody = (tmpdir: string) => ['--reuid=65534', '--regid=65534', '--clear-groups', 'env', '-i', `PATH=${process.env.PATH ?? ''}`, 'HOME=/nonexistent', `TMPDIR=${tmpdir}`, bin];
+
+  for (const args of [['--version'], ['--help'], ['worker-env', '--help']]) {
+    const r = run('setpriv', [...asNobody('/nonexistent'), ...args]);
+    t.equal(r.status, 0, `${args.join(' ')} exits 0 with no writable cache or temp dir: it needs no native addon\n${r.stderr}`);
+    t.equal(r.stderr, '', `${args.join(' ')}: nothing on stderr`);
+  }
+  t.equal(run('setpriv', [...asNobody('/nonexistent'), '--version']).stdout, `flashd ${pkg.version}\n`);
+
+  // Neither ~/.cache nor the temp dir can be written: exit 1 with one line naming where and what to set.
+  const refused = run('setpriv', [...asNobody('/nonexistent'), '--port', '0', '--data-dir', data, '--runtime', 'none']);
+  t.equal(refused.status, 1, 'no writable place for the addons: exit 1');
+  t.equal(refused.stderr.trimEnd().split('\n').length, 1, `one line, no stack trace:\n${refused.stderr}`);
+  t.match(refused.stderr, /^flashd: cannot start: cannot unpack native addons to \/nonexistent\/\.cache\/flashd\/native-[0-9a-f]{16} \(EACCES\)/);
+  t.match(refused.stderr, /set XDG_CACHE_HOME or FLASHD_NATIVE_DIR to a writable directory/);
+
+  // ~/.cache cannot be written: the addons go to <tmpdir>/flashd-<uid>/, made 0700 for that uid.
+  const env = cleanEnv();
+  const f = await startFlashd(t, 'setpriv', [...asNobody(tmp), '--port', '0', '--data-dir', data, '--runtime', 'none'], env);
+  t.equal((await fetch(`${f.url}/healthz`)).status, 200, 'serves /healthz');
+  t.equal(await f.stop('SIGTERM'), 0, 'SIGTERM exits 0');
+  const perUid = join(tmp, `flashd-${NOBODY}`);
+  t.equal(statSync(perUid).uid, NOBODY, 'the fallback dir is owned by the uid');
+  t.equal(statSync(perUid).mode & 0o777, 0o700, 'and is 0700');
+  const manifest = JSON.parse(readFileSync(join(REPO_ROOT, 'dist/sea/native-manifest.json'), 'utf8')) as { hash: string; files: { name: string; sha256: string; bytes: number }[] };
+  const nativeDir = join(perUid, `native-${manifest.hash.slice(0, 16)}`);
+  for (const file of manifest.files) t.equal(statSync(join(nativeDir, file.name)).size, file.bytes, `${file.name} extracted there`);
+
+  // A same-size file that is not the addon (planted or damaged) is not loaded: it is extracted again.
+  const sqlite = join(nativeDir, 'better_sqlite3.node');
+  const size = statSync(sqlite).size;
+  writeFileSync(sqlite, Buffer.alloc(size, 0x41));
+  const again = await startFlashd(t, 'setpriv', [...asNobody(tmp), '--port', '0', '--data-dir', data, '--runtime', 'none'], env);
+  t.equal((await fetch(`${again.url}/healthz`)).status, 200, 'serves after a same-size file replaced an addon');
+  t.equal(await again.stop('SIGTERM'), 0);
+  const sha = createHash('sha256').update(readFileSync(sqlite)).digest('hex');
+  t.equal(sha, manifest.files.find((x) => x.name === 'better_sqlite3.node')?.sha256, 'the addon was extracted again (sha256 checked, not just the size)');
+
+  // A flashd-<uid> dir that the uid does not own (made by another user first) is not used.
+  const shared = owned('shared', 0o1777);
+  const planted = join(shared, `flashd-${NOBODY}`);
+  mkdirSync(planted, { mode: 0o777 });
+  chmodSync(planted, 0o777);
+  const notOwned = run('setpriv', [...asNobody(shared), '--port', '0', '--data-dir', data, '--runtime', 'none']);
+  t.equal(notOwned.status, 1, 'a per-uid temp dir owned by another user is refused: exit 1');
+  t.equal(notOwned.stderr.trimEnd().split('\n').length, 1, `one line:\n${notOwned.stderr}`);
+  t.match(notOwned.stderr, new RegExp(`${planted.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}.*owned by uid 0`), 'naming the dir and its owner');
+  t.same(readdirSync(planted), [], 'nothing was written into it');
 });
