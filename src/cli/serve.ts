@@ -55,6 +55,8 @@ export async function serve(config: FlashdConfig): Promise<number> {
         stopped(1);
       });
     };
-    onStopSignal(stop);
+    onStopSignal(stop, (signal) => {
+      agent.log.info('signal ignored', { signal, why: 'flashd reopens no logs and opens no debugger on a signal; SIGTERM stops it' });
+    });
   });
 }

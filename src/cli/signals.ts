@@ -1,6 +1,7 @@
 /**
- * flashd's SIGINT, SIGTERM and SIGHUP listeners: added by main.ts before the rest of flashd is loaded
- * (which takes a while: the bundle's modules, schemas, native addons) and never removed.
+ * flashd's SIGINT, SIGTERM and SIGHUP listeners (and SIGUSR1's, which ignores it: see below):
+ * added by main.ts before the rest of flashd is loaded (which takes a while: the bundle's
+ * modules, schemas, native addons) and never removed.
  *
  * - Before a command has claimed them, a signal is held; a second one exits 1 at once.
  * - `flashd serve` claims them (onStopSignal): a held signal is handed over at once, so one sent
@@ -18,6 +19,15 @@
  * workers left running, no log line) is what it must not take.
  */
 type StopSignal = 'SIGINT' | 'SIGTERM' | 'SIGHUP';
+
+/**
+ * SIGUSR1 is ignored, for flashd's whole life and every command: Node's default for it opens the
+ * inspector (127.0.0.1:9229), through which anyone who can connect runs code as flashd's user
+ * (root, often), and a logrotate recipe written for nginx sends it to reopen logs. A listener of
+ * our own replaces Node's handler, so the inspector stays closed (test/cli/signals.test.ts).
+ */
+let onIgnored: ((signal: 'SIGUSR1') => void) | undefined;
+const onSigusr1 = () => onIgnored?.('SIGUSR1');
 
 let installed = false;
 let held: StopSignal | undefined;
@@ -50,12 +60,17 @@ export function listenForSignals(): void {
   process.on('SIGINT', onSigint);
   process.on('SIGTERM', onSigterm);
   process.on('SIGHUP', onSighup);
+  process.on('SIGUSR1', onSigusr1);
 }
 
-/** From now on each signal goes to `stop`; one held since the start is handed over at once. */
-export function onStopSignal(stop: (signal: StopSignal) => void): void {
+/**
+ * From now on each signal goes to `stop`; one held since the start is handed over at once.
+ * `ignored` hears of an ignored signal (SIGUSR1), to log it.
+ */
+export function onStopSignal(stop: (signal: StopSignal) => void, ignored?: (signal: 'SIGUSR1') => void): void {
   listenForSignals();
   handler = stop;
+  onIgnored = ignored;
   if (held !== undefined) {
     const signal = held;
     held = undefined;

@@ -138,3 +138,34 @@ t.test('flashd worker-env gives signals back: a SIGTERM while it waits for an an
   const r = await w.ended;
   t.equal(r.signal, 'SIGTERM', `ended by the signal, as Node's default action does (${Date.now() - sent} ms after it)\n${r.stderr}`);
 });
+
+t.test('SIGUSR1 (a logrotate recipe, a stray kill -USR1) does not open the Node inspector: flashd logs it, ignores it and goes on serving', async (t) => {
+  // Node's default for SIGUSR1 starts the inspector (127.0.0.1:9229 unless --inspect-port says
+  // otherwise): for a flashd run as root, any local user could then connect and run code as root.
+  // Port 0 here, so the test opens no fixed port when it fails.
+  const dir = testDataDir(t);
+  const f = bare(['--inspect-port=127.0.0.1:0', BUNDLE, '--port', '0', '--data-dir', dir, '--runtime', 'none']);
+  t.teardown(() => { if (f.child.exitCode === null && f.child.signalCode === null) f.child.kill('SIGKILL'); });
+  const stderr = () => output;
+  let output = '';
+  f.child.stderr?.on('data', (c: Buffer) => (output += c.toString()));
+  const until = (re: RegExp, what: string) => new Promise<RegExpExecArray>((resolve, reject) => {
+    const check = () => {
+      const m = re.exec(stderr());
+      if (m) { f.child.stderr?.off('data', check); resolve(m); }
+    };
+    f.child.stderr?.on('data', check);
+    void f.ended.then((r) => reject(new Error(`flashd ended before ${what}: ${JSON.stringify(r)}`)));
+    check();
+  });
+  const url = (await until(/flashd listening url=(\S+)/, 'listening'))[1] as string;
+  f.child.kill('SIGUSR1');
+  // Written when the signal reaches flashd's listener; Node's inspector would print its own line instead.
+  await Promise.race([until(/signal ignored signal=SIGUSR1/, 'logging SIGUSR1'), until(/Debugger listening/, 'logging SIGUSR1')]);
+  t.equal((await fetch(`${url}/healthz`)).status, 200, 'still serving');
+  f.child.kill('SIGTERM');
+  const r = await f.ended;
+  t.equal(r.code, 0, 'SIGTERM still stops it, exit 0');
+  t.notMatch(r.stderr, /Debugger listening/, 'no inspector was opened');
+  t.match(r.stderr, /signal ignored signal=SIGUSR1/, 'the signal is logged as ignored');
+});
