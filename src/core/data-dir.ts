@@ -7,12 +7,42 @@
  * since that user could replace it. Not on platforms without uids (process.getuid).
  */
 import { accessSync, chmodSync, closeSync, constants, fchmodSync, fstatSync, fsyncSync, ftruncateSync, mkdirSync, openSync, readFileSync, statSync, writeSync } from 'node:fs';
-import { join } from 'node:path';
+import { dirname, join, resolve } from 'node:path';
 import type { Logger } from './logger.js';
 
 /** The errno code of a failed fs call (`EACCES`), for a message. */
 function errnoCode(err: unknown): string {
   return (err as NodeJS.ErrnoException).code ?? 'error';
+}
+
+/**
+ * `mkdir -p dir`, one component at a time: up from `dir` while mkdir answers ENOENT, then down,
+ * each step once. Node 20's `mkdirSync(dir, { recursive: true })` loops for ever, on a blocked
+ * event loop that no signal reaches, where mkdir answers ENOENT below a parent that exists
+ * (`/proc/x`: ENOENT, `/proc`: EEXIST, and again); here that ENOENT is thrown.
+ */
+export function mkdirs(dir: string, mode: number): void {
+  const missing: string[] = [];
+  for (let at = resolve(dir); ; at = dirname(at)) {
+    try {
+      mkdirSync(at, { mode });
+      break;
+    } catch (err) {
+      const code = errnoCode(err);
+      // EEXIST: there already, unless it is a file (`dir` itself; a file above it gives ENOTDIR).
+      if (code === 'EEXIST' && (at !== resolve(dir) || statSync(at, { throwIfNoEntry: false })?.isDirectory() !== false)) break;
+      if (code !== 'ENOENT' || dirname(at) === at) throw err;
+      missing.push(at);
+    }
+  }
+  for (const at of missing.reverse()) {
+    try {
+      mkdirSync(at, { mode });
+    } catch (err) {
+      // Made meanwhile by another process: fine (a file there fails the checks that follow).
+      if (errnoCode(err) !== 'EEXIST') throw err;
+    }
+  }
 }
 
 function octal(mode: number): string {
@@ -28,7 +58,7 @@ export function secureDataDir(dir: string, log: Logger, files: readonly string[]
   const me = process.getuid?.();
   const who = me === undefined ? "flashd's user" : `uid ${me}`;
   try {
-    mkdirSync(dir, { recursive: true, mode: 0o700 });
+    mkdirs(dir, 0o700);
   } catch (err) {
     // A file of that name: mkdir says EEXIST ("file already exists"), which reads as if the directory were there.
     if (errnoCode(err) === 'EEXIST' && !statSync(dir, { throwIfNoEntry: false })?.isDirectory()) {

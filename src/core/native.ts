@@ -11,6 +11,7 @@ import { accessSync, chmodSync, closeSync, constants, existsSync, lstatSync, mkd
 import { createRequire } from 'node:module';
 import { homedir, tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { mkdirs } from './data-dir.js';
 
 // In the CommonJS bundle of the binary, build/sea.mjs defines import.meta.url from __filename.
 const require = createRequire(import.meta.url);
@@ -92,7 +93,7 @@ function inCache<T>(name: string, fill: (dir: string) => T): T {
     const dir = join(root.dir, name);
     try {
       if (root.perUid) ownDir(root.dir);
-      else mkdirSync(root.dir, { recursive: true, mode: 0o700 });
+      else mkdirs(root.dir, 0o700);
       ownDir(dir);
       accessSync(dir, constants.W_OK | constants.X_OK);
       return fill(dir);

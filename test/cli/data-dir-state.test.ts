@@ -238,3 +238,27 @@ t.test('an immutable or append-only flashd.db or data directory: EPERM, and the 
   const f = await startFlashd(t, node, args(dir), cleanEnv());
   t.equal(await f.stop(), 0, 'flags cleared: flashd starts');
 });
+
+t.test('a --data-dir under /proc (mkdir answers ENOENT below a parent that exists): exit 1 with the usual line, not a silent 100 % CPU spin that ignores SIGTERM', { skip: existsSync('/proc/self') ? false : 'needs /proc' }, (t) => {
+  // Node 20's mkdirSync(dir, { recursive: true }) retried such a path for ever: mkdir("/proc/x")
+  // ENOENT, mkdir("/proc") EEXIST, again, on a blocked event loop. The bound only ends a spin.
+  for (const dir of ['/proc/flashd-no-such-dir', '/proc/flashd-no-such-dir/data']) {
+    const r = spawnSync(node, args(dir), { cwd: REPO_ROOT, env: cleanEnv(), encoding: 'utf8', timeout: 60_000, killSignal: 'SIGKILL' });
+    t.equal(r.signal, null, `${dir}: flashd ended by itself (killed after 60 s otherwise)`);
+    t.equal(r.status, 1, `${dir}: exit 1`);
+    t.match(r.stderr, new RegExp(`^flashd: cannot start: cannot create data directory ${dir} as uid \\d+ \\(ENOENT\\)`), `${dir}: the usual one line`);
+    t.equal(r.stderr.trimEnd().split('\n').length, 1, 'one line');
+  }
+  t.end();
+});
+
+t.test('XDG_CACHE_HOME under /proc: the uWS copy goes to the per-uid temp dir, no spin', { skip: existsSync('/proc/self') ? false : 'needs /proc' }, async (t) => {
+  const tmp = testDataDir(t);
+  const env = cleanEnv({ XDG_CACHE_HOME: '/proc/flashd-no-such-dir', TMPDIR: tmp });
+  const f = await startFlashd(t, node, args(join(testDataDir(t), 'data')), env, 60_000);
+  t.equal((await fetch(`${f.url}/healthz`)).status, 200, 'serves');
+  t.equal(await f.stop('SIGTERM'), 0, 'stops');
+  if (process.platform === 'linux' && process.arch === 'x64') {
+    t.ok(existsSync(join(tmp, `flashd-${process.getuid?.() ?? 'user'}`)), 'the patched uWS copy went to <tmpdir>/flashd-<uid>');
+  }
+});
