@@ -4,7 +4,8 @@
  */
 import t from 'tap';
 import { createHash } from 'node:crypto';
-import { chmodSync, chownSync, copyFileSync, existsSync, mkdirSync, readdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
+import { chmodSync, chownSync, copyFileSync, existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import configSchema from '../../schema/config.schema.json' with { type: 'json' };
 import pkg from '../../package.json' with { type: 'json' };
@@ -81,11 +82,18 @@ const asOtherUser = process.getuid?.() === 0 && run('sh', ['-c', 'command -v set
 t.test('single binary as a user without a writable home (nobody, useradd -r, systemd DynamicUser): --help/--version load no addons, serve falls back to a per-uid temp dir, else one line', { skip: asOtherUser }, async (t) => {
   if (!existsSync(BINARY)) t.equal(run(process.execPath, ['build/sea.mjs']).status, 0, 'npm run build:binary succeeds');
   const NOBODY = 65534;
-  const base = testDataDir(t);
+  // Under the temp dir, not the checkout: nobody must reach the binary, and a checkout under a
+  // 0700 directory (/root, a mktemp -d) would refuse it ("Permission denied", exit 126).
+  const base = mkdtempSync(join(tmpdir(), 'flashd-nobody-'));
+  t.teardown(() => rmSync(base, { recursive: true, force: true }));
   chmodSync(base, 0o755);
   const bin = join(base, 'flashd');
   copyFileSync(BINARY, bin);
   chmodSync(bin, 0o755);
+  if (run('setpriv', ['--reuid=65534', '--regid=65534', '--clear-groups', 'test', '-x', bin]).status !== 0) {
+    t.skip(`uid 65534 cannot reach ${bin} (a temp dir under a 0700 directory)`, () => undefined);
+    return;
+  }
   const owned = (name: string, mode = 0o700) => {
     const dir = join(base, name);
     mkdirSync(dir);
