@@ -614,33 +614,21 @@ t.test('a /runsync waiting when its endpoint is deleted gets a 404, not a job th
   t.ok(Date.now() - started < 5000, 'answered at once, not after the wait');
 });
 
-t.test('a /status-sync waiting when its endpoint is deleted gets the 404 /runsync gets, saying the endpoint was deleted', async (t) => {
-  const a = await startAgent(t, { takeHoldMs: 1000 });
-  const ep = await endpoint(a);
-  const id = (await run(a, ep)).json.id as string;
-  const waiting = a.req('GET', `/v2/${ep}/status-sync/${id}?wait=10000`);
-  await new Promise((r) => setTimeout(r, 300));
-  t.equal((await a.req('DELETE', `/v2/serverless/${ep}`)).status, 204);
-  const started = Date.now();
-  const r = await waiting;
-  assertProblem(t, r, 404);
-  t.equal(r.json.detail, `Endpoint ${ep} was deleted while job ${id} waited; the job is gone.`, 'not "unknown, or its result expired"');
-  t.ok(Date.now() - started < 5000, 'answered at once, not after the wait');
-});
-
-t.test('a /stream?wait= poll waiting when its endpoint is deleted gets the 404 /runsync gets, saying the endpoint was deleted', async (t) => {
-  const a = await startAgent(t, { takeHoldMs: 1000 });
-  const ep = await endpoint(a);
-  const id = (await run(a, ep)).json.id as string;
-  const waiting = a.req('GET', `/v2/${ep}/stream/${id}?wait=10000`);
-  await new Promise((r) => setTimeout(r, 300));
-  t.equal((await a.req('DELETE', `/v2/serverless/${ep}`)).status, 204);
-  const started = Date.now();
-  const r = await waiting;
-  assertProblem(t, r, 404);
-  t.equal(r.json.detail, `Endpoint ${ep} was deleted while job ${id} waited; the job is gone.`, 'not "unknown, or its result expired"');
-  t.ok(Date.now() - started < 5000, 'answered at once, not after the wait');
-});
+for (const [what, poll] of [['a /status-sync', 'status-sync'], ['a /stream?wait= poll', 'stream']] as const) {
+  t.test(`${what} waiting when its endpoint is deleted gets the 404 /runsync gets, saying the endpoint was deleted`, async (t) => {
+    const a = await startAgent(t, { takeHoldMs: 1000 });
+    const ep = await endpoint(a);
+    const id = (await run(a, ep)).json.id as string;
+    const waiting = a.req('GET', `/v2/${ep}/${poll}/${id}?wait=10000`);
+    await new Promise((r) => setTimeout(r, 300));
+    t.equal((await a.req('DELETE', `/v2/serverless/${ep}`)).status, 204);
+    const started = Date.now();
+    const r = await waiting;
+    assertProblem(t, r, 404);
+    t.equal(r.json.detail, `Endpoint ${ep} was deleted while job ${id} waited; the job is gone.`, 'not "unknown, or its result expired"');
+    t.ok(Date.now() - started < 5000, 'answered at once, not after the wait');
+  });
+}
 
 t.test('/health stops counting a result within about a second of its expiry', async (t) => {
   const a = await startAgent(t, { takeHoldMs: 1000 });
