@@ -27,6 +27,8 @@ export interface LedgerHost {
 /** What one worker holds. */
 export interface Holding {
   workerId: string;
+  /** The worker's endpoint, for naming who holds what when nothing fits (null: not given). */
+  endpointId: string | null;
   gpuUuids: string[];
   gpuTypeId: string | null;
   vcpus: number;
@@ -51,6 +53,28 @@ export type LedgerNoFit = { ok: false; reason: GpuNoFitReason | CpuNoFitReason; 
 
 /** Upper bound for {@link ResourceLedger.capacity}'s simulation (a host never runs more workers). */
 const MAX_CAPACITY = 10_000;
+
+/** The most endpoints a `busy` reason names; the rest are counted (a log line stays one line). */
+const MAX_HOLDERS_NAMED = 3;
+
+/**
+ * Who holds what, for a `busy` reason: `2 workers of endpoint abc (2 GPUs), 1 worker of endpoint
+ * def (1 GPU)`, the endpoints holding most first, at most {@link MAX_HOLDERS_NAMED} of them and
+ * `and N more endpoints` after; `what` says what a group of holdings holds.
+ */
+function holdersText(holdings: readonly Holding[], what: (held: readonly Holding[]) => string): string {
+  const byEndpoint = new Map<string | null, Holding[]>();
+  for (const h of holdings) {
+    const list = byEndpoint.get(h.endpointId) ?? [];
+    list.push(h);
+    byEndpoint.set(h.endpointId, list);
+  }
+  const groups = [...byEndpoint].sort((a, b) => b[1].length - a[1].length);
+  const named = groups.slice(0, MAX_HOLDERS_NAMED).map(([endpointId, held]) =>
+    `${held.length} worker${held.length === 1 ? '' : 's'} ${endpointId === null ? 'of no endpoint' : `of endpoint ${endpointId}`} (${what(held)})`);
+  const more = groups.length - named.length;
+  return named.join(', ') + (more > 0 ? ` and ${more} more endpoint${more === 1 ? '' : 's'}` : '');
+}
 
 export class ResourceLedger {
   #host: LedgerHost;
@@ -110,7 +134,7 @@ export class ResourceLedger {
   }
 
   /** Where one more worker with this requirement would go, without recording it. */
-  #decide(req: WorkerRequirement, heldGpus: ReadonlySet<string>, reservedCpu: CpuResources): Omit<Holding, 'workerId'> | LedgerNoFit {
+  #decide(req: WorkerRequirement, heldGpus: ReadonlySet<string>, reservedCpu: CpuResources): Omit<Holding, 'workerId' | 'endpointId'> | LedgerNoFit {
     if (req.kind === 'gpu') {
       const p = placeGpuWorker(this.#withHostModels(req.gpu), this.#placementGpus(), heldGpus);
       if (!p.ok) return p;
@@ -121,12 +145,15 @@ export class ResourceLedger {
     return { gpuUuids: [], gpuTypeId: null, vcpus: p.vcpus, memoryGb: p.memoryGb, cpuFlavorId: p.entry.id };
   }
 
-  /** Reserves devices for one worker, or says why nothing fits. A worker holds one reservation at a time. */
-  reserve(workerId: string, req: WorkerRequirement): LedgerReservation | LedgerNoFit {
+  /**
+   * Reserves devices for one worker, or says why nothing fits. A worker holds one reservation at a
+   * time; `endpointId` names its endpoint in the reasons other endpoints wait for.
+   */
+  reserve(workerId: string, req: WorkerRequirement, endpointId: string | null = null): LedgerReservation | LedgerNoFit {
     if (this.#holdings.has(workerId)) throw new AgentError('CONFLICT', `Worker ${workerId} already holds a reservation.`);
     const d = this.#decide(req, this.heldGpuUuids(), this.reservedCpu());
     if ('ok' in d) return d;
-    this.#holdings.set(workerId, { workerId, ...d });
+    this.#holdings.set(workerId, { workerId, endpointId, ...d });
     return {
       ok: true,
       workerId,
@@ -162,6 +189,23 @@ export class ResourceLedger {
   whyNot(req: WorkerRequirement): LedgerNoFit | null {
     const d = this.#decide(req, this.heldGpuUuids(), this.reservedCpu());
     if (!('ok' in d)) return null;
+    if (d.reason === 'busy') {
+      // Who holds it: the endpoints whose workers the waiting one waits for.
+      if (req.kind === 'gpu') {
+        const matching = new Set(this.#withHostModels(req.gpu).allowedTypeIds);
+        const uuids = new Set(this.#placementGpus().filter((g) => g.gpuTypeId !== null && matching.has(g.gpuTypeId)).map((g) => g.uuid));
+        const holders = [...this.#holdings.values()].filter((h) => h.gpuUuids.some((u) => uuids.has(u)));
+        if (holders.length === 0) return d;
+        return { ...d, detail: `${d.detail}: ${holdersText(holders, (held) => {
+          const n = held.reduce((sum, h) => sum + h.gpuUuids.filter((u) => uuids.has(u)).length, 0);
+          return `${n} GPU${n === 1 ? '' : 's'}`;
+        })}` };
+      }
+      const holders = [...this.#holdings.values()].filter((h) => h.vcpus > 0 || h.memoryGb > 0);
+      if (holders.length === 0) return d;
+      return { ...d, detail: `${d.detail}, held by ${holdersText(holders, (held) =>
+        `${held.reduce((sum, h) => sum + h.vcpus, 0)} vCPU / ${held.reduce((sum, h) => sum + h.memoryGb, 0).toFixed(1)} GiB`)}` };
+    }
     // The host side of the story: what discovery found, so the reason can be acted on.
     const found = this.#host.discovery;
     if (d.reason === 'no-gpus' && found?.noGpuReason) {
@@ -211,8 +255,8 @@ export interface LedgerPlacement<S> {
 export function createLedgerPlacement<S>(ledger: ResourceLedger, toRequirement: (spec: S) => WorkerRequirement): LedgerPlacement<S> {
   return {
     capacity: (_endpointId, spec) => ledger.capacity(toRequirement(spec)),
-    reserve: (_endpointId, workerId, spec) => {
-      const r = ledger.reserve(workerId, toRequirement(spec));
+    reserve: (endpointId, workerId, spec) => {
+      const r = ledger.reserve(workerId, toRequirement(spec), endpointId);
       return r.ok ? { gpuDeviceIds: r.gpuDeviceIds, gpuName: r.gpuName, cpu: r.cpu } : undefined;
     },
     release: (workerId) => {

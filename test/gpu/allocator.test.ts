@@ -44,7 +44,7 @@ t.test('reserve gives GPUs to one worker at a time; release frees them', async (
   t.match(b, { ok: true, gpuDeviceIds: ['A100-2'] }, 'the second worker gets the other A100');
   t.match(ledger.reserve('w3', gpuReq(1)), { ok: false, reason: 'busy' }, 'no third A100');
   t.same([...ledger.heldGpuUuids()].sort(), ['A100-1', 'A100-2']);
-  t.same(ledger.holding('w1'), { workerId: 'w1', gpuUuids: ['A100-1'], gpuTypeId: A100, vcpus: 0, memoryGb: 0, cpuFlavorId: null });
+  t.same(ledger.holding('w1'), { workerId: 'w1', endpointId: null, gpuUuids: ['A100-1'], gpuTypeId: A100, vcpus: 0, memoryGb: 0, cpuFlavorId: null });
 
   t.equal(ledger.release('w1'), true);
   t.equal(ledger.release('w1'), false, 'releasing twice is harmless');
@@ -144,6 +144,42 @@ t.test('CPU workers: vCPUs and memory from the flavor, entries in order', async 
   ledger.release('c1');
   t.same(ledger.reservedCpu(), { vcpus: 0, memoryGb: 0 });
   t.equal(ledger.capacity(cpuReq('cpu3g', 16)), 1);
+});
+
+t.test('a busy reason names the endpoints whose workers hold the GPUs, vCPUs and memory', async (t) => {
+  const ledger = new ResourceLedger(mixedHost());
+  ledger.reserve('w1', gpuReq(1), 'ep-a');
+  ledger.reserve('w2', gpuReq(1, [A100, L4]), 'ep-b');
+  ledger.reserve('w3', gpuReq(1, [L4]), 'ep-c');
+  t.same(ledger.whyNot(gpuReq(1)), {
+    ok: false, reason: 'busy',
+    detail: 'every matching GPU is held by another worker: 1 worker of endpoint ep-a (1 GPU), 1 worker of endpoint ep-b (1 GPU)',
+  }, 'the holders of the matching GPUs only (not ep-c, on the L4)');
+
+  // 16 vCPU / 64 GiB: ep-a's two cpu3c-4 hold 8 vCPU / 16 GiB, ep-b's cpu3g-4 4 vCPU / 16 GiB, ep-d's cpu3c-2 2 / 4.
+  const cpu = new ResourceLedger(mixedHost());
+  cpu.reserve('c1', cpuReq('cpu3c', 4), 'ep-a');
+  cpu.reserve('c2', cpuReq('cpu3c', 4), 'ep-a');
+  cpu.reserve('c3', cpuReq('cpu3g', 4), 'ep-b');
+  cpu.reserve('c4', cpuReq('cpu3c', 2), 'ep-d');
+  cpu.reserve('g1', gpuReq(1), 'ep-gpu');
+  t.same(cpu.whyNot(cpuReq('cpu3c', 4)), {
+    ok: false, reason: 'busy',
+    detail: 'host has 2 vCPU / 28.0 GiB left of 16 vCPU / 64.0 GiB, held by 2 workers of endpoint ep-a (8 vCPU / 16.0 GiB), '
+      + '1 worker of endpoint ep-b (4 vCPU / 16.0 GiB), 1 worker of endpoint ep-d (2 vCPU / 4.0 GiB)',
+  }, 'the endpoints holding most first; a GPU worker holds no vCPUs here and is not named');
+
+  // Bounded: three endpoints named, the rest counted.
+  const many = new ResourceLedger({ ...mixedHost(), cpu: { vcpus: 6, memoryGb: 64 } });
+  for (const ep of ['ep-1', 'ep-2', 'ep-3', 'ep-4', 'ep-5', 'ep-6']) many.reserve(`w-${ep}`, cpuReq('cpu3c', 1), ep);
+  t.match(many.whyNot(cpuReq('cpu3c', 1))?.detail, /, held by 1 worker of endpoint ep-1 \(1 vCPU \/ 2\.0 GiB\), 1 worker of endpoint ep-2 \(.*\), 1 worker of endpoint ep-3 \(.*\) and 3 more endpoints$/);
+
+  // Through the scheduler's Placement shape, which passes the endpoint id along.
+  const placement: Placement = createLedgerPlacement<EndpointSpec>(new ResourceLedger(mixedHost()), workerRequirement);
+  const cpuSpec = { gpu: null, cpu: [{ id: 'cpu3c', vcpuCount: 8 }], dataCenterIds: [] } as unknown as EndpointSpec;
+  placement.reserve('ep1', 'c1', cpuSpec);
+  placement.reserve('ep1', 'c2', cpuSpec);
+  t.equal(placement.whyNot('ep2', cpuSpec), 'host has 0 vCPU / 32.0 GiB left of 16 vCPU / 64.0 GiB, held by 2 workers of endpoint ep1 (16 vCPU / 32.0 GiB)');
 });
 
 t.test('inventory(): one catalog row per GPU, free until held', async (t) => {

@@ -74,8 +74,8 @@ t.test('GPU inventory, throttling and exclusive placement', async (t) => {
     return body.workers.throttled >= 1 && body;
   });
   t.equal(h.workers.running + h.workers.idle, 0, 'a GPU belongs to one worker at a time');
-  t.match(await systemLines(a, second), ['no worker can start: every matching GPU is held by another worker; jobs wait in the queue (throttled)'],
-    'the log says the GPU is taken');
+  t.match(await systemLines(a, second), [`no worker can start: every matching GPU is held by another worker: 1 worker of endpoint ${fits} (1 GPU); jobs wait in the queue (throttled)`],
+    'the log says the GPU is taken, and by whom');
 });
 
 t.test('a CPU process worker sees no GPU, a GPU one only its own, whatever the endpoint env says; RUNPOD_GPU_COUNT counts them', async (t) => {
