@@ -152,6 +152,8 @@ export interface NetworkInspect {
 export interface PullProgress {
   status?: string;
   id?: string;
+  /** Bytes of the layer `id` so far, on `Downloading` (and Docker's `Extracting`) lines. */
+  progressDetail?: { current?: number; total?: number };
   progress?: string;
   error?: string;
   errorDetail?: { message?: string };

@@ -20,6 +20,7 @@ import { performance } from 'node:perf_hooks';
 import type { Logger } from '../../core/logger.js';
 import { lineSplitter } from '../line-splitter.js';
 import type { ExitInfo, LaunchResult, LaunchSpec, WorkerEvents, WorkerRuntime } from '../types.js';
+import type { PullProgress } from './api-types.js';
 import { DockerClient } from './client.js';
 import { LABELS, containerName, createBody, gpuAttachFor, volumeName, type GpuAttach } from './container-spec.js';
 import { DockerError, isDockerError } from './errors.js';
@@ -53,6 +54,11 @@ export interface ContainerRuntimeOptions {
    * (a registry that stalls), and with it the launches waiting for it. @defaultValue 300000
    */
   pullIdleTimeoutMs?: number;
+  /**
+   * While a pull runs, a `still pulling image` line this often (layers and bytes so far, when
+   * the engine's progress stream reports them); 0: none. @defaultValue 15000
+   */
+  pullProgressMs?: number;
 }
 
 /** A pull in flight, shared by the launches of its image; given up when the last of them is stopped. */
@@ -127,6 +133,50 @@ function refusesInit(err: unknown): boolean {
 
 /** `--image-pull-idle-timeout-ms`'s default: 5 minutes without progress from the engine. */
 export const DEFAULT_PULL_IDLE_TIMEOUT_MS = 300_000;
+
+/** How often a pull in flight is logged (`pullProgressMs`). */
+export const DEFAULT_PULL_PROGRESS_MS = 15_000;
+
+/** A layer's download status lines in a pull's progress stream (Docker's and Podman's). */
+const LAYER_DOWNLOADED = new Set(['Download complete', 'Pull complete', 'Already exists']);
+const mb = (bytes: number): number => Math.round(bytes / 104857.6) / 10;
+
+/**
+ * What a pull's progress stream said so far, per layer id: bytes downloaded of how many, and
+ * whether the layer is downloaded. Lines without a layer (`Pulling from …` names the tag,
+ * `Digest:`, `Status:`) and Docker's extraction bytes are left out.
+ */
+class PullTally {
+  readonly #layers = new Map<string, { current: number; total: number; done: boolean }>();
+
+  add(p: PullProgress): void {
+    if (!p.id || !p.status || p.status.startsWith('Pulling from ')) return;
+    let layer = this.#layers.get(p.id);
+    if (!layer) this.#layers.set(p.id, (layer = { current: 0, total: 0, done: false }));
+    const { current, total } = p.progressDetail ?? {};
+    if (p.status === 'Downloading' && total !== undefined && total > 0) {
+      layer.total = total;
+      layer.current = current ?? layer.current;
+    } else if (LAYER_DOWNLOADED.has(p.status)) {
+      layer.done = true;
+      layer.current = layer.total;
+    }
+  }
+
+  /** Log fields: `layersDownloaded=1/3`, and `downloadedMb`/`totalMb` once a size is known; none before the first layer. */
+  fields(): Record<string, unknown> {
+    if (this.#layers.size === 0) return {};
+    let done = 0;
+    let current = 0;
+    let total = 0;
+    for (const l of this.#layers.values()) {
+      if (l.done) done++;
+      current += l.current;
+      total += l.total;
+    }
+    return { layersDownloaded: `${done}/${this.#layers.size}`, ...(total > 0 ? { downloadedMb: mb(current), totalMb: mb(total) } : {}) };
+  }
+}
 
 const SIGNALS = new Map(Object.entries(constants.signals).map(([name, n]) => [n, name]));
 const isLoopback = (host: string): boolean => host === 'localhost' || host === '::1' || host.startsWith('127.');
@@ -439,16 +489,26 @@ export class ContainerRuntime implements WorkerRuntime {
    * of the image join). A launch whose worker is stopped meanwhile stops waiting at once; the
    * pull is given up when no launch waits for it any more. A pull without progress for
    * `pullIdleTimeoutMs` fails (the client's idle bound), and with it every launch waiting.
+   * Until it ends, a line every `pullProgressMs` says it still runs, with what it got so far.
    */
   async #ensureImage(spec: LaunchSpec, stopped: AbortSignal): Promise<void> {
     if (await this.client.inspectImage(spec.image)) return;
     let pull = this.#pulls.get(spec.image);
     if (!pull) {
       const abort = new AbortController();
+      const signal = AbortSignal.any([this.#shutdown.signal, abort.signal]);
       this.#log.info('pulling image', { image: spec.image, endpointId: spec.endpointId, authenticated: spec.registryAuth !== null });
+      const tally = new PullTally();
+      const began = performance.now();
+      const every = this.#o.pullProgressMs ?? DEFAULT_PULL_PROGRESS_MS;
+      const ticker = every <= 0 ? undefined : setInterval(() => {
+        if (signal.aborted) return clearInterval(ticker);
+        this.#log.info('still pulling image', { image: spec.image, elapsedMs: Math.round(performance.now() - began), ...tally.fields() });
+      }, every).unref();
       const done = this.client.pullImage(spec.image, {
-        auth: spec.registryAuth, signal: AbortSignal.any([this.#shutdown.signal, abort.signal]), idleTimeoutMs: this.#o.pullIdleTimeoutMs ?? DEFAULT_PULL_IDLE_TIMEOUT_MS,
+        auth: spec.registryAuth, signal, idleTimeoutMs: this.#o.pullIdleTimeoutMs ?? DEFAULT_PULL_IDLE_TIMEOUT_MS, onProgress: (p) => tally.add(p),
       }).finally(() => {
+        clearInterval(ticker);
         if (this.#pulls.get(spec.image) === created) this.#pulls.delete(spec.image);
       });
       // Given up with no launch left to hear it: not an unhandled rejection.
