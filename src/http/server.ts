@@ -6,6 +6,7 @@
  */
 import type { HttpRequest, HttpResponse, us_listen_socket } from 'uWebSockets.js';
 import { randomBytes } from 'node:crypto';
+import { createServer as createNetServer } from 'node:net';
 import { loadUws, uwsIdleTimeoutS, uwsPatchSkipped, uwsSplitHeaderLimit } from '../core/native.js';
 import { LoopSpinner } from '../core/loop-spin.js';
 import type { Cancellation } from '../core/abort.js';
@@ -185,6 +186,39 @@ const CLOSE_GRACE_MS = 3000;
 
 /** uWS ListenOptions.LIBUS_LISTEN_EXCLUSIVE_PORT: no SO_REUSEPORT on the listening socket. */
 const LISTEN_EXCLUSIVE_PORT = 1;
+
+/**
+ * Why uWS could not listen: it reports a failure without an errno, so the same host and port
+ * are tried again with Node's net (listened on, then closed at once) and its error code is
+ * said. The text follows `cannot listen on HOST:PORT`.
+ */
+function listenFailure(host: string, port: number): Promise<string> {
+  return new Promise((resolve) => {
+    const probe = createNetServer();
+    probe.once('error', (err: NodeJS.ErrnoException) => {
+      switch (err.code) {
+        case 'EADDRINUSE':
+          resolve(': address already in use (another flashd or program listens there; pick --port)');
+          return;
+        case 'EACCES':
+          resolve(': permission denied: ports below 1024 need root or CAP_NET_BIND_SERVICE');
+          return;
+        case 'EADDRNOTAVAIL':
+          resolve(`: ${host} is not an address of this machine (pick --host)`);
+          return;
+        case 'ENOTFOUND':
+          resolve(`: ${host} does not resolve to an address (ENOTFOUND; pick --host)`);
+          return;
+        default:
+          resolve(`: ${err.code ?? err.message}`);
+      }
+    });
+    probe.listen({ host, port, exclusive: true }, () => {
+      // Free a moment later: whatever held it has let go.
+      probe.close(() => resolve(' (refused, but free when tried again; start flashd again)'));
+    });
+  });
+}
 
 export function createHttpServer(options: HttpServerOptions): HttpServer {
   const app = uws.App();
@@ -645,7 +679,7 @@ export function createHttpServer(options: HttpServerOptions): HttpServer {
         // the second one fail. The (host, port, options, cb) form is in the binary, not the typings.
         (app as unknown as { listen(host: string, port: number, options: number, cb: (token: us_listen_socket | false) => void): void }).listen(options.host, options.port, LISTEN_EXCLUSIVE_PORT, (token) => {
           if (!token) {
-            reject(new Error(`cannot listen on ${options.host}:${options.port} (address in use or not permitted)`));
+            void listenFailure(options.host, options.port).then((why) => reject(new Error(`cannot listen on ${options.host}:${options.port}${why}`)));
             return;
           }
           listenSocket = token;

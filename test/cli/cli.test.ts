@@ -270,3 +270,38 @@ t.test('a --data-dir that names a regular file: exit 1 saying it is not a direct
   t.match(r.stderr, `data directory ${file} is not a directory`);
   t.notMatch(r.stderr, /cannot create|EEXIST/);
 });
+
+t.test('a port flashd may not bind says permission denied, not "address in use or not permitted"', async (t) => {
+  // uWS gives no errno; flashd tries the port again with Node's net to name the cause.
+  let unprivileged = 1024;
+  try {
+    unprivileged = Number(readFileSync('/proc/sys/net/ipv4/ip_unprivileged_port_start', 'utf8'));
+  } catch {
+    // Not Linux: ports below 1024 are privileged.
+  }
+  if (unprivileged === 0) {
+    t.pass('every port is unprivileged here', { skip: 'net.ipv4.ip_unprivileged_port_start=0' });
+    return;
+  }
+  const port = String(Math.min(unprivileged, 1024) - 1);
+  // As root, run flashd as nobody without CAP_NET_BIND_SERVICE (root may bind any port), with
+  // the setup of the not-writable data directory test above; else as this user.
+  const root = process.getuid?.() === 0;
+  const parent = mkdtempSync(join(tmpdir(), 'flashd-port-'));
+  t.teardown(() => rmSync(parent, { recursive: true, force: true }));
+  chmodSync(parent, 0o755);
+  const own = (dir: string) => {
+    mkdirSync(dir);
+    if (root) chownSync(dir, 65534, 65534);
+    return dir;
+  };
+  const nobodyTmp = own(join(parent, 'tmp'));
+  const dir = own(join(parent, 'data'));
+  const args = [BUNDLE, '--port', port, '--data-dir', dir, '--runtime', 'none'];
+  const r = root
+    ? run('env', ['-i', `PATH=${process.env['PATH'] ?? '/usr/bin:/bin'}`, `TMPDIR=${nobodyTmp}`, 'setpriv', '--reuid', '65534', '--regid', '65534', '--clear-groups', '--inh-caps=+dac_read_search', '--ambient-caps=+dac_read_search', node, ...args])
+    : run(node, args);
+  t.equal(r.status, 1, 'exit 1, as before');
+  t.equal(r.stderr.split('\n').filter((l) => l.startsWith('flashd:')).join('\n'),
+    `flashd: cannot start: cannot listen on 127.0.0.1:${port}: permission denied: ports below 1024 need root or CAP_NET_BIND_SERVICE`);
+});
