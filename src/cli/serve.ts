@@ -1,5 +1,6 @@
 import type { Agent } from '../app.js';
 import type { FlashdConfig } from '../config/index.js';
+import { createLogger } from '../core/logger.js';
 import { listenForSignals, onStopSignal } from './signals.js';
 
 /** How long a second signal waits for the engine to remove flashd's containers before exiting. */
@@ -22,7 +23,7 @@ export async function serve(config: FlashdConfig): Promise<number> {
     const { createAgent } = await import('../app.js');
     agent = await createAgent({ config });
   } catch (err) {
-    process.stderr.write(`flashd: cannot start: ${(err as Error).message}\n`);
+    cannotStart(config, err);
     return 1;
   }
   return new Promise((resolve) => {
@@ -59,4 +60,16 @@ export async function serve(config: FlashdConfig): Promise<number> {
       agent.log.info('signal ignored', { signal, why: 'flashd reopens no logs and opens no debugger on a signal; SIGTERM stops it' });
     });
   });
+}
+
+/**
+ * The last line of a start that failed, in the chosen log format: `flashd: cannot start: …`, or
+ * with --log-format json one JSON line (level error, `err.message` as other lines have it) that a
+ * log shipper parses like the lines before it. Whatever --log-level says: it is why flashd exits 1.
+ */
+function cannotStart(config: FlashdConfig, err: unknown): void {
+  const { message, code } = err as NodeJS.ErrnoException;
+  // No stack: as the text line, the message says what to change.
+  if (config.logFormat === 'json') createLogger({ format: 'json' }).error('cannot start', { err: { message, ...(code === undefined ? {} : { code }) } });
+  else process.stderr.write(`flashd: cannot start: ${message}\n`);
 }

@@ -305,3 +305,38 @@ t.test('a port flashd may not bind says permission denied, not "address in use o
   t.equal(r.stderr.split('\n').filter((l) => l.startsWith('flashd:')).join('\n'),
     `flashd: cannot start: cannot listen on 127.0.0.1:${port}: permission denied: ports below 1024 need root or CAP_NET_BIND_SERVICE`);
 });
+
+t.test('--log-format json: a start that fails ends with one JSON line (level error), not a text line', async (t) => {
+  const isJson = (line: string) => {
+    try {
+      return typeof JSON.parse(line) === 'object';
+    } catch {
+      return false;
+    }
+  };
+  const lastLine = (stderr: string) => JSON.parse(stderr.trimEnd().split('\n').pop() ?? '') as Record<string, unknown>;
+
+  // A bad data directory (flag), and a port already in use (env): every line on stderr is JSON.
+  const file = join(testDataDir(t), 'not-a-dir');
+  writeFileSync(file, 'x');
+  const badDir = run(node, [BUNDLE, '--port', '0', '--data-dir', file, '--runtime', 'none', '--log-format', 'json']);
+  t.equal(badDir.status, 1, 'bad data dir: exit 1, as in text');
+  t.ok(badDir.stderr.trimEnd().split('\n').every(isJson), `bad data dir: only JSON lines: ${badDir.stderr}`);
+  t.match(lastLine(badDir.stderr), { level: 'error', msg: 'cannot start', err: { message: `data directory ${file} is not a directory (a file of that name exists): choose another --data-dir` } });
+  t.notMatch(badDir.stderr, /"stack"/, 'no stack trace, as in text');
+
+  const server = createServer();
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  t.teardown(() => new Promise<void>((resolve) => server.close(() => resolve())));
+  const port = (server.address() as { port: number }).port;
+  const inUse = run(node, [BUNDLE, '--data-dir', testDataDir(t), '--runtime', 'none'], cleanEnv({ FLASHD_PORT: String(port), FLASHD_LOG_FORMAT: 'json' }));
+  t.equal(inUse.status, 1, 'port in use: exit 1, as in text');
+  t.ok(inUse.stderr.trimEnd().split('\n').every(isJson), `port in use: only JSON lines: ${inUse.stderr}`);
+  t.match(lastLine(inUse.stderr), { level: 'error', msg: 'cannot start', err: { message: `cannot listen on 127.0.0.1:${port}: address already in use (another flashd or program listens there; pick --port)` } });
+
+  // A configuration error (exit 2) stays one text line: the configuration it comes from is not
+  // valid, so no log format has been chosen yet.
+  const badConfig = run(node, [BUNDLE, '--log-format', 'json', '--port', 'eighty']);
+  t.equal(badConfig.status, 2);
+  t.match(badConfig.stderr, /^flashd: invalid configuration: flag --port/, 'configuration errors stay text');
+});
