@@ -40,6 +40,7 @@ export function buildOpenApi(routes: readonly RouteDef[], version: string): Reco
     responses[String(r.successStatus)] = ref
       ? { description: 'Success', content: { 'application/json': { schema: r.responseIsArray ? { type: 'array', items: ref } : ref } } }
       : { description: 'Success, no body' };
+    if (r.responseHeaders) (responses[String(r.successStatus)] as Record<string, unknown>)['headers'] = r.responseHeaders;
     // Any route may meet a failure, a shutdown or a disk it cannot write.
     for (const status of [...new Set([...r.problems, 500, 503])].sort()) {
       responses[String(status)] = {

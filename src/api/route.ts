@@ -51,6 +51,8 @@ export interface RouteDef {
   responseSchema: string | null;
   /** Wrap responseSchema as an array in the document. */
   responseIsArray?: boolean;
+  /** Headers of the success reply, for the document. */
+  responseHeaders?: Record<string, { description: string; schema: Record<string, unknown> }>;
   problems: number[];
   query?: QueryParam[];
   maxBodyBytes?: number;

@@ -19,7 +19,7 @@ export interface WorkerRouteServices {
   endpoints: EndpointService;
   auth: AuthService;
   /** Worker output: stored lines and followers of new ones. */
-  logs: Pick<LogHub, 'read' | 'follow'>;
+  logs: Pick<LogHub, 'read' | 'follow' | 'droppedAfter'>;
   /** queue_base_url as workers reach it. */
   baseUrl(): string;
   pingIntervalMs: number;
@@ -274,10 +274,16 @@ export function workerRoutes(s: WorkerRouteServices): RouteDef[] {
       summary: "Workers' stdout/stderr: the last ?limit lines, or lines after ?since; ?follow=true streams new lines as NDJSON", tag: 'Workers',
       auth: 'user', scope: 'endpoints:read', successStatus: 200, responseSchema: 'LogLine', responseIsArray: true, problems: [400, 401, 403, 404, 429],
       query: [
-        { name: 'since', description: 'Only lines with seq greater than this.', schema: { type: 'integer', minimum: 0 } },
+        { name: 'since', description: 'Only lines with seq greater than this. When lines after it were already deleted (flashd keeps the newest 10,000 lines per endpoint), the reply says so in X-Logs-Dropped-Through.', schema: { type: 'integer', minimum: 0 } },
         { name: 'limit', description: 'At most this many lines (default 500, max 10000), and at most 16 MiB of line text: the newest lines that fit, or with since the oldest after it.', schema: { type: 'integer', minimum: 1, maximum: 10000 } },
         { name: 'follow', description: 'true: keep the response open and stream new lines as NDJSON.', schema: { type: 'boolean' } },
       ],
+      responseHeaders: {
+        'X-Logs-Dropped-Through': {
+          description: 'Only with ?since, when lines after it were deleted before they were read (the oldest beyond the 10,000 kept per endpoint): every line of the endpoint up to this seq is gone, so the reader missed some. The reply starts at the oldest line kept.',
+          schema: { type: 'integer' },
+        },
+      },
       handle: ({ req, principal, params }) => {
         const ep = s.endpoints.get(principal.ownerId, params['endpointId'] as string);
         const sinceRaw = req.query.get('since');
@@ -297,12 +303,15 @@ export function workerRoutes(s: WorkerRouteServices): RouteDef[] {
         const limit = limitRaw === null ? 500 : Number(limitRaw);
         const since = sinceRaw === null ? undefined : Number(sinceRaw);
         let lines = s.logs.read(ep.id, since, limit);
-        if (followRaw !== 'true' && followRaw !== '1') return { status: 200, body: lines.map(logView) };
+        // seq is shared by every endpoint: a reader cannot tell a gap from lines trimmed away.
+        const dropped = since === undefined ? null : s.logs.droppedAfter(ep.id, since);
+        const droppedHeader: Record<string, string> = dropped === null ? {} : { 'x-logs-dropped-through': String(dropped) };
+        if (followRaw !== 'true' && followRaw !== '1') return { status: 200, headers: droppedHeader, body: lines.map(logView) };
         return {
           status: 200,
           reply: {
             status: 200,
-            headers: { 'content-type': 'application/x-ndjson', 'cache-control': 'no-store' },
+            headers: { 'content-type': 'application/x-ndjson', 'cache-control': 'no-store', ...droppedHeader },
             stream: (w) => {
               // The stream outlives the request's authentication: each new line is sent only
               // while the credential that opened it is still good (a key revoked or expired since,

@@ -74,6 +74,14 @@ export class LogHub {
   }
 
   /**
+   * The seq of the newest line trimmed away (beyond the kept lines per endpoint) when it is after
+   * `afterSeq`: a reader that had read up to `afterSeq` missed lines. Else null.
+   */
+  droppedAfter(endpointId: string, afterSeq: number): number | null {
+    return this.#repo.droppedAfter(endpointId, afterSeq);
+  }
+
+  /**
    * New lines of an endpoint after `afterSeq` (the last line the caller already has), as they are
    * committed; `end` when the endpoint goes away. A line appended before this call but not yet
    * committed notified no follower, and a read made before it did not see it: once the pending

@@ -15,7 +15,10 @@ export class LogsRepo {
   readonly #insert: Statement;
   readonly #since: Statement;
   readonly #tail: Statement;
+  readonly #pruneFrom: Statement;
   readonly #prune: Statement;
+  readonly #pruned: Statement;
+  readonly #prunedThrough: Statement;
 
   constructor(db: Db) {
     this.#insert = db.prepare('INSERT INTO endpoint_logs (endpoint_id, worker_id, stream, line, at) VALUES (?, ?, ?, ?, ?)');
@@ -23,8 +26,11 @@ export class LogsRepo {
       WHERE endpoint_id = ? AND seq > ? ORDER BY seq LIMIT ?`);
     this.#tail = db.prepare(`SELECT seq, endpoint_id, worker_id, stream, line, at FROM endpoint_logs
       WHERE endpoint_id = ? ORDER BY seq DESC LIMIT ?`);
-    this.#prune = db.prepare(`DELETE FROM endpoint_logs WHERE endpoint_id = ? AND seq <= (
-      SELECT seq FROM endpoint_logs WHERE endpoint_id = ? ORDER BY seq DESC LIMIT 1 OFFSET ?)`);
+    this.#pruneFrom = db.prepare('SELECT seq FROM endpoint_logs WHERE endpoint_id = ? ORDER BY seq DESC LIMIT 1 OFFSET ?').pluck();
+    this.#prune = db.prepare('DELETE FROM endpoint_logs WHERE endpoint_id = ? AND seq <= ?');
+    this.#pruned = db.prepare(`INSERT INTO endpoint_logs_pruned (endpoint_id, through) VALUES (?, ?)
+      ON CONFLICT (endpoint_id) DO UPDATE SET through = MAX(through, excluded.through)`);
+    this.#prunedThrough = db.prepare('SELECT through FROM endpoint_logs_pruned WHERE endpoint_id = ?').pluck();
   }
 
   insert(endpointId: string, workerId: string | null, stream: LogLine['stream'], line: string, at: number): number {
@@ -50,8 +56,20 @@ export class LogsRepo {
     return afterSeq === undefined ? lines.reverse() : lines;
   }
 
-  /** Keeps the newest `keep` lines of an endpoint. */
+  /** Keeps the newest `keep` lines of an endpoint, and notes the newest line deleted. */
   prune(endpointId: string, keep: number): void {
-    this.#prune.run(endpointId, endpointId, keep);
+    const through = this.#pruneFrom.get(endpointId, keep) as number | undefined;
+    if (through === undefined) return;
+    this.#prune.run(endpointId, through);
+    this.#pruned.run(endpointId, through);
+  }
+
+  /**
+   * The seq of the newest deleted line when it is after `afterSeq` (lines the caller has not
+   * seen were deleted), else null.
+   */
+  droppedAfter(endpointId: string, afterSeq: number): number | null {
+    const through = this.#prunedThrough.get(endpointId) as number | undefined;
+    return through !== undefined && through > afterSeq ? through : null;
   }
 }

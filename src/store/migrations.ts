@@ -322,4 +322,14 @@ export const MIGRATIONS: readonly string[] = [
   ALTER TABLE api_keys_v17 RENAME TO api_keys;
   CREATE INDEX api_keys_user ON api_keys(user_id);
   `,
+  // 18: the newest line of an endpoint's log that trimming deleted (store/logs.ts prune), so that
+  // a read with ?since below it can say lines after it are gone: seq is shared by every endpoint,
+  // so the lines kept alone cannot tell a gap from deleted lines. Lines deleted before this
+  // version are not known. IF NOT EXISTS: replayed on a database whose user_version was set back.
+  `
+  CREATE TABLE IF NOT EXISTS endpoint_logs_pruned (
+    endpoint_id TEXT PRIMARY KEY REFERENCES endpoints(id) ON DELETE CASCADE,
+    through INTEGER NOT NULL
+  ) WITHOUT ROWID;
+  `,
 ];

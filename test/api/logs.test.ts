@@ -1,6 +1,7 @@
 import t from 'tap';
 import { connect } from 'node:net';
 import { ADMIN_KEY, assertProblem, cpuBody, startAgent } from '../helpers/agent.js';
+import { testDataDir } from '../helpers/data-dir.js';
 
 t.test('endpoint logs: tail, since, follow, and gone with the endpoint', async (t) => {
   const a = await startAgent(t);
@@ -53,6 +54,43 @@ t.test('endpoint logs: tail, since, follow, and gone with the endpoint', async (
   t.equal((await a.req('DELETE', `/v2/serverless/${ep}`)).status, 204);
   t.equal(await readUntil(() => false), true, 'the stream ends when the endpoint is deleted');
   assertProblem(t, await a.req('GET', `/v2/serverless/${ep}/logs`), 404);
+});
+
+t.test('a read with ?since past lines already deleted says so (X-Logs-Dropped-Through), also after a restart', async (t) => {
+  // flashd keeps the newest 10,000 lines of an endpoint, trimming every 1,000 appended: the
+  // 11,000th line drops the oldest 1,000. seq is global (every endpoint's lines share it), so a
+  // client cannot tell a gap from lines deleted; without a word it just missed them.
+  const dir = testDataDir(t);
+  const a = await startAgent(t, {}, { dir });
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody() })).json.id as string;
+  const hub = a.agent.logs;
+  hub.append(ep, 'wkr_a', 'stdout', 'line 0');
+  await a.agent.queue.durable();
+  const first = hub.read(ep, undefined, 1)[0]!.seq;
+  const untrimmed = await a.req('GET', `/v2/serverless/${ep}/logs?since=${first}&limit=1`);
+  t.equal(untrimmed.headers.get('x-logs-dropped-through'), null, 'nothing deleted yet: no header');
+  for (let i = 1; i < 11_000; i++) hub.append(ep, 'wkr_a', 'stdout', `line ${i}`);
+  await a.agent.queue.durable();
+  const through = String(first + 999);
+
+  const behind = await a.req('GET', `/v2/serverless/${ep}/logs?since=${first}&limit=1`);
+  t.equal(behind.headers.get('x-logs-dropped-through'), through, 'a client whose last line was line 0: lines up to line 999 are gone');
+  t.same(behind.json.map((l: { line: string }) => l.line), ['line 1000'], 'it gets the oldest line kept');
+  t.equal((await a.req('GET', `/v2/serverless/${ep}/logs?since=0&limit=1`)).headers.get('x-logs-dropped-through'), through, 'since=0 too');
+  t.equal((await a.req('GET', `/v2/serverless/${ep}/logs?since=${first + 998}&limit=1`)).headers.get('x-logs-dropped-through'), through, 'one line missed is missed');
+  t.equal((await a.req('GET', `/v2/serverless/${ep}/logs?since=${through}&limit=1`)).headers.get('x-logs-dropped-through'), null, 'a client that had every deleted line missed nothing');
+  t.equal((await a.req('GET', `/v2/serverless/${ep}/logs?limit=1`)).headers.get('x-logs-dropped-through'), null, 'a tail read asks for no earlier line');
+  const follow = await fetch(`${a.url}/v2/serverless/${ep}/logs?follow=true&since=${first}&limit=1`, { headers: { authorization: `Bearer ${ADMIN_KEY}` } });
+  t.equal(follow.headers.get('x-logs-dropped-through'), through, 'a follow from there says so too');
+  await follow.body?.cancel();
+  const doc = (await a.req('GET', '/v2/openapi.json')).json;
+  t.ok(doc.paths['/v2/serverless/{endpointId}/logs'].get.responses['200'].headers['X-Logs-Dropped-Through'], 'in the OpenAPI document');
+
+  await a.agent.close();
+  const b = await startAgent(t, {}, { dir });
+  t.equal((await b.req('GET', `/v2/serverless/${ep}/logs?since=${first}&limit=1`)).headers.get('x-logs-dropped-through'), through, 'kept across a restart');
+  t.equal((await b.req('DELETE', `/v2/serverless/${ep}`)).status, 204);
+  t.equal(b.agent.db.prepare('SELECT COUNT(*) FROM endpoint_logs_pruned').pluck().get(), 0, 'gone with the endpoint');
 });
 
 t.test('following hands over from the snapshot to the stream without losing or repeating a line', async (t) => {
