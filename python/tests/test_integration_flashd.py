@@ -168,6 +168,29 @@ class JobTest(IntegrationCase):
         self.assertEqual(body["status"], "FAILED", body)
         self.assertEqual(body["error"], "bad thing")
 
+    def test_a_failed_job_is_logged_at_error_and_the_level_still_filters(self):
+        # RUNPOD_DEBUG_LEVEL=ERROR: a failed job's done line (at INFO before: nothing showed that
+        # a job whose handler returned an error failed) is written, with its error on one line
+        # and never its input; the INFO lines (Started., done (ok), Finished.) are not
+        endpoint = SERVER.create_endpoint("error-level")
+        env = dict(SERVER.worker_env(endpoint), VENDOR_LOG_LEVEL="", RUNPOD_DEBUG_LEVEL="ERROR")
+        worker = WorkerProcess(env, "handlers.py", "sync", log_dir=TMP).start()
+        self.addCleanup(worker.stop)
+        secret = "sk-not-for-logs"
+        raised = runsync(endpoint, {"raise": "broken input", "token": secret})
+        returned = runsync(endpoint, {"return": {"error": "bad thing"}, "token": secret})
+        fine = runsync(endpoint, {"return": "ok", "token": secret})
+        self.assertEqual([b["status"] for b in (raised, returned, fine)], ["FAILED", "FAILED", "COMPLETED"],
+                         worker.log())
+        log = wait_until(lambda: f"| {returned['id']} | done in" in worker.log() and worker.log(), 10,
+                         what="the done line")
+        self.assertRegex(log, rf"(?m)^ERROR  \| {raised['id']} \| done in \d+\.\d{{3}} s "
+                              rf"\(error: ValueError: broken input\)$")
+        self.assertRegex(log, rf"(?m)^ERROR  \| {returned['id']} \| done in \d+\.\d{{3}} s \(error: bad thing\)$")
+        self.assertNotIn(fine["id"], log)
+        self.assertFalse([line for line in log.splitlines() if line.startswith(("INFO", "DEBUG"))], log)
+        self.assertNotIn(secret, log)
+
     def test_result_nested_too_deeply_to_encode_fails_the_job(self):
         # json.dumps raises RecursionError (not TypeError/ValueError) past about 1000 levels (some
         # 10,000 on 3.13): the job ends FAILED at once instead of staying IN_PROGRESS until its

@@ -114,5 +114,33 @@ class EncodeTest(unittest.TestCase):
         self.assertIn("not JSON serialisable", info["error_message"])
 
 
+class ErrorSummaryTest(unittest.TestCase):
+    """The error of a failed job's log line: one line, no traceback, its type when it has one."""
+
+    def test_handler_exception(self):
+        self.assertEqual(r.error_summary(r.exception_result(ValueError("bad\n  value"))["error"]),
+                         "ValueError: bad value")
+        self.assertEqual(r.error_summary(r.exception_result(ValueError())["error"]), "ValueError")
+        self.assertEqual(r.error_summary(r.exception_result(unittest.SkipTest("x"))["error"]),
+                         "unittest.case.SkipTest: x")
+
+    def test_exit(self):
+        body = r.exit_result(SystemExit(3))
+        self.assertEqual(r.error_summary(body["error"]),
+                         "SystemExit(3): the handler called sys.exit(3); the job failed and the worker exits "
+                         "with status 3")
+
+    def test_generator_exception(self):
+        self.assertEqual(r.error_summary(r.generator_exception_result(RuntimeError("boom"))["error"]), "boom")
+
+    def test_returned_errors_as_they_are(self):
+        self.assertEqual(r.error_summary("quota exceeded"), "quota exceeded")
+        self.assertEqual(r.error_summary({"code": 7, "why": "x"}), '{"code": 7, "why": "x"}')
+        self.assertEqual(r.error_summary('{"error_type": 1}'), '{"error_type": 1}')
+
+    def test_long_errors_are_cut(self):
+        self.assertEqual(r.error_summary("x" * 1000), "x" * (r.ERROR_SUMMARY_CHARS - 1) + "…")
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -84,6 +84,12 @@ class ServeApiCase(unittest.TestCase):
     def tearDownClass(cls):
         cls.server.stop()
 
+    def wait_for_output(self, pattern, timeout=15):
+        deadline = time.monotonic() + timeout
+        while not re.search(pattern, self.server.output()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return self.server.output()
+
     def run_then(self, route, job_input):
         status, answer = self.server.request("POST", "/run", {"input": job_input})
         self.assertEqual(status, 200, answer)
@@ -126,6 +132,20 @@ class SyncHandlerTest(ServeApiCase):
     def test_error_key_fails(self):
         status, answer = self.server.request("POST", "/runsync", {"input": {"error": "declared"}})
         self.assertEqual(answer, {"id": answer["id"], "status": "FAILED", "error": "declared"})
+
+    def test_a_failed_job_is_done_at_error_with_its_error_and_never_its_input(self):
+        # a failed job's done line was "done (error)" at INFO; a handler that returned an error
+        # had no ERROR line at all
+        ids = []
+        for job_input in ({"fail": True, "token": "sk-not-for-logs"}, {"error": "declared", "token": "sk-not-for-logs"},
+                          {"q": "fine"}):
+            ids.append(self.server.request("POST", "/runsync", {"input": job_input})[1]["id"])
+        out = self.wait_for_output(rf"{ids[-1]} \| Finished\.")
+        done = [line for line in out.splitlines() if " | done (" in line and any(i in line for i in ids)]
+        self.assertEqual(done, [f"ERROR  | {ids[0]} | done (error: RuntimeError: sync failure)",
+                                f"ERROR  | {ids[1]} | done (error: declared)",
+                                f"INFO   | {ids[2]} | done (ok)"], out)
+        self.assertNotIn("sk-not-for-logs", out)
 
     def test_none_output_is_left_out(self):
         status, answer = self.server.request("POST", "/runsync", {"input": {"none": True}})
@@ -200,12 +220,6 @@ class SyncHandlerTest(ServeApiCase):
         self.addCleanup(hook.server_close)
         self.addCleanup(hook.shutdown)
         return hook.server_address[1], got, done
-
-    def wait_for_output(self, pattern, timeout=15):
-        deadline = time.monotonic() + timeout
-        while not re.search(pattern, self.server.output()) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        return self.server.output()
 
     def test_a_webhook_that_is_not_a_url_is_one_warning(self):
         # urllib.request.Request() raised before the try: a raw traceback out of the webhook thread
@@ -297,6 +311,8 @@ class GeneratorHandlerTest(ServeApiCase):
         job_id, (status, answer) = self.run_then("stream", {"n": 2, "fail": True})
         self.assertEqual((status, answer["status"], answer["stream"]), (200, "FAILED", [{"output": {"i": 0}}, {"output": {"i": 1}}]))
         self.assertTrue(answer["error"].startswith("handler: generator failure \ntraceback: "), answer)
+        self.assertIn(f"ERROR  | {job_id} | done (error: generator failure)\n",
+                      self.wait_for_output(rf"{job_id} \| Finished\."))
         status, answer = self.server.request("POST", "/runsync", {"input": {"fail": True}})
         self.assertEqual((status, answer["status"]), (200, "FAILED"))
 

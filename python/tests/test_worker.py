@@ -72,11 +72,11 @@ class BasicFlowTest(WorkerTestCase):
         self.assertEqual(take.query["job_in_progress"], "0")
         self.assertEqual(take.headers["authorization"], "worker-key")
 
-    def job_lines(self, handler):
+    def job_lines(self, handler, job_input=None):
         """(level, message) of the lines a job logs, tagged with its id, at INFO and above."""
         self.start_worker({"handler": handler})
         with self.assertLogs("vendor_flash", level="INFO") as logs:
-            job_id = self.fake.submit({})
+            job_id = self.fake.submit({} if job_input is None else job_input)
             self.final_post(job_id)
             self.fake.wait_for(lambda: any(r.getMessage() == "Finished." for r in logs.records))
         return [(r.levelname, r.getMessage()) for r in logs.records if getattr(r, "job_id", None) == job_id]
@@ -88,6 +88,50 @@ class BasicFlowTest(WorkerTestCase):
         self.assertEqual(lines[0], ("INFO", "Started."), lines)
         self.assertEqual(lines[-1], ("INFO", "Finished."), lines)
         self.assertRegex(lines[-2][1], r"^done in \d+\.\d{3} s \(ok\)$")
+
+    def done_line(self, handler, job_input):
+        """(level, message) of a job's ``done in`` line."""
+        lines = self.job_lines(handler, job_input)
+        done = [line for line in lines if line[1].startswith("done in")]
+        self.assertEqual(len(done), 1, lines)
+        self.assertNotIn("sk-not-for-logs", repr(lines))  # the input may hold secrets: never logged
+        return done[0]
+
+    def test_a_failed_job_is_done_at_error_with_its_error_and_never_its_input(self):
+        # runpod-python logs a captured handler exception at ERROR; the job's done line, at INFO
+        # before, is at ERROR too for every failed job (also one whose handler returned an
+        # error, which logged nothing at ERROR), with the error on one line and no traceback
+        def handler(job):
+            what = job["input"]["case"]
+            if what == "raise":
+                raise ValueError("bad value\nsecond line")
+            return {"error": "quota exceeded", "partial": 1} if what == "return" else {"error": {"code": 7}}
+
+        expected = {"raise": "ValueError: bad value second line", "return": "quota exceeded",
+                    "return_dict": '{"code": 7}'}
+        self.start_worker({"handler": handler})
+        with self.assertLogs("vendor_flash", level="INFO") as logs:
+            ids = {case: self.fake.submit({"case": case, "api_key": "sk-not-for-logs"}) for case in expected}
+            for job_id in ids.values():
+                self.final_post(job_id)
+            self.fake.wait_for(lambda: sum(r.getMessage() == "Finished." for r in logs.records) == len(ids))
+        self.assertNotIn("sk-not-for-logs", "\n".join(logs.output))
+        for case, job_id in ids.items():
+            done = [(r.levelname, r.getMessage()) for r in logs.records
+                    if getattr(r, "job_id", None) == job_id and r.getMessage().startswith("done in")]
+            self.assertEqual(len(done), 1, logs.output)
+            self.assertEqual(done[0][0], "ERROR", (case, done))
+            self.assertRegex(done[0][1], r"^done in \d+\.\d{3} s \(error: .*\)$")
+            self.assertEqual(done[0][1].split(" (error: ", 1)[1][:-1], expected[case], done)
+
+    def test_a_failed_generator_job_is_done_at_error_with_its_error(self):
+        def gen(job):
+            yield 1
+            raise KeyError("gone")
+
+        level, message = self.done_line(gen, {"api_key": "sk-not-for-logs"})
+        self.assertEqual(level, "ERROR", message)
+        self.assertRegex(message, r"^done in \d+\.\d{3} s \(error: 'gone'\)$")
 
     def test_generator_job_lines_read_as_runpod_python(self):
         def gen(job):
@@ -241,13 +285,18 @@ class BasicFlowTest(WorkerTestCase):
             return None
 
         self.fake.hooks["job-take"] = hook
-        self.start_worker({"handler": lambda job: "fine"})
-        job_id = self.fake.submit({})
-        self.assertEqual(self.final_post(job_id).json(), {"output": "fine"})
-        # the job is not left IN_PROGRESS until its lease runs out (three times, ~95 s): it
-        # fails at once, without running, and its id is read without decoding the answer
-        self.assertEqual(self.final_post("too-deep").json(), {"error": TOO_DEEP_ERROR})
+        with self.assertLogs("vendor_flash", level="INFO") as logs:
+            self.start_worker({"handler": lambda job: "fine"})
+            job_id = self.fake.submit({})
+            self.assertEqual(self.final_post(job_id).json(), {"output": "fine"})
+            # the job is not left IN_PROGRESS until its lease runs out (three times, ~95 s): it
+            # fails at once, without running, and its id is read without decoding the answer
+            self.assertEqual(self.final_post("too-deep").json(), {"error": TOO_DEEP_ERROR})
+            self.fake.wait_for(lambda: any(r.getMessage().startswith("done (error") for r in logs.records))
         self.assertIn("nested too deeply to decode", TOO_DEEP_ERROR)
+        # a failed job's done line is at ERROR, as for a job that ran
+        self.assertEqual([(r.levelname, r.getMessage()) for r in logs.records if r.getMessage().startswith("done (")],
+                         [("ERROR", "done (error, not run)")])
 
     def test_batch_with_a_job_too_deep_to_decode_runs_the_others(self):
         deep = b'{"a":' * 100_000 + b'1' + b'}' * 100_000

@@ -189,6 +189,48 @@ def stream_final_result(chunks: List[Any], aggregate: bool) -> Dict[str, Any]:
     return {"output": list(chunks) if aggregate else []}
 
 
+#: The most characters of a job's error that :func:`error_summary` keeps.
+ERROR_SUMMARY_CHARS = 300
+
+
+def error_summary(error: Any, limit: int = ERROR_SUMMARY_CHARS) -> str:
+    """A job's error (a job-done body's ``error``) for its log line: one line, no traceback.
+
+    A handler exception's JSON report gives ``ValueError: message``; a generator's error
+    (``handler: <message> \\ntraceback: …``) its message; any other error (what a handler
+    returned) is shown as it is, a non-string as JSON. Runs of whitespace become one space, and
+    the text is cut to ``limit`` characters.
+
+    >>> error_summary(exception_result(ValueError("bad"))["error"])
+    'ValueError: bad'
+    >>> error_summary("handler: boom \\ntraceback: Traceback …")
+    'boom'
+    >>> error_summary({"code": 7})
+    '{"code": 7}'
+    """
+    text = error if isinstance(error, str) else None
+    if text is None:
+        try:
+            text = json.dumps(error, ensure_ascii=False, default=str)
+        except (TypeError, ValueError):
+            text = str(error)
+    elif text.startswith("handler: ") and " \ntraceback: " in text:
+        text = text[len("handler: "):text.index(" \ntraceback: ")]
+    elif text.startswith("{") and '"error_type"' in text:
+        try:
+            info = json.loads(text)
+        except ValueError:
+            info = None
+        if isinstance(info, dict) and isinstance(info.get("error_type"), str):
+            kind = info["error_type"]
+            if kind.startswith("<class '") and kind.endswith("'>"):
+                kind = kind[len("<class '"):-len("'>")]
+            message = str(info.get("error_message") or "")
+            text = message if message.startswith(kind) else f"{kind}: {message}".rstrip(": ")
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
 def encode_body(body: Dict[str, Any]) -> bytes:
     """Serialise a body as strict UTF-8 JSON (``NaN``/``Infinity`` are refused).
 

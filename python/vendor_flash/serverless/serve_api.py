@@ -251,7 +251,10 @@ class DevApi:
         failed = bool(body.get("error"))
         with self.lock:
             self.counts["failed" if failed else "completed"] += 1
-        self.log.info("done (%s)", "error" if failed else "ok", extra=extra)
+        if failed:  # at ERROR, with the error on one line (never the job's input)
+            self.log.error("done (error: %s)", results.error_summary(body["error"]), extra=extra)
+        else:
+            self.log.info("done (ok)", extra=extra)
         self.log.info("Finished.", extra=extra)
         if run.exit_exception is not None:
             self.exit_exception = run.exit_exception

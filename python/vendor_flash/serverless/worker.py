@@ -437,7 +437,7 @@ class Worker:
         self.log.error("%s", TOO_DEEP_ERROR, extra=extra)
         outcome = self.transport.post_done(job_id, {"error": TOO_DEEP_ERROR})
         fate = "" if outcome is PostOutcome.DELIVERED else f", result {outcome.value}"
-        self.log.info("done (error, not run%s)", fate, extra=extra)
+        self.log.error("done (error, not run%s)", fate, extra=extra)
 
     def _empty_delay(self, held: float, backoff: Backoff) -> float:
         if held >= SPIN_GUARD_SECONDS:
@@ -542,9 +542,11 @@ class Worker:
                 fate = f", result {delivery.outcome.value}: {delivery.reason()}; error result {delivery.fallback.value}"
             else:
                 fate = f", result {delivery.outcome.value}"
-            self.log.log(logging.ERROR if failed and not body.get("error") else logging.INFO,
-                         "done in %.3f s (%s%s)", time.monotonic() - started,
-                         "error" if failed else "ok", fate, extra=extra)
+            # a failed job at ERROR, with its error (never its input, which may hold secrets)
+            level = logging.ERROR if failed else logging.INFO
+            state = (f"error: {results.error_summary(body['error'])}" if body.get("error")
+                     else "error" if failed else "ok")
+            self.log.log(level, "done in %.3f s (%s%s)", time.monotonic() - started, state, fate, extra=extra)
         except BaseException:  # noqa: BLE001 - never let a job thread die silently
             self.log.exception("internal error while running the job", extra=extra)
         finally:
