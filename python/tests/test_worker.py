@@ -338,6 +338,21 @@ class RetryTest(WorkerTestCase):
         time.sleep(0.3)  # would be enough for the 4 fast retries configured above
         self.assertEqual(len(self.done_posts(job_id)), 1)
 
+    def test_a_result_refused_with_409_is_a_warning(self):
+        # flashd gave the job to another attempt (a lost lease): this run's result is thrown
+        # away, which the log said only at INFO ("done in … s (ok, result stale)")
+        self.fake.hooks["job-done"] = lambda req: (409, {"title": "Stale job attempt"})
+        self.start_worker({"handler": lambda job: "x"})
+        with self.assertLogs("vendor_flash", level="INFO") as logs:
+            job_id = self.fake.submit({})
+            self.final_post(job_id)
+            self.fake.wait_for(lambda: any(r.getMessage() == "Finished." for r in logs.records))
+        done = [(r.levelname, r.getMessage()) for r in logs.records if r.getMessage().startswith("done in")]
+        self.assertEqual(len(done), 1, logs.output)
+        self.assertEqual(done[0][0], "WARNING", logs.output)
+        self.assertRegex(done[0][1], r"^done in \d+\.\d{3} s \(ok, result stale: the job belongs to another "
+                                     r"attempt \(HTTP 409\)\)$")
+
     def test_stream_409_stops_the_generator(self):
         produced = []
 

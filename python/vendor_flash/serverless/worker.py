@@ -540,10 +540,14 @@ class Worker:
                 fate = ""
             elif delivery.fallback is not None:
                 fate = f", result {delivery.outcome.value}: {delivery.reason()}; error result {delivery.fallback.value}"
+            elif delivery.outcome is PostOutcome.STALE:
+                fate = f", result {delivery.outcome.value}: {delivery.reason()}"
             else:
                 fate = f", result {delivery.outcome.value}"
-            # a failed job at ERROR, with its error (never its input, which may hold secrets)
-            level = logging.ERROR if failed else logging.INFO
+            # a failed job at ERROR, with its error (never its input, which may hold secrets); a
+            # result refused because another attempt holds the job (this run's work is lost) at WARN
+            level = (logging.ERROR if failed else
+                     logging.WARNING if delivery.outcome is PostOutcome.STALE else logging.INFO)
             state = (f"error: {results.error_summary(body['error'])}" if body.get("error")
                      else "error" if failed else "ok")
             self.log.log(level, "done in %.3f s (%s%s)", time.monotonic() - started, state, fate, extra=extra)
