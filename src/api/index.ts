@@ -5,6 +5,7 @@ import type { OutgoingReply, RouteDecision } from '../http/index.js';
 import { catalogRoutes } from './catalog.js';
 import { createDispatcher } from './dispatch.js';
 import { identityRoutes } from './identity.js';
+import { loadBalancerHosts } from './lb-host.js';
 import { legacyRoutes } from './legacy.js';
 import { managementRoutes } from './management.js';
 import { buildOpenApi } from './openapi.js';
@@ -67,6 +68,8 @@ export function createApi(options: CreateApiOptions): Api {
   const resolve = createDispatcher({
     routes, auth: options.auth, rateLimiter: options.rateLimiter, jobRateLimiter: options.jobRateLimiter,
     endpointOwner: (id) => s.endpoints.byId(id)?.ownerId, log: options.log, storeFailures: options.storeFailures, maxBodyBytes: options.maxBodyBytes,
+    // A load-balancing endpoint's host: a 404 for any path, not flashd's own routes.
+    hostHandler: loadBalancerHosts(s.urls, options.maxBodyBytes),
   });
   return {
     routes,

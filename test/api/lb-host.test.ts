@@ -1,0 +1,68 @@
+import t from 'tap';
+import { request } from 'node:http';
+import { ADMIN_KEY, queueBody, startAgent } from '../helpers/agent.js';
+
+/** One request with the Host header given (fetch does not let a caller set it). */
+function viaHost(url: string, method: string, path: string, host: string, body?: string): Promise<{ status: number; type: string; json: Record<string, unknown> }> {
+  return new Promise((resolve, reject) => {
+    const u = new URL(url);
+    const headers: Record<string, string> = { host, authorization: `Bearer ${ADMIN_KEY}` };
+    if (body !== undefined) headers['content-type'] = 'application/json';
+    const req = request({ host: u.hostname, port: u.port, path, method, headers }, (res) => {
+      let text = '';
+      res.on('data', (c) => (text += c));
+      res.on('end', () => resolve({ status: res.statusCode ?? 0, type: String(res.headers['content-type']), json: text ? JSON.parse(text) as Record<string, unknown> : {} }));
+    });
+    req.on('error', reject);
+    req.end(body);
+  });
+}
+
+const LB = (env: Record<string, string> = {}) =>
+  queueBody({ type: 'LOAD_BALANCER', scaling: { type: 'REQUEST_COUNT', requestCount: 2 }, env });
+
+t.test("a load-balancing endpoint's requestUrls reach none of flashd's own routes: a 404 that names the endpoint", async (t) => {
+  const a = await startAgent(t);
+  const lb = (await a.req('POST', '/v2/serverless', { body: LB({ HEALTH_CHECK_PATH: '/healthz' }) })).json;
+  const base = new URL(lb.requestUrls.base as string);
+  const health = new URL(lb.requestUrls.health as string);
+  t.equal(health.pathname, '/healthz', "README's example: the health path is flashd's own /healthz");
+  const lbHost = base.host;
+
+  const check = async (what: string, method: string, path: string, host: string, body?: string, id = lb.id as string) => {
+    const r = await viaHost(a.url, method, path, host, body);
+    t.equal(r.status, 404, `${what}: 404`);
+    t.match(r.type, /^application\/problem\+json/, `${what}: problem+json`);
+    t.equal(r.json['code'], 'ROUTE_NOT_FOUND', `${what}: ROUTE_NOT_FOUND`);
+    t.match(r.json['detail'], new RegExp(`load-balancing endpoint ${id}\\b.*does not route .*load-balancing workers yet`), `${what}: the detail names the endpoint and says why`);
+  };
+  // A health check on requestUrls.health must not report an endpoint with no worker healthy.
+  await check('GET health URL', 'GET', health.pathname, lbHost);
+  await check('GET base', 'GET', '/', lbHost);
+  await check('the management API under base', 'GET', '/v2/serverless', lbHost);
+  await check('the job API under base', 'POST', `/v2/${lb.id}/run`, lbHost, '{"input":{}}');
+  await check('the host in capitals', 'GET', '/healthz', lbHost.toUpperCase());
+  await check('without the port', 'GET', '/healthz', base.hostname);
+  await check('an absolute name (trailing dot)', 'GET', '/healthz', `${base.hostname}.:${base.port}`);
+  await check('any other label', 'GET', '/healthz', `nosuchid.lb.localhost:${base.port}`, undefined, 'nosuchid');
+
+  // flashd's own host names are served as before.
+  for (const host of [new URL(a.url).host, `localhost:${base.port}`, `lb.localhost:${base.port}`, `x-lb.localhost:${base.port}`]) {
+    const r = await viaHost(a.url, 'GET', '/healthz', host);
+    t.equal(r.status, 200, `Host ${host}: /healthz answers`);
+  }
+  t.equal((await viaHost(a.url, 'GET', '/v2/serverless', new URL(a.url).host)).status, 200, 'the management API answers on its own host');
+});
+
+t.test('--endpoint-host without a port, and a --public-url host that falls under it', async (t) => {
+  const a = await startAgent(t, { publicUrl: 'http://api.example.test:8000', endpointHost: 'Example.TEST' });
+  const lb = (await a.req('POST', '/v2/serverless', { body: LB() })).json;
+  t.equal(lb.requestUrls.base, `http://${lb.id}.Example.TEST`);
+  for (const host of [`${lb.id}.example.test`, `${lb.id}.example.test:443`, `${lb.id}.EXAMPLE.test:8000`]) {
+    const r = await viaHost(a.url, 'GET', '/healthz', host);
+    t.equal(r.status, 404, `Host ${host}: 404`);
+  }
+  // The API's own host is not taken for an endpoint's, though it has the same form.
+  t.equal((await viaHost(a.url, 'GET', '/healthz', 'api.example.test:8000')).status, 200, 'the --public-url host is served');
+  t.equal((await viaHost(a.url, 'GET', '/healthz', 'API.example.test')).status, 200, 'in any case, with any port');
+});
