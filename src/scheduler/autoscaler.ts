@@ -653,15 +653,28 @@ export class Autoscaler {
       // The crashes were of the old configuration: the new one starts without their backoff.
       this.#crashes.delete(endpointId);
       const what = reasons.filter((r) => r !== 'workers').join(', ');
-      for (const w of this.#o.queue.workers.list(endpointId)) {
-        if (!w.managed) continue;
+      const registry = this.#o.queue.workers;
+      const external: string[] = [];
+      for (const w of registry.list(endpointId)) {
+        if (!w.managed) {
+          // Up: not gone quiet, its key not revoked, not exiting after a stopPod.
+          if (!registry.silent(w) && !w.draining) external.push(w.id);
+          continue;
+        }
         const m = this.#managed.get(w.id);
         // A busy one is said at the change (its stop comes only when its jobs are done); an idle
         // or starting one stops at once, with its own line.
-        if (m && !m.stopping && !(w.recycle && !w.refresh) && this.#o.queue.workers.state(w) === 'running') {
+        if (m && !m.stopping && !(w.recycle && !w.refresh) && registry.state(w) === 'running') {
           this.#o.logs.append(endpointId, w.id, 'system', `worker ${w.id} runs the endpoint's old configuration${what ? ` (changed: ${what})` : ''}: it finishes its jobs, takes no new one and is replaced`);
         }
         this.#o.queue.recycling(endpointId, w.id);
+      }
+      if (external.length > 0) {
+        // flashd cannot restart a worker it did not start: without this the PATCH's
+        // restartRequired read as a finished rollout while jobs kept going to those workers.
+        this.#o.logs.append(endpointId, null, 'system', `${external.length} external worker(s) (worker-env) still run the endpoint's old configuration${what ? ` (changed: ${what})` : ''}`
+          + ` and take its jobs: ${external.join(', ')}; flashd cannot restart workers it did not start, so whoever runs them must restart them on the new configuration`);
+        this.#o.log.warn('external workers run the old configuration', { endpointId, externalWorkers: external.length, changed: what || undefined, workerIds: external.join(',') });
       }
       // Workers kept for a FlashBoot restart run the old configuration, with live keys: gone now
       // rather than at the next launch or when their time runs out. One being stopped now (a

@@ -314,3 +314,30 @@ t.test('a PATCH that needs a restart says in the log which busy workers are repl
   t.match(start?.line, /replacing 1 worker\(s\) of the old configuration/);
   await until('the long job to complete', async () => (await a.req('GET', `/v2/${ep}/status/${long}`)).json.status === 'COMPLETED', 15_000);
 });
+
+t.test('a PATCH that needs a restart says that the external (worker-env) workers still up keep the old configuration', async (t) => {
+  const a = await startAgent(t, { runtime: 'none', takeHoldMs: 200, leaseMs: 3000 });
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ env: { V: '1' } }) })).json.id as string;
+  const none = (await a.req('POST', '/v2/serverless', { body: cpuBody() })).json.id as string;
+  const x1 = await TestWorker.create(a, ep);
+  const x2 = await TestWorker.create(a, ep);
+  t.equal(await x1.take(), null, 'the first external worker asked for a job');
+  t.equal(await x2.ping(), 200, 'the second one pinged');
+  type Line = { line: string; workerId: string | null; stream: string };
+  const said = async (id: string) => ((await a.req('GET', `/v2/serverless/${id}/logs`)).json as Line[])
+    .filter((l) => l.stream === 'system' && /external worker/.test(l.line));
+
+  t.same((await a.req('PATCH', `/v2/serverless/${ep}`, { body: { name: 'renamed' } })).json.restartReasons, [], 'a rename needs no restart');
+  t.same(await said(ep), [], 'nor a line');
+  t.same((await a.req('PATCH', `/v2/serverless/${ep}`, { body: { env: { V: '2' } } })).json.restartReasons, ['env']);
+  const lines = await said(ep);
+  t.equal(lines.length, 1, `one line: ${lines.map((l) => l.line).join(' | ')}`);
+  t.equal(lines[0]?.workerId, null, "the endpoint's, not a worker's");
+  t.match(lines[0]?.line, /^2 external worker\(s\) \(worker-env\) still run the endpoint's old configuration \(changed: env\)/);
+  t.match(lines[0]?.line, new RegExp(`${x1.workerId}.*${x2.workerId}|${x2.workerId}.*${x1.workerId}`), 'naming them');
+  t.match(lines[0]?.line, /flashd cannot restart workers it did not start, so whoever runs them must restart them on the new configuration$/);
+  t.ok(a.logs.some((l) => /external workers run the old configuration/.test(l) && l.includes(ep) && /externalWorkers=2/.test(l)), "flashd's log says it too");
+
+  t.same((await a.req('PATCH', `/v2/serverless/${none}`, { body: { env: { V: '2' } } })).json.restartReasons, ['env']);
+  t.same(await said(none), [], 'no line when no external worker is up');
+});
