@@ -441,8 +441,12 @@ export function updateEndpoint(current: EndpointSpec, raw: unknown, ctx: Validat
   };
   checkEnv(spec, errors);
   checkReferences(spec, ctx, errors, networkPointer);
-  // Key order is not a change (an env sent again in another order restarts nothing).
-  const restartReasons = RESTART_FIELDS.filter((f) => sortedJson(spec[f]) !== sortedJson(current[f]));
+  // Key order is not a change (an env sent again in another order restarts nothing), nor is an
+  // `args` that parses to the same command (other whitespace, its JSON form): a worker runs
+  // `entrypoint` and `cmd`, never the string.
+  const restartReasons = RESTART_FIELDS.filter((f) => f === 'args'
+    ? sortedJson([spec.entrypoint, spec.cmd]) !== sortedJson([current.entrypoint, current.cmd])
+    : sortedJson(spec[f]) !== sortedJson(current[f]));
   if (spec.workers.max < current.workers.max) restartReasons.push('workers' as never);
   return { spec, restartReasons: restartReasons as string[] };
 }

@@ -164,3 +164,25 @@ t.test('the command on PATCH: "" and [] clear, omitted leaves unchanged', async 
   t.equal((await patch({ args: 'python a.py', cmd: ['python', 'a.py'] })).status, 200, 'PATCH args with the same cmd');
   t.same((await a.req('GET', `/v2/serverless/${e.id}`)).json.cmd, ['python', 'a.py'], 'a refused PATCH changed nothing before it');
 });
+
+t.test('a PATCH whose command parses the same (other whitespace, the JSON form of it) is no restart reason and replaces no worker', async (t) => {
+  const a = await startAgent(t);
+  const e = await mustCreate(t, a, queueBody({ args: 'python3 -u stream_handler.py' }));
+  const reasons: string[][] = [];
+  a.agent.endpoints.on({ changed: (_id, _spec, r) => void reasons.push([...r]) });
+  const patch = async (body: unknown) => (await a.req('PATCH', `/v2/serverless/${e.id}`, { body })).json;
+
+  const spaced = await patch({ args: '  python3  -u\tstream_handler.py ' });
+  t.same([spaced.restartRequired, spaced.restartReasons], [false, []], 'other whitespace: no restart reason');
+  t.equal(spaced.args, '  python3  -u\tstream_handler.py ', 'the args string is stored as sent');
+  t.same([spaced.entrypoint, spaced.cmd], [[], ['python3', '-u', 'stream_handler.py']], 'the command is the same');
+  const json = await patch({ args: '{"cmd": ["python3", "-u", "stream_handler.py"]}' });
+  t.same(json.restartReasons, [], 'the JSON form of the same command: no restart reason');
+  const arrays = await patch({ cmd: ['python3', '-u', 'stream_handler.py'] });
+  t.same(arrays.restartReasons, [], 'cmd as an array, the same command: none either');
+  t.same(reasons.filter((r) => r.length > 0), [], 'the autoscaler was told of no restart reason, so it replaces no worker');
+  t.notOk(a.logs.some((l) => /endpoint updated.*restartReasons=args/.test(l)), 'no restart reason in the log');
+
+  t.same((await patch({ args: 'python3 -u "stream_handler.py  "' })).restartReasons, ['args'], 'whitespace inside quotes changes the command: a restart');
+  t.same((await patch({ args: '{"entrypoint": ["python3"], "cmd": ["-u", "stream_handler.py"]}' })).restartReasons, ['args'], 'the same words split otherwise between entrypoint and cmd: a restart');
+});
