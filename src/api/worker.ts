@@ -276,7 +276,7 @@ export function workerRoutes(s: WorkerRouteServices): RouteDef[] {
       query: [
         { name: 'since', description: 'Only lines with seq greater than this. When lines after it were already deleted (flashd keeps the newest 10,000 lines per endpoint), the reply says so in X-Logs-Dropped-Through.', schema: { type: 'integer', minimum: 0 } },
         { name: 'limit', description: 'At most this many lines (default 500, max 10000), and at most 16 MiB of line text: the newest lines that fit, or with since the oldest after it.', schema: { type: 'integer', minimum: 1, maximum: 10000 } },
-        { name: 'follow', description: 'true: keep the response open and stream new lines as NDJSON.', schema: { type: 'boolean' } },
+        { name: 'follow', description: 'true (or 1): keep the response open and stream new lines as NDJSON; false (or 0), the default: a snapshot.', schema: { type: 'boolean' } },
       ],
       responseHeaders: {
         'X-Logs-Dropped-Through': {
@@ -297,7 +297,8 @@ export function workerRoutes(s: WorkerRouteServices): RouteDef[] {
         }
         if (sinceRaw !== null && !/^\d+$/.test(sinceRaw)) errors.push('?since: must be a non-negative integer');
         if (limitRaw !== null && (!/^\d+$/.test(limitRaw) || Number(limitRaw) < 1 || Number(limitRaw) > 10_000)) errors.push('?limit: must be an integer from 1 to 10000');
-        if (followRaw !== null && !['true', 'false', '1', '0'].includes(followRaw)) errors.push('?follow: must be true or false');
+        // Exactly these four, the error says which (curl users write 1; `TRUE` or `yes` are refused rather than guessed).
+        if (followRaw !== null && !['true', 'false', '1', '0'].includes(followRaw)) errors.push('?follow: must be true, false, 1 or 0');
         // The detail names only the parameters that are wrong, as every other validation error does.
         if (errors.length) throw new AgentError('VALIDATION_FAILED', `${errors.join('; ')}.`, { errors });
         const limit = limitRaw === null ? 500 : Number(limitRaw);

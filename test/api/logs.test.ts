@@ -20,12 +20,18 @@ t.test('endpoint logs: tail, since, follow, and gone with the endpoint', async (
   t.same(both.json.errors, ['?since: must be a non-negative integer', '?limit: must be an integer from 1 to 10000'], 'each bad parameter named');
   t.equal(both.json.detail, '?since: must be a non-negative integer; ?limit: must be an integer from 1 to 10000.');
   // A misspelt follow must not quietly answer a snapshot to a caller that waits for a stream.
-  for (const bad of ['yes', 'TRUE', '']) {
+  // The error lists every value that is taken (1 and 0 are: follow=1 followed, follow=yes was told "true or false").
+  for (const bad of ['yes', 'TRUE', '', '2']) {
     const r = await a.req('GET', `/v2/serverless/${ep}/logs?follow=${bad}`);
     assertProblem(t, r, 400);
-    t.same(r.json.errors, ['?follow: must be true or false'], `follow=${bad} refused`);
+    t.same(r.json.errors, ['?follow: must be true, false, 1 or 0'], `follow=${bad} refused`);
+    t.equal(r.json.detail, '?follow: must be true, false, 1 or 0.');
   }
   t.equal((await a.req('GET', `/v2/serverless/${ep}/logs?follow=false&limit=1`)).json.length, 1, 'follow=false: a snapshot');
+  t.equal((await a.req('GET', `/v2/serverless/${ep}/logs?follow=0&limit=1`)).json.length, 1, 'follow=0: a snapshot');
+  const one = await fetch(`${a.url}/v2/serverless/${ep}/logs?follow=1&limit=1`, { headers: { authorization: `Bearer ${ADMIN_KEY}` } });
+  t.match(one.headers.get('content-type'), /ndjson/, 'follow=1: a follow');
+  await one.body?.cancel();
   // Given twice, which one counts is a guess: refused, as ?wait and ?ttl are.
   const twice = await a.req('GET', `/v2/serverless/${ep}/logs?follow=true&follow=false&limit=1&limit=2`);
   assertProblem(t, twice, 400);
