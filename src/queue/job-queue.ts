@@ -1293,6 +1293,8 @@ export class JobQueue {
    */
   ping(endpointId: string, workerId: string, jobIds: readonly string[], unhealthy?: UnhealthyReport, keyId?: string): void {
     const worker = this.workers.seen(endpointId, workerId, false, keyId);
+    // Its heartbeat runs beside its take (WorkerRegistry.unheard).
+    if (worker.parked > 0 && worker.jobs.size === 0) worker.pingsIdle = true;
     if (unhealthy) {
       this.workers.markUnhealthy(endpointId, workerId);
       this.#log.warn('worker reported unhealthy', {

@@ -16,7 +16,20 @@ export interface WorkerInfo {
   phase: 'initializing' | 'up' | 'unhealthy';
   /** Jobs this worker holds now. */
   readonly jobs: Set<string>;
+  /** When it last called, or a take of it was last answered (monotonic). */
   lastSeen: number;
+  /**
+   * When it last called (job-take, ping, job-stop, a result): `lastSeen` without the answers to
+   * its takes, which a hold that runs out gives a hung worker too. What the stop of an unheard
+   * worker says it has been silent for.
+   */
+  lastCall: number;
+  /**
+   * It has pinged while it held no job and had a job-take open: its heartbeat runs beside the
+   * take, as the SDK's and runpod-python's do (every PING_INTERVAL, whatever the worker holds).
+   * Its silence then says it hung (see `unheard`), though its take is still open.
+   */
+  pingsIdle: boolean;
   idleSince: number;
   /** Open job-take long-polls. */
   parked: number;
@@ -96,7 +109,7 @@ export interface WorkerInfo {
 /** A new worker record: an external worker that is up, unless `init` says otherwise. */
 function record(endpointId: string, workerId: string, now: number, init: Partial<Pick<WorkerInfo, 'managed' | 'phase' | 'recycle' | 'draining'>> = {}): WorkerInfo {
   return {
-    id: workerId, endpointId, managed: false, phase: 'up', jobs: new Set(), lastSeen: now, idleSince: now,
+    id: workerId, endpointId, managed: false, phase: 'up', jobs: new Set(), lastSeen: now, lastCall: now, pingsIdle: false, idleSince: now,
     parked: 0, stops: new Map(), letGo: new Set(), ended: new Set(), chunks: new Map(), fenced: new Set(), stopWaiters: [], recycle: false, refresh: false, retired: false, draining: false, asked: false,
     keyId: null, revoked: false, answeredAt: -Infinity, wantsMore: false, ...init,
   };
@@ -189,6 +202,7 @@ export class WorkerRegistry {
       w.revoked = false;
     }
     w.lastSeen = now;
+    w.lastCall = now;
     if (firstAsk) this.onUp?.(endpointId, workerId);
     return w;
   }
@@ -302,14 +316,28 @@ export class WorkerRegistry {
    * A worker flashd launched that is up, holds no job, has no job-take open and has not called
    * (job-take or ping) for a whole lease: its process has most likely died without the runtime
    * saying so, as when a container dies while the engine's API is down (its exit is reported
-   * only once the engine answers again). A live SDK always has a take open or pings every 10 s.
+   * only once the engine answers again). A live SDK always has a take open or pings every
+   * PING_INTERVAL (a third of the lease). With a take open too, once it has pinged while idle
+   * (`pingsIdle`): its heartbeat goes on whatever it holds, so a lease without a call means it
+   * hung whole (handler and heartbeat); its open take says nothing, and waiting for the take's
+   * hold to run out first made an idle hung worker pass for idle for `--take-hold-ms` more (and
+   * be handed the next job). A worker that only polls job-take (no heartbeat while idle) is
+   * judged only while no take of it is open.
    * `/health` counts it `unhealthy` (neither idle nor ready); the autoscaler still counts it, so
    * it is stopped as any idle worker (and counted as it is again if it calls). Stops it was
    * offered do not keep it busy then (see `state`): a hung worker (handler and heartbeat both
    * stuck) whose job flashd took back at its lease is unhealthy, not running for good.
    */
   unheard(w: WorkerInfo): boolean {
-    return w.managed && w.phase === 'up' && w.jobs.size === 0 && w.parked === 0 && this.#unheardFor(w);
+    if (!w.managed || w.phase !== 'up' || w.jobs.size > 0) return false;
+    // By its calls alone: the answer a hold that ran out gave its take (lastSeen) is no sign of life.
+    if (w.pingsIdle) return this.#clock.monotonic() - w.lastCall > this.#forgetAfterMs / 2;
+    return w.parked === 0 && this.#unheardFor(w);
+  }
+
+  /** Ms since the worker last called (see WorkerInfo.lastCall): what an unheard worker's stop reports. */
+  silentMs(w: WorkerInfo): number {
+    return this.#clock.monotonic() - w.lastCall;
   }
 
   /**

@@ -15,7 +15,7 @@ import { idleTimeoutApplies, type EndpointService, type EndpointSpec } from '../
 import { SDK_DEFAULT_ENV, workerEnv, type JobQueue } from '../queue/index.js';
 import type { ExitInfo, LaunchSpec, WorkerRuntime } from '../runtime/index.js';
 import type { ResourceRow } from '../store/index.js';
-import { aboveMax, afterCrash, decideScale, type CrashState, type ScaleDecision } from './decide.js';
+import { aboveMax, afterCrash, decideScale, secs, type CrashState, type ScaleDecision } from './decide.js';
 import type { LogHub } from './log-hub.js';
 import { CPU_ONLY_PLACEMENT, type Placement, type Reservation } from './placement.js';
 
@@ -193,7 +193,7 @@ export class Autoscaler {
       const m = this.#managed.get(w.id);
       if (!m || m.stopping || !registry.unheard(w)) continue;
       m.unheard = true;
-      void this.#stop(w.id, `it has not called for ${Math.round(this.#o.queue.settings.leaseMs / 1000)} s (--lease-ms): hung, or gone unreported`, false);
+      void this.#stop(w.id, `it has not called for ${secs(registry.silentMs(w))} s, over --lease-ms (${secs(this.#o.queue.settings.leaseMs)} s): hung, or gone unreported`, false);
     }
     const listed = registry.list(endpointId);
     // The workers that count: answering, and not being stopped.

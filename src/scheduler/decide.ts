@@ -143,7 +143,7 @@ export interface ScaleDecision {
 }
 
 /** Seconds for a log line: `2`, `2.5`. */
-const secs = (ms: number): string => String(Math.round(ms / 100) / 10);
+export const secs = (ms: number): string => String(Math.round(ms / 100) / 10);
 
 /**
  * `above workers.max (3)`, naming the external workers up when there are any: they count toward

@@ -85,7 +85,7 @@ t.test('a hung worker whose job went back at its lease is unhealthy, not running
   t.equal(r.json.status, 'COMPLETED', 'the next job ran on a new worker');
   await until('the hung worker stopped', async () => workerGroups().every((g) => g !== pgid), 10_000);
   const logs = (await a.req('GET', `/v2/serverless/${ep}/logs`)).json as { line: string }[];
-  t.ok(logs.some((l) => /has not called for 2 s \(--lease-ms\): hung, or gone unreported/.test(l.line)), 'the endpoint log says why it was stopped');
+  t.ok(logs.some((l) => /has not called for [\d.]+ s, over --lease-ms \(1\.5 s\): hung, or gone unreported/.test(l.line)), 'the endpoint log says why it was stopped');
   t.notOk(logs.some((l) => /exited unexpectedly/.test(l.line)), 'a stop, not a crash');
 });
 
@@ -112,7 +112,7 @@ t.test('at workers.max a hung worker being stopped does not hold its place: its 
   }
   t.ok(hungAlive, 'the hung worker was still being stopped (its grace not over) when the replacement took the job');
   const logs = (await a.req('GET', `/v2/serverless/${ep}/logs`)).json as { line: string }[];
-  t.ok(logs.some((l) => l.line === `stopping worker ${hungWorker}: it has not called for 2 s (--lease-ms): hung, or gone unreported`), 'stopped as hung');
+  t.ok(logs.some((l) => new RegExp(`^stopping worker ${hungWorker}: it has not called for [\\d.]+ s, over --lease-ms \\(1\\.5 s\\): hung, or gone unreported$`).test(l.line)), 'stopped as hung');
   const done = await until('the job done', async () => {
     const now = await status(job);
     return now.status === 'COMPLETED' ? now : undefined;
@@ -211,4 +211,56 @@ t.test('the same for a worker that never asks job-stop (runpod-python): counted 
   const lines = ((await a.req('GET', `/v2/serverless/${ep}/logs`)).json as { line: string; workerId: string }[]).filter((l) => l.workerId === worker);
   t.ok(lines.some((l) => l.line.startsWith(`stopping worker ${worker}: it still runs job ${hung} `)), 'the endpoint log says why it was stopped');
   t.notOk(lines.some((l) => /exited unexpectedly/.test(l.line)), 'a stop, not a crash');
+});
+
+t.test('an idle worker that hangs whole with a job-take open is unhealthy and stopped a lease after its last ping, not after the take\'s hold plus a lease', async (t) => {
+  // A take hold far longer than the lease: the idle worker's take stays open all along, and only
+  // its heartbeat (pinging every lease/3 whatever it holds) says it is alive.
+  const takeHoldMs = 60_000;
+  const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT, leaseMs: 3000, takeHoldMs, workerStopGraceMs: 5000 });
+  const ep = (await a.req('POST', '/v2/serverless', {
+    body: cpuBody({ args: 'python3 -u test/fixtures/workers/echo.py', workers: { min: 1, max: 1, idleTimeout: 60 } }),
+  })).json.id as string;
+  const health = async () => (await a.req('GET', `/v2/${ep}/health`)).json;
+  await until('the min worker up', async () => (await health()).workers.idle === 1, 30_000);
+  // A live idle worker is never taken for hung, however long its take is held.
+  await new Promise((r) => setTimeout(r, 4500));
+  t.match((await health()).workers, { idle: 1, unhealthy: 0 }, 'a live idle worker past a lease is still idle');
+  const pgid = theWorkerGroup(t);
+  process.kill(-pgid, 'SIGSTOP');
+  const hungAt = Date.now();
+
+  // Unhealthy a lease after its last ping, and stopped at the autoscaler's next pass (within a
+  // second); the line gives the time since that ping, not the lease.
+  const m = await until('the hung worker stopped, and why', async () => {
+    const logs = (await a.req('GET', `/v2/serverless/${ep}/logs`)).json as { line: string }[];
+    return logs.map((l) => /^stopping worker (\S+): it has not called for ([\d.]+) s, over --lease-ms \(3 s\): hung, or gone unreported$/.exec(l.line)).find((x) => x !== null) ?? undefined;
+  }, 15_000);
+  const waitedMs = Date.now() - hungAt;
+  t.ok(waitedMs < takeHoldMs / 4, `stopped ${waitedMs} ms after the hang, not after the take's hold (${takeHoldMs} ms)`);
+  const silentS = Number(m[2]);
+  t.ok(silentS >= 3 && silentS < takeHoldMs / 4000, `silent for ${silentS} s: at least the lease, far less than the take's hold`);
+  t.match((await health()).workers, { idle: 0, unhealthy: 1 }, 'counted unhealthy, not idle, while it is killed');
+  const r = await a.req('POST', `/v2/${ep}/runsync?wait=30000`, { body: { input: { ok: 1 } } });
+  t.equal(r.json.status, 'COMPLETED', r.text);
+  t.not(r.json.workerId, m[1], 'the next job ran on a new worker');
+  t.notOk(r.json.retries, 'not handed to the hung worker first');
+  await until('the hung worker stopped', async () => workerGroups().every((g) => g !== pgid), 10_000);
+});
+
+t.test('a worker that does not ping while idle (job-take only) is not taken for hung while its take is held past a lease', async (t) => {
+  const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT, leaseMs: 1500, takeHoldMs: 5000, workerStopGraceMs: 2000 });
+  const ep = (await a.req('POST', '/v2/serverless', {
+    body: cpuBody({ args: 'python3 -u test/fixtures/workers/late_sigterm.py', workers: { min: 1, max: 1, idleTimeout: 60 } }),
+  })).json.id as string;
+  const health = async () => (await a.req('GET', `/v2/${ep}/health`)).json;
+  await until('the min worker up', async () => (await health()).workers.idle === 1, 30_000);
+  let unhealthy = 0;
+  for (const deadline = Date.now() + 4000; Date.now() < deadline;) {
+    unhealthy = Math.max(unhealthy, (await health()).workers.unhealthy as number);
+    await new Promise((r) => setTimeout(r, 250));
+  }
+  t.equal(unhealthy, 0, 'idle all along, though its take was held past the lease');
+  const logs = (await a.req('GET', `/v2/serverless/${ep}/logs`)).json as { line: string }[];
+  t.notOk(logs.some((l) => /has not called/.test(l.line)), 'not stopped');
 });
