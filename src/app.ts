@@ -290,6 +290,15 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
     const logs = new LogHub(new LogsRepo(db), batch, clock);
     const leftovers = auth.revokeLeftoverManagedKeys();
     for (const w of leftovers) {
+      // Killed by the operator's second signal: its jobs were cut short as a clean stop's are,
+      // and get their attempt back as those do.
+      if (w.bySignal) {
+        const why = `worker ${w.workerId} was stopped by a second signal to the previous run of flashd`;
+        const held = queue.workerGone(w.endpointId, w.workerId, why, false);
+        queue.workers.remove(w.endpointId, w.workerId);
+        logs.append(w.endpointId, w.workerId, 'system', `${why} (stopping now, without waiting for it): its key was revoked${held > 0 ? `; its ${held} job(s) went back to the queue, their attempt given back` : ''}`);
+        continue;
+      }
       const why = `worker ${w.workerId} belonged to a run of flashd that did not stop cleanly`;
       const held = queue.workerGone(w.endpointId, w.workerId, why);
       queue.workers.remove(w.endpointId, w.workerId);
@@ -453,6 +462,14 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
       config, log, db, api, endpoints, auth, jobRateLimiter, queue, autoscaler, logs, port, url: `http://${host}:${port}`, generatedAdminKey: generated,
       killWorkersNow: async () => {
         const runtimeLog = log.child({ component: 'runtime' });
+        // Before the kill, and synchronous: the exit follows within seconds.
+        try {
+          auth.noteManagedKeysStoppedBySignal();
+        } catch (err) {
+          // The database already closed (the clean stop had all but ended) or unwritable: the
+          // next start counts these workers as a crash's, their jobs' attempts used.
+          runtimeLog.warn('cannot note the workers the second signal stops: the next start counts their jobs\' attempts as used', { err });
+        }
         reapOrphanProcessWorkers(dataDir, runtimeLog, 'killed worker process (second signal): its jobs are queued again at the next start');
         const count = await containers?.removeAllNow();
         if (count) runtimeLog.warn('removed containers (second signal): their jobs are queued again at the next start', { count });

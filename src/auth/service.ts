@@ -86,6 +86,8 @@ function isValidAdminKey(row: ApiKeyRow, now: number): boolean {
 
 /** Names the keys of workers flashd launches: `managed worker <worker id>`. */
 const MANAGED_KEY_PREFIX = 'managed worker ';
+/** The settings row of noteManagedKeysStoppedBySignal: a JSON array of key ids. */
+const STOPPED_BY_SIGNAL_SETTING = 'managed_keys_stopped_by_signal';
 /** Names the keys worker-env hands out: `worker <worker id>`. */
 const WORKER_KEY_PREFIX = 'worker ';
 
@@ -405,16 +407,38 @@ export class AuthService {
   /**
    * The keys of workers flashd launched, named `managed worker <id>` (createManagedWorkerKey),
    * that are still valid at start: their workers belonged to a previous run that did not stop
-   * cleanly. They are revoked; the workers they named are returned.
+   * cleanly. They are revoked; the workers they named are returned, `bySignal` for those that
+   * run's second signal killed on purpose (noteManagedKeysStoppedBySignal), not a crash.
    */
-  revokeLeftoverManagedKeys(): { endpointId: string; workerId: string }[] {
+  revokeLeftoverManagedKeys(): { endpointId: string; workerId: string; bySignal: boolean }[] {
     const now = this.#clock.now();
-    const out: { endpointId: string; workerId: string }[] = [];
+    const noted = this.#repo.getSetting(STOPPED_BY_SIGNAL_SETTING);
+    let bySignal = new Set<string>();
+    try {
+      if (noted !== undefined) bySignal = new Set(JSON.parse(noted) as string[]);
+    } catch {
+      // unreadable: counted as a crash, as before the note
+    }
+    const out: { endpointId: string; workerId: string; bySignal: boolean }[] = [];
     for (const k of this.#repo.liveWorkerKeysNamed(MANAGED_KEY_PREFIX)) {
       this.#repo.revokeKey(k.id, now);
-      if (k.endpointId) out.push({ endpointId: k.endpointId, workerId: k.name.slice(MANAGED_KEY_PREFIX.length) });
+      if (k.endpointId) out.push({ endpointId: k.endpointId, workerId: k.name.slice(MANAGED_KEY_PREFIX.length), bySignal: bySignal.has(k.id) });
     }
+    // Read once: a later crash's leftovers are not this stop's.
+    if (noted !== undefined) this.#repo.deleteSetting(STOPPED_BY_SIGNAL_SETTING);
     return out;
+  }
+
+  /**
+   * A second signal (flashd stops now, killing its workers rather than waiting for them): notes
+   * the keys of its workers still valid, the ones it kills, so the next start tells them from
+   * the workers of a run that crashed and gives their jobs' attempts back
+   * (revokeLeftoverManagedKeys). One synchronous write, before the kill. Returns how many.
+   */
+  noteManagedKeysStoppedBySignal(): number {
+    const ids = this.#repo.liveWorkerKeysNamed(MANAGED_KEY_PREFIX).map((k) => k.id);
+    this.#repo.putSetting(STOPPED_BY_SIGNAL_SETTING, JSON.stringify(ids));
+    return ids.length;
   }
 
   /** The key of a worker flashd launches (see revokeLeftoverManagedKeys). */

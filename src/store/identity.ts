@@ -92,6 +92,7 @@ export class IdentityRepo {
       renameKey: db.prepare('UPDATE api_keys SET name = ? WHERE id = ?'),
       getSetting: db.prepare('SELECT value FROM settings WHERE key = ?'),
       putSetting: db.prepare('INSERT OR REPLACE INTO settings (key, value) VALUES (?, ?)'),
+      deleteSetting: db.prepare('DELETE FROM settings WHERE key = ?'),
       holdsData: db.prepare(`SELECT EXISTS (SELECT 1 FROM users) OR EXISTS (SELECT 1 FROM api_keys) OR EXISTS (SELECT 1 FROM endpoints)
         OR EXISTS (SELECT 1 FROM registry_credentials) OR EXISTS (SELECT 1 FROM jobs) AS held`),
     };
@@ -216,6 +217,9 @@ export class IdentityRepo {
   }
   putSetting(key: string, value: string): void {
     this.#write('putSetting', key, value);
+  }
+  deleteSetting(key: string): void {
+    this.#write('deleteSetting', key);
   }
   /**
    * Whether a start or its users wrote anything here (a user, a key, an endpoint, a registry

@@ -299,8 +299,18 @@ t.test('a second SIGTERM during a clean stop exits 1 at once and leaves no worke
   t.equal(flashd.stderr().match(/ stopped ms=/g)?.length, 1, 'once, though the first close was still going');
   await until('the worker to be gone', async () => !alive(pid), 5000);
   t.pass('no worker outlives flashd');
-  const b = await startAgent(t, { runtime: 'none' }, { dir });
-  t.equal((await b.req('GET', `/v2/${ep}/status/${id}`)).json.status, 'IN_QUEUE', 'the next start reclaims the job');
+  // --max-attempts 1: a reclaim that used up the job's attempt would fail it.
+  const b = await startAgent(t, { runtime: 'none', maxAttempts: 1 }, { dir });
+  const s = (await b.req('GET', `/v2/${ep}/status/${id}`)).json;
+  t.equal(s.status, 'IN_QUEUE', `the next start reclaims the job without using one of its --max-attempts: ${JSON.stringify(s)}`);
+  t.equal(s.retries, 1, 'counted as a requeue');
+  t.ok(b.logs.some((l) => /job requeued .*attempt=0 reason="worker wkr_\S+ was stopped by a second signal to the previous run of flashd"/.test(l)), 'its attempt given back');
+  const lines = (await b.req('GET', `/v2/serverless/${ep}/logs`)).json as { stream: string; line: string }[];
+  t.ok(lines.some((l) => l.stream === 'system' && /^worker wkr_\S+ was stopped by a second signal to the previous run of flashd \(stopping now, without waiting for it\): its key was revoked; its 1 job\(s\) went back to the queue, their attempt given back$/.test(l.line)),
+    'the endpoint log says the operator stopped it');
+  t.notOk(lines.some((l) => /killed or crashed|did not stop cleanly/.test(l.line)), 'not a crash');
+  const noted = b.agent.db.prepare("SELECT count(*) AS n FROM settings WHERE key = 'managed_keys_stopped_by_signal'").get() as { n: number };
+  t.equal(noted.n, 0, 'the note is read once: a later crash is not taken for this stop');
 });
 
 t.test("flashd's own shutdown hands no new job to any worker, an external one included, while it waits for its own: jobs queued meanwhile run after the restart", async (t) => {
