@@ -38,7 +38,10 @@ interface LegacyBody {
 /**
  * Maps GPU type ids (priority order) onto pools and exclusions. A catalog type in no RunPod pool
  * maps onto flashd's pool OTHER, and so does a model the catalog does not know when one of
- * `hostModels` (the nvidia-smi names of this host's uncataloged GPUs) has that name.
+ * `hostModels` (the nvidia-smi names of this host's uncataloged GPUs) has that name. With OTHER,
+ * the host's models not named are excluded too: placement keeps them out by the priority list
+ * already, but the v2 view shows only the exclusions, and that `gpu` sent back or copied into a
+ * new endpoint would otherwise let them in.
  */
 export function gpuSelectionFor(typeIds: readonly string[], hostModels: readonly string[] = []): { pools: string[]; excludedTypes: string[] } {
   const errors: string[] = [];
@@ -52,6 +55,7 @@ export function gpuSelectionFor(typeIds: readonly string[], hostModels: readonly
   });
   if (errors.length) throw validationError(errors);
   const excludedTypes = pools.flatMap((p) => (poolTypes(p) ?? []).filter((t) => !typeIds.includes(t)));
+  if (pools.includes(OTHER_POOL)) excludedTypes.push(...new Set(hostModels.filter((m) => !typeIds.includes(m))));
   return { pools, excludedTypes };
 }
 
@@ -122,12 +126,19 @@ function toV1Error(err: unknown): unknown {
   });
 }
 
-export function legacyView(row: ResourceRow<EndpointSpec>): Record<string, unknown> {
+/**
+ * `hostModels`: the nvidia-smi names of this host's GPUs the catalog does not know. Without a
+ * priority list, an endpoint with pool OTHER also runs on those it does not exclude, so
+ * `gpuTypeIds` lists them after the catalog types.
+ */
+export function legacyView(row: ResourceRow<EndpointSpec>, hostModels: readonly string[] = []): Record<string, unknown> {
   const s = row.data;
   const scalerValue = s.scaling.type === 'QUEUE_DELAY' ? s.scaling.queueDelay : s.scaling.requestCount;
-  const gpuTypeIds = s.gpuTypePriority?.length
-    ? s.gpuTypePriority
-    : s.gpu ? s.gpu.pools.flatMap((p) => poolTypes(p) ?? []).filter((t) => !s.gpu?.excludedTypes.includes(t)) : [];
+  const allowed = (g: NonNullable<EndpointSpec['gpu']>) => [
+    ...g.pools.flatMap((p) => poolTypes(p) ?? []),
+    ...(g.pools.includes(OTHER_POOL) ? new Set(hostModels) : []),
+  ].filter((t) => !g.excludedTypes.includes(t));
+  const gpuTypeIds = s.gpuTypePriority?.length ? s.gpuTypePriority : s.gpu ? allowed(s.gpu) : [];
   return {
     id: row.id, name: s.name, templateId: s.templateId, type: s.type === 'QUEUE' ? 'QB' : 'LB',
     computeType: s.gpu ? 'GPU' : 'CPU',
@@ -141,6 +152,7 @@ export function legacyView(row: ResourceRow<EndpointSpec>): Record<string, unkno
 }
 
 export function legacyRoutes(s: ApiServices): RouteDef[] {
+  const hostModels = (): string[] => s.inventory().filter((g) => g.gpuTypeId === null).map((g) => g.name);
   return [
     {
       method: 'POST', path: '/v1/endpoints', operationId: 'createEndpointV1', summary: 'Older REST create', tag: 'Older REST API',
@@ -149,7 +161,7 @@ export function legacyRoutes(s: ApiServices): RouteDef[] {
       handle: ({ principal, body }) => {
         requireAdminForHostCommand(s, principal, 'creating an endpoint');
         const b = assertSchema<LegacyBody>('LegacyEndpointCreate', body);
-        const v2 = toV2(b, s.inventory().filter((g) => g.gpuTypeId === null).map((g) => g.name));
+        const v2 = toV2(b, hostModels());
         let row: ResourceRow<EndpointSpec>;
         try {
           row = s.endpoints.create(principal.ownerId, v2, {
@@ -159,18 +171,18 @@ export function legacyRoutes(s: ApiServices): RouteDef[] {
         } catch (err) {
           throw toV1Error(err);
         }
-        return { status: 201, body: legacyView(row) };
+        return { status: 201, body: legacyView(row, hostModels()) };
       },
     },
     {
       method: 'GET', path: '/v1/endpoints', operationId: 'listEndpointsV1', summary: 'Older REST list', tag: 'Older REST API',
       auth: 'user', scope: 'endpoints:read', successStatus: 200, responseSchema: 'LegacyEndpoint', responseIsArray: true, problems: [401, 403, 429],
-      handle: ({ principal }) => ({ status: 200, body: s.endpoints.list(principal.ownerId).map(legacyView) }),
+      handle: ({ principal }) => ({ status: 200, body: s.endpoints.list(principal.ownerId).map((row) => legacyView(row, hostModels())) }),
     },
     {
       method: 'GET', path: '/v1/endpoints/{endpointId}', operationId: 'getEndpointV1', summary: 'Older REST get', tag: 'Older REST API',
       auth: 'user', scope: 'endpoints:read', successStatus: 200, responseSchema: 'LegacyEndpoint', problems: [401, 403, 404, 429],
-      handle: ({ principal, params }) => ({ status: 200, body: legacyView(s.endpoints.get(principal.ownerId, params['endpointId'] as string)) }),
+      handle: ({ principal, params }) => ({ status: 200, body: legacyView(s.endpoints.get(principal.ownerId, params['endpointId'] as string), hostModels()) }),
     },
   ];
 }

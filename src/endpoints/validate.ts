@@ -268,6 +268,12 @@ function normalizeGpu(input: GpuInput, base: GpuSpec | null): GpuSpec {
   };
 }
 
+/** The same pools and exclusions, each in any order. */
+function sameSelection(a: GpuSpec | null, b: GpuSpec | null): boolean {
+  const set = (l: readonly string[]) => JSON.stringify([...new Set(l)].sort());
+  return a !== null && b !== null && set(a.pools) === set(b.pools) && set(a.excludedTypes) === set(b.excludedTypes);
+}
+
 /** Builds the stored spec of a new endpoint from a create body. */
 export function buildEndpoint(raw: unknown, ctx: ValidationContext): EndpointSpec {
   const body = validateWithCudaRule('EndpointCreate', raw, (b) => Array.isArray(b['cpu']) && !(isObject(b['gpu']) && 'pools' in b['gpu']));
@@ -435,9 +441,10 @@ export function updateEndpoint(current: EndpointSpec, raw: unknown, ctx: Validat
     mounts: { network: [...network], global: [...global] },
     timeout: body.timeout ?? current.timeout,
     flashboot: body.flashboot ?? current.flashboot,
-    // A new hardware selection (pools or exclusions, or cpu) drops the older REST priority
-    // order; a gpu that changes only count or CUDA fields keeps it.
-    gpuTypePriority: cpuGiven || (gpuGiven && (body.gpu?.pools !== undefined || body.gpu?.excludedTypes !== undefined)) ? [] : current.gpuTypePriority ?? [],
+    // A new hardware selection (other pools or exclusions, or cpu) drops the older REST priority
+    // order; a gpu that changes only count or CUDA fields, or sends the same selection again
+    // (what GET shows), keeps it.
+    gpuTypePriority: cpuGiven || (gpuGiven && !sameSelection(current.gpu, gpu)) ? [] : current.gpuTypePriority ?? [],
   };
   checkEnv(spec, errors);
   checkReferences(spec, ctx, errors, networkPointer);

@@ -117,6 +117,11 @@ t.test('a v2 PATCH keeps the gpuTypeIds priority unless it brings a new selectio
     t.same(await typeIds(), order, `gpu ${JSON.stringify(gpu)} leaves the priority order as it was`);
   }
   t.same((await a.req('GET', `/v2/serverless/${id}`)).json.gpu.count, 2, 'while the fields it names change');
+  const shown = (await a.req('GET', `/v2/serverless/${id}`)).json;
+  const again = await a.req('PATCH', `/v2/serverless/${id}`, { body: { gpu: { pools: shown.gpu.pools, excludedTypes: [...shown.gpu.excludedTypes].reverse() } } });
+  t.equal(again.status, 200, again.text.slice(0, 300));
+  t.same(await typeIds(), order, 'the selection GET shows, sent again, is no new selection: the order stays');
+  t.equal(again.json.updatedAt, shown.updatedAt, 'and nothing is stored');
   await patch({ gpu: { excludedTypes: [] } });
   t.same(await typeIds(), ['NVIDIA RTX A5000', 'NVIDIA L4', 'NVIDIA GeForce RTX 3090'], 'new exclusions are a new selection: in pool order');
   await patch({ gpu: { pools: ['AMPERE_24'], excludedTypes: ['NVIDIA RTX A5000'] } });

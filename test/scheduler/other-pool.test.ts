@@ -93,3 +93,29 @@ t.test('OTHER in validation and in the older /v1 gpuTypeIds', async (t) => {
   assertProblem(t, typo, 400);
   t.match(typo.json.errors, ['/gpuTypeIds/0: unknown GPU type "GeForce RTX 2070 Super" (not in the GPU catalog, and no GPU of this host has that name)']);
 });
+
+t.test('a /v1 gpuTypeIds endpoint keeps its selection when the gpu its /v2 view shows is sent back or copied', async (t) => {
+  const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT, takeHoldMs: 1000, leaseMs: 3000 });
+  const tpl = await makeTemplate(t, a, { name: 'v1-t4', args: 'python3 -u test/fixtures/workers/env.py' });
+  const v1 = await a.req('POST', '/v1/endpoints', { body: { name: 'v1-t4', templateId: tpl.id, gpuTypeIds: ['Tesla T4'], workersMax: 1, idleTimeout: 1 } });
+  t.equal(v1.status, 201, v1.text);
+  const id = v1.json.id as string;
+  const view = (await a.req('GET', `/v2/serverless/${id}`)).json;
+  t.same(view.gpu.pools, ['OTHER']);
+  t.ok(view.gpu.excludedTypes.includes(NAME), 'the v2 view excludes the model of this host that gpuTypeIds did not name');
+
+  const patched = await a.req('PATCH', `/v2/serverless/${id}`, { body: { gpu: { pools: view.gpu.pools, excludedTypes: view.gpu.excludedTypes } } });
+  t.equal(patched.status, 200, patched.text);
+  t.equal(patched.json.updatedAt, view.updatedAt, 'the same selection again stores nothing');
+  t.same((await a.req('GET', `/v1/endpoints/${id}`)).json.gpuTypeIds, ['Tesla T4'], 'and keeps the gpuTypeIds');
+  t.match(await throttledWith(a, id), /^no worker can start: no GPU of an allowed type \(Tesla T4\)/, 'the RTX 2070 stays out');
+
+  const copy = await gpuEndpoint(a, { pools: view.gpu.pools, excludedTypes: view.gpu.excludedTypes });
+  t.match(await throttledWith(a, copy), /^no worker can start: no GPU of an allowed type \(Tesla T4, or a model not in the GPU catalog\); this host has 1× GeForce RTX 2070/,
+    'a /v2 endpoint made with the same gpu stays off it too (a model that appears later is not excluded)');
+
+  const other = await gpuEndpoint(a, { pools: ['OTHER'], excludedTypes: ['Tesla T4'] });
+  const shown = (await a.req('GET', `/v1/endpoints/${other}`)).json.gpuTypeIds as string[];
+  t.ok(shown.includes(NAME), `the /v1 view of a /v2 OTHER endpoint lists the host's model it runs on: ${shown.join(', ')}`);
+  t.notOk(shown.includes('Tesla T4'), 'and not what it excludes');
+});
