@@ -347,6 +347,7 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
     queue.workers.onUp = (endpointId) => autoscaler.trigger(endpointId);
     // A PATCH that lowers workers.max names `workers` only when it stops or retires someone.
     endpoints.workersAboveMax = (endpointId, max) => autoscaler.workersAboveMax(endpointId, max);
+    endpoints.hostGpuModels = () => [...new Set(ledger.inventory().filter((g) => g.gpuTypeId === null).map((g) => g.name))];
     // A key revoked through the API: the workers using it stop waiting on it and stop counting.
     auth.onRevoked = (keyId, named) => queue.keyRevoked(keyId, named);
     queue.on({

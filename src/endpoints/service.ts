@@ -57,6 +57,11 @@ export class EndpointService {
    * Unset, every lower max is one.
    */
   workersAboveMax: ((endpointId: string, max: number) => number) | null = null;
+  /**
+   * The nvidia-smi names of this host's GPU models the catalog does not know (the ledger's, set
+   * once it exists): an exclusion of pool OTHER that differs from one only in case is refused.
+   */
+  hostGpuModels: (() => readonly string[]) | null = null;
   readonly #listeners: EndpointEvents[] = [];
   /** byId() results for the job path; every write through this class keeps it exact. */
   readonly #byId = new Map<string, ResourceRow<EndpointSpec>>();
@@ -81,6 +86,7 @@ export class EndpointService {
   #context(ownerId: string): ValidationContext {
     return {
       knownDataCenters: this.#dataCenters(),
+      hostGpuModels: this.hostGpuModels?.() ?? [],
       template: (id) => this.templates.getVisible(id, ownerId)?.data,
       networkVolume: (id) => this.networkVolumes.get(id, ownerId)?.data,
       globalVolumeExists: (id) => this.globalVolumes.get(id, ownerId) !== undefined,

@@ -17,6 +17,8 @@ import {
 /** Lookups the rules need, scoped to the caller's account. */
 export interface ValidationContext {
   knownDataCenters: readonly string[];
+  /** The nvidia-smi names of this host's GPU models the catalog does not know (pool OTHER). */
+  hostGpuModels: readonly string[];
   /** The caller's own or a public template. */
   template(id: string): TemplateSpec | undefined;
   networkVolume(id: string): NetworkVolumeSpec | undefined;
@@ -90,7 +92,7 @@ function validateWithCudaRule(schema: 'EndpointCreate' | 'EndpointUpdate', raw: 
   throw validationError(where.map((p) => `${p}: CUDA constraints apply only to GPU endpoints; this endpoint uses cpu`), 422);
 }
 
-function checkGpu(gpu: GpuSpec, errors: string[]): void {
+function checkGpu(gpu: GpuSpec, errors: string[], hostModels: readonly string[]): void {
   const types = new Set<string>();
   gpu.pools.forEach((pool, i) => {
     const members = poolTypes(pool);
@@ -106,14 +108,18 @@ function checkGpu(gpu: GpuSpec, errors: string[]): void {
       : `/gpu/pools/${i}: unknown pool "${pool}"; pools are ${POOL_IDS.join(', ')}`);
   });
   // OTHER also holds every model the catalog does not know, so such a name may be excluded too,
-  // and some type always remains.
+  // and some type always remains. A name that differs only in case from a type of the pools or
+  // a model of this host would exclude nothing (names are matched exactly): refused.
   const other = gpu.pools.includes(OTHER_POOL);
+  const known = [...types, ...(other ? hostModels : [])];
   const seen = new Set<string>();
   gpu.excludedTypes.forEach((t, i) => {
     if (seen.has(t)) errors.push(`/gpu/excludedTypes/${i}: duplicate GPU type "${t}" (after trimming white space)`);
     seen.add(t);
-    if (!types.has(t) && !(other && gpuTypeForName(t) === undefined) && errors.every((e) => !e.startsWith('/gpu/pools'))) {
-      errors.push(`/gpu/excludedTypes/${i}: "${t}" is not a GPU type in the selected pools (${gpu.pools.join(', ')})`);
+    if (errors.some((e) => e.startsWith('/gpu/pools')) || known.includes(t)) return;
+    const meant = known.find((k) => k.toLowerCase() === t.toLowerCase());
+    if (meant !== undefined || !(other && gpuTypeForName(t) === undefined)) {
+      errors.push(`/gpu/excludedTypes/${i}: "${t}" is not a GPU type in the selected pools (${gpu.pools.join(', ')})${meant !== undefined ? `; did you mean "${meant}" (names are case-sensitive)?` : ''}`);
     }
   });
   if (!other && types.size > 0 && [...types].every((t) => seen.has(t))) {
@@ -314,7 +320,7 @@ export function buildEndpoint(raw: unknown, ctx: ValidationContext): EndpointSpe
     if (template && input.allowedCudaVersions === undefined && (input.minCudaVersion ?? null) === null) {
       gpu.allowedCudaVersions = [...template.allowedCudaVersions];
     }
-    checkGpu(gpu, errors);
+    checkGpu(gpu, errors, ctx.hostGpuModels);
   }
   const cpu = hasCpu ? (body.cpu as CpuSpec[]).map((c) => ({ id: c.id, vcpuCount: c.vcpuCount })) : null;
   if (cpu) checkCpu(cpu, errors);
@@ -406,7 +412,7 @@ export function updateEndpoint(current: EndpointSpec, raw: unknown, ctx: Validat
     if (current.gpu === null && input.pools === undefined) errors.push('/gpu/pools: is required to switch a CPU endpoint to GPU');
     gpu = normalizeGpu(input, current.gpu);
     cpu = null;
-    checkGpu(gpu, errors);
+    checkGpu(gpu, errors, ctx.hostGpuModels);
   } else if ((body.gpu === null && current.gpu !== null) || (body.cpu === null && current.cpu !== null)) {
     errors.push(`${body.gpu === null ? '/gpu' : '/cpu'}: an endpoint needs gpu or cpu; switch by sending the other one`);
   }

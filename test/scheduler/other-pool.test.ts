@@ -119,3 +119,23 @@ t.test('a /v1 gpuTypeIds endpoint keeps its selection when the gpu its /v2 view 
   t.ok(shown.includes(NAME), `the /v1 view of a /v2 OTHER endpoint lists the host's model it runs on: ${shown.join(', ')}`);
   t.notOk(shown.includes('Tesla T4'), 'and not what it excludes');
 });
+
+t.test('an exclusion that differs only in case from a host model or a catalog type is a 400 with the name meant', async (t) => {
+  const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT });
+  const create = (gpu: unknown) => a.req('POST', '/v2/serverless', { body: queueBody({ gpu }) });
+  const model = await create({ pools: ['OTHER'], excludedTypes: ['Tesla T4', 'geforce rtx 2070'] });
+  assertProblem(t, model, 400);
+  t.same(model.json.errors, ['/gpu/excludedTypes/1: "geforce rtx 2070" is not a GPU type in the selected pools (OTHER); did you mean "GeForce RTX 2070" (names are case-sensitive)?'],
+    'a GPU of this host, in other case: it would exclude nothing');
+  const type = await create({ pools: ['OTHER'], excludedTypes: ['tesla t4'] });
+  assertProblem(t, type, 400);
+  t.same(type.json.errors, ['/gpu/excludedTypes/0: "tesla t4" is not a GPU type in the selected pools (OTHER); did you mean "Tesla T4" (names are case-sensitive)?'], 'a catalog type of the pools');
+  const ada = await create({ pools: ['ADA_24'], excludedTypes: ['NVIDIA GeForce RTX 4090 '.toLowerCase()] });
+  t.same(ada.json.errors, ['/gpu/excludedTypes/0: "nvidia geforce rtx 4090" is not a GPU type in the selected pools (ADA_24); did you mean "NVIDIA GeForce RTX 4090" (names are case-sensitive)?'],
+    'in a RunPod pool too');
+  const ok = await create({ pools: ['OTHER'], excludedTypes: [NAME, 'some future gpu'] });
+  t.equal(ok.status, 201, `the exact name, and a name no GPU here has, are taken: ${ok.text.slice(0, 200)}`);
+  const patched = await a.req('PATCH', `/v2/serverless/${ok.json.id}`, { body: { gpu: { excludedTypes: ['GEFORCE RTX 2070'] } } });
+  assertProblem(t, patched, 400);
+  t.match(patched.json.errors, [/did you mean "GeForce RTX 2070"/], 'and on PATCH');
+});
