@@ -191,7 +191,7 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
     const { generated, first } = auth.bootstrap(config.adminApiKey);
     if (generated) {
       // A file already there holds a key that is no longer valid (a key is generated only when
-      // no admin key is: every one was revoked or expired), so the new one replaces it. A
+      // the admin user has no valid admin key: every one was revoked or expired), so the new one replaces it. A
       // flashd.db deleted beside it never gets here (refuseLostDatabase). No file is there when
       // the admin keys came from FLASHD_ADMIN_API_KEY alone.
       const file = join(dataDir, 'admin-api-key');
@@ -201,7 +201,7 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
       // next start, finding the key valid, makes and prints none.
       const text = first
         ? `\nFirst start: created an admin API key. It is shown once here and saved to ${file} (mode 0600):\n\n    ${generated}\n\n`
-        : `\nNo valid admin API key was left (every one revoked or expired): created an admin API key. It is shown once here and saved to ${file} (mode 0600)${fresh ? '' : ', in place of the old one'}:\n\n    ${generated}\n\n`;
+        : `\nThe admin user had no valid admin API key left (every one revoked or expired): created an admin API key. It is shown once here and saved to ${file} (mode 0600)${fresh ? '' : ', in place of the old one'}:\n\n    ${generated}\n\n`;
       keyNotice = {
         started: () => announce(text),
         failed: () => announce(`\nCreated an admin API key and saved it to ${file} (mode 0600), but the start failed. The key stays valid (it is not shown here): read it from that file.\n\n`),

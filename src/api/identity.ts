@@ -60,7 +60,7 @@ export function identityRoutes(s: ApiServices): RouteDef[] {
     },
     {
       method: 'DELETE', path: '/v2/api-keys/{keyId}', operationId: 'revokeApiKey',
-      summary: 'Revoke an API key; the last valid admin key cannot be revoked (409): create another admin key first', tag: 'Access',
+      summary: "Revoke an API key; the admin user's last valid admin key cannot be revoked (409): create another admin key first", tag: 'Access',
       auth: 'user', successStatus: 204, responseSchema: null, problems: [...AUTHN, 404, 409],
       handle: ({ principal, params }) => {
         s.auth.revokeKey(principal, params['keyId'] as string);

@@ -171,9 +171,10 @@ export class AuthService {
    * earlier start registered from it is revoked in the same transaction as the new one's
    * registration (rotating a leaked key must end it). The first generated key and keys made
    * through the API are never revoked here, also when the variable names one of them. Without
-   * `envKey` nothing is revoked, and a key is generated when no valid admin key is left
-   * (isValidAdminKey: every one revoked or expired; other keys, read-only or worker keys, do not
-   * count); it is returned so the caller can print and save it once. `first`: the admin user had
+   * `envKey` nothing is revoked, and a key is generated when the admin user has no valid admin
+   * key left (isValidAdminKey: every one revoked or expired; other keys, read-only or worker keys,
+   * and admin-scope keys of other users or of teams, do not count); it is returned so the caller
+   * can print and save it once. `first`: the admin user had
    * no key before (a first start), rather than none left valid.
    */
   bootstrap(envKey: string | null): { generated: string | null; first: boolean } {
@@ -216,7 +217,9 @@ export class AuthService {
     const first = adminKeys.length === 0;
     const key = generateApiKey('usr');
     const row = this.#insertKey(key, { name: first ? 'first admin key' : 'admin key (none was left valid)', scopes: ['admin'] }, admin.id, 'user', null);
-    if (!first) this.#log.warn('no valid admin API key was left: created one (every admin key was revoked or expired)', { keyId: row.id });
+    if (!first) {
+      this.#log.warn('the admin user had no valid admin API key left: created one (every one was revoked or expired; admin-scope keys of other users or of teams do not count)', { keyId: row.id });
+    }
     return { generated: key, first };
   }
 
@@ -555,10 +558,13 @@ export class AuthService {
   revokeKey(caller: Principal, id: string): void {
     const row = this.#keyToManage(caller, id);
     const now = this.#clock.now();
-    // Without an admin key nothing could administer flashd until a restart (bootstrap): a
-    // rotation makes the new key before it revokes the old one.
+    // One admin key of the admin user always stays valid, the way to administer flashd that no
+    // other change can end (a team key stops working when its user leaves the team, which
+    // nothing checks against this), as bootstrap counts: a rotation makes the new key before it
+    // revokes the old one.
     if (isValidAdminKey(row, now) && !this.#repo.userKeys(ADMIN_USER).some((k) => k.id !== id && isValidAdminKey(k, now))) {
-      throw new AgentError('CONFLICT', `API key ${id} is the last valid admin key: revoking it would leave no key able to administer flashd. `
+      throw new AgentError('CONFLICT', `API key ${id} is the admin user's last valid admin key, and flashd always keeps one `
+        + '(admin-scope keys of other users or of teams do not count, even while valid: a team key stops working when its user leaves the team). '
         + 'To rotate it, create another admin key first (POST /v2/api-keys with "scopes": ["admin"]), then revoke this one; '
         + 'or restart flashd with a new FLASHD_ADMIN_API_KEY value, which revokes the key an earlier value registered.');
     }

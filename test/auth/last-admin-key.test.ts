@@ -20,6 +20,12 @@ const HOUR = 3_600_000;
 const listed = async (a: TestAgent, key: string, name: string): Promise<string> =>
   ((await a.req('GET', '/v2/api-keys', { key })).json as { id: string; name: string }[]).find((k) => k.name === name)?.id ?? '?';
 
+/** Another user, `bob`, with an admin-scope key: it administers flashd, but is not the admin user's. */
+async function bobsAdminKey(a: TestAgent, key: string): Promise<string> {
+  const bob = (await a.req('POST', '/v2/users', { key, body: { name: 'bob' } })).json.id as string;
+  return (await a.req('POST', '/v2/api-keys', { key, body: { name: 'bob admin', scopes: ['admin'], userId: bob } })).json.key as string;
+}
+
 /** Keys that must not count as admin keys: a read-only key and a worker-env key. */
 async function lesserKeys(t: Parameters<typeof startAgent>[0], a: TestAgent, key: string): Promise<void> {
   t.equal((await a.req('POST', '/v2/api-keys', { key, body: { name: 'dashboard', scopes: ['jobs:read'] } })).status, 201);
@@ -31,10 +37,17 @@ t.test('the last valid admin key cannot be revoked: 409 with how to rotate; read
   const clock = new ManualClock(Date.now());
   const a = await startAgent(t, { adminApiKey: A }, { clock });
   await lesserKeys(t, a, A);
+  // Admin-scope keys of another user and of a team: they administer flashd, but do not count.
+  const bob = await bobsAdminKey(a, A);
+  const team = (await a.req('POST', '/v2/teams', { key: A, body: { name: 'ops' } })).json.id as string;
+  t.equal((await a.req('POST', '/v2/api-keys', { key: A, body: { name: 'team admin', scopes: ['admin'], teamId: team } })).status, 201);
   const envKey = await listed(a, A, 'admin (FLASHD_ADMIN_API_KEY)');
   const refused = await a.req('DELETE', `/v2/api-keys/${envKey}`, { key: A });
-  assertProblem(t, refused, 409, 'the only admin key: refused');
-  t.match(refused.json.detail, /last valid admin key/);
+  assertProblem(t, refused, 409, 'the admin user\'s only admin key: refused');
+  t.match(refused.json.detail, /is the admin user's last valid admin key/);
+  t.notMatch(refused.json.detail, /leave no key able to administer/, 'not "no key able to administer flashd": bob\'s and the team\'s keys can');
+  t.match(refused.json.detail, /admin-scope keys of other users or of teams do not count/, 'says which keys count');
+  t.equal((await a.req('GET', '/v2/users', { key: bob })).status, 200, 'bob\'s admin key administers flashd all the same');
   t.match(refused.json.detail, /create another admin key/, 'says how to rotate');
   t.equal((await a.req('GET', '/v2/serverless', { key: A })).status, 200, 'and it still works');
 
@@ -61,6 +74,7 @@ t.test('no valid admin key left at start (every one expired, other keys still va
     key: generated, body: { name: 'soon', scopes: ['admin'], expiresAt: new Date(start + HOUR).toISOString() },
   })).json as { key: string };
   await lesserKeys(t, first, generated);
+  const bob = await bobsAdminKey(first, generated);
   t.equal((await first.req('DELETE', `/v2/api-keys/${await listed(first, generated, 'first admin key')}`, { key: soon.key })).status, 204);
   await first.agent.close();
 
@@ -68,9 +82,11 @@ t.test('no valid admin key left at start (every one expired, other keys still va
   const key = later.agent.generatedAdminKey;
   t.match(key, /^fd_usr_/, 'a new admin key was made');
   t.equal(readFileSync(file, 'utf8'), `${key}\n`, 'saved in place of the revoked one');
-  t.ok(later.logs.some((l) => l.includes('No valid admin API key was left (every one revoked or expired)') && l.includes('in place of the old one')), 'announced as such');
+  t.ok(later.logs.some((l) => l.includes("The admin user had no valid admin API key left (every one revoked or expired)") && l.includes('in place of the old one')), 'announced as such');
+  t.notOk(later.logs.some((l) => /No valid admin API key was left/.test(l)), 'not "no valid admin API key": bob\'s is valid');
+  t.equal((await later.req('GET', '/v2/users', { key: bob })).status, 200, 'bob\'s admin key still works');
   t.equal((await later.req('GET', '/v2/serverless', { key: key as string })).status, 200, 'the new key works');
-  t.ok(later.logs.some((l) => /no valid admin API key was left: created one/.test(l) && !l.includes(key as string)), 'logged, without the key');
+  t.ok(later.logs.some((l) => /the admin user had no valid admin API key left: created one/.test(l) && !l.includes(key as string)), 'logged, without the key');
   await later.agent.close();
   const again = await startAgent(t, { adminApiKey: null }, { dir, clock: new ManualClock(start + 3 * HOUR) });
   t.equal(again.agent.generatedAdminKey, null, 'then the next start makes none');
@@ -91,6 +107,6 @@ t.test('a flashd administered through FLASHD_ADMIN_API_KEY alone (no admin-api-k
   const key = later.agent.generatedAdminKey as string;
   t.match(key, /^fd_usr_/);
   t.notOk(later.logs.some((l) => l.includes('First start')), 'not "First start"');
-  t.ok(later.logs.some((l) => l.includes('No valid admin API key was left') && !l.includes('in place of the old one')), 'no old file to replace');
+  t.ok(later.logs.some((l) => l.includes('The admin user had no valid admin API key left') && !l.includes('in place of the old one')), 'no old file to replace');
   t.equal(readFileSync(join(dir, 'admin-api-key'), 'utf8'), `${key}\n`);
 });

@@ -181,7 +181,7 @@ t.test('every key revoked: the next start makes an admin key and saves it in pla
   const f = await startFlashd(t, node, args(dir), cleanEnv());
   const key = /fd_usr_[A-Za-z0-9]{36}/.exec(f.stdout())?.[0];
   t.ok(key, 'a new key is printed');
-  t.match(f.stdout(), `No valid admin API key was left (every one revoked or expired): created an admin API key. It is shown once here and saved to ${file} (mode 0600), in place of the old one`);
+  t.match(f.stdout(), `The admin user had no valid admin API key left (every one revoked or expired): created an admin API key. It is shown once here and saved to ${file} (mode 0600), in place of the old one`);
   t.equal(readFileSync(file, 'utf8'), `${key}\n`, 'admin-api-key holds the new key');
   t.equal(statSync(file).mode & 0o777, 0o600, 'still 0600');
   t.equal((await fetch(`${f.url}/v2/serverless`, authed(key ?? ''))).status, 200, 'the new key works');
