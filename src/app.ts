@@ -20,7 +20,7 @@ import { createHttpServer, type HttpServer } from './http/index.js';
 import { JobQueue, WebhookSender, WorkerRegistry } from './queue/index.js';
 import { ContainerRuntime, ProcessRuntime, findEngineSocket, reapOrphanProcessWorkers, type WorkerRuntime } from './runtime/index.js';
 import { Autoscaler, LogHub, unreservedCpu } from './scheduler/index.js';
-import { GpuWatch, ResourceLedger, createLedgerPlacement, probeHost, workerRequirement } from './gpu/index.js';
+import { GpuWatch, ResourceLedger, createLedgerPlacement, probeHost, startDiscoveryLogger, workerRequirement } from './gpu/index.js';
 import type { EndpointSpec } from './endpoints/index.js';
 import { IdentityRepo, JobsRepo, LogsRepo, SpaceReclaimer, WriteBatch, lockDataDir, openDb, walPathOf, type Db } from './store/index.js';
 
@@ -276,7 +276,10 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
       retried: (job) => webhooks.supersede(job.id),
     });
     // The hardware probe waits on nvidia-smi and /proc; it runs while recovery reads the backlog.
-    const hardwareProbe = probeHost({ dataCenterId: config.dataCenterId, log: log.child({ component: 'gpu' }) });
+    // What the start's discovery says, the first rediscovery does not say again (GpuWatch).
+    const gpuLog = log.child({ component: 'gpu' });
+    const gpuStartLines = new Set<string>();
+    const hardwareProbe = probeHost({ dataCenterId: config.dataCenterId, log: startDiscoveryLogger(gpuLog, gpuStartLines) });
     hardwareProbe.catch(() => undefined);
     const recoveryStart = performance.now();
     const recovered = queue.recover();
@@ -322,7 +325,7 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
       vcpus: hardware.cpu.vcpus, memoryGb: Math.round(hardware.cpu.memoryGb * 10) / 10,
     });
     const ledger = new ResourceLedger(hardware);
-    const gpuWatch = new GpuWatch({ ledger, intervalMs: config.gpuRediscoverMs, log: log.child({ component: 'gpu' }) });
+    const gpuWatch = new GpuWatch({ ledger, intervalMs: config.gpuRediscoverMs, log: gpuLog, startLines: gpuStartLines });
     gpuWatch.start();
     closers.push(() => gpuWatch.close());
     const ledgerPlacement = createLedgerPlacement<EndpointSpec>(ledger, (spec) => workerRequirement({

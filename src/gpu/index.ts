@@ -24,6 +24,6 @@ export type { GpuPlacement, GpuNoFitReason, CpuPlacement, CpuNoFitReason } from 
 export { ResourceLedger, inventorySnapshot, createLedgerPlacement } from './allocator.js';
 export type { LedgerHost, Holding, LedgerReservation, LedgerNoFit, LedgerPlacement } from './allocator.js';
 export { allowedGpuTypes, workerRequirement } from './requirement.js';
-export { GpuWatch } from './watch.js';
+export { GpuWatch, startDiscoveryLogger } from './watch.js';
 export type { GpuWatchOptions } from './watch.js';
 export type { GpuFields } from './requirement.js';

@@ -43,10 +43,20 @@ function onceLogger(log: Logger, before: ReadonlySet<string>, now: Set<string>):
   return { debugEnabled: log.debugEnabled, debug: (m, f) => log.debug(m, f), info: once('info'), warn: once('warn'), error: once('error'), child: (b) => log.child(b) };
 }
 
+/**
+ * The logger for the start's discovery (probeHost): it writes every line and adds it to `said`,
+ * which GpuWatch then takes as `startLines` so that its first run does not say them again.
+ */
+export function startDiscoveryLogger(log: Logger, said: Set<string>): Logger {
+  return onceLogger(log, new Set(), said);
+}
+
 export interface GpuWatchOptions extends Pick<DiscoverGpusOptions, 'command' | 'env' | 'timeoutMs'> {
   ledger: ResourceLedger;
   intervalMs: number;
   log: Logger;
+  /** The lines the start's discovery wrote (startDiscoveryLogger), as if a run before had. */
+  startLines?: ReadonlySet<string>;
 }
 
 export class GpuWatch {
@@ -57,11 +67,12 @@ export class GpuWatch {
   #warned: NoGpuReason | null = null;
   /** Whether the last run kept the CUDA version found before (warned once per episode). */
   #keptCuda = false;
-  /** The lines discovery wrote in the last run (see {@link onceLogger}). */
-  #said = new Set<string>();
+  /** The lines discovery wrote in the last run, or at start (see {@link onceLogger}). */
+  #said: ReadonlySet<string>;
 
   constructor(options: GpuWatchOptions) {
     this.#o = options;
+    this.#said = options.startLines ?? new Set();
   }
 
   start(): void {

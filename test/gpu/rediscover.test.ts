@@ -57,3 +57,12 @@ t.test('0 turns rediscovery off', async (t) => {
   await new Promise((r) => setTimeout(r, 1500));
   t.equal(await total(a, 'NVIDIA GeForce RTX 4090'), 0, 'only the discovery at start counts');
 });
+
+t.test('the first rediscovery does not repeat what the start said about a model only pool OTHER reaches', async (t) => {
+  scenario('old-driver-cuda11');
+  const a = await startAgent(t, { gpuRediscoverMs: 1000 });
+  const said = () => a.logs.filter((l) => l.includes('gpu model not in the catalog') && l.includes('GeForce RTX 2070'));
+  t.equal(said().length, 1, 'the start says it');
+  await new Promise((r) => setTimeout(r, 3500)); // three runs at the 1000 ms floor
+  t.equal(said().length, 1, 'once, not again at the first rediscovery');
+});
