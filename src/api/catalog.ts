@@ -37,12 +37,19 @@ export function catalogRoutes(s: ApiServices): RouteDef[] {
       method: 'GET', path: '/v2/catalog/gpus', operationId: 'listGpuTypes', summary: 'GPU types with their serverless pool, memory and CUDA versions',
       tag: 'Catalog', auth: 'user', scope: 'endpoints:read', successStatus: 200, responseSchema: 'GpuType', responseIsArray: true,
       problems: [400, 401, 403, 429],
-      query: [include('AVAILABILITY'), { name: 'product', description: 'SERVERLESS: only types in a serverless pool.', schema: { type: 'string', enum: ['SERVERLESS'] } }],
+      query: [include('AVAILABILITY'), {
+        name: 'product',
+        description: 'SERVERLESS: only types serverless endpoints can get: those in a RunPod serverless pool, and those in none (pool null) that this host has, which flashd\'s pool OTHER reaches.',
+        schema: { type: 'string', enum: ['SERVERLESS'] },
+      }],
       handle: ({ req }) => {
         const inc = enumQuery(req.query, 'include', ['AVAILABILITY']);
         const product = enumQuery(req.query, 'product', ['SERVERLESS']);
         const gpus = s.inventory();
-        const items = GPU_TYPES.filter((t) => !product.has('SERVERLESS') || t.pool !== null).map((t) => {
+        // A type in no RunPod pool is serverless here through pool OTHER, but only this host's
+        // count: listing every such type would offer cards no endpoint can get.
+        const serverless = (t: (typeof GPU_TYPES)[number]) => t.pool !== null || gpus.some((g) => g.gpuTypeId === t.id);
+        const items = GPU_TYPES.filter((t) => !product.has('SERVERLESS') || serverless(t)).map((t) => {
           // Installed drivers decide the CUDA versions once a GPU of this type is known.
           const hosts = [...new Set(gpus.filter((g) => g.gpuTypeId === t.id && g.cudaVersion).map((g) => g.cudaVersion as string))].sort(compareCuda);
           const out: Record<string, unknown> = {

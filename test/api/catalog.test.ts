@@ -4,6 +4,9 @@
  * catalog offers is accepted by create.
  */
 import t from 'tap';
+import { chmodSync } from 'node:fs';
+import { delimiter, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
 import { assertSchema } from '../../src/core/schemas.js';
 import { assertProblem, cpuBody, queueBody, startAgent } from '../helpers/agent.js';
 import { assertErrorAt, makeTemplate, makeUser, mustCreate } from '../helpers/expect.js';
@@ -22,6 +25,8 @@ const POOLS: Record<string, string[]> = {
   BLACKWELL_96: ['NVIDIA RTX PRO 6000 Blackwell Server Edition', 'NVIDIA RTX PRO 6000 Blackwell Workstation Edition', 'NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition'],
   BLACKWELL_180: ['NVIDIA B200'],
 };
+
+const BIN = fileURLToPath(new URL('../fixtures/nvidia-smi/bin', import.meta.url));
 
 interface GpuType { id: string; pool: string | null; cudaVersions: string[]; memoryInGb: number; availability?: unknown }
 
@@ -57,6 +62,30 @@ t.test('GPU types: ids, pools, memory and CUDA versions', async (t) => {
   assertProblem(t, badInclude, 400, 'an unknown include value');
   t.match(badInclude.json.errors, [/^\?include: .*PRICES/], 'the error names the query parameter');
   assertProblem(t, await a.req('GET', '/v2/catalog/gpus?product=POD'), 400, 'an unknown product');
+});
+
+t.test('product=SERVERLESS also lists a type in no RunPod pool that this host has (pool OTHER reaches it)', async (t) => {
+  // The rtx4090-single recording with its card renamed to a Tesla T4 (a type in no RunPod pool):
+  // no recording of a T4 host is among the fixtures.
+  const dir = t.testdir({
+    'nvidia-smi': ['#!/bin/sh', `"${join(BIN, 'nvidia-smi')}" "$@" | sed 's/NVIDIA GeForce RTX 4090/Tesla T4/'`, ''].join('\n'),
+  });
+  chmodSync(join(dir, 'nvidia-smi'), 0o755);
+  const saved = { PATH: process.env['PATH'], FAKE_NVIDIA_SMI_SCENARIO: process.env['FAKE_NVIDIA_SMI_SCENARIO'] };
+  process.env['PATH'] = `${dir}${delimiter}${process.env['PATH'] ?? ''}`;
+  process.env['FAKE_NVIDIA_SMI_SCENARIO'] = 'rtx4090-single';
+  t.teardown(() => {
+    for (const [k, v] of Object.entries(saved)) if (v === undefined) delete process.env[k]; else process.env[k] = v;
+  });
+  const a = await startAgent(t, { gpuRediscoverMs: 0 });
+  const avail = (await a.req('GET', '/v2/catalog/gpus?product=SERVERLESS&include=AVAILABILITY')).json as GpuType[];
+  const t4 = avail.find((g) => g.id === 'Tesla T4');
+  t.match(t4, { pool: null, availability: { available: 1, total: 1, stockStatus: 'LOW' } }, 'the host\'s T4, with its stock');
+  t.doesNotThrow(() => assertSchema('GpuType', t4), 'still a GpuType');
+  t.notOk(avail.some((g) => g.pool === null && g.id !== 'Tesla T4'), 'no other type in no RunPod pool: this host has none');
+  t.equal(avail.length, Object.values(POOLS).flat().length + 1);
+  t.ok(((await a.req('GET', '/v2/catalog/gpus?product=SERVERLESS')).json as GpuType[]).some((g) => g.id === 'Tesla T4'), 'without include too');
+  t.equal((await mustCreate(t, a, queueBody({ gpu: { pools: ['OTHER'] } }))).gpu.pools[0], 'OTHER', 'an endpoint reaches it through OTHER');
 });
 
 t.test('every pool and every GPU type of the catalog works in a create', async (t) => {
