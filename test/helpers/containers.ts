@@ -5,7 +5,7 @@
  * engine stand-ins (a relay that can be cut, a proxy that can refuse or hold requests).
  */
 import { readFileSync, rmSync } from 'node:fs';
-import { createServer as createHttpServer, request } from 'node:http';
+import { createServer as createHttpServer, request, type IncomingHttpHeaders } from 'node:http';
 import { connect, createServer, type Server, type Socket } from 'node:net';
 import { join } from 'node:path';
 import t, { type Test } from 'tap';
@@ -92,6 +92,7 @@ export async function engineRelay(relaySocket: string): Promise<{ relaySocket: s
 export interface Proxied {
   method: string;
   url: string;
+  headers: IncomingHttpHeaders;
   body: Buffer;
 }
 
@@ -108,7 +109,7 @@ export async function engineProxy(path: string, o: {
     const chunks: Buffer[] = [];
     req.on('data', (c: Buffer) => chunks.push(c));
     req.on('end', () => void (async () => {
-      const r: Proxied = { method: req.method ?? 'GET', url: req.url ?? '/', body: Buffer.concat(chunks) };
+      const r: Proxied = { method: req.method ?? 'GET', url: req.url ?? '/', headers: req.headers, body: Buffer.concat(chunks) };
       const refused = await o.before?.(r);
       if (refused !== undefined) {
         res.writeHead(500, { 'content-type': 'application/json' });

@@ -5,9 +5,14 @@
  * test/helpers/containers.ts), QUEUE endpoints on CPU hardware, jobs through the public API.
  * Deadlines are generous and every wait polls: CI has 2 loaded cores.
  */
-import { until, docker, containersOf, start, endpoint, runsync, health, logLines, noWorkers } from '../helpers/containers.js';
+import { until, docker, containersOf, start, endpoint, runsync, health, logLines, noWorkers, engineProxy } from '../helpers/containers.js';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import t from 'tap';
-import { LABELS } from '../../src/runtime/index.js';
+import { testDataDir } from '../helpers/data-dir.js';
+import { createLogger } from '../../src/core/logger.js';
+import { ContainerRuntime, LABELS, type LaunchSpec } from '../../src/runtime/index.js';
 
 t.test('OFF: cold start, warm reuse, logs, scale to zero removes the container', async (t) => {
   const a = await start(t);
@@ -223,4 +228,49 @@ t.test('env and command encoding as seen inside the container; the safe defaults
   t.notMatch(inside['RUNPOD_WEBHOOK_GET_JOB'], /127\.0\.0\.1/);
   t.equal(j.output.capEff, '0000000000000000', 'no capabilities: the Python worker needs none');
   t.equal(j.output.noNewPrivs, '1', 'no-new-privileges');
+});
+
+t.test('launches of one image with different registry credentials do not share a pull in flight', async (t) => {
+  const sockets = mkdtempSync(join(tmpdir(), 'flashd-pullkey-'));
+  t.teardown(() => rmSync(sockets, { recursive: true, force: true }));
+  // The engine refuses every pull after a while, naming the registry user it was sent (none without X-Registry-Auth).
+  const pulls: string[] = [];
+  const engine = await engineProxy(join(sockets, 'engine.sock'), {
+    async before(r) {
+      if (r.method !== 'POST' || !/\/images\/create\b/.test(r.url)) return undefined;
+      const auth = r.headers['x-registry-auth'];
+      const user = typeof auth === 'string' ? (JSON.parse(Buffer.from(auth, 'base64url').toString('utf8')) as { username: string }).username : 'none';
+      pulls.push(user);
+      await new Promise((res) => setTimeout(res, 1000));
+      return `pull access denied for user ${user}`;
+    },
+  });
+  t.teardown(() => engine.close());
+  const lines: string[] = [];
+  const log = createLogger({ level: 'debug', format: 'text', sink: { write: (l: string) => void lines.push(l) } });
+  const runtime = new ContainerRuntime({ socketPath: join(sockets, 'engine.sock'), dataDir: testDataDir(t), log, workerUrl: 'http://127.0.0.1:9' });
+  await runtime.start({ host: '127.0.0.1', port: 9 });
+  t.teardown(() => runtime.close());
+  t.ok(runtime.ready, 'the engine answered through the proxy');
+
+  const image = `127.0.0.1:9/flashd/private:t${process.pid}`;
+  let n = 0;
+  const spec = (registryAuth: LaunchSpec['registryAuth']): LaunchSpec => ({
+    endpointId: 'ep-pullkey', workerId: `wkr_pullkey${process.pid}${++n}`, entrypoint: [], cmd: [], image, env: {}, ports: [], diskGb: null, volume: null,
+    gpuDeviceIds: [], cpu: { vcpuCount: 1, memoryGb: 1 }, registryAuth, flashboot: 'OFF', configHash: `pullkey${n}`,
+  });
+  const robot = { username: 'robot', password: 'pw-never-logged-0001', serveraddress: '127.0.0.1:9' };
+  const events = { log: () => undefined, exit: () => undefined };
+  const settle = (p: Promise<unknown>): Promise<string> => p.then(() => 'started', (err: unknown) => String(err));
+  const anonymous = settle(runtime.launch(spec(null), events));
+  await until('the first pull in flight', async () => pulls.length === 1);
+  const withCredential = settle(runtime.launch(spec(robot), events));
+  const sameCredential = settle(runtime.launch(spec({ ...robot }), events));
+  const otherPassword = settle(runtime.launch(spec({ ...robot, password: 'pw-never-logged-0002' }), events));
+  t.match(await anonymous, /pull access denied for user none/);
+  t.match(await withCredential, /pull access denied for user robot/, 'the launch with a credential gets its own pull, not the anonymous one\'s failure');
+  t.match(await sameCredential, /pull access denied for user robot/);
+  t.match(await otherPassword, /pull access denied for user robot/);
+  t.same(pulls.sort(), ['none', 'robot', 'robot'], 'one pull per image and credential: the same credential shares one, another password gets its own');
+  t.notMatch(lines.join(''), /pw-never-logged/, 'no password in flashd\'s log');
 });

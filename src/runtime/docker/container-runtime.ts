@@ -12,7 +12,7 @@
  *   at start every one left from a previous run is removed (their worker keys and leases
  *   belonged to the old process, so not even a kept one can be restored).
  */
-import { randomBytes } from 'node:crypto';
+import { createHash, randomBytes } from 'node:crypto';
 import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import { constants } from 'node:os';
 import { join } from 'node:path';
@@ -485,15 +485,19 @@ export class ContainerRuntime implements WorkerRuntime {
   }
 
   /**
-   * Pulls the image when it is not present (one pull per image at a time, which later launches
-   * of the image join). A launch whose worker is stopped meanwhile stops waiting at once; the
+   * Pulls the image when it is not present (one pull per image and registry credential at a
+   * time, which later launches of the image with that credential join). A launch whose worker is stopped meanwhile stops waiting at once; the
    * pull is given up when no launch waits for it any more. A pull without progress for
    * `pullIdleTimeoutMs` fails (the client's idle bound), and with it every launch waiting.
    * Until it ends, a line every `pullProgressMs` says it still runs, with what it got so far.
    */
   async #ensureImage(spec: LaunchSpec, stopped: AbortSignal): Promise<void> {
     if (await this.client.inspectImage(spec.image)) return;
-    let pull = this.#pulls.get(spec.image);
+    // Shared by image and credential: a launch with the right credential must not join (and
+    // fail with) a pull that another endpoint started with a wrong one or none. A hash, so the
+    // map holds no password.
+    const key = `${spec.image}\u0000${spec.registryAuth ? createHash('sha256').update(JSON.stringify(spec.registryAuth)).digest('hex') : ''}`;
+    let pull = this.#pulls.get(key);
     if (!pull) {
       const abort = new AbortController();
       const signal = AbortSignal.any([this.#shutdown.signal, abort.signal]);
@@ -509,12 +513,12 @@ export class ContainerRuntime implements WorkerRuntime {
         auth: spec.registryAuth, signal, idleTimeoutMs: this.#o.pullIdleTimeoutMs ?? DEFAULT_PULL_IDLE_TIMEOUT_MS, onProgress: (p) => tally.add(p),
       }).finally(() => {
         clearInterval(ticker);
-        if (this.#pulls.get(spec.image) === created) this.#pulls.delete(spec.image);
+        if (this.#pulls.get(key) === created) this.#pulls.delete(key);
       });
       // Given up with no launch left to hear it: not an unhandled rejection.
       done.catch(() => undefined);
       const created: Pull = { done, waiters: 0, abort };
-      this.#pulls.set(spec.image, created);
+      this.#pulls.set(key, created);
       pull = created;
     }
     const shared = pull;
@@ -528,7 +532,7 @@ export class ContainerRuntime implements WorkerRuntime {
       });
     } finally {
       if (--shared.waiters === 0 && stopped.aborted) {
-        if (this.#pulls.get(spec.image) === shared) this.#pulls.delete(spec.image);
+        if (this.#pulls.get(key) === shared) this.#pulls.delete(key);
         shared.abort.abort();
       }
     }
