@@ -22,7 +22,7 @@ import { ContainerRuntime, ProcessRuntime, findEngineSocket, reapOrphanProcessWo
 import { Autoscaler, LogHub, unreservedCpu } from './scheduler/index.js';
 import { GpuWatch, ResourceLedger, createLedgerPlacement, probeHost, startDiscoveryLogger, workerRequirement } from './gpu/index.js';
 import type { EndpointSpec } from './endpoints/index.js';
-import { IdentityRepo, JobsRepo, LogsRepo, SpaceReclaimer, WriteBatch, lockDataDir, openDb, walPathOf, type Db } from './store/index.js';
+import { IdentityRepo, JobsRepo, LogsRepo, SpaceReclaimer, WriteBatch, closeWithoutCheckpoint, lockDataDir, openDb, walPathOf, type Db } from './store/index.js';
 
 export const VERSION: string = pkg.version;
 
@@ -89,6 +89,37 @@ function refuseLostDatabase(dataDir: string): void {
   throw new Error(`${dbFile} is missing, but the data directory still holds ${found.join(', ')}: a flashd ran here and its database was deleted or not restored. `
     + `Starting would make a new, empty one${found.includes('flashd.db-wal') ? ' and drop the recent writes in flashd.db-wal' : ''}. `
     + 'Restore flashd.db from a backup (with the secret.key saved with it), or move the directory aside to start afresh');
+}
+
+/** Whether `err` is SQLite finding the database file corrupt, or not a database at all. */
+function isCorruptDatabase(err: unknown): boolean {
+  const code = (err as { code?: unknown }).code;
+  return (typeof code === 'string' && (code.startsWith('SQLITE_CORRUPT') || code.startsWith('SQLITE_NOTADB')))
+    || /malformed/.test((err as Error).message);
+}
+
+/**
+ * `err` with the likely cause when it says the database is corrupt and flashd.db-wal was there,
+ * not empty, before the start opened flashd.db (`walBefore`): SQLite reads it as part of the
+ * file, so a backup's flashd.db restored beside the WAL a crash left is read through another
+ * database's WAL. The start leaves both as they were (closeWithoutCheckpoint).
+ */
+function blameLeftoverWal(err: unknown, dataDir: string, walBefore: boolean): unknown {
+  if (!walBefore || !isCorruptDatabase(err)) return err;
+  const dbFile = join(dataDir, 'flashd.db');
+  const { code } = err as { code?: unknown };
+  return Object.assign(new Error(`${(err as Error).message}: ${walPathOf(dataDir)} was beside ${dbFile} at this start (a crash or kill -9 leaves it), and SQLite reads it as part of the database. `
+    + 'If flashd.db was restored from a backup, move flashd.db-wal and flashd.db-shm out of the data directory (keep them) and start again: they belong to the database it replaced. '
+    + 'Otherwise never delete them: they hold the last writes. Both files were left as they were (README "Backups")', { cause: err }), code === undefined ? {} : { code });
+}
+
+/** Whether `file` is there with something in it. */
+function nonEmpty(file: string): boolean {
+  try {
+    return lstatSync(file).size > 0;
+  } catch {
+    return false;
+  }
 }
 
 /** The settings key of secretKeyCheck: which secret.key the database was used with. */
@@ -167,6 +198,9 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
   let identity: IdentityRepo;
   let fileKey: Buffer;
   let opened: Db | undefined;
+  // A WAL a crash left: replayed into flashd.db at the open (or, beside a restored flashd.db, the
+  // likely cause of a corrupt one).
+  const walBefore = nonEmpty(walPathOf(dataDir));
   try {
     // The secrets' files, checked (owner, mode, no link) before the database is touched.
     const keyText = readOwnerOnlyFile(join(dataDir, 'secret.key'), log);
@@ -177,12 +211,17 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
     fileKey = loadSecretKey(dataDir, keyText, identity, log);
     db = opened;
   } catch (err) {
-    opened?.close();
+    // Not close(): its checkpoint would write the WAL into flashd.db and delete it, whatever
+    // this failure found wrong with them.
+    if (opened) closeWithoutCheckpoint(opened);
     lock.release();
-    throw err;
+    throw blameLeftoverWal(err, dataDir, walBefore);
   }
+  // A later step of the start that finds the database corrupt leaves it the same way.
+  let corrupt = false;
   const closers: (() => Promise<void> | void)[] = [() => lock.release(), () => {
-    db.close();
+    if (corrupt) closeWithoutCheckpoint(db);
+    else db.close();
   }];
   const announce = options.announce ?? ((t: string) => void process.stdout.write(t));
   let keyNotice: { started: () => void; failed: () => void } | null = null;
@@ -486,8 +525,9 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
     };
   } catch (err) {
     keyNotice?.failed();
+    corrupt = isCorruptDatabase(err);
     await runClosers(closers, log).catch(() => undefined);
-    throw err;
+    throw blameLeftoverWal(err, dataDir, walBefore);
   }
 }
 

@@ -32,15 +32,55 @@ export function walPathOf(dataDir: string): string {
  * addon object (its #972), the typings only admit a path string.
  */
 function openOwnerOnly(file: string, first?: (db: Db) => void): Db {
-  const nativeBinding = sqliteNativeBinding();
   const umask = process.umask(0o077);
   try {
-    const db = new Database(file, nativeBinding ? ({ nativeBinding } as unknown as Database.Options) : {});
-    first?.(db);
+    const db = new Database(file, withBinding({}));
+    try {
+      first?.(db);
+    } catch (err) {
+      closeWithoutCheckpoint(db);
+      throw err;
+    }
     return db;
   } finally {
     process.umask(umask);
   }
+}
+
+/** better-sqlite3's options with the addon of core/native.ts, when there is one. */
+function withBinding(options: Database.Options): Database.Options {
+  const nativeBinding = sqliteNativeBinding();
+  return nativeBinding ? ({ ...options, nativeBinding } as unknown as Database.Options) : options;
+}
+
+/** Connections closeWithoutCheckpoint could not close safely: held, so no finalizer closes them. */
+const heldOpen: Db[] = [];
+
+/**
+ * Closes `db` without the checkpoint SQLite runs when the last connection to a database closes
+ * (and a handle better-sqlite3 finalizes, or closes as Node exits, is closed the same way): it
+ * copies the WAL into flashd.db and deletes it. For a start that failed while opening or checking
+ * the database: a flashd.db restored from a backup beside the WAL a crash left, which SQLite
+ * reads as part of the file, had both destroyed by that checkpoint (the WAL's pages written into
+ * the restored file, the crashed run's last writes deleted with the WAL). Both stay as they were.
+ * A read-only connection, reading, holds flashd.db's shared lock: `db` then cannot take the
+ * exclusive lock its checkpoint needs, and the read-only one, closed last, cannot checkpoint.
+ * When that one cannot be had, `db` is held open until the process exits (flashd exits with
+ * process.exit, which closes nothing).
+ */
+export function closeWithoutCheckpoint(db: Db): void {
+  if (!db.open) return;
+  let reader: Db | undefined;
+  try {
+    reader = new Database(db.name, withBinding({ readonly: true, fileMustExist: true }));
+    reader.pragma('schema_version');
+  } catch {
+    reader?.close();
+    heldOpen.push(db);
+    return;
+  }
+  db.close();
+  reader.close();
 }
 
 /** The lock `lockDataDir` holds: one flashd per data directory. */
@@ -92,7 +132,10 @@ export function lockDataDir(dataDir: string): DataDirLock {
   };
 }
 
-/** Opens `<dataDir>/flashd.db` in WAL mode and applies pending migrations. */
+/**
+ * Opens `<dataDir>/flashd.db` in WAL mode and applies pending migrations. On a failure the
+ * database is closed without a checkpoint (closeWithoutCheckpoint), the WAL left as it was.
+ */
 export function openDb(options: OpenDbOptions): Db {
   mkdirSync(options.dataDir, { recursive: true });
   // SQLite gives the -wal and -shm files it creates later the database file's mode; an existing
@@ -100,31 +143,38 @@ export function openDb(options: OpenDbOptions): Db {
   const file = join(options.dataDir, 'flashd.db');
   // auto_vacuum first: a new file takes it only before its first page is written, which
   // journal_mode=WAL already does. On an existing file it is what the next VACUUM converts to.
+  // Set only when the file does not have it: on one that has, the pragma rewrites page 1, a
+  // commit at every start, before anything is checked (into a WAL that is not this file's, too).
   const db = openOwnerOnly(file, (d) => {
-    d.pragma('auto_vacuum = INCREMENTAL');
+    if (d.pragma('auto_vacuum', { simple: true }) !== AUTO_VACUUM_INCREMENTAL) d.pragma('auto_vacuum = INCREMENTAL');
     d.pragma('journal_mode = WAL');
   });
-  for (const f of [file, `${file}-wal`, `${file}-shm`]) {
-    try {
-      chmodSync(f, 0o600);
-    } catch {
-      // Not there (no WAL yet), or not ours to change: SQLite already opened it.
+  try {
+    for (const f of [file, `${file}-wal`, `${file}-shm`]) {
+      try {
+        chmodSync(f, 0o600);
+      } catch {
+        // Not there (no WAL yet), or not ours to change: SQLite already opened it.
+      }
     }
+    db.pragma(`synchronous = ${options.synchronous === 'full' ? 'FULL' : 'NORMAL'}`);
+    db.pragma('foreign_keys = ON');
+    db.pragma('busy_timeout = 5000');
+    // SQLite's own checkpoint after 1000 pages (4 MB) of WAL, inside the commit that crosses it.
+    // Measured under load (npm run bench:profile): small frequent checkpoints beat rare large
+    // ones (64 MB) on throughput and on p99; the WAL stays small, in place and in the page
+    // cache, and each stall is a few ms instead of tens. app.ts adds a PASSIVE one every 10 s.
+    db.pragma('wal_autocheckpoint = 1000');
+    // The WAL keeps the size of the largest transaction it ever held (a group commit of big
+    // inputs: hundreds of MB) unless SQLite truncates it when it starts over: to 16 MB, four
+    // times what the checkpoint above lets it reach, so steady traffic never truncates it.
+    db.pragma(`journal_size_limit = ${WAL_SIZE_LIMIT}`);
+    migrate(db, options.log);
+    if (db.pragma('auto_vacuum', { simple: true }) !== AUTO_VACUUM_INCREMENTAL) convertToIncremental(db, options.dataDir, options.log);
+  } catch (err) {
+    closeWithoutCheckpoint(db);
+    throw err;
   }
-  db.pragma(`synchronous = ${options.synchronous === 'full' ? 'FULL' : 'NORMAL'}`);
-  db.pragma('foreign_keys = ON');
-  db.pragma('busy_timeout = 5000');
-  // SQLite's own checkpoint after 1000 pages (4 MB) of WAL, inside the commit that crosses it.
-  // Measured under load (npm run bench:profile): small frequent checkpoints beat rare large
-  // ones (64 MB) on throughput and on p99; the WAL stays small, in place and in the page
-  // cache, and each stall is a few ms instead of tens. app.ts adds a PASSIVE one every 10 s.
-  db.pragma('wal_autocheckpoint = 1000');
-  // The WAL keeps the size of the largest transaction it ever held (a group commit of big
-  // inputs: hundreds of MB) unless SQLite truncates it when it starts over: to 16 MB, four
-  // times what the checkpoint above lets it reach, so steady traffic never truncates it.
-  db.pragma(`journal_size_limit = ${WAL_SIZE_LIMIT}`);
-  migrate(db, options.log);
-  if (db.pragma('auto_vacuum', { simple: true }) !== AUTO_VACUUM_INCREMENTAL) convertToIncremental(db, options.dataDir, options.log);
   return db;
 }
 

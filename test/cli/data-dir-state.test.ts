@@ -9,7 +9,7 @@
 import t, { type Test } from 'tap';
 import { spawn, spawnSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { copyFileSync, existsSync, mkdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { copyFileSync, existsSync, mkdirSync, readFileSync, renameSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { once } from 'node:events';
 import { join } from 'node:path';
 import Database from 'better-sqlite3';
@@ -99,6 +99,60 @@ t.test('flashd.db deleted, its secret.key, admin-api-key or WAL left: exit 1 nam
   t.equal(r3.status, 1, 'the WAL alone: exit 1');
   t.match(r3.stderr, 'still holds flashd.db-wal: ');
   t.notOk(existsSync(join(crashed, 'secret.key')), 'no secret.key made');
+});
+
+/**
+ * What an operator does after a crash: flashd killed (flashd.db-wal and -shm left), then a
+ * backup's flashd.db put in the same directory. SQLite reads that WAL as part of the restored
+ * file; here its pages point at pages the backup does not have, so the start fails as
+ * malformed. The database was closed the usual way on that failure: the close's checkpoint
+ * wrote the WAL into the restored file and deleted it, and both were lost.
+ */
+t.test('a backup\'s flashd.db put beside a crash\'s flashd.db-wal: exit 1 naming the WAL, both files left byte for byte', async (t) => {
+  const dir = testDataDir(t);
+  const adminKey = await firstRun(t, dir);
+  const dbFile = join(dir, 'flashd.db');
+  const walFile = join(dir, 'flashd.db-wal');
+  // The backup: no free pages, so every page added after it lies past its end.
+  const vacuum = new Database(dbFile);
+  vacuum.exec('VACUUM');
+  vacuum.close();
+  const backup = readFileSync(dbFile);
+  // Writes after the backup, checkpointed into flashd.db: the settings table is split into pages the backup lacks.
+  const later = new Database(dbFile);
+  const put = later.prepare('INSERT INTO settings (key, value) VALUES (?, ?)');
+  later.transaction(() => {
+    for (let i = 0; i < 300; i++) put.run(`pad.${i}`, 'p'.repeat(200));
+  })();
+  later.close();
+  // Then more, still in the WAL when the process is killed (a new root page for settings, and
+  // enough commits that the close's checkpoint would run).
+  const crash = spawnSync(node, ['-e', `
+    const db = new (require('better-sqlite3'))(${JSON.stringify(dbFile)});
+    db.pragma('wal_autocheckpoint = 0');
+    const put = db.prepare('INSERT INTO settings (key, value) VALUES (?, ?)');
+    db.transaction(() => { for (let i = 0; i < 50; i++) put.run('aaa.' + i, 'w'.repeat(200)); })();
+    for (let i = 0; i < 100; i++) db.prepare("UPDATE settings SET value = ? WHERE key = 'aaa.0'").run(String(i));
+    process.kill(process.pid, 'SIGKILL');`], { cwd: REPO_ROOT, env: cleanEnv() });
+  t.equal(crash.signal, 'SIGKILL', `the writer was killed with its WAL left (${crash.stderr})`);
+  writeFileSync(dbFile, backup);
+  const wal = bytes(walFile);
+
+  const r = await attempt(dir);
+  t.equal(r.status, 1, 'exit 1');
+  t.equal(r.stderr, `flashd: cannot start: database disk image is malformed: ${walFile} was beside ${dbFile} at this start (a crash or kill -9 leaves it), `
+    + 'and SQLite reads it as part of the database. If flashd.db was restored from a backup, move flashd.db-wal and flashd.db-shm out of the data directory (keep them) '
+    + 'and start again: they belong to the database it replaced. Otherwise never delete them: they hold the last writes. Both files were left as they were (README "Backups")\n');
+  t.equal(bytes(dbFile), backup.toString('base64'), 'the restored flashd.db is as it was');
+  t.equal(existsSync(walFile) ? bytes(walFile) : 'deleted', wal, 'and so is the WAL');
+
+  // As the message says: the WAL and -shm moved aside, the backup starts.
+  const aside = testDataDir(t);
+  renameSync(walFile, join(aside, 'flashd.db-wal'));
+  renameSync(join(dir, 'flashd.db-shm'), join(aside, 'flashd.db-shm'));
+  const f = await startFlashd(t, node, args(dir), cleanEnv());
+  t.equal((await fetch(`${f.url}/v2/registry-credentials`, authed(adminKey))).status, 200, 'the backup starts, its admin key works');
+  t.equal(await f.stop(), 0);
 });
 
 t.test('flashd.db copied without its secret.key, or beside another one: exit 1; with its own key it starts as before', async (t) => {
