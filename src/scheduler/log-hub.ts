@@ -52,7 +52,10 @@ export class LogHub {
     });
     const n = (this.#written.get(endpointId) ?? 0) + 1;
     this.#written.set(endpointId, n);
-    if (n % 1000 === 0) this.#batch.write(() => this.#repo.prune(endpointId, this.#keep));
+    // Every 1,000 lines, and at an endpoint's first line of this run: the count starts at 0 at
+    // each start, so one that printed fewer than 1,000 lines between restarts was never trimmed.
+    // Once per endpoint that prints again, not every endpoint at start.
+    if (n === 1 || n % 1000 === 0) this.#batch.write(() => this.#repo.prune(endpointId, this.#keep));
     const followers = this.#followers.get(endpointId);
     if (followers?.size) {
       this.#batch.committed().then(

@@ -99,6 +99,29 @@ t.test('a read with ?since past lines already deleted says so (X-Logs-Dropped-Th
   t.equal(b.agent.db.prepare('SELECT COUNT(*) FROM endpoint_logs_pruned').pluck().get(), 0, 'gone with the endpoint');
 });
 
+t.test('an endpoint that prints fewer than 1,000 lines between restarts is still trimmed to 10,000 lines', async (t) => {
+  // The count that trims every 1,000 lines starts at 0 at each start: nightly restarts, or an
+  // endpoint that prints little, and its lines grew for good.
+  const dir = testDataDir(t);
+  const a = await startAgent(t, {}, { dir });
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody() })).json.id as string;
+  for (let i = 0; i < 10_500; i++) a.agent.logs.append(ep, 'wkr_a', 'stdout', `line ${i}`);
+  await a.agent.queue.durable();
+  const count = (db: typeof a.agent.db): unknown => db.prepare('SELECT COUNT(*) FROM endpoint_logs WHERE endpoint_id = ?').pluck().get(ep);
+  t.equal(count(a.agent.db), 10_500, 'trimmed every 1,000 lines: 10,500 kept until the 11,000th');
+  const line500 = a.agent.logs.read(ep, undefined, 10_000)[0]!;
+  t.equal(line500.line, 'line 500');
+  await a.agent.close();
+
+  const b = await startAgent(t, {}, { dir });
+  b.agent.logs.append(ep, 'wkr_a', 'stdout', 'after the restart');
+  await b.agent.queue.durable();
+  t.equal(count(b.agent.db), 10_000, 'the first line after a restart trims to the newest 10,000');
+  t.equal(b.agent.logs.read(ep, 0, 1)[0]!.line, 'line 501', 'the oldest kept');
+  const behind = await b.req('GET', `/v2/serverless/${ep}/logs?since=0&limit=1`);
+  t.equal(behind.headers.get('x-logs-dropped-through'), String(line500.seq), 'and the trim is noted: lines up to line 500 are gone');
+});
+
 t.test('following hands over from the snapshot to the stream without losing or repeating a line', async (t) => {
   const a = await startAgent(t);
   const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody() })).json.id as string;
