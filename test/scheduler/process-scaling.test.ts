@@ -341,3 +341,51 @@ t.test('a PATCH that needs a restart says that the external (worker-env) workers
   t.same((await a.req('PATCH', `/v2/serverless/${none}`, { body: { env: { V: '2' } } })).json.restartReasons, ['env']);
   t.same(await said(none), [], 'no line when no external worker is up');
 });
+
+t.test('a worker that takes no job (no job-take open for 2 s: concurrency_modifier 0) is not idle capacity: QUEUE_DELAY starts one beside it, and the log says so once', async (t) => {
+  const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT, takeHoldMs: 1000, leaseMs: 30_000 });
+  const ep = (await a.req('POST', '/v2/serverless', {
+    body: cpuBody({ args: 'python3 -u test/fixtures/workers/echo.py', workers: { min: 0, max: 2, idleTimeout: 30 }, scaling: { type: 'QUEUE_DELAY', queueDelay: 1 } }),
+  })).json.id as string;
+  // An external worker whose concurrency_modifier went to 0: its heartbeat pings, it asks for no job.
+  const x = await TestWorker.create(a, ep);
+  t.equal(await x.take(), null, 'it asked once (the hold ran out), then its modifier returned 0');
+  t.equal(await x.ping(), 200);
+  t.match((await health(a, ep)).workers, { idle: 1, ready: 1 }, 'idle at first: it may be about to ask again');
+  await new Promise((r) => setTimeout(r, 2300));
+  t.equal(await x.ping(), 200);
+  t.match((await health(a, ep)).workers, { idle: 0, ready: 1, running: 0 }, 'ready, but not idle once it has had no job-take open for 2 s');
+  const id = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { n: 1 } } })).json.id as string;
+  const pinging = setInterval(() => void x.ping().catch(() => undefined), 1000);
+  t.teardown(() => clearInterval(pinging));
+  await until('the job to run on a worker flashd starts', async () => (await a.req('GET', `/v2/${ep}/status/${id}`)).json.status === 'COMPLETED', 20_000);
+  type Line = { line: string; workerId: string | null; stream: string };
+  const lines = ((await a.req('GET', `/v2/serverless/${ep}/logs?limit=10000`)).json as Line[]).filter((l) => l.stream === 'system');
+  const start = lines.find((l) => /^starting worker/.test(l.line));
+  t.match(start?.line, /QUEUE_DELAY: .* no worker is idle \(1 up take no job: paused intake\)/, `the start says why: ${start?.line}`);
+  const said = lines.filter((l) => /^jobs wait while 1 worker\(s\) up take none/.test(l.line));
+  t.equal(said.length, 1, `said once: ${lines.map((l) => l.line).join(' | ')}`);
+  t.equal(said[0]?.workerId, null, "the endpoint's line");
+  t.match(said[0]?.line, new RegExp(`\\(${x.workerId}\\): they hold no job and have had no job-take open for over 2 s`));
+  t.ok(a.logs.some((l) => /jobs wait while workers up take none/.test(l) && l.includes(ep)), "flashd's log says it too");
+});
+
+t.test('the moments between a job-done and the next job-take never make a worker paused', async (t) => {
+  const a = await startAgent(t, { runtime: 'none', takeHoldMs: 300, leaseMs: 30_000 });
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody() })).json.id as string;
+  const x = await TestWorker.create(a, ep);
+  // One that has only pinged may still be booting (its take loop starts after its heartbeat).
+  const booting = await TestWorker.create(a, ep);
+  t.equal(await booting.ping(), 200);
+  t.equal(await x.take(), null, 'it asked: the hold ran out');
+  await new Promise((r) => setTimeout(r, 2300));
+  t.match((await health(a, ep)).workers, { idle: 1, ready: 2 }, 'no job-take open for 2 s: not idle; one that never asked is, for 10 s');
+  t.equal(await booting.ping(), 200);
+  const id = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { n: 1 } } })).json.id as string;
+  const parked = x.take();
+  t.equal((await parked)?.id, id, 'asking again, it gets the job');
+  t.match((await health(a, ep)).workers, { running: 1, ready: 2 });
+  await new Promise((r) => setTimeout(r, 2300));
+  t.equal((await x.done(id, { output: 1 })).status, 200);
+  t.match((await health(a, ep)).workers, { idle: 2, ready: 2, running: 0 }, 'idle right after its result, though its last job-take was long ago');
+});
