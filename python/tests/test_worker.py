@@ -451,6 +451,20 @@ class ConcurrencyTest(WorkerTestCase):
         allowed.set()
         self.assertEqual(self.final_post(job_id).json(), {"output": "ran"})
 
+    def test_a_drop_to_zero_acts_once_the_take_already_parked_returns(self):
+        # As runpod-python: the modifier sizes a take before it long-polls, so a take parked
+        # before the drop still takes a job; intake stops after it (README, "Take").
+        allowed = threading.Event()
+        allowed.set()
+        self.start_worker({"handler": lambda job: "ran", "concurrency_modifier": lambda current: 1 if allowed.is_set() else 0})
+        self.fake.wait_for(lambda: self.fake.recorded("job-take"))
+        allowed.clear()
+        job_id = self.fake.submit({})
+        self.assertEqual(self.final_post(job_id).json(), {"output": "ran"}, "the take parked before the drop still took a job")
+        takes = len(self.fake.recorded("job-take") + self.fake.recorded("job-take-batch"))
+        time.sleep(1.5)
+        self.assertEqual(len(self.fake.recorded("job-take") + self.fake.recorded("job-take-batch")), takes, "no take after it at 0")
+
     def test_a_failing_modifier_is_said_once_and_again_when_it_works(self):
         healthy = threading.Event()
         calls = []
