@@ -351,7 +351,20 @@ export function loadConfig(input: LoadConfigInput = {}): FlashdConfig {
       errors.push(`${sources[key] ?? 'config'}: ${key} must be a URL with a valid host and a port from 1 to 65535, e.g. ${example}`);
     }
   }
+  // Nor can it bound endpointHost's port or find an empty label (`lb..example.com`), which would
+  // be in every LOAD_BALANCER endpoint's requestUrls.
+  const endpointHost = merged['endpointHost'];
+  const hostSchema = properties.endpointHost;
+  if (typeof endpointHost === 'string' && hostSchema.pattern !== undefined && new RegExp(hostSchema.pattern).test(endpointHost)) {
+    const [name = '', port] = endpointHost.split(':');
+    if (name.split('.').includes('') || (port !== undefined && !(Number(port) >= 1 && Number(port) <= 65535))) {
+      const example = /e\.g\. (.+)$/.exec(hostSchema['x-pattern-hint'] ?? '')?.[1] ?? 'lb.example.com';
+      errors.push(`${sources['endpointHost'] ?? 'config'}: endpointHost must be a host name without empty labels and with a port from 1 to 65535, e.g. ${example}`);
+    }
+  }
   if (errors.length) throw new AgentError('VALIDATION_FAILED', `invalid configuration: ${errors.join('; ')}`, { errors });
+  // Host names are case-insensitive: written in lower case, as a URL parser writes them (and the ids before them are).
+  if (typeof endpointHost === 'string') merged['endpointHost'] = endpointHost.toLowerCase();
   // `http://10.0.0.5:8000/` is how a base URL is often written; the URLs built on it add their own `/`.
   for (const key of ['publicUrl', 'workerUrl'] as const) {
     const url = merged[key];

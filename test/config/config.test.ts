@@ -150,6 +150,18 @@ t.test('base URLs: a port outside 1-65535 or a host no URL can hold is refused a
   t.equal(loadConfig({ argv: ['--worker-url', 'http://172.17.0.1:65535'] }).workerUrl, 'http://172.17.0.1:65535', '65535 is a port');
 });
 
+t.test('--endpoint-host: a port outside 1-65535 or an empty label is refused at start, not in every LOAD_BALANCER requestUrl', async (t) => {
+  for (const bad of ['lb.example.com:99999', 'lb.example.com:65536', 'lb.example.com:0', 'lb..example.com', '.lb.example.com', 'lb.example.com.']) {
+    const err = failure(() => loadConfig({ argv: ['--endpoint-host', bad] }));
+    t.equal(err.message, 'invalid configuration: flag --endpoint-host: endpointHost must be a host name without empty labels and with a port from 1 to 65535, e.g. lb.example.com or lb.localhost:8000', bad);
+  }
+  t.match(failure(() => loadConfig({ env: { FLASHD_ENDPOINT_HOST: 'lb.example.com:0' } })).message, /^invalid configuration: env FLASHD_ENDPOINT_HOST: endpointHost must be /, 'from env too');
+  t.equal(loadConfig({ argv: ['--endpoint-host', 'lb.example.com:65535'] }).endpointHost, 'lb.example.com:65535', '65535 is a port');
+  t.equal(loadConfig({ argv: ['--endpoint-host', 'localhost'] }).endpointHost, 'localhost', 'one label');
+  // Host names are case-insensitive: the URLs built on it are written as a URL parser writes them.
+  t.equal(loadConfig({ argv: ['--endpoint-host', 'LB.Example.COM:80'] }).endpointHost, 'lb.example.com:80', 'upper case is accepted, written in lower case');
+});
+
 t.test('unknown flags and missing values', async (t) => {
   const unknown = failure(() => loadConfig({ argv: ['--prot', '9000'] }));
   t.match(unknown.message, /unknown flag --prot \(did you mean --port\? see flashd --help\)/, 'the closest flag, as a config file\'s unknown setting gets');
