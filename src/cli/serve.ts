@@ -57,7 +57,7 @@ export async function serve(config: FlashdConfig): Promise<number> {
       });
     };
     onStopSignal(stop, (signal) => {
-      agent.log.info('signal ignored', { signal, why: 'flashd reopens no logs and opens no debugger on a signal; SIGTERM stops it' });
+      agent.log.info('signal ignored', { signal, why: 'flashd reloads nothing, reopens no logs and opens no debugger on a signal; SIGTERM stops it' });
     });
   });
 }

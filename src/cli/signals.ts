@@ -1,5 +1,5 @@
 /**
- * flashd's SIGINT, SIGTERM and SIGHUP listeners (and SIGUSR1's, which ignores it: see below):
+ * flashd's SIGINT, SIGTERM and SIGHUP listeners (and SIGUSR1's and SIGUSR2's, which ignore them: see below):
  * added by main.ts before the rest of flashd is loaded (which takes a while: the bundle's
  * modules, schemas, native addons) and never removed.
  *
@@ -25,9 +25,16 @@ type StopSignal = 'SIGINT' | 'SIGTERM' | 'SIGHUP';
  * inspector (127.0.0.1:9229), through which anyone who can connect runs code as flashd's user
  * (root, often), and a logrotate recipe written for nginx sends it to reopen logs. A listener of
  * our own replaces Node's handler, so the inspector stays closed (test/cli/signals.test.ts).
+ *
+ * SIGUSR2 too: Node's default for it ends the process at once, with no stop and its workers left
+ * running, and those who send it mean a reload or a log reopen (unicorn- and puma-style reloads,
+ * nginx's binary upgrade), never a stop. flashd has nothing to reload, so it logs and ignores it;
+ * SIGTERM (or SIGHUP) stops it.
  */
-let onIgnored: ((signal: 'SIGUSR1') => void) | undefined;
+type IgnoredSignal = 'SIGUSR1' | 'SIGUSR2';
+let onIgnored: ((signal: IgnoredSignal) => void) | undefined;
 const onSigusr1 = () => onIgnored?.('SIGUSR1');
+const onSigusr2 = () => onIgnored?.('SIGUSR2');
 
 let installed = false;
 let held: StopSignal | undefined;
@@ -61,13 +68,14 @@ export function listenForSignals(): void {
   process.on('SIGTERM', onSigterm);
   process.on('SIGHUP', onSighup);
   process.on('SIGUSR1', onSigusr1);
+  process.on('SIGUSR2', onSigusr2);
 }
 
 /**
  * From now on each signal goes to `stop`; one held since the start is handed over at once.
- * `ignored` hears of an ignored signal (SIGUSR1), to log it.
+ * `ignored` hears of an ignored signal (SIGUSR1, SIGUSR2), to log it.
  */
-export function onStopSignal(stop: (signal: StopSignal) => void, ignored?: (signal: 'SIGUSR1') => void): void {
+export function onStopSignal(stop: (signal: StopSignal) => void, ignored?: (signal: IgnoredSignal) => void): void {
   listenForSignals();
   handler = stop;
   onIgnored = ignored;

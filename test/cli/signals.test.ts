@@ -139,7 +139,7 @@ t.test('flashd worker-env gives signals back: a SIGTERM while it waits for an an
   t.equal(r.signal, 'SIGTERM', `ended by the signal, as Node's default action does (${Date.now() - sent} ms after it)\n${r.stderr}`);
 });
 
-t.test('SIGUSR1 (a logrotate recipe, a stray kill -USR1) does not open the Node inspector: flashd logs it, ignores it and goes on serving', async (t) => {
+t.test('SIGUSR1 (a logrotate recipe, a stray kill -USR1) does not open the Node inspector, and SIGUSR2 (a unicorn- or nginx-style reload) does not kill flashd: it logs each, ignores it and goes on serving', async (t) => {
   // Node's default for SIGUSR1 starts the inspector (127.0.0.1:9229 unless --inspect-port says
   // otherwise): for a flashd run as root, any local user could then connect and run code as root.
   // Port 0 here, so the test opens no fixed port when it fails.
@@ -163,9 +163,16 @@ t.test('SIGUSR1 (a logrotate recipe, a stray kill -USR1) does not open the Node 
   // Written when the signal reaches flashd's listener; Node's inspector would print its own line instead.
   await Promise.race([until(/signal ignored signal=SIGUSR1/, 'logging SIGUSR1'), until(/Debugger listening/, 'logging SIGUSR1')]);
   t.equal((await fetch(`${url}/healthz`)).status, 200, 'still serving');
+  // Node's default for SIGUSR2 ended flashd at once (status 140), with no stop: its workers ran on.
+  f.child.kill('SIGUSR2');
+  await until(/signal ignored signal=SIGUSR2/, 'logging SIGUSR2');
+  t.equal((await fetch(`${url}/healthz`)).status, 200, 'still serving after SIGUSR2');
   f.child.kill('SIGTERM');
   const r = await f.ended;
+  t.equal(r.signal, null, 'not ended by a signal');
   t.equal(r.code, 0, 'SIGTERM still stops it, exit 0');
   t.notMatch(r.stderr, /Debugger listening/, 'no inspector was opened');
-  t.match(r.stderr, /signal ignored signal=SIGUSR1/, 'the signal is logged as ignored');
+  t.match(r.stderr, /signal ignored signal=SIGUSR1/, 'SIGUSR1 is logged as ignored');
+  t.match(r.stderr, /signal ignored signal=SIGUSR2/, 'SIGUSR2 is logged as ignored');
+  t.match(r.stderr, /shutting down signal=SIGTERM/, 'the stop came from SIGTERM');
 });
