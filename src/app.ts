@@ -186,6 +186,9 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
   const log = createLogger({ level: config.logLevel, format: config.logFormat, ...(options.logSink ? { sink: options.logSink } : {}) });
   // Once, first: a typo such as FLASHD_PROT would otherwise leave the default without a word.
   for (const { name, didYouMean } of config.unknownEnv) log.warn('unknown FLASHD_ variable ignored', { name, ...(didYouMean === undefined ? {} : { didYouMean }) });
+  // Empty is unset, but an empty secret is most often one the deploy failed to fill in: said
+  // before flashd, having no admin key of that value, makes one of its own.
+  for (const name of config.emptySecretEnv) log.warn('secret variable set but empty: ignored, as if unset', { name, hint: `is a secret missing from the deploy (${name}=\${SECRET} with SECRET unset)?` });
   const dataDir = resolve(config.dataDir);
   // Made 0700, or an existing one that group or others may write tightened (or refused when
   // another user owns it): before any file in it is opened. One flashd's user may not write, or

@@ -2,7 +2,7 @@
  * `flashd [serve] [flags]` runs the server; `flashd --help` describes every flag. Exit codes:
  * 0 clean shutdown, 1 runtime failure, 2 bad usage or configuration.
  */
-import { configHelp, loadConfig } from '../config/index.js';
+import { closestName, configHelp, loadConfig } from '../config/index.js';
 import { AgentError } from '../core/errors.js';
 import { survivePipeLoss } from '../core/logger.js';
 import { defaultSignals } from './signals.js';
@@ -46,7 +46,9 @@ export async function main(argv: readonly string[], env: NodeJS.ProcessEnv, vers
   }
   const command = args[0] !== undefined && !args[0].startsWith('-') ? (args.shift() as string) : 'serve';
   if (command !== 'serve') {
-    process.stderr.write(`flashd: unknown command "${command}" (see flashd --help)\n`);
+    // `flashd server`, `flashd worker_env`: the command meant, as an unknown flag gets its flag.
+    const meant = closestName(command, ['serve', 'worker-env', 'help']);
+    process.stderr.write(`flashd: unknown command "${command}" (${meant === undefined ? '' : `did you mean ${meant}? `}see flashd --help)\n`);
     return 2;
   }
   let config;

@@ -60,6 +60,13 @@ export interface FlashdConfig {
    * otherwise leave the default in place without a word.
    */
   readonly unknownEnv: readonly { readonly name: string; readonly didYouMean?: string }[];
+  /**
+   * Derived: the variables of secret settings (FLASHD_ADMIN_API_KEY) set but empty, for one
+   * warning each at start. Empty is unset, as for every variable, but an empty secret is most
+   * often one missing from the deploy (`FLASHD_ADMIN_API_KEY=${SECRET}` with SECRET unset), and
+   * flashd would then make an admin key of its own without a word.
+   */
+  readonly emptySecretEnv: readonly string[];
 }
 
 interface OptionSchema {
@@ -77,7 +84,7 @@ interface OptionSchema {
   pattern?: string;
 }
 
-type DerivedKey = 'containerSocketCandidates' | 'dockerHostSkipped' | 'unknownEnv';
+type DerivedKey = 'containerSocketCandidates' | 'dockerHostSkipped' | 'unknownEnv' | 'emptySecretEnv';
 type SettingKey = Exclude<keyof FlashdConfig, DerivedKey>;
 const properties = configSchema.properties as unknown as Record<SettingKey, OptionSchema>;
 
@@ -155,12 +162,17 @@ function collectFlags(argv: readonly string[]): ParsedFlags {
     }
     const entry = byFlag.get(name);
     if (!entry) {
-      // As a config file's unknown setting: `--prot` names `--port`. Only a name that has a flag.
-      const hint = name.startsWith('--') ? closestSetting(name) : undefined;
-      const flag = hint === undefined ? undefined : properties[hint as SettingKey]['x-flag'];
-      out.errors.push(`unknown flag ${name} (${flag === undefined ? '' : `did you mean ${flag}? `}see flashd --help)`);
-      // Its value, if it has one, is not another unknown flag.
-      if (name.startsWith('--') && inline === undefined && argv[i + 1] !== undefined && !(argv[i + 1] as string).startsWith('--')) i++;
+      // As a config file's unknown setting: `--prot` names `--port` (and `-port` too). Only a name
+      // that has a flag; a secret's (`--admin-api-key`) is said to be read from its variable only.
+      const hint = name.startsWith('-') ? closestSetting(name, { secrets: true }) : undefined;
+      const schema = hint === undefined ? undefined : properties[hint as SettingKey];
+      const flag = schema?.['x-flag'];
+      if (schema?.['x-secret']) out.errors.push(`unknown flag ${name}: the admin key is read only from ${schema['x-env'] ?? 'the environment'}, so it stays out of ps and shell history (see flashd --help)`);
+      else if (flag === undefined && /^-[^-]/.test(name)) out.errors.push(`unknown flag ${name} (flashd has long flags only, such as --port; see flashd --help)`);
+      else out.errors.push(`unknown flag ${name} (${flag === undefined ? '' : `did you mean ${flag}? `}see flashd --help)`);
+      // Its value, if it has one, is not another unknown flag (`-p 9000`).
+      const next = argv[i + 1];
+      if (inline === undefined && next !== undefined && (name.startsWith('--') ? !next.startsWith('--') : name.startsWith('-') && !next.startsWith('-'))) i++;
       continue;
     }
     const [key, schema] = entry;
@@ -191,6 +203,15 @@ function normalizeName(name: string): string {
   return name.toLowerCase().replace(/[^a-z0-9]/g, '');
 }
 
+/**
+ * Whether a name that is no setting probably meant a secret one: `FLASHD_ADMIN_KEY`,
+ * `FLASHD_ADMIN_TOKEN` and `--admin-key` are too far from `FLASHD_ADMIN_API_KEY` for a typo,
+ * and such a miss is the one that matters (another admin key than the one meant).
+ */
+function secretNearMiss(wanted: string): boolean {
+  return wanted.includes('admin') && /key|token|secret|pass/.test(wanted);
+}
+
 /** Edit distance with adjacent transpositions (`prot` is one edit from `port`). */
 function editDistance(a: string, b: string): number {
   const d: number[][] = [];
@@ -209,27 +230,41 @@ function editDistance(a: string, b: string): number {
   return (d[a.length] as number[])[b.length] as number;
 }
 
+/** How close `wanted` is to `form` (both normalised): 0 the same, lower closer, Infinity not close. */
+function nameScore(wanted: string, form: string): number {
+  if (form === wanted) return 0;
+  if (wanted.length >= 4 && (form.startsWith(wanted) || wanted.startsWith(form))) return 1 + Math.abs(form.length - wanted.length) / 100;
+  const distance = editDistance(wanted, form);
+  return distance <= Math.max(1, Math.floor(wanted.length / 4)) ? 2 + distance : Infinity;
+}
+
+/** The one of `names` that `name` probably meant (a typo or two, a prefix), for the CLI's commands. */
+export function closestName(name: string, names: readonly string[]): string | undefined {
+  const wanted = normalizeName(name);
+  if (wanted === '') return undefined;
+  let best: { name: string; score: number } | undefined;
+  for (const candidate of names) {
+    const score = nameScore(wanted, normalizeName(candidate));
+    if (score < (best?.score ?? Infinity)) best = { name: candidate, score };
+  }
+  return best?.name;
+}
+
 /**
  * The setting a config file probably meant by the unknown `name`: the one whose name, flag or
  * env variable it spells (`session-ttl`, `FLASHD_SESSION_TTL`), begins (`sessionTtl` for
- * `sessionTtlSeconds`), or misses by a typo or two. Never a secret: those are env only.
+ * `sessionTtlSeconds`), or misses by a typo or two. A secret (env only) only with `secrets`, for
+ * an env variable or a flag, which are then pointed to its variable; never for a config file.
  */
-export function closestSetting(name: string): string | undefined {
-  const wanted = normalizeName(name.replace(/^(?:--|FLASHD_)/i, ''));
+export function closestSetting(name: string, options: { secrets?: boolean } = {}): string | undefined {
+  const wanted = normalizeName(name.replace(/^(?:-+|FLASHD_)/i, ''));
   if (wanted === '') return undefined;
   let best: { key: string; score: number } | undefined;
   for (const [key, schema] of Object.entries(properties)) {
-    if (schema['x-secret']) continue;
+    if (schema['x-secret'] && !options.secrets) continue;
     const forms = [key, schema['x-flag'] ?? '', (schema['x-env'] ?? '').replace(/^FLASHD_/, '')].map(normalizeName).filter((f) => f !== '');
-    let score = Infinity;
-    for (const form of forms) {
-      if (form === wanted) score = 0;
-      else if (wanted.length >= 4 && (form.startsWith(wanted) || wanted.startsWith(form))) score = Math.min(score, 1 + Math.abs(form.length - wanted.length) / 100);
-      else {
-        const distance = editDistance(wanted, form);
-        if (distance <= Math.max(1, Math.floor(wanted.length / 4))) score = Math.min(score, 2 + distance);
-      }
-    }
+    let score = Math.min(...forms.map((form) => nameScore(wanted, form)));
+    if (schema['x-secret'] && secretNearMiss(wanted)) score = Math.min(score, 2.5);
     if (score < (best?.score ?? Infinity)) best = { key, score };
   }
   return best?.key;
@@ -249,7 +284,8 @@ function unknownEnv(env: Readonly<Record<string, string | undefined>>): { name: 
   const out: { name: string; didYouMean?: string }[] = [];
   for (const name of Object.keys(env)) {
     if (!/^FLASHD_/i.test(name) || settings.has(name) || OTHER_FLASHD_VARIABLES.has(name) || OTHER_FLASHD_PREFIXES.some((p) => name.startsWith(p))) continue;
-    const key = closestSetting(name);
+    // A secret's variable is where a secret belongs: FLASHD_ADMIN_KEY names FLASHD_ADMIN_API_KEY.
+    const key = closestSetting(name, { secrets: true });
     const didYouMean = key === undefined ? undefined : properties[key as SettingKey]['x-env'];
     out.push(didYouMean === undefined ? { name } : { name, didYouMean });
   }
@@ -293,9 +329,11 @@ export function loadConfig(input: LoadConfigInput = {}): FlashdConfig {
     }
   }
   const envValues: Record<string, unknown> = {};
+  const emptySecretEnv: string[] = [];
   for (const [key, schema] of Object.entries(properties)) {
     const name = schema['x-env'];
     const raw = name === undefined ? undefined : env[name];
+    if (raw === '' && schema['x-secret'] && name !== undefined) emptySecretEnv.push(name);
     if (raw === undefined || raw === '') continue;
     const result = coerce(key, schema, raw, `env ${name}`);
     if ('error' in result) errors.push(result.error);
@@ -374,6 +412,7 @@ export function loadConfig(input: LoadConfigInput = {}): FlashdConfig {
   // Only the scheme: the rest of the address may name a user (ssh://user@host).
   const dockerHost = env['DOCKER_HOST'];
   merged['unknownEnv'] = Object.freeze(unknownEnv(env));
+  merged['emptySecretEnv'] = Object.freeze(emptySecretEnv);
   merged['dockerHostSkipped'] = merged['containerSocket'] == null && dockerHost && !dockerHost.startsWith('unix://') ? /^[A-Za-z][A-Za-z0-9+.-]*:\/\//.exec(dockerHost)?.[0] ?? 'not a URL' : null;
   return Object.freeze(merged) as unknown as FlashdConfig;
 }

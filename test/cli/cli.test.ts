@@ -92,7 +92,11 @@ t.test('bad usage exits 2 with a message on stderr', async (t) => {
 
   const command = run(node, [BUNDLE, 'frobnicate']);
   t.equal(command.status, 2, 'unknown command');
-  t.match(command.stderr, /unknown command "frobnicate"/);
+  t.equal(command.stderr, 'flashd: unknown command "frobnicate" (see flashd --help)\n');
+  const server = run(node, [BUNDLE, 'server', '--port', '0']);
+  t.equal(server.status, 2, 'a command one letter off');
+  t.equal(server.stderr, 'flashd: unknown command "server" (did you mean serve? see flashd --help)\n');
+  t.equal(run(node, [BUNDLE, 'worker_env', 'ep']).stderr, 'flashd: unknown command "worker_env" (did you mean worker-env? see flashd --help)\n');
 
   const badEnv = run(node, [BUNDLE], cleanEnv({ FLASHD_PORT: 'x' }));
   t.equal(badEnv.status, 2, 'bad env value');
@@ -251,14 +255,28 @@ t.test('an unknown FLASHD_* variable is warned about once at start, with the set
     FLASHD_PORT: '0', FLASHD_DATA_DIR: testDataDir(t), FLASHD_PROT: '1234', FLASHD_SESION_TTL: '60',
     // worker-env's, the native loader's and the tests' own: not settings, and no warning.
     FLASHD_API_KEY: 'client-side-key-0123456789', FLASHD_URL: 'http://127.0.0.1:8000', FLASHD_NATIVE_DIR: '', FLASHD_TEST_ANYTHING: '1',
+    // The typo that matters most: flashd then makes an admin key of its own instead of the one meant.
+    FLASHD_ADMIN_KEY: 'meant-admin-key-0123456789',
   });
   const f = await startFlashd(t, node, [BUNDLE], env);
   const warned = f.stderr().split('\n').filter((l) => l.includes('unknown FLASHD_ variable'));
   t.same(warned.map((l) => l.replace(/^.*?warn\s+/, 'warn ')), [
     'warn unknown FLASHD_ variable ignored name=FLASHD_PROT didYouMean=FLASHD_PORT',
     'warn unknown FLASHD_ variable ignored name=FLASHD_SESION_TTL didYouMean=FLASHD_SESSION_TTL',
+    'warn unknown FLASHD_ variable ignored name=FLASHD_ADMIN_KEY didYouMean=FLASHD_ADMIN_API_KEY',
   ], 'each once, with the closest name; the value is not logged');
-  t.notMatch(f.stderr(), /client-side-key/, 'no value is logged');
+  t.notMatch(f.stderr(), /client-side-key|meant-admin-key/, 'no value is logged');
+  t.equal(await f.stop(), 0);
+});
+
+t.test('an empty FLASHD_ADMIN_API_KEY (FLASHD_ADMIN_API_KEY=${SECRET} with the secret missing) is warned about before a key is made', async (t) => {
+  const dir = testDataDir(t);
+  const f = await startFlashd(t, node, [BUNDLE, '--port', '0', '--data-dir', dir, '--runtime', 'none'], cleanEnv({ FLASHD_ADMIN_API_KEY: '' }));
+  const warned = f.stderr().split('\n').filter((l) => l.includes('name=FLASHD_ADMIN_API_KEY'));
+  t.equal(warned.length, 1, `one line: ${f.stderr()}`);
+  t.match(warned[0], /warn +secret variable set but empty: ignored, as if unset name=FLASHD_ADMIN_API_KEY /);
+  t.match(f.stdout(), /First start: created an admin API key/, 'a key is made, as when unset');
+  t.ok(existsSync(join(dir, 'admin-api-key')));
   t.equal(await f.stop(), 0);
 });
 

@@ -168,7 +168,15 @@ t.test('unknown flags and missing values', async (t) => {
   t.match(failure(() => loadConfig({ argv: ['--zzzzzz', '1'] })).message, /unknown flag --zzzzzz \(see flashd --help\)/, 'nothing close: no suggestion');
   t.match(failure(() => loadConfig({ argv: ['--port'] })).message, /flag --port needs a value/);
   t.match(failure(() => loadConfig({ argv: ['serve'] })).message, /unknown flag serve/, 'a positional argument is not a flag');
-  t.match(failure(() => loadConfig({ argv: ['--admin-api-key', 'k'] })).message, /unknown flag --admin-api-key/, 'the admin key is env only (flags show in ps)');
+  // The admin key is env only (flags show in ps): the flag says where it goes, as a config file does, never echoing the value.
+  for (const argv of [['--admin-api-key', 'flag-admin-key-0123456789'], ['--admin-api-key=flag-admin-key-0123456789'], ['--admin-key', 'flag-admin-key-0123456789']]) {
+    const err = failure(() => loadConfig({ argv }));
+    t.same(err.errors, [`unknown flag ${(argv[0] as string).split('=')[0]}: the admin key is read only from FLASHD_ADMIN_API_KEY, so it stays out of ps and shell history (see flashd --help)`], argv.join(' '));
+    t.notMatch(err.message, /flag-admin-key/, 'the value is not echoed');
+  }
+  // A single-dash flag's value is not a second unknown flag (that was "unknown flag -p …; unknown flag 9000 …").
+  t.same(failure(() => loadConfig({ argv: ['-p', '9000'] })).errors, ['unknown flag -p (flashd has long flags only, such as --port; see flashd --help)'], '-p 9000: one error');
+  t.same(failure(() => loadConfig({ argv: ['-port', '9000', '--host', 'x'] })).errors, ['unknown flag -port (did you mean --port? see flashd --help)'], '-port: its long form');
   // A left-out value does not swallow the next flag (that was "port must be an integer, got
   // "--data-dir"; unknown flag X").
   const swallowed = failure(() => loadConfig({ argv: ['--port', '--data-dir', 'X'] }));
@@ -256,4 +264,20 @@ t.test('FLASHD_* variables that are neither settings nor read elsewhere are list
     { name: 'FLASHD_ZZZZZZ' },
   ], 'known client, loader, test and bench variables are not listed');
   t.same(loadConfig({ env: {} }).unknownEnv, []);
+});
+
+t.test('near-misses of FLASHD_ADMIN_API_KEY name it: such a typo leaves flashd with another admin key than the one meant', async (t) => {
+  const names = ['FLASHD_ADMIN_KEY', 'FLASHD_ADMIN_TOKEN', 'FLASHD_ADMINKEY', 'FLASHD_ADMIN_API_KEY_FILE', 'FLASHD_ADMIN_PASSWORD', 'flashd_admin_api_key'];
+  const c = loadConfig({ env: Object.fromEntries(names.map((n) => [n, 'meant-admin-key-0123456789'])) });
+  t.same(c.unknownEnv, names.map((name) => ({ name, didYouMean: 'FLASHD_ADMIN_API_KEY' })));
+  t.equal(c.adminApiKey, null, 'none of them is taken');
+  t.same(loadConfig({ env: { FLASHD_ADMIN_USER: 'me' } }).unknownEnv, [{ name: 'FLASHD_ADMIN_USER' }], 'admin without key, token, secret or password: no guess');
+});
+
+t.test('an empty FLASHD_ADMIN_API_KEY (a secret missing from the deploy) is unset, and listed to be warned about', async (t) => {
+  const c = loadConfig({ env: { FLASHD_ADMIN_API_KEY: '' } });
+  t.equal(c.adminApiKey, null, 'as unset: no key of that value');
+  t.same(c.emptySecretEnv, ['FLASHD_ADMIN_API_KEY']);
+  t.same(loadConfig({ env: {} }).emptySecretEnv, [], 'unset: nothing to say');
+  t.same(loadConfig({ env: { FLASHD_PORT: '' } }).emptySecretEnv, [], 'an empty setting that is no secret: unset, as before, with no warning');
 });
