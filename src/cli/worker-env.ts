@@ -31,7 +31,8 @@ Options:
   -h, --help           show this help
 
 The API key is the first of --api-key, --api-key-file, FLASHD_API_KEY, FLASHD_ADMIN_API_KEY and <data-dir>/admin-api-key
-(a flashd started with FLASHD_ADMIN_API_KEY writes no admin-api-key file).
+(a flashd started with FLASHD_ADMIN_API_KEY writes no admin-api-key file); when flashd refuses it
+(401, 403), the error says which of these it came from.
 Each run registers a new worker and a worker key that stays valid until it is revoked or the
 endpoint is deleted: keep the file it is written to private (umask 077) and out of version control.
 
@@ -179,8 +180,12 @@ export async function workerEnvCommand(args: string[], env: NodeJS.ProcessEnv): 
     return 2;
   }
   let key = opts['api-key'];
+  // Where the key came from, said when flashd refuses it (never the key): a stale FLASHD_API_KEY
+  // left in the shell hides FLASHD_ADMIN_API_KEY, and a plain 401 gave no hint of it.
+  let keySource = '--api-key';
   const keyFile = opts['api-key-file'];
   if (keyFile !== undefined) {
+    keySource = keyFile === '-' ? '--api-key-file -, stdin' : `--api-key-file ${keyFile}`;
     // A file or a pipe keeps the key off the command line, which every user of the machine can read (ps).
     const from = keyFile === '-' ? 'stdin' : keyFile;
     try {
@@ -196,9 +201,16 @@ export async function workerEnvCommand(args: string[], env: NodeJS.ProcessEnv): 
   }
   // FLASHD_ADMIN_API_KEY is the server's name for the same key: one env file sourced for both
   // (a systemd unit's, compose's) then serves worker-env too. Empty counts as unset.
-  key ??= env['FLASHD_API_KEY'] || env['FLASHD_ADMIN_API_KEY'] || undefined;
+  if (key === undefined && env['FLASHD_API_KEY']) {
+    key = env['FLASHD_API_KEY'];
+    keySource = env['FLASHD_ADMIN_API_KEY'] ? 'FLASHD_API_KEY, which is read before FLASHD_ADMIN_API_KEY' : 'FLASHD_API_KEY';
+  } else if (key === undefined && env['FLASHD_ADMIN_API_KEY']) {
+    key = env['FLASHD_ADMIN_API_KEY'];
+    keySource = 'FLASHD_ADMIN_API_KEY';
+  }
   if (!key) {
     const file = join(opts['data-dir'] ?? env['FLASHD_DATA_DIR'] ?? './data', 'admin-api-key');
+    keySource = file;
     try {
       key = readFileSync(file, 'utf8').trim();
     } catch {
@@ -233,8 +245,9 @@ export async function workerEnvCommand(args: string[], env: NodeJS.ProcessEnv): 
     // port, a proxy's HTML error page) is said on one line, as for a 200 that is not flashd's.
     const parsed = parseJson(text);
     const detail = problemDetail(parsed);
+    const from = res.status === 401 || res.status === 403 ? ` (key from ${keySource})` : '';
     process.stderr.write(detail !== undefined
-      ? `flashd worker-env: ${res.status}: ${detail}\n`
+      ? `flashd worker-env: ${res.status}: ${detail}${from}\n`
       : `flashd worker-env: ${url} did not answer like flashd (HTTP ${res.status}, ${'notJson' in parsed ? parsed.notJson : 'no detail in its JSON'})\n`);
     return 1;
   }

@@ -333,7 +333,22 @@ t.test('worker-env takes FLASHD_ADMIN_API_KEY, the server\'s own variable, after
   t.match(serverVar.stdout, /^# worker wkr_\w+ for endpoint/m);
   const both = await run(process.execPath, [BUNDLE, 'worker-env', ep, '--url', a.url], cleanEnv({ FLASHD_API_KEY: 'not-the-key-0123456789', FLASHD_ADMIN_API_KEY: ADMIN_KEY }));
   t.equal(both.status, 1, 'FLASHD_API_KEY comes first');
-  t.match(both.stderr, /^flashd worker-env: 401: /);
+  // A stale FLASHD_API_KEY in the shell hides the right key: the refusal says where the key came from (never the key).
+  t.equal(both.stderr, 'flashd worker-env: 401: The API key is not valid. (key from FLASHD_API_KEY, which is read before FLASHD_ADMIN_API_KEY)\n');
+  const stale = await run(process.execPath, [BUNDLE, 'worker-env', ep, '--url', a.url], cleanEnv({ FLASHD_ADMIN_API_KEY: 'not-the-key-0123456789' }));
+  t.equal(stale.stderr, 'flashd worker-env: 401: The API key is not valid. (key from FLASHD_ADMIN_API_KEY)\n');
+  const keyDir = testDataDir(t);
+  writeFileSync(join(keyDir, 'admin-api-key'), 'not-the-key-0123456789\n', { mode: 0o600 });
+  const fromDataDir = await run(process.execPath, [BUNDLE, 'worker-env', ep, '--url', a.url, '--data-dir', keyDir], cleanEnv());
+  t.equal(fromDataDir.stderr, `flashd worker-env: 401: The API key is not valid. (key from ${join(keyDir, 'admin-api-key')})\n`);
+  const fromFlag = await run(process.execPath, [BUNDLE, 'worker-env', ep, '--url', a.url, '--api-key', 'not-the-key-0123456789'], cleanEnv());
+  t.equal(fromFlag.stderr, 'flashd worker-env: 401: The API key is not valid. (key from --api-key)\n');
+  const fromStdin = await run(process.execPath, [BUNDLE, 'worker-env', ep, '--url', a.url, '--api-key-file', '-'], cleanEnv(), 60_000, 'not-the-key-0123456789\n');
+  t.equal(fromStdin.stderr, 'flashd worker-env: 401: The API key is not valid. (key from --api-key-file -, stdin)\n');
+  const readOnly = (await a.req('POST', '/v2/api-keys', { body: { name: 'ro', scopes: ['endpoints:read'] } })).json.key as string;
+  const forbidden = await run(process.execPath, [BUNDLE, 'worker-env', ep, '--url', a.url], cleanEnv({ FLASHD_API_KEY: readOnly }));
+  t.match(forbidden.stderr, /^flashd worker-env: 403: .*\(key from FLASHD_API_KEY\)\n$/, 'a key without the admin scope: where it came from too');
+  for (const r of [both, stale, fromDataDir, fromFlag, fromStdin, forbidden]) t.notMatch(r.stderr, /not-the-key|fd_usr_/, 'the key is never printed');
 
   const dir = testDataDir(t);
   const none = await run(process.execPath, [BUNDLE, 'worker-env', ep, '--url', a.url, '--data-dir', dir], cleanEnv());
