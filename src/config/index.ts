@@ -81,7 +81,12 @@ interface OptionSchema {
   'x-pattern-hint'?: string;
   /** What a value caught by `not` (a range refused inside the bounds) should be instead. */
   'x-not-hint'?: string;
+  /** What a value under `minimum` should be instead, said in place of `must be >= n`. */
+  'x-minimum-hint'?: string;
   pattern?: string;
+  minimum?: number;
+  maximum?: number;
+  not?: { minimum?: number; maximum?: number };
 }
 
 type DerivedKey = 'containerSocketCandidates' | 'dockerHostSkipped' | 'unknownEnv' | 'emptySecretEnv';
@@ -294,7 +299,7 @@ function unknownEnv(env: Readonly<Record<string, string | undefined>>): { name: 
 
 // No meta-schema check at start (see core/schemas.ts; the test checks config.schema.json too).
 const ajv = new Ajv2020({ useDefaults: true, allErrors: true, strict: true, allowUnionTypes: true, validateSchema: false });
-ajv.addVocabulary(['x-flag', 'x-env', 'x-secret', 'x-pattern-hint', 'x-not-hint']);
+ajv.addVocabulary(['x-flag', 'x-env', 'x-secret', 'x-pattern-hint', 'x-not-hint', 'x-minimum-hint']);
 const validateConfig = ajv.compile(configSchema);
 
 /**
@@ -356,8 +361,9 @@ export function loadConfig(input: LoadConfigInput = {}): FlashdConfig {
       const where = key && sources[key] ? `${sources[key]}: ` : '';
       // ajv's "must be equal to one of the allowed values" leaves the user guessing which,
       // "must match pattern" shows a regular expression and "must NOT be valid" says nothing; each
-      // names what is wanted instead (the value is not echoed: a URL may carry credentials).
-      const hint = e.keyword === 'pattern' ? 'x-pattern-hint' : e.keyword === 'not' ? 'x-not-hint' : undefined;
+      // names what is wanted instead (the value is not echoed: a URL may carry credentials). A
+      // minimum that a 0-means-off reader would try says what comes closest instead.
+      const hint = e.keyword === 'pattern' ? 'x-pattern-hint' : e.keyword === 'not' ? 'x-not-hint' : e.keyword === 'minimum' ? 'x-minimum-hint' : undefined;
       const shape = hint !== undefined && Object.hasOwn(properties, key) ? properties[key as SettingKey][hint] : undefined;
       const message = e.keyword === 'enum'
         ? `must be one of: ${((e.params as { allowedValues?: unknown[] }).allowedValues ?? []).map(String).join(', ')}`
@@ -417,13 +423,29 @@ export function loadConfig(input: LoadConfigInput = {}): FlashdConfig {
   return Object.freeze(merged) as unknown as FlashdConfig;
 }
 
+/**
+ * An integer setting's bounds, compactly: `1000..86400000`, `at least 1024`, and the two ranges
+ * a `not` leaves (`0 or 1000..86400000`); undefined without any.
+ */
+function boundsOf(schema: OptionSchema): string | undefined {
+  if (!isIntegerOption(schema) || (schema.minimum === undefined && schema.maximum === undefined)) return undefined;
+  const range = (lo: number | undefined, hi: number | undefined): string =>
+    lo === undefined ? `at most ${String(hi)}` : hi === undefined ? `at least ${lo}` : lo === hi ? String(lo) : `${lo}..${hi}`;
+  const hole = schema.not;
+  if (hole?.minimum !== undefined && hole.maximum !== undefined) return `${range(schema.minimum, hole.minimum - 1)} or ${range(hole.maximum + 1, schema.maximum)}`;
+  return range(schema.minimum, schema.maximum);
+}
+
 /** The `--help` text, generated from the config schema so it never drifts. */
 export function configHelp(): string {
   const lines: string[] = [];
   for (const [key, schema] of Object.entries(properties)) {
     const flag = schema['x-flag'];
     const envName = schema['x-env'];
-    const def = schema.default === null || schema.default === undefined ? '' : ` (default: ${JSON.stringify(schema.default)})`;
+    // The bounds beside the default: only an error showed them before (`--lease-ms` >= 1000).
+    const bounds = boundsOf(schema);
+    const shown = [schema.default === null || schema.default === undefined ? undefined : `default: ${JSON.stringify(schema.default)}`, bounds].filter((p) => p !== undefined);
+    const def = shown.length ? ` (${shown.join('; ')})` : '';
     // A boolean flag may stand alone (collectFlags): `<value>` would say it needs one.
     const choices = schema.enum
       ? ` One of: ${schema.enum.join(', ')}.`

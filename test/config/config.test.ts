@@ -128,6 +128,15 @@ t.test('--gpu-rediscover-ms is 0 (off) or at least a second, not nvidia-smi back
   t.match(failure(() => loadConfig({ argv: ['--gpu-rediscover-ms', '-5'] })).message, /gpuRediscoverMs must be >= 0/, 'negative: as before');
 });
 
+t.test('--image-pull-idle-timeout-ms 0 is refused saying how to come close to off: a stalled pull must not hold its GPUs for good', async (t) => {
+  for (const v of ['0', '999']) {
+    t.same(failure(() => loadConfig({ argv: ['--image-pull-idle-timeout-ms', v] })).errors,
+      ['flag --image-pull-idle-timeout-ms: imagePullIdleTimeoutMs must be at least 1000 (a second); it cannot be turned off, as a stalled pull would hold its worker\'s GPUs for good: the most, 86400000 (a day), comes closest'], v);
+  }
+  t.match(failure(() => loadConfig({ argv: ['--image-pull-idle-timeout-ms', '99999999999'] })).message, /imagePullIdleTimeoutMs must be <= 86400000$/, 'above: as before');
+  t.equal(loadConfig({ argv: ['--image-pull-idle-timeout-ms', '86400000'] }).imagePullIdleTimeoutMs, 86400000);
+});
+
 t.test('base URLs: a trailing slash is dropped; a path, query or credentials are refused without echoing them', async (t) => {
   const config = loadConfig({ argv: ['--public-url', 'http://192.168.1.20:8000/'], env: { FLASHD_WORKER_URL: 'https://[fd00::2]:8443/' } });
   t.equal(config.publicUrl, 'http://192.168.1.20:8000', 'publicUrl without its trailing slash');
@@ -230,8 +239,17 @@ t.test('configHelp describes every option', async (t) => {
     // The name to use in a --config file, for each setting a file may hold (not the env-only admin key).
     if (o['x-flag']) t.match(help, new RegExp(`^\\s+${o['x-flag']} .*\\n(?:\\s{6}.*\\n)*?\\s{6}config file: "${key}"$`, 'm'), `${key}: its config-file name under ${o['x-flag']}`);
     t.ok(help.includes(o.description), `${key}: description`);
-    if (o.default !== undefined && o.default !== null) t.ok(help.includes(`(default: ${JSON.stringify(o.default)})`), `${key}: default shown`);
+    if (o.default !== undefined && o.default !== null) t.ok(help.includes(`(default: ${JSON.stringify(o.default)}`), `${key}: default shown`);
+    // A bound that only an error showed (--lease-ms >= 1000, --take-hold-ms <= 85000) is in the help, compactly.
+    const { minimum, maximum } = o as { minimum?: number; maximum?: number };
+    if (o['x-flag'] && (minimum !== undefined || maximum !== undefined)) {
+      t.match(help, new RegExp(`^\\s+${o['x-flag']} .*\\n\\s{6}.*; (?:[0-9]+ or )?${minimum === undefined ? 'at most ' : maximum === undefined ? 'at least ' : ''}[0-9.]+\\)\\n`, 'm'), `${key}: its bounds shown`);
+    }
   }
+  t.match(help, /\(default: 300000; 1000\.\.86400000\)\n/, '--image-pull-idle-timeout-ms: min..max');
+  t.match(help, /\(default: 60000; 0 or 1000\.\.86400000\)\n/, '--gpu-rediscover-ms: the range its `not` leaves');
+  t.match(help, /\(default: 1048576; at least 1024\)\n/, '--max-body-bytes: a minimum only');
+  t.match(help, /\(default: 55000; 100\.\.85000\)\n/, '--take-hold-ms');
   t.notMatch(help, /config file: "adminApiKey"/, 'the admin key has no config-file name');
   for (const flag of ['--host', '--port', '--data-dir', '--rate-limit-minute', '--rate-limit-hour', '--rate-limit-day']) {
     t.ok(help.includes(flag), `${flag} in --help`);

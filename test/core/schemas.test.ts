@@ -13,7 +13,7 @@ const files = readdirSync(dir).filter((f) => f.endsWith('.json'));
 
 const checker = (): Ajv2020 => {
   const ajv = new Ajv2020({ strict: false });
-  ajv.addVocabulary(['x-flag', 'x-env', 'x-secret', 'x-pattern-hint', 'x-not-hint']);
+  ajv.addVocabulary(['x-flag', 'x-env', 'x-secret', 'x-pattern-hint', 'x-not-hint', 'x-minimum-hint']);
   return ajv;
 };
 
