@@ -345,7 +345,7 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
         continue;
       }
       const why = `worker ${w.workerId} belonged to a run of flashd that did not stop cleanly`;
-      const held = queue.workerGone(w.endpointId, w.workerId, why);
+      const held = queue.workerGone(w.endpointId, w.workerId, why).length;
       queue.workers.remove(w.endpointId, w.workerId);
       logs.append(w.endpointId, w.workerId, 'system', `${why} (killed or crashed): it was stopped and its key revoked${held > 0 ? `; its ${held} job(s) went back to the queue (or failed, where that was their last attempt)` : ''}`);
     }

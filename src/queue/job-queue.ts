@@ -1736,14 +1736,14 @@ export class JobQueue {
    * Back to the queue after a lost lease or a dead worker, or FAILED past maxAttempts. An
    * attempt not `charged` (flashd's own shutdown stopped the worker) is given back.
    */
-  #requeueOrFail(job: Job, reason: string, mayStillRun = false, charged = true): void {
+  #requeueOrFail(job: Job, reason: string, mayStillRun = false, charged = true): boolean {
     if (charged && job.attempt >= this.settings.maxAttempts) {
       const holder = job.workerId ? this.workers.get(job.endpointId, job.workerId) : undefined;
       const before = this.#liveState(job);
       this.#finish(job, 'FAILED', null, `${reason}; gave up after ${job.attempt} attempts`);
       this.#retryIfUnstored([{ job, endedAs: 'FAILED', before }]);
       if (holder) this.#endedOn(holder, job, 'failed: no attempt left', false);
-      return;
+      return false;
     }
     const q = this.#queue(job.endpointId);
     const held = this.#heldState(job);
@@ -1782,6 +1782,7 @@ export class JobQueue {
     this.#log.info('job requeued', { jobId: id, endpointId: job.endpointId, attempt, reason });
     this.#enqueue(q, job, true);
     this.#batch.committed().catch(() => this.#unrequeue(job, held, unread));
+    return true;
   }
 
   /**
@@ -1820,16 +1821,18 @@ export class JobQueue {
     if (unread && !this.#unread.has(job.id)) this.#unread.set(job.id, unread);
   }
 
-  /** The runtime saw a worker die: its jobs go back to the queue at once. Returns how many it held. */
-  workerGone(endpointId: string, workerId: string, reason: string, charged = true): number {
+  /**
+   * The runtime saw a worker die: its jobs go back to the queue at once (or fail, where that was
+   * their last attempt). Returns the jobs it held, each with whether it went back (`requeued`).
+   */
+  workerGone(endpointId: string, workerId: string, reason: string, charged = true): { jobId: string; requeued: boolean }[] {
     const worker = this.workers.get(endpointId, workerId);
-    if (!worker) return 0;
-    let released = 0;
+    if (!worker) return [];
+    const released: { jobId: string; requeued: boolean }[] = [];
     for (const id of [...worker.jobs]) {
       const job = this.#get(id);
       if (job && job.status === 'IN_PROGRESS' && job.workerId === workerId) {
-        this.#requeueOrFail(job, reason, false, charged);
-        released++;
+        released.push({ jobId: id, requeued: this.#requeueOrFail(job, reason, false, charged) });
       }
     }
     return released;

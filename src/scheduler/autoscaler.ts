@@ -595,7 +595,8 @@ export class Autoscaler {
     // Stopped by flashd while its launch was still under way (an image pull): it never ran.
     const stoppedEarly = startError !== undefined && managed?.stopping === true;
     const gone = startError === undefined ? `exited (${how})` : stoppedEarly ? 'stopped before it started' : 'failed to start';
-    this.#o.queue.workerGone(endpointId, workerId, `worker ${workerId} ${gone}`, !(this.#shuttingDown && info.requested));
+    const charged = !(this.#shuttingDown && info.requested);
+    const held = this.#o.queue.workerGone(endpointId, workerId, `worker ${workerId} ${gone}`, charged);
     // One line per end, saying why: one that never ran has no exit code to show.
     if (stoppedEarly) {
       this.#o.logs.append(endpointId, workerId, 'system', `worker ${workerId} stopped before it started: ${startError}`);
@@ -614,6 +615,14 @@ export class Autoscaler {
       }
     } else {
       this.#o.logs.append(endpointId, workerId, 'system', `worker ${workerId} stopped (${how})`);
+    }
+    // What became of the jobs it held, after its end: flashd's log says `job requeued`, and the
+    // endpoint log, which said the stop and the kill, must not leave the job's fate out.
+    for (const { jobId, requeued } of held) {
+      const line = !requeued ? `job ${jobId} failed: worker ${workerId} ${gone} and it was the job's last attempt`
+        : charged ? `job ${jobId} went back to the queue: worker ${workerId} ${gone}`
+        : `job ${jobId} went back to the queue: its worker ${workerId} was stopped with flashd (${how}); it runs again after the restart, without using an attempt`;
+      this.#o.logs.append(endpointId, workerId, 'system', line);
     }
     if (crashed) {
       this.#o.queue.workers.markUnhealthy(endpointId, workerId);

@@ -68,6 +68,9 @@ t.test('a worker that dies mid-job: the job is retried, the worker shows unhealt
   }, 40_000);
   t.match(final.error, /exited/, 'the reason names the worker exit');
   t.equal(final.retries, 1, 'it was retried once before failing (maxAttempts 2)');
+  const lines = ((await a.req('GET', `/v2/serverless/${ep}/logs`)).json as { line: string }[]).map((l) => l.line);
+  t.ok(lines.some((l) => new RegExp(`^job ${id} went back to the queue: worker wkr_\\w+ exited \\(`).test(l)), 'the endpoint log says the job went back after the first crash');
+  t.ok(lines.some((l) => new RegExp(`^job ${id} failed: worker wkr_\\w+ exited \\(.*\\) and it was the job's last attempt$`).test(l)), 'and that it failed after the second');
   const h = await health(a, ep);
   t.ok(h.workers.unhealthy >= 1, 'crashed workers are reported unhealthy');
   t.ok(h.jobs.retried >= 1);
@@ -180,6 +183,12 @@ t.test('a job cut short by the shutdown grace goes back to the queue without usi
   t.equal(s.status, 'IN_QUEUE', `queued again, not FAILED after its one attempt: ${JSON.stringify(s)}`);
   const row = b.agent.db.prepare('SELECT attempt FROM jobs WHERE id = ?').get(id) as { attempt: number };
   t.equal(row.attempt, 0, 'the attempt it used was given back');
+  // The endpoint log said the stop and the kill, but only flashd's own log said the job went back.
+  const lines = ((await b.req('GET', `/v2/serverless/${ep}/logs`)).json as { line: string; stream: string; workerId: string }[]).filter((l) => l.stream === 'system');
+  const killed = lines.findIndex((l) => /^worker wkr_\w+ stopped \(signal SIGKILL\)$/.test(l.line));
+  t.ok(killed >= 0, `the kill is in the endpoint log: ${JSON.stringify(lines.map((l) => l.line))}`);
+  const back = lines.findIndex((l) => l.line === `job ${id} went back to the queue: its worker ${lines[killed]?.workerId} was stopped with flashd (signal SIGKILL); it runs again after the restart, without using an attempt`);
+  t.ok(back > killed, 'and so is its job going back, after it');
 });
 
 t.test('a worker that never asks for a job is stopped after the init timeout and shown unhealthy', async (t) => {
