@@ -339,7 +339,7 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
       // and get their attempt back as those do.
       if (w.bySignal) {
         const why = `worker ${w.workerId} was stopped by a second signal to the previous run of flashd`;
-        const held = queue.workerGone(w.endpointId, w.workerId, why, false);
+        const held = queue.workerGone(w.endpointId, w.workerId, why, false).length;
         queue.workers.remove(w.endpointId, w.workerId);
         logs.append(w.endpointId, w.workerId, 'system', `${why} (stopping now, without waiting for it): its key was revoked${held > 0 ? `; its ${held} job(s) went back to the queue, their attempt given back` : ''}`);
         continue;
