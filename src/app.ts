@@ -18,7 +18,7 @@ import { createSecretBox, secretKeyCheck } from './core/secret-box.js';
 import { EndpointService, type PublicUrls } from './endpoints/index.js';
 import { createHttpServer, type HttpServer } from './http/index.js';
 import { JobQueue, WebhookSender, WorkerRegistry } from './queue/index.js';
-import { ContainerRuntime, ProcessRuntime, findEngineSocket, reapOrphanProcessWorkers, type WorkerRuntime } from './runtime/index.js';
+import { ContainerRuntime, ProcessRuntime, findEngineSocket, reapOrphanProcessWorkers, type VolumeRecords, type WorkerRuntime } from './runtime/index.js';
 import { Autoscaler, LogHub, unreservedCpu } from './scheduler/index.js';
 import { GpuWatch, ResourceLedger, createLedgerPlacement, probeHost, startDiscoveryLogger, workerRequirement } from './gpu/index.js';
 import type { EndpointSpec } from './endpoints/index.js';
@@ -161,7 +161,7 @@ function loadSecretKey(dataDir: string, keyText: string | null, identity: Identi
  * `--runtime docker`, or `auto` when an engine socket is found; null otherwise. `docker`
  * without a socket is a start error; `auto` without one logs that flashd starts no workers.
  */
-function createContainerRuntime(config: FlashdConfig, dataDir: string, log: Logger, volumeExists: (id: string) => boolean): ContainerRuntime | null {
+function createContainerRuntime(config: FlashdConfig, dataDir: string, log: Logger, volumes: VolumeRecords): ContainerRuntime | null {
   if (config.runtime !== 'docker' && config.runtime !== 'auto') return null;
   const socketPath = findEngineSocket(config.containerSocketCandidates);
   const looked = config.containerSocketCandidates.join(', ');
@@ -173,7 +173,7 @@ function createContainerRuntime(config: FlashdConfig, dataDir: string, log: Logg
     return null;
   }
   return new ContainerRuntime({
-    socketPath, dataDir, workerUrl: config.workerUrl, gpuDriver: config.containerGpuDriver, pullIdleTimeoutMs: config.imagePullIdleTimeoutMs, volumeExists, log: log.child({ component: 'runtime' }),
+    socketPath, dataDir, workerUrl: config.workerUrl, gpuDriver: config.containerGpuDriver, pullIdleTimeoutMs: config.imagePullIdleTimeoutMs, volumes, log: log.child({ component: 'runtime' }),
   });
 }
 
@@ -373,8 +373,11 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
     const ledgerPlacement = createLedgerPlacement<EndpointSpec>(ledger, (spec) => workerRequirement({
       gpu: spec.gpu, cpu: spec.cpu, dataCenterIds: spec.dataCenterIds, ...(spec.gpuTypePriority ? { gpuTypePriority: spec.gpuTypePriority } : {}),
     }));
-    const containers = createContainerRuntime(config, dataDir, log,
-      (id) => endpoints.networkVolumes.getUnscoped(id) !== undefined || endpoints.globalVolumes.getUnscoped(id) !== undefined);
+    const containers = createContainerRuntime(config, dataDir, log, {
+      state: (id) => endpoints.networkVolumes.getUnscoped(id) !== undefined || endpoints.globalVolumes.getUnscoped(id) !== undefined ? 'exists'
+        : endpoints.deletedVolumes.has(id) ? 'deleted' : 'unknown',
+      removed: (id) => endpoints.deletedVolumes.remove(id),
+    });
     const runtime: WorkerRuntime | null = config.runtime === 'process'
       ? new ProcessRuntime({ dataDir, workdir: config.processWorkdir, log: log.child({ component: 'runtime' }) })
       : containers;

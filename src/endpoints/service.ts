@@ -6,7 +6,7 @@ import type { Logger } from '../core/logger.js';
 import { assertSchema } from '../core/schemas.js';
 import type { SecretBox } from '../core/secret-box.js';
 import type { Db, ResourceRepo, ResourceRow } from '../store/index.js';
-import { ResourceRepo as Repo } from '../store/index.js';
+import { DeletedVolumes, ResourceRepo as Repo } from '../store/index.js';
 import { parseArgs, CommandError } from './command.js';
 import type { EndpointSpec, GlobalVolumeSpec, NetworkVolumeSpec, RegistryCredentialSpec, TemplateSpec } from './types.js';
 import { buildEndpoint, CONTAINER_ONLY_REASONS, LAUNCH_REASONS, namesLaunchField, updateEndpoint, type UpdateOutcome, type ValidationContext } from './validate.js';
@@ -19,7 +19,7 @@ export interface EndpointEvents {
   changed?(endpointId: string, spec: EndpointSpec, restartReasons: readonly string[]): void;
   /** Before the row is removed (runtime state can still be looked up). */
   deleting?(endpointId: string): void;
-  /** After a network or global volume's row is removed: its data can go too. */
+  /** After a network or global volume's row is removed (and recorded in `deletedVolumes`): its data can go too. */
   volumeDeleted?(volumeId: string): void;
 }
 
@@ -46,6 +46,9 @@ export class EndpointService {
   readonly networkVolumes: ResourceRepo<NetworkVolumeSpec>;
   readonly globalVolumes: ResourceRepo<GlobalVolumeSpec>;
   readonly registries: ResourceRepo<RegistryCredentialSpec>;
+  /** Volumes deleted whose engine volume is still to be removed (the container runtime's). */
+  readonly deletedVolumes: DeletedVolumes;
+  readonly #db: Db;
   readonly #clock: Clock;
   readonly #log: Logger;
   readonly #secrets: SecretBox;
@@ -77,6 +80,8 @@ export class EndpointService {
     this.networkVolumes = new Repo(options.db, 'network_volumes');
     this.globalVolumes = new Repo(options.db, 'global_volumes');
     this.registries = new Repo(options.db, 'registry_credentials');
+    this.deletedVolumes = new DeletedVolumes(options.db);
+    this.#db = options.db;
   }
 
   on(listener: EndpointEvents): void {
@@ -282,10 +287,17 @@ export class EndpointService {
     if (users.length) {
       throw new AgentError('CONFLICT', `${capitalised(what)} ${id} is used by endpoint${users.length > 1 ? 's' : ''} ${users.map((u) => u.id).join(', ')}; detach it first.`);
     }
-    repo.delete(id, ownerId);
-    if (repo.table === 'network_volumes' || repo.table === 'global_volumes') {
-      for (const l of this.#listeners) l.volumeDeleted?.(id);
+    if (repo.table !== 'network_volumes' && repo.table !== 'global_volumes') {
+      repo.delete(id, ownerId);
+      return;
     }
+    // Recorded with the delete: a removal of its engine volume still pending at a crash is done
+    // at the next start, and only such volumes are (not those a restored backup never knew).
+    this.#db.transaction(() => {
+      repo.delete(id, ownerId);
+      this.deletedVolumes.add(id, this.#clock.now());
+    })();
+    for (const l of this.#listeners) l.volumeDeleted?.(id);
   }
 
   #requireRegistry(ownerId: string, id: string): void {

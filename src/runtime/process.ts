@@ -18,6 +18,7 @@ import { join } from 'node:path';
 import type { Logger } from '../core/logger.js';
 import { lineSplitter } from './line-splitter.js';
 import { withPodHostname } from './pod-hostname.js';
+import { bootId, startTicks } from './process-identity.js';
 import type { LaunchResult, LaunchSpec, WorkerEvents, WorkerRuntime } from './types.js';
 
 /** Host variables a worker inherits; nothing else of flashd's environment (it may hold secrets). */
@@ -25,21 +26,6 @@ const INHERITED_ENV = ['PATH', 'HOME', 'LANG', 'LC_ALL', 'TZ', 'TMPDIR', 'USER']
 const PID_FILE = 'process-workers.pids';
 /** Linux's USER_HZ, the unit of /proc/<pid>/stat times: 100 on every architecture Node supports. */
 const CLOCK_TICKS_PER_S = 100;
-
-/**
- * When a process started, in clock ticks after boot (field 22 of /proc/<pid>/stat); undefined
- * when there is no such process. With the boot id, it tells a process from a later one that
- * got the same pid.
- */
-function startTicks(pid: number): string | undefined {
-  try {
-    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
-    // Field 2, the command name, may hold spaces and parentheses: count from its closing one.
-    return stat.slice(stat.lastIndexOf(')') + 2).split(' ')[19];
-  } catch {
-    return undefined;
-  }
-}
 
 /** The processes of process group `pgid` (field 5 of /proc/<pid>/stat), zombies left out. */
 function groupMembers(pgid: number): number[] {
@@ -76,14 +62,6 @@ function groupAlive(pgid: number): boolean {
 function environOf(pid: number): string {
   try {
     return readFileSync(`/proc/${pid}/environ`, 'utf8');
-  } catch {
-    return '';
-  }
-}
-
-function bootId(): string {
-  try {
-    return readFileSync('/proc/sys/kernel/random/boot_id', 'utf8').trim();
   } catch {
     return '';
   }

@@ -1,5 +1,5 @@
 export { openDb, lockDataDir, migrate, walPathOf, closeWithoutCheckpoint, type Db, type DataDirLock, type OpenDbOptions } from './db.js';
-export { ResourceRepo, type ResourceRow, type ResourceTable } from './resources.js';
+export { DeletedVolumes, ResourceRepo, type ResourceRow, type ResourceTable } from './resources.js';
 export { IdentityRepo, type ApiKeyRow, type UserRow, type TeamRow, type TeamMemberRow } from './identity.js';
 export { WriteBatch } from './write-batch.js';
 export { SpaceReclaimer } from './vacuum.js';

@@ -332,4 +332,15 @@ export const MIGRATIONS: readonly string[] = [
     through INTEGER NOT NULL
   ) WITHOUT ROWID;
   `,
+  // 19: network and global volumes deleted through the API whose engine volume is not removed
+  // yet (store/resources.ts DeletedVolumes). A start used to remove every engine volume of its
+  // instance that the database did not know, which a restored backup or a copy of the data
+  // directory does not know either: now only these. Volumes deleted before this version are
+  // not known. IF NOT EXISTS: replayed on a database whose user_version was set back.
+  `
+  CREATE TABLE IF NOT EXISTS deleted_volumes (
+    id TEXT PRIMARY KEY,
+    deleted_at INTEGER NOT NULL
+  ) WITHOUT ROWID;
+  `,
 ];

@@ -119,3 +119,33 @@ export class ResourceRepo<T> {
     return this.#delete.run(id, ownerId).changes > 0;
   }
 }
+
+/**
+ * Network and global volumes deleted through the API whose engine volume the container runtime
+ * has not removed yet (`deleted_volumes`): the only engine volumes a start removes. One whose
+ * volume this database never knew (a restored backup older than it, a copy of the data
+ * directory) is left in place.
+ */
+export class DeletedVolumes {
+  readonly #add: Statement;
+  readonly #has: Statement;
+  readonly #remove: Statement;
+
+  constructor(db: Db) {
+    this.#add = db.prepare('INSERT OR REPLACE INTO deleted_volumes (id, deleted_at) VALUES (?, ?)');
+    this.#has = db.prepare('SELECT 1 FROM deleted_volumes WHERE id = ?').pluck();
+    this.#remove = db.prepare('DELETE FROM deleted_volumes WHERE id = ?');
+  }
+
+  add(id: string, now: number): void {
+    this.#add.run(id, now);
+  }
+
+  has(id: string): boolean {
+    return this.#has.get(id) !== undefined;
+  }
+
+  remove(id: string): void {
+    this.#remove.run(id);
+  }
+}

@@ -5,7 +5,7 @@
  */
 import t from 'tap';
 import {
-  DockerClient, KeptPool, LABELS, SAFE_LIMITS, VOLUME_PATH, createBody, demultiplexer, exposedPorts, gpuAttachFor, registryAuthHeader,
+  DockerClient, KeptPool, LABELS, SAFE_LIMITS, VOLUME_PATH, createBody, demultiplexer, exposedPorts, gpuAttachFor, ownerOf, registryAuthHeader,
   splitImageRef, volumeName, type KeptPoolOptions, type LaunchSpec,
 } from '../../src/runtime/index.js';
 
@@ -117,6 +117,13 @@ t.test('resources, disk, volume, ports, command, labels', async (t) => {
     [LABELS.managed]: 'true', [LABELS.instance]: 'i', [LABELS.endpoint]: 'ep0000000000001', [LABELS.worker]: 'wkr_spec000000000000001',
     [LABELS.configHash]: 'c0ffee', [LABELS.flashboot]: 'OFF',
   });
+  // The owner labels: which flashd process made it (a copy of its data directory shares the instance).
+  const owner = { host: 'm1/pid:[4026531836]', pid: 4242, start: 'boot-1/123456' };
+  const owned = createBody(spec(), { instanceId: 'i', diskLimit: false, owner }).Labels;
+  t.same([owned[LABELS.ownerHost], owned[LABELS.ownerPid], owned[LABELS.ownerStart]], ['m1/pid:[4026531836]', '4242', 'boot-1/123456']);
+  t.same(ownerOf(owned), owner, 'read back');
+  t.equal(ownerOf(keep.Labels), null, 'none on a container of an older flashd');
+  t.equal(ownerOf({ ...owned, [LABELS.ownerPid]: 'x' }), null, 'nor with a pid that is no number');
   const secret = createBody(spec({ registryAuth: { username: 'u', password: 'pa55-w0rd-xyz', serveraddress: 'r.example' } }), { instanceId: 'i', diskLimit: true });
   t.notMatch(JSON.stringify(secret), /pa55-w0rd-xyz/, 'registry credentials never reach the create body');
 });

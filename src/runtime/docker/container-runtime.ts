@@ -8,9 +8,11 @@
  *   off. Each launch ends in exactly one `events.exit`.
  * - Stop: `POST /containers/{id}/stop?t=`; then the container is removed (`OFF`, a crash,
  *   shutdown) or kept stopped for a restart (`FLASHBOOT`, `PRIORITY_FLASHBOOT`; kept-pool.ts).
- * - Restarts of flashd: its containers are labelled with this data directory's instance id;
- *   at start every one left from a previous run is removed (their worker keys and leases
- *   belonged to the old process, so not even a kept one can be restored).
+ * - Restarts of flashd: its containers are labelled with this data directory's instance id
+ *   and the flashd process that made them; at start every one left from a previous run is
+ *   removed (their worker keys and leases belonged to the old process, so not even a kept one
+ *   can be restored). Those of another live flashd of this host with the same instance id (a
+ *   copy of this data directory) are left alone, and the start refused.
  */
 import { createHash, randomBytes } from 'node:crypto';
 import { existsSync, readFileSync, writeFileSync } from 'node:fs';
@@ -19,10 +21,11 @@ import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import type { Logger } from '../../core/logger.js';
 import { lineSplitter } from '../line-splitter.js';
+import { isOtherLiveProcess, thisProcess, type ProcessIdentity } from '../process-identity.js';
 import type { ExitInfo, LaunchResult, LaunchSpec, WorkerEvents, WorkerRuntime } from '../types.js';
 import type { PullProgress } from './api-types.js';
 import { DockerClient } from './client.js';
-import { LABELS, containerName, createBody, gpuAttachFor, volumeName, type GpuAttach } from './container-spec.js';
+import { LABELS, containerName, createBody, gpuAttachFor, ownerOf, volumeName, type GpuAttach } from './container-spec.js';
 import { DockerError, isDockerError } from './errors.js';
 import { DEFAULT_KEPT_POOL, KeptPool, type KeepMode, type KeptEntry, type KeptPoolOptions } from './kept-pool.js';
 import { WorkerRelay } from './worker-relay.js';
@@ -44,11 +47,10 @@ export interface ContainerRuntimeOptions {
   /** `--container-gpu-driver`: the device request for GPUs on Docker. @defaultValue `"auto"` */
   gpuDriver?: 'auto' | 'nvidia' | 'cdi';
   /**
-   * Whether flashd volume `id` (network or global) still exists. An engine volume this data
-   * directory made for one that does not is removed when the engine connects: its deletion was
-   * pending when a previous run stopped or crashed. Without it such volumes are left alone.
+   * What this data directory's database says of flashd volumes (network or global). Without it
+   * no engine volume is removed at connection.
    */
-  volumeExists?(id: string): boolean;
+  volumes?: VolumeRecords;
   /**
    * `--image-pull-idle-timeout-ms`: a pull the engine reports no progress of for this long fails
    * (a registry that stalls), and with it the launches waiting for it. @defaultValue 300000
@@ -59,6 +61,19 @@ export interface ContainerRuntimeOptions {
    * the engine's progress stream reports them); 0: none. @defaultValue 15000
    */
   pullProgressMs?: number;
+}
+
+/** The database's word on flashd volumes, for their engine volumes (`flashd-volume-<id>`). */
+export interface VolumeRecords {
+  /**
+   * `exists`; `deleted`: deleted through the API, its engine volume still to be removed (the
+   * removal was pending when a previous run stopped or crashed); `unknown`: neither (a volume
+   * made after the backup this database was restored from, or by a copy of this data
+   * directory), whose engine volume is never removed.
+   */
+  state(id: string): 'exists' | 'deleted' | 'unknown';
+  /** The engine volume of deleted flashd volume `id` is gone: its record can go. */
+  removed(id: string): void;
 }
 
 /** A pull in flight, shared by the launches of its image; given up when the last of them is stopped. */
@@ -210,8 +225,10 @@ export class ContainerRuntime implements WorkerRuntime {
   readonly #kept: KeptPool<Kept>;
   readonly #pulls = new Map<string, Pull>();
   readonly #volumes = new Map<string, Promise<void>>();
-  /** Engine volumes of deleted flashd volumes that a container still used when they were deleted. */
-  readonly #deletedVolumes = new Set<string>();
+  /** Engine volumes of deleted flashd volumes that a container still used when they were deleted: name, flashd volume id. */
+  readonly #deletedVolumes = new Map<string, string>();
+  /** Engine volumes of this instance unknown to the database, already warned of. */
+  readonly #unknownVolumesWarned = new Set<string>();
   #removingVolumes: Promise<void> | null = null;
   /** Asked again while a pass was under way (a container was removed meanwhile): one more pass. */
   #volumesAgain = false;
@@ -231,6 +248,10 @@ export class ContainerRuntime implements WorkerRuntime {
   #killed = false;
   /** Aborts pulls in flight at shutdown. */
   readonly #shutdown = new AbortController();
+  /** This process (owner labels of the containers it makes); null where /proc cannot tell. */
+  readonly #owner: ProcessIdentity | null = thisProcess();
+  /** Why `start()` refuses: another live flashd uses this instance id. */
+  #refused: string | null = null;
 
   constructor(options: ContainerRuntimeOptions) {
     this.#o = options;
@@ -243,12 +264,14 @@ export class ContainerRuntime implements WorkerRuntime {
 
   /**
    * Connects to the engine: API version, removal of this instance's leftover containers, and
-   * the worker URL. Never rejects: while the engine is unreachable, capacity is 0 and this is
-   * retried every `reconnectMs`.
+   * the worker URL. While the engine is unreachable, capacity is 0 and this is retried every
+   * `reconnectMs`. Rejects only when another live flashd of this host uses this instance id (a
+   * copy of this data directory, or the original of this copy): starting would remove its containers.
    */
   async start(listen: ListenAddress): Promise<void> {
     this.#listen = listen;
-    await this.#connect();
+    await this.#connect(true);
+    if (this.#refused !== null) throw new Error(this.#refused);
   }
 
   /** Whether the engine answered and the runtime can launch. */
@@ -275,11 +298,24 @@ export class ContainerRuntime implements WorkerRuntime {
     return this.#gpu?.reason ?? null;
   }
 
-  #connect(): Promise<boolean> {
+  /** `atStart`: the first connection, which another live flashd with this instance id fails (`#refused`). */
+  #connect(atStart = false): Promise<boolean> {
     this.#connecting ??= (async () => {
       try {
         const v = await this.client.negotiate();
-        await this.#removeLeftovers();
+        const others = await this.#removeLeftovers();
+        if (others.size) {
+          const pids = [...others].map(([pid, n]) => `pid ${pid} (${n} container${n > 1 ? 's' : ''})`).join(', ');
+          if (atStart) {
+            this.#refused = `another flashd on this host, ${pids}, runs with this data directory's container instance id ${this.instanceId} `
+              + `(${join(this.#o.dataDir, 'container-instance-id')}): one of the two data directories is a copy of the other, and this start would remove `
+              + 'that flashd\'s containers. To run both on this engine, stop the copy and delete container-instance-id in its data directory: it gets an id of its own at its next start';
+            return false;
+          }
+          this.#log.error('another flashd on this host runs with this instance id (a copy of this data directory, or its original): its containers are left alone', {
+            instance: this.instanceId, owners: pids, hint: `stop the copy and delete container-instance-id in its data directory`,
+          });
+        }
         await this.#findDeletedVolumes();
         // Derived once: kept containers hold it in their env.
         this.#workerUrl ??= await this.#deriveWorkerUrl();
@@ -323,26 +359,42 @@ export class ContainerRuntime implements WorkerRuntime {
     this.#reconnect.unref();
   }
 
-  /** Removes containers of this instance that this process does not know (a previous run's). */
-  async #removeLeftovers(): Promise<void> {
+  /**
+   * Removes containers of this instance that this process does not know (a previous run's).
+   * Those whose owner labels name another live flashd process of this host are left alone:
+   * resolves with their count per owner pid. A container without owner labels (an older
+   * flashd's) or whose owner is on another host (an engine shared by hosts: its pid cannot be
+   * checked from here) counts as a previous run's.
+   */
+  async #removeLeftovers(): Promise<Map<number, number>> {
     const mine = await this.client.listContainers({ all: true, labels: [`${LABELS.managed}=true`, `${LABELS.instance}=${this.instanceId}`] });
     const known = new Set([...this.#running.values()].map((w) => w.containerId));
     for (const e of this.#kept.list()) known.add(e.value.containerId);
-    const leftovers = mine.filter((c) => !known.has(c.Id) && !this.#launching.has(c.Labels?.[LABELS.worker] ?? ''));
+    const others = new Map<number, number>();
+    const leftovers = mine.filter((c) => {
+      if (known.has(c.Id) || this.#launching.has(c.Labels?.[LABELS.worker] ?? '')) return false;
+      const owner = ownerOf(c.Labels);
+      if (!owner || !isOtherLiveProcess(owner)) return true;
+      others.set(owner.pid, (others.get(owner.pid) ?? 0) + 1);
+      return false;
+    });
     await Promise.all(leftovers.map((c) => this.#remove(c.Id)));
     if (leftovers.length) this.#log.info('removed containers left by a previous run', { count: leftovers.length });
+    return others;
   }
 
   /**
-   * Engine volumes of this data directory whose flashd volume was deleted: a removal refused
-   * while a container still used the volume is retried only in memory, so a run that stopped
-   * or crashed before it succeeded left the volume and its data behind. They join the pending
-   * removals (done once `#connect` is ready). Volumes made before flashd labelled them with
-   * its instance are not recognised.
+   * Engine volumes of this data directory whose flashd volume the database records as deleted:
+   * a removal refused while a container still used the volume is retried only in memory, so a
+   * run that stopped or crashed before it succeeded left the volume and its data behind. They
+   * join the pending removals (done once `#connect` is ready). One whose flashd volume the
+   * database does not know at all is never removed (a restored backup older than the volume, a
+   * copy of this data directory): said once, with the command that removes it. Volumes made
+   * before flashd labelled them with its instance are not recognised.
    */
   async #findDeletedVolumes(): Promise<void> {
-    const exists = this.#o.volumeExists;
-    if (!exists) return;
+    const records = this.#o.volumes;
+    if (!records) return;
     let managed;
     try {
       // Checked here, not only in the filter: Podman 4.3 matches a volume with any of several labels.
@@ -353,11 +405,19 @@ export class ContainerRuntime implements WorkerRuntime {
       this.#log.warn('cannot list volumes; those of deleted flashd volumes stay until the next connection', { reason: (err as Error).message });
       return;
     }
+    const unknown: string[] = [];
     for (const v of managed) {
       const id = v.Labels?.[LABELS.volume];
       if (v.Labels?.[LABELS.instance] !== this.instanceId || !id || v.Name !== volumeName(id)) continue;
-      if (!exists(id)) this.#deletedVolumes.add(v.Name);
+      const state = records.state(id);
+      if (state === 'deleted') this.#deletedVolumes.set(v.Name, id);
+      else if (state === 'unknown' && !this.#unknownVolumesWarned.has(v.Name)) unknown.push(v.Name);
     }
+    if (!unknown.length) return;
+    for (const name of unknown) this.#unknownVolumesWarned.add(name);
+    this.#log.warn('engine volumes of this instance whose flashd volume this database does not know are left in place (a restored backup older than them, or a copy of this data directory made them); remove them by hand once no flashd uses them', {
+      volumes: unknown.join(','), command: `docker volume rm ${unknown.join(' ')}`,
+    });
   }
 
   /**
@@ -567,7 +627,7 @@ export class ContainerRuntime implements WorkerRuntime {
    */
   async removeVolume(id: string): Promise<void> {
     const name = volumeName(id);
-    this.#deletedVolumes.add(name);
+    this.#deletedVolumes.set(name, id);
     await this.#removeDeletedVolumes();
     if (this.#deletedVolumes.has(name)) {
       this.#log.info('volume of a deleted flashd volume still in use; it goes once its containers are gone', { volume: name });
@@ -579,17 +639,28 @@ export class ContainerRuntime implements WorkerRuntime {
     this.#removingVolumes ??= (async () => {
       while (this.#volumesAgain) {
         this.#volumesAgain = false;
-        for (const name of [...this.#deletedVolumes]) await this.#removeDeletedVolume(name);
+        for (const [name, id] of [...this.#deletedVolumes]) await this.#removeDeletedVolume(name, id);
       }
     })().finally(() => (this.#removingVolumes = null));
     return this.#removingVolumes;
   }
 
-  async #removeDeletedVolume(name: string): Promise<void> {
+  /**
+   * One labelled with another instance is left: a copy of a data directory given an id of its
+   * own still names its volumes as the original did, and the original's data is not this
+   * flashd's to delete.
+   */
+  async #removeDeletedVolume(name: string, id: string): Promise<void> {
     try {
-      await this.client.removeVolume(name);
+      const owner = (await this.client.inspectVolume(name))?.Labels?.[LABELS.instance];
+      if (owner !== undefined && owner !== this.instanceId) {
+        this.#log.warn('volume of a deleted flashd volume left in place: another flashd instance made it', { volume: name, instance: owner });
+      } else {
+        await this.client.removeVolume(name);
+        this.#log.info('volume removed', { volume: name });
+      }
       this.#deletedVolumes.delete(name);
-      this.#log.info('volume removed', { volume: name });
+      this.#o.volumes?.removed(id);
     } catch (err) {
       // In use (409) or the engine away: kept for the next try. Anything else is final.
       if (isDockerError(err, 'DOCKER_CONFLICT') || isDockerError(err, 'DOCKER_UNREACHABLE')) return;
@@ -605,7 +676,7 @@ export class ContainerRuntime implements WorkerRuntime {
    */
   async #createContainer(spec: LaunchSpec): Promise<{ id: string; init: boolean }> {
     const body = createBody(spec, {
-      instanceId: this.instanceId, diskLimit: this.#diskLimit !== 'unsupported', gpuDriver: this.#gpu?.driver ?? 'nvidia', init: !this.#noInit,
+      instanceId: this.instanceId, owner: this.#owner, diskLimit: this.#diskLimit !== 'unsupported', gpuDriver: this.#gpu?.driver ?? 'nvidia', init: !this.#noInit,
     });
     try {
       const { Id } = await this.client.createContainer(body, containerName(spec.workerId));
@@ -850,7 +921,11 @@ export class ContainerRuntime implements WorkerRuntime {
     for (const e of this.#kept.list()) ids.add(e.value.containerId);
     try {
       const mine = await this.client.listContainers({ all: true, labels: [`${LABELS.managed}=true`, `${LABELS.instance}=${this.instanceId}`] });
-      for (const c of mine) ids.add(c.Id);
+      // Not those of another live flashd with this instance id (a copy of this data directory).
+      for (const c of mine) {
+        const owner = ownerOf(c.Labels);
+        if (!owner || !isOtherLiveProcess(owner)) ids.add(c.Id);
+      }
     } catch {
       // The engine is away: what this process knows is all it can remove.
     }

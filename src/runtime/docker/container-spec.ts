@@ -5,14 +5,22 @@
  * the defaults; ARCHITECTURE.md ("Containers") lists them with the reasons.
  */
 import { withPodHostname } from '../pod-hostname.js';
+import type { ProcessIdentity } from '../process-identity.js';
 import type { LaunchSpec } from '../types.js';
 import type { ContainerCreateBody, HostConfig } from './api-types.js';
 
 /** Labels on every container (and volume) flashd makes. */
 export const LABELS = {
   managed: 'dev.flashd.managed',
-  /** Which flashd (data directory) owns it: one flashd never touches another's containers. */
+  /**
+   * Which flashd (data directory) owns it. A copy of a data directory has the same: the owner
+   * labels below tell a live flashd's containers from a previous run's.
+   */
   instance: 'dev.flashd.instance',
+  /** The flashd process that made a container (process-identity.ts): host, pid, start. */
+  ownerHost: 'dev.flashd.owner-host',
+  ownerPid: 'dev.flashd.owner-pid',
+  ownerStart: 'dev.flashd.owner-start',
   endpoint: 'dev.flashd.endpoint',
   worker: 'dev.flashd.worker',
   configHash: 'dev.flashd.config-hash',
@@ -114,12 +122,27 @@ export function gpuAttachFor(engine: { name: string; version: string }, setting:
 export interface CreateBodyOptions {
   /** The owning flashd's instance id (label). */
   instanceId: string;
+  /** The flashd process creating it (owner labels); null or unset: none (where /proc cannot tell). */
+  owner?: ProcessIdentity | null;
   /** Whether to ask for `StorageOpt.size` (false once the engine said it cannot). */
   diskLimit: boolean;
   /** The device request for GPUs. @defaultValue `"nvidia"` */
   gpuDriver?: 'nvidia' | 'cdi';
   /** An init process as PID 1 (`HostConfig.Init`; false once the engine said it has none). @defaultValue true */
   init?: boolean;
+}
+
+/** A container's owner labels. */
+export function ownerLabels(owner: ProcessIdentity): Record<string, string> {
+  return { [LABELS.ownerHost]: owner.host, [LABELS.ownerPid]: String(owner.pid), [LABELS.ownerStart]: owner.start };
+}
+
+/** The process a container's owner labels name; null when it has none (made by an older flashd, or where /proc could not tell). */
+export function ownerOf(labels: Record<string, string> | null | undefined): ProcessIdentity | null {
+  const host = labels?.[LABELS.ownerHost];
+  const pid = Number(labels?.[LABELS.ownerPid]);
+  const start = labels?.[LABELS.ownerStart];
+  return host && start && Number.isSafeInteger(pid) && pid > 0 ? { host, pid, start } : null;
 }
 
 /** The HostConfig: safe defaults first, then the worker's resources. */
@@ -172,6 +195,7 @@ export function createBody(spec: LaunchSpec, options: CreateBodyOptions): Contai
       [LABELS.worker]: spec.workerId,
       [LABELS.configHash]: spec.configHash,
       [LABELS.flashboot]: spec.flashboot,
+      ...(options.owner ? ownerLabels(options.owner) : {}),
     },
     Tty: false,
     OpenStdin: false,
