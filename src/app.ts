@@ -479,7 +479,7 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
       extraRoutes: [
         ...jobRoutes({ queue, endpoints, now: () => clock.now(), webhookAllowPrivate: config.webhookAllowPrivate }),
         ...workerRoutes({
-          queue, endpoints, auth, logs, baseUrl: urls.queueBaseUrl, pingIntervalMs,
+          queue, endpoints, auth, logs, baseUrl: urls.queueBaseUrl, pingIntervalMs, log: queueLog,
         }),
       ],
     });

@@ -3,6 +3,7 @@
  * routes that hand out worker environments and serve endpoint logs.
  */
 import type { AuthService, Principal } from '../auth/index.js';
+import type { Logger } from '../core/logger.js';
 import { AgentError } from '../core/errors.js';
 import { newId } from '../core/ids.js';
 import { nonFiniteToNull, rawMember } from '../core/json-raw.js';
@@ -23,6 +24,8 @@ export interface WorkerRouteServices {
   /** queue_base_url as workers reach it. */
   baseUrl(): string;
   pingIntervalMs: number;
+  /** A job failed for an oversized worker post is said here, at warn. */
+  log: Logger;
 }
 
 const MB = 1024 * 1024;
@@ -73,9 +76,15 @@ async function failTooLarge(s: WorkerRouteServices, { req, principal, params }: 
   const endpointId = params['endpointId'] as string;
   checkWorker(s, principal, endpointId, params['workerId'] as string);
   const declared = Number(req.headers['content-length']);
-  const size = Number.isFinite(declared) && declared > limit ? `${declared} bytes` : `more than ${limit} bytes`;
+  const known = Number.isFinite(declared) && declared > limit;
+  const size = known ? `${declared} bytes` : `more than ${limit} bytes`;
   const error = `The worker's ${what} was ${size}, over the ${limit}-byte limit of a worker post (HTTP 413); the job cannot be recorded.`;
-  await s.queue.done(endpointId, params['workerId'] as string, params['jobId'] as string, { error });
+  const jobId = params['jobId'] as string;
+  const workerId = params['workerId'] as string;
+  // Only the job's end is at debug: without this an operator sees nothing of why it failed.
+  if (await s.queue.done(endpointId, workerId, jobId, { error }) === 'accepted') {
+    s.log.warn('job failed: worker post over the limit', { jobId, endpointId, workerId, what, bytes: known ? declared : undefined, limit });
+  }
 }
 
 /** What a worker may post to job-done and to job-stream, for the detail of a refused body. */

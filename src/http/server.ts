@@ -148,13 +148,16 @@ const EMPTY_BODY = Buffer.alloc(0);
 /** Bodies up to this size are handed to uWS whole (it buffers what the socket does not take). */
 const SMALL_BODY = 64 * 1024;
 /**
- * A body over its route's limit is read and dropped up to this size before the 413 goes out.
- * Clients that send the whole body before reading (Python's http.client under requests and
- * the runpod SDK, aiohttp) saw a broken pipe instead of the 413 when it came first and the
- * connection closed under them. Beyond this the 413 goes out at once. (`Expect: 100-continue`
- * changes nothing: uWS answers `100 Continue` itself before flashd sees the request.)
+ * A body over its route's limit is read and dropped up to this many bytes past that limit
+ * before the 413 goes out. Clients that send the whole body before reading (Python's
+ * http.client under requests and the runpod SDK, aiohttp) saw a broken pipe instead of the 413
+ * when it came first and the connection closed under them. Beyond it (an absurd size) the 413
+ * goes out at once with the connection closed. The margin is past each route's own limit, so
+ * a body just over the largest (a worker's 64 MiB post) is drained too. (`Expect:
+ * 100-continue` changes nothing: uWS answers `100 Continue` itself before flashd sees the
+ * request.)
  */
-const DRAIN_MAX_BYTES = 64 * 1024 * 1024;
+const DRAIN_MARGIN_BYTES = 64 * 1024 * 1024;
 
 /** A streamed reply whose client takes no data for this long (ms) after a held-back write is closed. */
 const STREAM_STALL_MS = 60_000;
@@ -540,7 +543,7 @@ export function createHttpServer(options: HttpServerOptions): HttpServer {
       return this.#refused;
     }
 
-    /** The declared body is over the limit: read and drop it, then answer 413 (DRAIN_MAX_BYTES). */
+    /** The declared body is over the limit: read and drop it, then answer 413 (DRAIN_MARGIN_BYTES). */
     refuseBody(): void {
       this.#refused = true;
       this.#draining = true;
@@ -579,7 +582,7 @@ export function createHttpServer(options: HttpServerOptions): HttpServer {
         return;
       }
       if (this.#refused) {
-        if (this.#draining && (isLast || this.#received > DRAIN_MAX_BYTES)) {
+        if (this.#draining && (isLast || this.#received > (this.decision as RouteDecision).maxBodyBytes + DRAIN_MARGIN_BYTES)) {
           this.#draining = false;
           this.tooLarge();
         }
@@ -587,7 +590,7 @@ export function createHttpServer(options: HttpServerOptions): HttpServer {
       }
       if (this.#received > (this.decision as RouteDecision).maxBodyBytes) {
         this.#refused = true;
-        if (isLast || this.#received > DRAIN_MAX_BYTES) this.tooLarge();
+        if (isLast || this.#received > (this.decision as RouteDecision).maxBodyBytes + DRAIN_MARGIN_BYTES) this.tooLarge();
         else this.#draining = true;
         return;
       }
@@ -645,7 +648,7 @@ export function createHttpServer(options: HttpServerOptions): HttpServer {
     const te = ex.headers['transfer-encoding'];
     const chunked = te !== undefined && /chunked/i.test(te);
     if (declared !== undefined && Number.isFinite(declared) && declared > ex.decision.maxBodyBytes) {
-      if (declared > DRAIN_MAX_BYTES) {
+      if (declared > ex.decision.maxBodyBytes + DRAIN_MARGIN_BYTES) {
         ex.tooLarge();
         return;
       }

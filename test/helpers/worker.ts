@@ -103,14 +103,16 @@ export class TestWorker {
 export const WORKER_POST_LIMIT = 64 * 1024 * 1024;
 
 /**
- * POSTs headers declaring a body 10 bytes over the worker-post limit, and a little of it;
- * resolves with the status line.
+ * POSTs a body 10 bytes over the worker-post limit, all of it before reading, as runpod-python
+ * does; resolves with the status line.
  */
 export function postOversized(url: string, key: string): Promise<string> {
   const u = new URL(url);
   return new Promise((resolve, reject) => {
     const socket = connect(Number(u.port), u.hostname, () => {
       socket.write(`POST ${u.pathname}${u.search} HTTP/1.1\r\nHost: x\r\nAuthorization: ${key}\r\nContent-Type: application/json\r\nContent-Length: ${WORKER_POST_LIMIT + 10}\r\n\r\n{"output":"`);
+      socket.write(Buffer.alloc(WORKER_POST_LIMIT + 10 - 13, 'a'));
+      socket.write('"}');
     });
     let got = '';
     socket.on('data', (d) => {

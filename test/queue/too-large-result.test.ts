@@ -4,6 +4,7 @@
  * would otherwise run again after its lease and end with a wrong reason.
  */
 import t from 'tap';
+import { execFile } from 'node:child_process';
 import { startAgent, cpuBody, type TestAgent } from '../helpers/agent.js';
 import { TestWorker, WORKER_POST_LIMIT as LIMIT, postOversized } from '../helpers/worker.js';
 
@@ -37,4 +38,33 @@ t.test('an oversized post from a worker that does not hold the job changes nothi
   t.match(await postOversized(w.postUrl('done', id), 'not-a-key'), /^HTTP\/1\.1 413/, 'nor does one with a bad key');
   t.equal((await status(a, ep, id)).status, 'IN_PROGRESS');
   t.equal((await w.done(id, { output: 'fits' })).status, 200, 'its worker can still post a result that fits');
+});
+
+// runpod-python (aiohttp) and http.client send the whole body before reading the answer.
+const PY_SEND_FIRST = `
+import http.client, sys, urllib.parse
+u = urllib.parse.urlsplit(sys.argv[1])
+c = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
+body = b'{"output":"' + b'a' * (int(sys.argv[3]) - 13) + b'"}'
+try:
+    c.request('POST', u.path + '?' + u.query, body=body, headers={'content-type': 'application/json', 'authorization': sys.argv[2]})
+    print(c.getresponse().status)
+except Exception as e:
+    print(type(e).__name__ + ': ' + str(e))
+`;
+
+t.test('a worker that sends its whole oversized result before reading gets the 413, not a broken pipe, and the failure is logged at warn', async (t) => {
+  const { a, ep, w } = await setup(t);
+  const id = (await a.req('POST', `/v2/${ep}/run`, { body: { input: {} } })).json.id as string;
+  await w.take();
+  const out = await new Promise<string>((resolve, reject) => {
+    execFile('python3', ['-c', PY_SEND_FIRST, w.postUrl('done', id), w.key, String(LIMIT + 10)], (err, stdout) => (err ? reject(err) : resolve(stdout.trim())));
+  });
+  t.equal(out, '413');
+  t.equal((await status(a, ep, id)).status, 'FAILED');
+  const line = a.logs.find((l) => l.includes('job failed: worker post over the limit'));
+  t.ok(line, 'logged at the default level');
+  t.match(line, /warn/);
+  t.match(line, new RegExp(`bytes=${LIMIT + 10}`));
+  t.match(line, new RegExp(`limit=${LIMIT}`));
 });
