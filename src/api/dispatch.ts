@@ -122,7 +122,7 @@ export function createDispatcher(options: DispatcherOptions): (method: string, p
    * route: a stale attempt, another endpoint's or worker's job) is logged with the reason and
    * the public id of the key when known: never the key itself or a header.
    */
-  const fail = (err: unknown, req: IncomingRequest, headers: Record<string, string> = {}, route?: RouteDef, principal?: Principal): OutgoingReply => {
+  const fail = (err: unknown, req: IncomingRequest, headers: Record<string, string> = {}, route?: RouteDef, principal?: Principal, params?: Readonly<Record<string, string>>): OutgoingReply => {
     const e = toAgentError(err);
     if (e.status >= 500) {
       const cause = e.cause ?? e;
@@ -133,7 +133,7 @@ export function createDispatcher(options: DispatcherOptions): (method: string, p
         status: e.status, code: e.code, method: req.method, path: req.path, keyId: principal?.keyId, ...e.logFields, reason: e.message, requestId: req.id,
       });
     }
-    return problemReply(e, req.id, headers);
+    return problemReply(e, req.id, headers, params);
   };
 
   const staticError = (err: AgentError, headers: Record<string, string> = {}): RouteDecision => ({
@@ -151,7 +151,7 @@ export function createDispatcher(options: DispatcherOptions): (method: string, p
         if (allowed.includes('GET') && router.find('GET', path).match?.route.headRefused === undefined) allowed.push('HEAD');
         return staticError(new AgentError('METHOD_NOT_ALLOWED', `${method} is not allowed on ${path}; allowed: ${allowed.join(', ')}.`), { allow: allowed.join(', ') });
       }
-      return staticError(new AgentError('ROUTE_NOT_FOUND', `No route for ${method} ${path}.`));
+      return staticError(new AgentError('ROUTE_NOT_FOUND', `No route for ${method} ${path.length > 256 ? `${path.slice(0, 256)}…` : path}.`));
     }
     const route = match.route;
     if (method === 'HEAD' && route.headRefused !== undefined) {
@@ -224,7 +224,7 @@ export function createDispatcher(options: DispatcherOptions): (method: string, p
       } : {}),
       // Not for a route whose errors wait (job-take): an early reply would skip the wait, and a
       // worker re-polling at once would spin. Its body (none is expected) is at most maxBodyBytes.
-      ...((route.auth === 'none' && !route.admit) || route.holdErrorsMs ? {} : { admit: (req: IncomingRequest) => (gate(req) ? undefined : fail(refused, req, rateHeaders, route, principal)) }),
+      ...((route.auth === 'none' && !route.admit) || route.holdErrorsMs ? {} : { admit: (req: IncomingRequest) => (gate(req) ? undefined : fail(refused, req, rateHeaders, route, principal, match.params)) }),
       handle: async (req) => {
         try {
           if (!gated) gate(req);
@@ -267,7 +267,7 @@ export function createDispatcher(options: DispatcherOptions): (method: string, p
           headers['content-type'] ??= 'application/json';
           return { status: result.status, headers, body: typeof result.body === 'string' ? result.body : JSON.stringify(result.body) };
         } catch (err) {
-          const reply = fail(err, req, rateHeaders, route, principal);
+          const reply = fail(err, req, rateHeaders, route, principal, match.params);
           if (route.holdErrorsMs && !req.cancel.aborted) {
             await new Promise<void>((resolve) => {
               const timer = setTimeout(done, route.holdErrorsMs);

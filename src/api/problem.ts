@@ -17,12 +17,33 @@ export function problemType(code: ErrorCode): string {
   return TYPE_BASE + code.toLowerCase().replace(/_/g, '-');
 }
 
-export function problemReply(err: AgentError, requestId: string, extraHeaders: Record<string, string> = {}): OutgoingReply {
+/** The most characters of an id from the URL that a problem's `detail` repeats (echoId). */
+export const ECHO_ID_CHARS = 64;
+
+/** `value` as an error message repeats it: at most ECHO_ID_CHARS characters, then `…`. */
+export function echoId(value: string): string {
+  return value.length > ECHO_ID_CHARS ? `${value.slice(0, ECHO_ID_CHARS)}…` : value;
+}
+
+/**
+ * `detail` with each path parameter over ECHO_ID_CHARS (a job, worker or endpoint id: none
+ * that flashd makes is that long) cut by echoId wherever it is repeated, so a 100,000-character
+ * id in the URL is not sent back whole.
+ */
+function cutEchoedIds(detail: string, params: Readonly<Record<string, string>>): string {
+  for (const k in params) {
+    const v = params[k] as string;
+    if (v.length > ECHO_ID_CHARS) detail = detail.split(v).join(echoId(v));
+  }
+  return detail;
+}
+
+export function problemReply(err: AgentError, requestId: string, extraHeaders: Record<string, string> = {}, params?: Readonly<Record<string, string>>): OutgoingReply {
   const body: Record<string, unknown> = {
     type: problemType(err.code),
     title: err.title,
     status: err.status,
-    detail: err.message,
+    detail: params === undefined ? err.message : cutEchoedIds(err.message, params),
     instance: requestId,
     code: err.code,
   };

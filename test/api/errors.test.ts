@@ -224,3 +224,26 @@ t.test('a 404 says "not found" once, in its detail and in each errors[] entry', 
   const both = await cases.find(([label]) => label.startsWith('the same, with'))![1];
   t.equal(both.json.detail, `Not found or not accessible: network volume nv_unknown000000000000, the template's registry credential ${ownerReg.id} (set registry, or null, in the body).`, 'several missing references in one detail');
 });
+
+t.test('an id from the URL is repeated in a problem detail cut to 64 characters, not whole', async (t) => {
+  const a = await startAgent(t);
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  const w = await TestWorker.create(a, ep);
+  const long = 'a'.repeat(100_000);
+  const cut = `${'a'.repeat(64)}…`;
+  const done = await a.req('POST', w.postUrl('done', long).replace(a.url, ''), { key: w.key, body: { output: 1 } });
+  assertProblem(t, done, 404);
+  t.equal(done.json.detail, `Job ${cut} not found.`);
+  t.ok(done.text.length < 2000, `the reply is small (${done.text.length} characters)`);
+  const status = await a.req('GET', `/v2/${ep}/status/${long}`);
+  assertProblem(t, status, 404);
+  t.notOk(status.json.detail.includes('a'.repeat(65)), status.json.detail.slice(0, 200));
+  const endpoint = await a.req('POST', `/v2/${long}/run`, { body: { input: {} } });
+  assertProblem(t, endpoint, 404);
+  t.ok(endpoint.text.length < 2000, `an endpoint id too (${endpoint.text.length} characters)`);
+  const route = await a.req('GET', `/v2/nothing/${long}/x`);
+  assertProblem(t, route, 404);
+  t.ok(route.text.length < 2000, `an unknown route's path too (${route.text.length} characters)`);
+  const short = await a.req('GET', `/v2/${ep}/status/${'b'.repeat(64)}`);
+  t.match(short.json.detail, 'b'.repeat(64), 'an id of 64 characters is repeated whole');
+});
