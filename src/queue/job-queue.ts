@@ -55,6 +55,13 @@ export interface QueueSettings {
    * oldest finished jobs whose final write is durable leave memory and are read from SQLite.
    */
   finishedBytesInMemory: number;
+  /**
+   * At most this many characters of input over the queued jobs that keep theirs in memory (the
+   * first HOT_QUEUE_DEPTH of each endpoint): inputs may be 20 MiB each, so the per-endpoint
+   * count alone let a few endpoints hold gigabytes. Past it a queued job's input waits in
+   * SQLite only and is read back when a worker takes it, as for a job deep in its queue.
+   */
+  queuedInputBytesInMemory: number;
 }
 
 export const DEFAULT_QUEUE_SETTINGS: QueueSettings = {
@@ -68,6 +75,7 @@ export const DEFAULT_QUEUE_SETTINGS: QueueSettings = {
   streamChunkBytes: 1024 * 1024,
   finishedInMemory: 2_000,
   finishedBytesInMemory: 64 * 1024 * 1024,
+  queuedInputBytesInMemory: 256 * 1024 * 1024,
 };
 
 export interface SubmitInput {
@@ -462,6 +470,8 @@ export class JobQueue {
   readonly #finishedOrder = new Deque<Job>();
   /** Characters of output and error held by the jobs in #finishedOrder (see heldChars). */
   #finishedChars = 0;
+  /** Characters of input held by queued jobs, counted in Job.hotChars. */
+  #hotChars = 0;
   /** Jobs with acknowledged /stream chunks not yet read, by job id (see UnreadStream). */
   readonly #unread = new Map<string, UnreadStream>();
   /** /stream `?wait=` polls parked on a job, woken by its next acknowledged chunk (waitStream). */
@@ -655,7 +665,7 @@ export class JobQueue {
       attempt: row.attempt, claimSaved: row.attempt, writeSeq: 0, retries: row.retries, workerId: row.workerId,
       resultBy: row.status === 'COMPLETED' || row.status === 'FAILED' ? row.workerId : null, output: row.output, error: row.error, progress: null,
       streamSeq: -1, createdAt: row.createdAt, queuedAt: row.queuedAt, lostMs: row.lostMs, startedAt: row.startedAt, completedAt: row.completedAt, expiresAt: row.expiresAt,
-      ttlDeadline: mono + row.ttlMs - (now - row.queuedAt), fencedFrom, fencedUntil: fencedFrom === null ? 0 : mono + this.settings.leaseMs, queueGen: 0, leaseDeadline: 0, execDeadline: 0, waiters: NO_WAITERS,
+      ttlDeadline: mono + row.ttlMs - (now - row.queuedAt), fencedFrom, fencedUntil: fencedFrom === null ? 0 : mono + this.settings.leaseMs, queueGen: 0, hotChars: 0, leaseDeadline: 0, execDeadline: 0, waiters: NO_WAITERS,
     };
   }
 
@@ -674,7 +684,7 @@ export class JobQueue {
       rowid: 0, inserted: false, id: newJobId(), endpointId: input.endpointId, status: 'IN_QUEUE', input: input.input, extra: input.extra, webhook: input.webhook,
       lowPriority: input.lowPriority, executionTimeoutMs: input.executionTimeoutMs, ttlMs: input.ttlMs, retentionMs: input.retentionMs,
       attempt: 0, claimSaved: 0, writeSeq: 0, retries: 0, workerId: null, resultBy: null, output: null, error: null, progress: null, streamSeq: 0, createdAt: now, queuedAt: now, lostMs: 0, startedAt: null,
-      completedAt: null, expiresAt: null, ttlDeadline: this.#clock.monotonic() + input.ttlMs, fencedFrom: null, fencedUntil: 0, queueGen: 0, leaseDeadline: 0, execDeadline: 0, waiters: NO_WAITERS,
+      completedAt: null, expiresAt: null, ttlDeadline: this.#clock.monotonic() + input.ttlMs, fencedFrom: null, fencedUntil: 0, queueGen: 0, hotChars: 0, leaseDeadline: 0, execDeadline: 0, waiters: NO_WAITERS,
     };
     this.#jobs.set(job.id, job);
     if (this.#debug) this.#log.debug('job submitted', { jobId: job.id, endpointId: job.endpointId, lowPriority: job.lowPriority || undefined, webhook: job.webhook !== null || undefined });
@@ -732,9 +742,15 @@ export class JobQueue {
       // A reused rowid (the newest rows were deleted, even before a restart) can be below the floor.
       if (rowid < this.#floor) this.#lowerFloor(rowid);
       // Deep in a busy queue, the input waits in SQLite rather than in the heap.
+      // So is it once the inputs kept by all queues pass their budget.
       if (job.status === 'IN_QUEUE') {
         const q = this.#queues.get(job.endpointId);
-        if (q && q.queued + q.lowQueued > HOT_QUEUE_DEPTH) job.input = null;
+        const chars = (job.input as string).length;
+        if ((q && q.queued + q.lowQueued > HOT_QUEUE_DEPTH) || this.#hotChars + chars > this.settings.queuedInputBytesInMemory) job.input = null;
+        else {
+          job.hotChars = chars;
+          this.#hotChars += chars;
+        }
       }
     }
   }
@@ -798,6 +814,7 @@ export class JobQueue {
       const worker = this.#release(job);
       if (worker) this.#requestStop(worker, job.id, 'not stored (its commit failed)', job);
     }
+    this.#unhot(job);
     this.#forgotten.add(job);
     job.status = 'CANCELLED';
     if (this.#jobs.get(job.id) === job) this.#jobs.delete(job.id);
@@ -809,8 +826,21 @@ export class JobQueue {
    * queue's counts, unless a purge holding it took it off them already (the purge skips it now).
    */
   #leave(job: Job): void {
+    this.#unhot(job);
     const q = this.#queue(job.endpointId);
     if (job.queueGen === q.gen) q.left(job);
+  }
+
+  /** Takes a job that leaves the queue (or ends) out of the budget of queued inputs. */
+  #unhot(job: Job): void {
+    if (job.hotChars === 0) return;
+    this.#hotChars -= job.hotChars;
+    job.hotChars = 0;
+  }
+
+  /** Characters of input that queued jobs hold in memory (QueueSettings.queuedInputBytesInMemory). */
+  get queuedInputChars(): number {
+    return this.#hotChars;
   }
 
   #enqueue(q: EndpointQueue, job: Job, front: boolean): void {
@@ -851,6 +881,7 @@ export class JobQueue {
   #admit(q: EndpointQueue, job: Job, mono: number): boolean {
     if (job.status !== 'IN_QUEUE') return false; // cancelled or purged while queued
     q.left(job);
+    this.#unhot(job);
     if (mono < job.ttlDeadline) return true;
     this.#finish(job, 'TIMED_OUT', null, queuedExpiry(job), job.queuedAt + job.ttlMs);
     return false;
@@ -1608,6 +1639,7 @@ export class JobQueue {
     // Not shown once final; a /retry reads it back from SQLite.
     const input = job.input;
     job.input = null;
+    this.#unhot(job);
     // A job that ends COMPLETED or CANCELLED can never be retried, so nothing needs its extra
     // keys any more, and s3Config's accessSecret is a credential: dropped here and from the row
     // in the same write (insertFinished writes the record as it is now). FAILED and TIMED_OUT

@@ -71,6 +71,11 @@ export interface Job {
    * of an older generation is the purge's to end, no longer counted in the queue.
    */
   queueGen: number;
+  /**
+   * Characters of its input counted in the queue's budget of queued inputs kept in memory
+   * (QueueSettings.queuedInputBytesInMemory); 0 when none are.
+   */
+  hotChars: number;
   /** Monotonic deadlines. */
   readonly ttlDeadline: number;
   leaseDeadline: number;
