@@ -89,6 +89,8 @@ export interface HttpServerOptions {
   onEarlyError(kind: 'payload-too-large' | 'bad-request' | 'internal' | 'unavailable', detail: string, requestId: string): OutgoingReply;
   /** Longest adaptive polling window before the loop sleeps, µs (core/loop-spin.ts); 0 turns it off. */
   pollSpinUs?: number;
+  /** Bytes of request bodies being received at once, over all requests (BODIES_IN_FLIGHT_MAX_BYTES). */
+  maxBodyBytesInFlight?: number;
 }
 
 const STATUS_TEXT: Record<number, string> = {
@@ -158,6 +160,17 @@ const SMALL_BODY = 64 * 1024;
  * request.)
  */
 const DRAIN_MARGIN_BYTES = 64 * 1024 * 1024;
+
+/**
+ * Bytes of request bodies being received at once, over every request: each route's limit
+ * bounds one body, this bounds them together (2,000 /runsync uploads of 20 MiB cut off near
+ * their end held gigabytes). The chunk that would pass it gets a 503 with Retry-After and its
+ * connection closed; a body's bytes stop counting once it is complete, aborted or refused.
+ */
+const BODIES_IN_FLIGHT_MAX_BYTES = 512 * 1024 * 1024;
+
+/** Retry-After (s) of the 503 for a body over BODIES_IN_FLIGHT_MAX_BYTES. */
+const BODIES_IN_FLIGHT_RETRY_S = '5';
 
 /** A streamed reply whose client takes no data for this long (ms) after a held-back write is closed. */
 const STREAM_STALL_MS = 60_000;
@@ -236,6 +249,9 @@ export function createHttpServer(options: HttpServerOptions): HttpServer {
   /** Requests received and not yet answered or aborted; close() waits for them. */
   let open = 0;
   let closing = false;
+  /** Bytes of request bodies received and not yet complete, over every request. */
+  let bodiesInFlight = 0;
+  const maxInFlight = options.maxBodyBytesInFlight ?? BODIES_IN_FLIGHT_MAX_BYTES;
   let whenIdle: (() => void) | null = null;
 
   /**
@@ -297,6 +313,8 @@ export function createHttpServer(options: HttpServerOptions): HttpServer {
     decision: RouteDecision | undefined = undefined;
     #chunks: Buffer[] | null = null;
     #received = 0;
+    /** Bytes of its body counted in bodiesInFlight. */
+    #held = 0;
     #refused = false;
     /** Over the limit: the rest of the body is read and dropped, and the 413 sent at its end. */
     #draining = false;
@@ -371,6 +389,7 @@ export function createHttpServer(options: HttpServerOptions): HttpServer {
     /** The client went away (uWS onAborted). */
     abort(): void {
       this.aborted = true;
+      this.#release();
       this.#settle();
       this.#controller?.abort();
       const hooks = this.#hooks;
@@ -568,6 +587,12 @@ export function createHttpServer(options: HttpServerOptions): HttpServer {
       this.reply(reply);
     }
 
+    /** Its body's bytes no longer count in bodiesInFlight (complete, aborted or refused). */
+    #release(): void {
+      bodiesInFlight -= this.#held;
+      this.#held = 0;
+    }
+
     data(ab: ArrayBuffer, isLast: boolean): void {
       this.#received += ab.byteLength;
       // Answered already: uWS still hands over the rest of the body, to drop.
@@ -590,10 +615,25 @@ export function createHttpServer(options: HttpServerOptions): HttpServer {
       }
       if (this.#received > (this.decision as RouteDecision).maxBodyBytes) {
         this.#refused = true;
+        this.#release();
+        this.#chunks = null;
         if (isLast || this.#received > (this.decision as RouteDecision).maxBodyBytes + DRAIN_MARGIN_BYTES) this.tooLarge();
         else this.#draining = true;
         return;
       }
+      if (bodiesInFlight + ab.byteLength > maxInFlight) {
+        this.#release();
+        this.#chunks = null;
+        this.#refused = true;
+        this.#answered = true;
+        log.warn('request body refused: too many bytes of bodies in flight', { requestId: this.id, method: this.method, path: this.path, inFlight: bodiesInFlight, limit: maxInFlight });
+        const early = options.onEarlyError('unavailable', `The server is receiving more than ${maxInFlight} bytes of request bodies at once; send the request again later.`, this.id);
+        this.reply({ ...early, headers: { ...early.headers, 'retry-after': BODIES_IN_FLIGHT_RETRY_S } }, true);
+        return;
+      }
+      bodiesInFlight += ab.byteLength;
+      this.#held += ab.byteLength;
+      if (isLast) this.#release();
       // uWS reuses the ArrayBuffer after this callback returns: copy it (small copies come
       // from Node's shared buffer pool, not a fresh ArrayBuffer each).
       const copy = Buffer.allocUnsafe(ab.byteLength);
