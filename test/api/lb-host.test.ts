@@ -57,7 +57,8 @@ t.test("a load-balancing endpoint's requestUrls reach none of flashd's own route
 t.test('--endpoint-host without a port, and a --public-url host that falls under it', async (t) => {
   const a = await startAgent(t, { publicUrl: 'http://api.example.test:8000', endpointHost: 'Example.TEST' });
   const lb = (await a.req('POST', '/v2/serverless', { body: LB() })).json;
-  t.equal(lb.requestUrls.base, `http://${lb.id}.Example.TEST`);
+  // Written in lower case (the configuration lowers --endpoint-host).
+  t.equal(lb.requestUrls.base, `http://${lb.id}.example.test`);
   for (const host of [`${lb.id}.example.test`, `${lb.id}.example.test:443`, `${lb.id}.EXAMPLE.test:8000`]) {
     const r = await viaHost(a.url, 'GET', '/healthz', host);
     t.equal(r.status, 404, `Host ${host}: 404`);
