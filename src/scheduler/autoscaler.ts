@@ -12,7 +12,7 @@ import { newId } from '../core/ids.js';
 import { sortedJson } from '../core/json-raw.js';
 import type { Logger } from '../core/logger.js';
 import { idleTimeoutApplies, type EndpointService, type EndpointSpec } from '../endpoints/index.js';
-import { PAUSED_MS, SDK_DEFAULT_ENV, workerEnv, type JobQueue } from '../queue/index.js';
+import { SDK_DEFAULT_ENV, workerEnv, type JobQueue } from '../queue/index.js';
 import type { ExitInfo, LaunchSpec, WorkerRuntime } from '../runtime/index.js';
 import type { ResourceRow } from '../store/index.js';
 import { aboveMax, afterCrash, decideScale, secs, type CrashState, type ScaleDecision } from './decide.js';
@@ -100,8 +100,6 @@ export class Autoscaler {
   readonly #lowOnly = new Set<string>();
   /** Endpoints whose jobs wait with workers.max 0 and no worker up, as last logged (see #noteNoMax). */
   readonly #noMax = new Set<string>();
-  /** Endpoints whose jobs wait while a worker up takes none, as last logged (see #notePaused). */
-  readonly #paused = new Set<string>();
   readonly #dirty = new Set<string>();
   /** Per endpoint: a wake-up for when its oldest job will have waited `queueDelay` (decision.recheckInMs). */
   readonly #rechecks = new Map<string, { at: number; timer: NodeJS.Timeout }>();
@@ -217,7 +215,7 @@ export class Autoscaler {
         const state = registry.state(w);
         const endedOnly = state === 'running' ? registry.endedOnly(w) : undefined;
         return {
-          id: w.id, state, idleMs: mono - w.idleSince, managed: w.managed, recycle: w.recycle, refresh: w.refresh, retired: w.retired, paused: state === 'idle' && registry.paused(w),
+          id: w.id, state, idleMs: mono - w.idleSince, managed: w.managed, recycle: w.recycle, refresh: w.refresh, retired: w.retired,
           uncounted: state === 'running' && !this.#o.queue.runsCountedJob(w), returningMs: registry.returningMs(w), ...(endedOnly ? { endedOnly } : {}),
         };
       }),
@@ -250,8 +248,6 @@ export class Autoscaler {
     // last one gone leaves the jobs waiting (trigger() does nothing without a runtime; the 1 s
     // tick says it then).
     this.#noteNoMax(endpointId, spec.workers.max === 0 && load.queued + load.lowQueued > 0 && noneUp, load.queued + load.lowQueued);
-    const paused = load.queued > 0 ? live.filter((w) => !w.draining && registry.state(w) === 'idle' && registry.paused(w)) : [];
-    this.#notePaused(endpointId, paused.map((w) => w.id), load.queued);
     this.#noteLowOnly(endpointId, !!this.#o.runtime && spec.workers.max > 0 && load.queued === 0 && load.lowQueued > 0 && decision.start === 0
       && noneUp, load.lowQueued);
     if (decision.recheckInMs > 0) this.#recheckIn(endpointId, decision.recheckInMs);
@@ -523,20 +519,6 @@ export class Autoscaler {
     });
   }
 
-  /**
-   * Says once, in the endpoint log and flashd's, that jobs wait while workers up take none: they
-   * hold no job and have had no job-take open for over PAUSED_MS (the SDK's concurrency_modifier
-   * returned 0). /health showed them idle and the queue not moving; they are not counted as idle
-   * capacity, so QUEUE_DELAY starts a worker beside them when max leaves room.
-   */
-  #notePaused(endpointId: string, workerIds: readonly string[], count: number): void {
-    this.#sayOnce(this.#paused, endpointId, workerIds.length > 0, () => {
-      this.#o.logs.append(endpointId, null, 'system', `jobs wait while ${workerIds.length} worker(s) up take none (${workerIds.join(', ')}): they hold no job and have had no job-take open`
-        + ` for over ${PAUSED_MS / 1000} s (the SDK's concurrency_modifier returned 0: intake paused); not counted as idle, so a QUEUE_DELAY endpoint starts a worker beside them while workers.max leaves room`);
-      this.#o.log.warn('jobs wait while workers up take none', { endpointId, queued: count, workerIds: workerIds.join(',') });
-    });
-  }
-
   /** Runs `say` when `waiting` becomes true for an endpoint, not again until it has been false (`said` holds those said). */
   #sayOnce(said: Set<string>, endpointId: string, waiting: boolean, say: () => void): void {
     if (!waiting) {
@@ -718,7 +700,6 @@ export class Autoscaler {
     this.#heldBack.delete(endpointId);
     this.#lowOnly.delete(endpointId);
     this.#noMax.delete(endpointId);
-    this.#paused.delete(endpointId);
     const ours = [...this.#managed].filter(([, m]) => m.endpointId === endpointId);
     await Promise.all(ours.map(([id, m]) => this.#stopForGood(id, m, 'endpoint deleted')));
     await this.#o.runtime?.discardEndpoint?.(endpointId);

@@ -6,8 +6,7 @@
  * - Keep workers between `min` and `max`.
  * - QUEUE_DELAY: with no worker at all, the first waiting job starts one at once (a cold
  *   start). Otherwise one more worker is added when the oldest waiting job has waited longer
- *   than `queueDelay` and no worker is idle (one that has taken no job for a while, `paused`, is
- *   not idle capacity), one step at a time (not while another is still
+ *   than `queueDelay` and no worker is idle, one step at a time (not while another is still
  *   starting); `recheckInMs` says when that wait will be long enough.
  * - REQUEST_COUNT: target `ceil((inQueue + inProgress) / requestCount)`, beside the workers busy
  *   only with work that leaves out (low-priority jobs, jobs flashd ended that a handler still
@@ -47,11 +46,6 @@ export interface WorkerSnapshot {
   state: 'initializing' | 'idle' | 'running' | 'unhealthy';
   /** ms since the worker last held a job (meaningful when idle). */
   idleMs: number;
-  /**
-   * Idle, but with no job-take open for a while (WorkerRegistry.paused: its SDK's
-   * concurrency_modifier returned 0): it takes no job, so it is no idle capacity for QUEUE_DELAY.
-   */
-  paused?: boolean;
   /** Launched by flashd (only those are stopped by the autoscaler). */
   managed: boolean;
   /** Marked for replacement (config change, stopPod): stop as soon as it is idle. */
@@ -187,9 +181,7 @@ export function decideScale(s: ScaleInput): ScaleDecision {
   // serves the queue nor counts toward max, so its replacement starts while it finishes.
   const serving = live.filter((w) => !(w.recycle && w.managed));
   const active = serving.length;
-  // One that has taken no job for a while (paused) is no idle capacity: counted as such, it held
-  // off every QUEUE_DELAY scale-up while the queue waited for its TTL.
-  const idle = serving.filter((w) => w.state === 'idle' && w.paused !== true);
+  const idle = serving.filter((w) => w.state === 'idle');
   const starting = serving.filter((w) => w.state === 'initializing').length;
   // Workers of an old configuration finishing their jobs (a PATCH that needs a restart): up, but
   // serving no new job. A start beside them says so, not "no worker up".
@@ -225,9 +217,7 @@ export function decideScale(s: ScaleInput): ScaleDecision {
         : `cold start: ${s.queued} job(s) waiting and no worker up`;
     } else if (starting === 0 && s.oldestWaitMs >= s.scaling.queueDelay * 1000) {
       desired = active + 1;
-      const paused = serving.filter((w) => w.state === 'idle' && w.paused === true).length;
-      why = `QUEUE_DELAY: the oldest job has waited ${secs(s.oldestWaitMs)} s (queueDelay ${s.scaling.queueDelay} s) and no worker is idle`
-        + (paused > 0 ? ` (${paused} up take no job: paused intake)` : '');
+      why = `QUEUE_DELAY: the oldest job has waited ${secs(s.oldestWaitMs)} s (queueDelay ${s.scaling.queueDelay} s) and no worker is idle`;
     } else if (starting === 0 && active < s.max) {
       recheckInMs = Math.ceil(s.scaling.queueDelay * 1000 - s.oldestWaitMs);
     }
