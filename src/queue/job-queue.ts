@@ -1081,10 +1081,10 @@ export class JobQueue {
       }
       // A recycle request stands whatever became of the job: runpod-python's refresh_worker
       // exits the worker after a late result too, and unasked that exit would count as a crash.
-      if (body.status !== 'IN_PROGRESS' && body.stopPod === true) this.#recycleAsked(endpointId, workerId);
-      // Whichever of its results carried the stopPod (concurrency above 1: this may be the last
-      // of the jobs it finishes before it exits).
-      if (body.status !== 'IN_PROGRESS' && worker.refresh) this.#retireIfIdle(endpointId, workerId, worker);
+      if (body.status !== 'IN_PROGRESS' && body.stopPod === true) {
+        this.#recycleAsked(endpointId, workerId);
+        this.#retireIfIdle(endpointId, workerId, worker);
+      }
       return outcome as DoneOutcome;
     }
     job.leaseDeadline = this.#clock.monotonic() + this.settings.leaseMs;
@@ -1112,9 +1112,7 @@ export class JobQueue {
       this.#unfinish(job, status, running);
       throw err;
     }
-    // Its stopPod may have come with an earlier result while this job still ran (concurrency
-    // above 1): the SDK finishes the rest, then exits, so the last of them retires it.
-    if (worker.refresh) this.#retireIfIdle(endpointId, workerId, worker);
+    if (body.stopPod === true) this.#retireIfIdle(endpointId, workerId, worker);
     return 'accepted';
   }
 
@@ -1216,9 +1214,7 @@ export class JobQueue {
 
   /**
    * An external worker that asked to be recycled exits by itself: once it holds nothing it
-   * leaves /health at once, not 60 s later. Called on each result of a worker that asked
-   * (`refresh`), not only the one that carried the stopPod: with concurrency above 1 the others
-   * end after it, and the worker exits after the last.
+   * leaves /health at once, not 60 s later.
    */
   #retireIfIdle(endpointId: string, workerId: string, worker: WorkerInfo): void {
     if (worker.managed || worker.jobs.size > 0 || this.workers.get(endpointId, workerId) !== worker) return;

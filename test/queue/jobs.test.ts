@@ -551,27 +551,6 @@ t.test('an external worker that posts stopPod leaves /health at once', async (t)
   t.equal((await w.done(id2, { output: 2 })).status, 200);
 });
 
-t.test('an external worker whose stopPod came with one of several jobs leaves /health once its last job ends', async (t) => {
-  // Concurrency above 1: refresh_worker (or sys.exit) in one job while others still run. The SDK
-  // finishes them, posts them without stopPod, and exits: it was idle capacity for 10 s.
-  const a = await startAgent(t, { takeHoldMs: 5000 });
-  const ep = await endpoint(a);
-  const w = await TestWorker.create(a, ep);
-  const ids: string[] = [];
-  for (let i = 0; i < 3; i++) ids.push((await run(a, ep, { input: { i } })).json.id as string);
-  const batch = await w.takeBatch(3);
-  t.equal(batch.jobs.length, 3);
-  t.equal((await w.done(ids[0] as string, { output: 0, stopPod: true })).status, 200);
-  t.match((await a.req('GET', `/v2/${ep}/health`)).json.workers, { running: 1 }, 'still running its other jobs');
-  t.equal((await w.done(ids[1] as string, { output: 1 })).status, 200);
-  t.match((await a.req('GET', `/v2/${ep}/health`)).json.workers, { running: 1 });
-  t.equal((await w.done(ids[2] as string, { output: 2 })).status, 200);
-  t.same((await a.req('GET', `/v2/${ep}/health`)).json.workers, { idle: 0, initializing: 0, ready: 0, running: 0, throttled: 0, unhealthy: 0 },
-    'gone from the counts once it holds no job, though its last result carried no stopPod');
-  t.equal(a.agent.queue.workers.get(ep, w.workerId), undefined, 'and from the autoscaler\'s workers');
-  for (const id of ids) t.equal((await a.req('GET', `/v2/${ep}/status/${id}`)).json.status, 'COMPLETED');
-});
-
 t.test('stopPod on a late result for a job flashd ended still recycles the worker', async (t) => {
   const a = await startAgent(t, { takeHoldMs: 5000 });
   const ep = await endpoint(a);
