@@ -126,6 +126,12 @@ export const SILENT_MS = 10_000;
  */
 export const RETURN_MS = 1000;
 
+/**
+ * How long a worker that holds no job may go with no job-take open before it counts as paused
+ * (WorkerRegistry.paused): well above the milliseconds between a job-done and the next job-take.
+ */
+export const PAUSED_MS = 2000;
+
 export class WorkerRegistry {
   readonly #clock: Clock;
   readonly #byEndpoint = new Map<string, Map<string, WorkerInfo>>();
@@ -371,6 +377,22 @@ export class WorkerRegistry {
   returningMs(w: WorkerInfo): number {
     if (!w.wantsMore || w.parked > 0) return 0;
     return Math.max(0, Math.ceil(w.answeredAt + RETURN_MS - this.#clock.monotonic()));
+  }
+
+  /**
+   * A worker that is up, holds no job and has had no job-take open for PAUSED_MS (since its last
+   * take was answered or its last job ended; SILENT_MS since its first contact for one that has
+   * never asked for a job): it takes no job, though it pings (its SDK's `concurrency_modifier`
+   * returned 0: intake paused). `/health` still counts it `idle` (RunPod shows such a worker idle
+   * too), but it is no idle capacity: it does not hold off a QUEUE_DELAY scale-up (decide.ts). An
+   * SDK asks again within milliseconds of each answer and of each result, so a working worker is
+   * never paused.
+   */
+  paused(w: WorkerInfo): boolean {
+    // One that has never asked may still be booting past its first ping (the SDK's heartbeat
+    // starts before its take loop, seconds apart on a loaded host): SILENT_MS for it.
+    return w.phase === 'up' && w.jobs.size === 0 && w.parked === 0
+      && this.#clock.monotonic() - Math.max(w.answeredAt, w.idleSince) > (w.asked ? PAUSED_MS : SILENT_MS);
   }
 
   counts(endpointId: string): WorkerCounts {

@@ -216,6 +216,7 @@ export class Autoscaler {
         const endedOnly = state === 'running' ? registry.endedOnly(w) : undefined;
         return {
           id: w.id, state, idleMs: mono - w.idleSince, managed: w.managed, recycle: w.recycle, refresh: w.refresh, retired: w.retired,
+          paused: state === 'idle' && registry.paused(w),
           uncounted: state === 'running' && !this.#o.queue.runsCountedJob(w), returningMs: registry.returningMs(w), ...(endedOnly ? { endedOnly } : {}),
         };
       }),

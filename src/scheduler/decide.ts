@@ -7,7 +7,9 @@
  * - QUEUE_DELAY: with no worker at all, the first waiting job starts one at once (a cold
  *   start). Otherwise one more worker is added when the oldest waiting job has waited longer
  *   than `queueDelay` and no worker is idle, one step at a time (not while another is still
- *   starting); `recheckInMs` says when that wait will be long enough.
+ *   starting); `recheckInMs` says when that wait will be long enough. An idle worker that takes
+ *   no job (`paused`: no job-take open for a while, its SDK's concurrency_modifier returned 0) is
+ *   no idle capacity: it holds off no scale-up, though `/health` counts it idle.
  * - REQUEST_COUNT: target `ceil((inQueue + inProgress) / requestCount)`, beside the workers busy
  *   only with work that leaves out (low-priority jobs, jobs flashd ended that a handler still
  *   runs): they serve none of the jobs counted, so they do not stand for the target. Unless such
@@ -46,6 +48,12 @@ export interface WorkerSnapshot {
   state: 'initializing' | 'idle' | 'running' | 'unhealthy';
   /** ms since the worker last held a job (meaningful when idle). */
   idleMs: number;
+  /**
+   * Idle, but with no job-take open for a while (WorkerRegistry.paused: its SDK's
+   * concurrency_modifier returned 0): it takes no job, so it is no idle capacity for QUEUE_DELAY.
+   * It is still an idle worker for min, max and idleTimeout.
+   */
+  paused?: boolean;
   /** Launched by flashd (only those are stopped by the autoscaler). */
   managed: boolean;
   /** Marked for replacement (config change, stopPod): stop as soon as it is idle. */
@@ -181,7 +189,9 @@ export function decideScale(s: ScaleInput): ScaleDecision {
   // serves the queue nor counts toward max, so its replacement starts while it finishes.
   const serving = live.filter((w) => !(w.recycle && w.managed));
   const active = serving.length;
-  const idle = serving.filter((w) => w.state === 'idle');
+  // One that takes no job (paused) is no idle capacity: counted as such, it held off every
+  // QUEUE_DELAY scale-up while the queue waited for its TTL.
+  const idle = serving.filter((w) => w.state === 'idle' && w.paused !== true);
   const starting = serving.filter((w) => w.state === 'initializing').length;
   // Workers of an old configuration finishing their jobs (a PATCH that needs a restart): up, but
   // serving no new job. A start beside them says so, not "no worker up".
@@ -217,7 +227,9 @@ export function decideScale(s: ScaleInput): ScaleDecision {
         : `cold start: ${s.queued} job(s) waiting and no worker up`;
     } else if (starting === 0 && s.oldestWaitMs >= s.scaling.queueDelay * 1000) {
       desired = active + 1;
-      why = `QUEUE_DELAY: the oldest job has waited ${secs(s.oldestWaitMs)} s (queueDelay ${s.scaling.queueDelay} s) and no worker is idle`;
+      const paused = serving.filter((w) => w.state === 'idle' && w.paused === true).length;
+      why = `QUEUE_DELAY: the oldest job has waited ${secs(s.oldestWaitMs)} s (queueDelay ${s.scaling.queueDelay} s) and no worker is idle`
+        + (paused > 0 ? ` (${paused} idle worker(s) take no job: paused intake)` : '');
     } else if (starting === 0 && active < s.max) {
       recheckInMs = Math.ceil(s.scaling.queueDelay * 1000 - s.oldestWaitMs);
     }

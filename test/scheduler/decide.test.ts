@@ -18,6 +18,26 @@ const cases: { name: string; input: Partial<ScaleInput>; start: number; stop?: s
   { name: 'queue delay not reached: no new worker', input: { queued: 5, oldestWaitMs: 3_000, workers: [w('a', 'running')] }, start: 0 },
   { name: 'queue delay passed and nobody idle: one more', input: { queued: 5, oldestWaitMs: 4_000, workers: [w('a', 'running')] }, start: 1 },
   { name: 'queue delay passed but a worker is idle: none', input: { queued: 5, oldestWaitMs: 9_000, workers: [w('a', 'running'), w('b', 'idle')] }, start: 0 },
+  {
+    name: 'queue delay passed and the only idle worker takes no job (paused: no job-take open for a while): one more',
+    input: { queued: 1, oldestWaitMs: 4_000, workers: [w('a', 'idle', 2_000, { paused: true })] }, start: 1, stop: [],
+  },
+  {
+    name: 'a paused external worker holds off no scale-up either',
+    input: { queued: 2, oldestWaitMs: 4_000, workers: [w('x', 'idle', 2_000, { managed: false, paused: true }), w('a', 'running')] }, start: 1,
+  },
+  { name: 'a paused worker is no cold start: the queue delay applies', input: { queued: 1, oldestWaitMs: 1_000, workers: [w('a', 'idle', 2_000, { paused: true })] }, start: 0, stop: [] },
+  { name: 'a paused worker beside one that takes: none', input: { queued: 1, oldestWaitMs: 9_000, workers: [w('a', 'idle', 0, { paused: true }), w('b', 'idle')] }, start: 0 },
+  { name: 'a paused worker at max: none', input: { queued: 1, oldestWaitMs: 9_000, max: 1, workers: [w('a', 'idle', 0, { paused: true })] }, start: 0, stop: [] },
+  { name: 'a paused worker counts toward min: nothing starts with no job queued', input: { min: 1, workers: [w('a', 'idle', 60_000, { paused: true })] }, start: 0, stop: [] },
+  {
+    name: 'a paused worker still stops after idleTimeout (above min)',
+    input: { queued: 1, oldestWaitMs: 9_000, workers: [w('a', 'idle', 11_000, { paused: true }), w('b', 'running')] }, start: 1, stop: ['a'],
+  },
+  {
+    name: 'REQUEST_COUNT is unaffected by a paused worker',
+    input: { scaling: { type: 'REQUEST_COUNT', requestCount: 2 }, queued: 2, inProgress: 0, workers: [w('a', 'idle', 0, { paused: true })] }, start: 0, stop: [],
+  },
   { name: 'one step at a time while another is starting', input: { queued: 5, oldestWaitMs: 9_000, workers: [w('a', 'running'), w('b', 'initializing')] }, start: 0 },
   { name: 'never above max', input: { queued: 5, oldestWaitMs: 9_000, max: 1, workers: [w('a', 'running')] }, start: 0 },
   { name: 'max 0: nothing starts', input: { queued: 5, max: 0 }, start: 0 },
@@ -254,6 +274,10 @@ t.test('a decision says why its workers start and stop, for the logs', async (t)
   t.equal(
     decideScale({ ...base, queued: 5, oldestWaitMs: 4_500, workers: [w('a', 'running')] }).startReason,
     'QUEUE_DELAY: the oldest job has waited 4.5 s (queueDelay 4 s) and no worker is idle',
+  );
+  t.equal(
+    decideScale({ ...base, queued: 1, oldestWaitMs: 4_000, workers: [w('a', 'idle', 0, { paused: true })] }).startReason,
+    'QUEUE_DELAY: the oldest job has waited 4 s (queueDelay 4 s) and no worker is idle (1 idle worker(s) take no job: paused intake)',
   );
   t.equal(decideScale({ ...base, min: 2 }).startReason, 'workers.min is 2');
   t.equal(

@@ -341,3 +341,23 @@ t.test('a PATCH that needs a restart says that the external (worker-env) workers
   t.same((await a.req('PATCH', `/v2/serverless/${none}`, { body: { env: { V: '2' } } })).json.restartReasons, ['env']);
   t.same(await said(none), [], 'no line when no external worker is up');
 });
+
+t.test('an idle worker that takes no job (no job-take open for 2 s: concurrency_modifier 0) holds off no QUEUE_DELAY scale-up, and the start says why', async (t) => {
+  const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT, takeHoldMs: 1000, leaseMs: 30_000 });
+  const ep = (await a.req('POST', '/v2/serverless', {
+    body: cpuBody({ args: 'python3 -u test/fixtures/workers/echo.py', workers: { min: 0, max: 2, idleTimeout: 30 }, scaling: { type: 'QUEUE_DELAY', queueDelay: 1 } }),
+  })).json.id as string;
+  // An external worker whose concurrency_modifier went to 0: its heartbeat pings, it asks for no job.
+  const x = await TestWorker.create(a, ep);
+  t.equal(await x.take(), null, 'it asked once (the hold ran out), then its modifier returned 0');
+  const pinging = setInterval(() => void x.ping().catch(() => undefined), 1000);
+  t.teardown(() => clearInterval(pinging));
+  const id = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { n: 1 } } })).json.id as string;
+  t.match((await health(a, ep)).workers, { idle: 1, ready: 1, running: 0 }, '/health counts it idle, as RunPod does');
+  await until('the job to run on a worker flashd starts beside it', async () => (await a.req('GET', `/v2/${ep}/status/${id}`)).json.status === 'COMPLETED', 20_000);
+  type Line = { line: string; workerId: string | null; stream: string };
+  const lines = ((await a.req('GET', `/v2/serverless/${ep}/logs?limit=10000`)).json as Line[]).filter((l) => l.stream === 'system');
+  const start = lines.find((l) => /^starting worker/.test(l.line));
+  t.match(start?.line, /QUEUE_DELAY: .* no worker is idle \(1 idle worker\(s\) take no job: paused intake\)/, `the start says why: ${start?.line}`);
+  t.match((await health(a, ep)).workers, { idle: 2, ready: 2 }, 'both count idle: the one started, and the paused one');
+});
