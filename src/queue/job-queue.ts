@@ -991,6 +991,13 @@ export class JobQueue {
    */
   take(endpointId: string, workerId: string, max: number, cancel: Cancellation, allowed?: () => boolean, holdMs = this.settings.takeHoldMs, keyId?: string): Promise<ClaimedJob[]> {
     const worker = this.workers.seen(endpointId, workerId, true, keyId);
+    // An external worker that asked to be recycled and asks for a job again did not exit (the
+    // SDKs stop taking before they post the stopPod): it serves on, and its results no longer
+    // retire it (#retireIfIdle).
+    if (!worker.managed && worker.refresh) {
+      worker.recycle = false;
+      worker.refresh = false;
+    }
     // Being stopped, or a worker flashd launched that is to be replaced (recycling()), or flashd
     // itself stopping (stopDispatch): no job. Its parked polls were answered at once so its SDK
     // sees the SIGTERM and exits; a poll after that waits a little, never a tight loop.
@@ -1081,10 +1088,10 @@ export class JobQueue {
       }
       // A recycle request stands whatever became of the job: runpod-python's refresh_worker
       // exits the worker after a late result too, and unasked that exit would count as a crash.
-      if (body.status !== 'IN_PROGRESS' && body.stopPod === true) {
-        this.#recycleAsked(endpointId, workerId);
-        this.#retireIfIdle(endpointId, workerId, worker);
-      }
+      if (body.status !== 'IN_PROGRESS' && body.stopPod === true) this.#recycleAsked(endpointId, workerId);
+      // Whichever of its results carried the stopPod (concurrency above 1: this may be the last
+      // of the jobs it finishes before it exits).
+      if (body.status !== 'IN_PROGRESS' && worker.refresh) this.#retireIfIdle(endpointId, workerId, worker);
       return outcome as DoneOutcome;
     }
     job.leaseDeadline = this.#clock.monotonic() + this.settings.leaseMs;
@@ -1112,7 +1119,9 @@ export class JobQueue {
       this.#unfinish(job, status, running);
       throw err;
     }
-    if (body.stopPod === true) this.#retireIfIdle(endpointId, workerId, worker);
+    // Its stopPod may have come with an earlier result while this job still ran (concurrency
+    // above 1): the SDK finishes the rest, then exits, so the last of them retires it.
+    if (worker.refresh) this.#retireIfIdle(endpointId, workerId, worker);
     return 'accepted';
   }
 
@@ -1214,7 +1223,9 @@ export class JobQueue {
 
   /**
    * An external worker that asked to be recycled exits by itself: once it holds nothing it
-   * leaves /health at once, not 60 s later.
+   * leaves /health at once, not 60 s later. Called on each result of a worker that asked
+   * (`refresh`), not only the one that carried the stopPod: with concurrency above 1 the others
+   * end after it, and the worker exits after the last. A job-take since clears `refresh` (take).
    */
   #retireIfIdle(endpointId: string, workerId: string, worker: WorkerInfo): void {
     if (worker.managed || worker.jobs.size > 0 || this.workers.get(endpointId, workerId) !== worker) return;

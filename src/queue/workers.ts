@@ -76,7 +76,8 @@ export interface WorkerInfo {
   /**
    * Recycled because it asked (stopPod), not for a new configuration: until it exits it still
    * holds its place under `workers.max` (decide.ts), so refresh_worker with concurrency above 1
-   * does not start a replacement per job.
+   * does not start a replacement per job. An external one's results retire it once it holds
+   * nothing (JobQueue.#retireIfIdle); a job-take from it clears this and `recycle` (it did not exit).
    */
   refresh: boolean;
   /**

@@ -551,6 +551,54 @@ t.test('an external worker that posts stopPod leaves /health at once', async (t)
   t.equal((await w.done(id2, { output: 2 })).status, 200);
 });
 
+t.test('an external worker whose stopPod came with one of several jobs leaves /health once its last job ends', async (t) => {
+  // Concurrency above 1: refresh_worker (or sys.exit) in one job while others still run. The SDK
+  // stops taking, finishes them, posts them without stopPod, and exits: it was idle capacity for
+  // 10 s, until the silence rule dropped it.
+  const a = await startAgent(t, { takeHoldMs: 5000 });
+  const ep = await endpoint(a);
+  const w = await TestWorker.create(a, ep);
+  const ids: string[] = [];
+  for (let i = 0; i < 3; i++) ids.push((await run(a, ep, { input: { i } })).json.id as string);
+  t.equal((await w.takeBatch(3)).jobs.length, 3);
+  t.equal((await w.done(ids[0] as string, { output: 0, stopPod: true })).status, 200);
+  t.match((await a.req('GET', `/v2/${ep}/health`)).json.workers, { running: 1 }, 'still running its other jobs');
+  t.equal((await w.done(ids[1] as string, { error: 'e1' })).status, 200);
+  t.match((await a.req('GET', `/v2/${ep}/health`)).json.workers, { running: 1 });
+  t.equal((await w.done(ids[2] as string, { output: 2 })).status, 200);
+  t.same((await a.req('GET', `/v2/${ep}/health`)).json.workers, { idle: 0, initializing: 0, ready: 0, running: 0, throttled: 0, unhealthy: 0 },
+    'gone from the counts once it holds no job, though its last result carried no stopPod');
+  t.equal(a.agent.queue.workers.get(ep, w.workerId), undefined, 'and from the autoscaler\'s workers');
+  t.equal(await w.ping([]), 200);
+  t.same((await a.req('GET', `/v2/${ep}/health`)).json.workers, { idle: 0, initializing: 0, ready: 0, running: 0, throttled: 0, unhealthy: 0 },
+    'its heartbeat\'s last ping does not bring it back');
+  const statuses: string[] = [];
+  for (const id of ids) statuses.push((await a.req('GET', `/v2/${ep}/status/${id}`)).json.status);
+  t.same(statuses, ['COMPLETED', 'FAILED', 'COMPLETED']);
+});
+
+t.test('an external worker that takes a job after its stopPod did not exit: its later results keep it', async (t) => {
+  // A worker is free to ignore stopPod; one that asks for work again after it stays a worker.
+  const a = await startAgent(t, { takeHoldMs: 5000 });
+  const ep = await endpoint(a);
+  const w = await TestWorker.create(a, ep);
+  const first = [(await run(a, ep)).json.id as string, (await run(a, ep)).json.id as string];
+  t.equal((await w.takeBatch(2)).jobs.length, 2);
+  t.equal((await w.done(first[0] as string, { output: 0, stopPod: true })).status, 200);
+  const next = (await run(a, ep)).json.id as string;
+  t.equal((await w.take(true))?.id, next, 'it takes again');
+  t.equal((await w.done(first[1] as string, { output: 1 })).status, 200);
+  t.match((await a.req('GET', `/v2/${ep}/health`)).json.workers, { running: 1 }, 'still counted, running its new job');
+  t.equal((await w.done(next, { output: 2 })).status, 200);
+  t.match((await a.req('GET', `/v2/${ep}/health`)).json.workers, { idle: 1, running: 0 }, 'idle once it holds nothing: its stopPod was withdrawn');
+  t.equal(a.agent.queue.workers.get(ep, w.workerId)?.recycle, false);
+  // A stopPod after that retires it as before.
+  const last = (await run(a, ep)).json.id as string;
+  t.equal((await w.take())?.id, last);
+  t.equal((await w.done(last, { output: 3, stopPod: true })).status, 200);
+  t.equal(a.agent.queue.workers.get(ep, w.workerId), undefined, 'retired at its next stopPod');
+});
+
 t.test('stopPod on a late result for a job flashd ended still recycles the worker', async (t) => {
   const a = await startAgent(t, { takeHoldMs: 5000 });
   const ep = await endpoint(a);

@@ -99,6 +99,11 @@ interface SimWorker {
   registered: boolean;
   /** Retired (stopPod) until then: calls other than job-take get a detached record. */
   retiredUntil: number;
+  /**
+   * Server-side WorkerInfo.refresh: it posted stopPod and has asked for no job since, so the
+   * result that leaves it holding nothing retires it, whichever carried the stopPod.
+   */
+  asked: boolean;
 }
 
 interface Ctx {
@@ -172,13 +177,29 @@ function contact(c: Ctx, sw: SimWorker, wantsJobs = false): boolean {
     sw.retiredUntil = 0;
     sw.registered = true;
   }
+  // A worker asking for work after its stopPod did not exit: the request lapses.
+  if (wantsJobs && sw.asked) {
+    sw.asked = false;
+    note(c, `model: ${short(sw.w.workerId)} withdrew its stopPod`);
+  }
   sw.lastSeen = now(c);
   return true;
+}
+
+/** JobQueue.#retireIfIdle, after a result (`real`: the call reached its record): one that asked and holds nothing retires. */
+function retireIfIdle(c: Ctx, sw: SimWorker, real: boolean) {
+  const holds = [...c.jobs.values()].some((x) => x.status === 'IN_PROGRESS' && x.workerId === sw.w.workerId);
+  if (!real || !sw.asked || holds) return;
+  // The registry forgets it; its last calls get a detached record for a while.
+  forget(sw);
+  sw.retiredUntil = now(c) + 2 * LEASE;
+  note(c, `model: ${short(sw.w.workerId)} retired`);
 }
 
 /** The registry forgot the worker: its stops, let-go jobs and fences went with the record. */
 function forget(sw: SimWorker) {
   sw.registered = false;
+  sw.asked = false;
   sw.stops.clear();
   sw.letGo.clear();
   sw.ended.clear();
@@ -367,14 +388,11 @@ async function opDone(c: Ctx, sw: SimWorker, id: string, kind: 'ok' | 'error' | 
   note(c, `done(${kind}) by ${short(sw.w.workerId)} for ${short(id)}: ${got} (model ${expect.join('|')})`);
   if (!expect.includes(got as Outcome)) fail(c, `job-done ${kind} by ${short(sw.w.workerId)} for ${short(id)}: got ${got}, model ${expect.join('|')} (job ${JSON.stringify(before)})`);
   if (kind !== 'progress') sw.held.delete(id);
-  // A recycle request stands whatever became of the job: a worker holding nothing retires.
+  // A recycle request stands whatever became of the job; a result that leaves a worker that
+  // asked holding nothing retires it, whichever of its results carried the stopPod.
+  if (kind === 'stopPod' && real) sw.asked = true;
   const retire = () => {
-    const holds = [...c.jobs.values()].some((x) => x.status === 'IN_PROGRESS' && x.workerId === sw.w.workerId);
-    if (kind === 'stopPod' && real && !holds) {
-      // The registry forgets it; its last calls get a detached record for a while.
-      forget(sw);
-      sw.retiredUntil = now(c) + 2 * LEASE;
-    }
+    if (kind !== 'progress') retireIfIdle(c, sw, real);
   };
   if (!j) {
     retire();
@@ -727,7 +745,7 @@ async function opRace(c: Ctx) {
   const n = ++c.counter;
   if (kind === 0) {
     const [d, x] = await Promise.all([sw.w.done(j.id, { output: { r: n } }), c.a.req('POST', `/v2/${j.ep}/cancel/${j.id}`)]);
-    contact(c, sw);
+    const real = contact(c, sw);
     sw.held.delete(j.id);
     note(c, `race done/cancel ${short(j.id)}: done ${outcomeOf(d.status, d.json)}, cancel ${x.status} ${x.json?.status}`);
     const done = outcomeOf(d.status, d.json);
@@ -743,9 +761,10 @@ async function opRace(c: Ctx) {
     } else {
       fail(c, `race done/cancel of ${short(j.id)}: done ${done}, cancel ${x.status} ${x.text}`);
     }
+    retireIfIdle(c, sw, real);
   } else if (kind === 1) {
     const [d1, d2] = await Promise.all([sw.w.done(j.id, { output: { r: n } }), sw.w.done(j.id, { output: { r: -n } })]);
-    contact(c, sw);
+    const real = contact(c, sw);
     sw.held.delete(j.id);
     const o1 = outcomeOf(d1.status, d1.json);
     const o2 = outcomeOf(d2.status, d2.json);
@@ -754,6 +773,7 @@ async function opRace(c: Ctx) {
     if (o1 === 'accepted' && o2 === 'duplicate') finish(c, j, 'COMPLETED', { r: n }, null);
     else if (o2 === 'accepted' && o1 === 'duplicate') finish(c, j, 'COMPLETED', { r: -n }, null);
     else fail(c, `race done/done of ${short(j.id)}: ${o1}, ${o2}`);
+    retireIfIdle(c, sw, real);
   } else if (kind === 2) {
     const chunk = { c: n };
     const post = fetch(sw.w.postUrl('stream', j.id), {
@@ -772,7 +792,7 @@ async function opRace(c: Ctx) {
     j.unread = [];
   } else {
     const [d, x] = await Promise.all([sw.w.done(j.id, { error: `e${n}` }), c.a.req('POST', `/v2/${j.ep}/retry/${j.id}`)]);
-    contact(c, sw);
+    const real = contact(c, sw);
     sw.held.delete(j.id);
     const done = outcomeOf(d.status, d.json);
     note(c, `race error/retry ${short(j.id)}: done ${done}, retry ${x.status}`);
@@ -785,6 +805,7 @@ async function opRace(c: Ctx) {
     } else if (x.status !== 409) {
       fail(c, `race error/retry: retry ${x.status} ${x.text}`);
     }
+    retireIfIdle(c, sw, real);
   }
 }
 
@@ -832,7 +853,7 @@ async function runSeed(t: Test, seed: number, steps: number) {
   const eps: string[] = [];
   for (let i = 0; i < 2; i++) eps.push((await a.req('POST', '/v2/serverless', { body: cpuBody({ name: `ep${i}`, workers: { min: 0, max: 0 } }) })).json.id);
   const c: Ctx = { t, seed, r: rng(seed), clock, a, dir, eps, workers: [], jobs: new Map(), log: [], counter: 0, epoch: 0 };
-  for (const ep of eps) for (let i = 0; i < 3; i++) c.workers.push({ w: await TestWorker.create(a, ep), ep, held: new Set(), deadFor: 0, zombie: false, fenced: new Set(), restored: new Set(), lastSeen: 0, stops: new Map(), letGo: new Set(), ended: new Set(), registered: false, retiredUntil: 0 });
+  for (const ep of eps) for (let i = 0; i < 3; i++) c.workers.push({ w: await TestWorker.create(a, ep), ep, held: new Set(), deadFor: 0, zombie: false, fenced: new Set(), restored: new Set(), lastSeen: 0, stops: new Map(), letGo: new Set(), ended: new Set(), registered: false, retiredUntil: 0, asked: false });
   const ops: [number, () => Promise<void>][] = [
     [12, () => opRun(c)],
     [12, async () => { const sw = c.r.pick(live(c)); if (sw) await opTake(c, sw, false); }],
