@@ -12,7 +12,7 @@ import { newId } from '../core/ids.js';
 import { sortedJson } from '../core/json-raw.js';
 import type { Logger } from '../core/logger.js';
 import { idleTimeoutApplies, type EndpointService, type EndpointSpec } from '../endpoints/index.js';
-import { SDK_DEFAULT_ENV, workerEnv, type JobQueue } from '../queue/index.js';
+import { PAUSED_MS, SDK_DEFAULT_ENV, workerEnv, type JobQueue } from '../queue/index.js';
 import type { ExitInfo, LaunchSpec, WorkerRuntime } from '../runtime/index.js';
 import type { ResourceRow } from '../store/index.js';
 import { aboveMax, afterCrash, decideScale, secs, type CrashState, type ScaleDecision } from './decide.js';
@@ -100,6 +100,8 @@ export class Autoscaler {
   readonly #lowOnly = new Set<string>();
   /** Endpoints whose jobs wait with workers.max 0 and no worker up, as last logged (see #noteNoMax). */
   readonly #noMax = new Set<string>();
+  /** Endpoints whose jobs wait behind idle workers that take none, as last logged (see #notePaused). */
+  readonly #paused = new Set<string>();
   readonly #dirty = new Set<string>();
   /** Per endpoint: a wake-up for when its oldest job will have waited `queueDelay` (decision.recheckInMs). */
   readonly #rechecks = new Map<string, { at: number; timer: NodeJS.Timeout }>();
@@ -249,6 +251,12 @@ export class Autoscaler {
     // last one gone leaves the jobs waiting (trigger() does nothing without a runtime; the 1 s
     // tick says it then).
     this.#noteNoMax(endpointId, spec.workers.max === 0 && load.queued + load.lowQueued > 0 && noneUp, load.queued + load.lowQueued);
+    // Jobs wait, every idle worker up takes none (paused), and no worker starts for them (max
+    // reached, no runtime): /health shows idle workers and a queue that does not move.
+    const idleUp = load.queued > 0 && decision.start === 0 ? live.filter((w) => !w.draining && registry.state(w) === 'idle') : [];
+    const paused = idleUp.filter((w) => registry.paused(w));
+    this.#notePaused(endpointId, paused.length > 0 && paused.length === idleUp.length && load.oldestWaitMs >= PAUSED_MS
+      && !live.some((w) => registry.state(w) === 'initializing'), paused.map((w) => w.id), load.queued);
     this.#noteLowOnly(endpointId, !!this.#o.runtime && spec.workers.max > 0 && load.queued === 0 && load.lowQueued > 0 && decision.start === 0
       && noneUp, load.lowQueued);
     if (decision.recheckInMs > 0) this.#recheckIn(endpointId, decision.recheckInMs);
@@ -520,6 +528,20 @@ export class Autoscaler {
     });
   }
 
+  /**
+   * Says once, in the endpoint log and flashd's, that jobs wait while every idle worker up takes
+   * none (no job-take open for over PAUSED_MS: its SDK's concurrency_modifier returned 0) and no
+   * worker starts for them: /health counts those workers idle and the queue does not move. Where
+   * workers.max leaves room a QUEUE_DELAY endpoint starts one beside them, and that start says why.
+   */
+  #notePaused(endpointId: string, waiting: boolean, workerIds: readonly string[], count: number): void {
+    this.#sayOnce(this.#paused, endpointId, waiting, () => {
+      this.#o.logs.append(endpointId, null, 'system', `jobs wait while ${workerIds.length} idle worker(s) take none (${workerIds.join(', ')}): they hold no job and have had no job-take open`
+        + ` for over ${PAUSED_MS / 1000} s (the SDK's concurrency_modifier returned 0: intake paused), and no worker starts for the jobs (workers.max reached, or no runtime)`);
+      this.#o.log.warn('jobs wait while idle workers take none', { endpointId, queued: count, workerIds: workerIds.join(',') });
+    });
+  }
+
   /** Runs `say` when `waiting` becomes true for an endpoint, not again until it has been false (`said` holds those said). */
   #sayOnce(said: Set<string>, endpointId: string, waiting: boolean, say: () => void): void {
     if (!waiting) {
@@ -701,6 +723,7 @@ export class Autoscaler {
     this.#heldBack.delete(endpointId);
     this.#lowOnly.delete(endpointId);
     this.#noMax.delete(endpointId);
+    this.#paused.delete(endpointId);
     const ours = [...this.#managed].filter(([, m]) => m.endpointId === endpointId);
     await Promise.all(ours.map(([id, m]) => this.#stopForGood(id, m, 'endpoint deleted')));
     await this.#o.runtime?.discardEndpoint?.(endpointId);

@@ -361,3 +361,26 @@ t.test('an idle worker that takes no job (no job-take open for 2 s: concurrency_
   t.match(start?.line, /QUEUE_DELAY: .* no worker is idle \(1 idle worker\(s\) take no job: paused intake\)/, `the start says why: ${start?.line}`);
   t.match((await health(a, ep)).workers, { idle: 2, ready: 2 }, 'both count idle: the one started, and the paused one');
 });
+
+t.test('jobs that wait behind idle workers taking none, with no worker to start for them, are said once in the endpoint log', async (t) => {
+  // No runtime: nothing can start beside the paused worker, so /health shows an idle worker and
+  // a queue that does not move.
+  const a = await startAgent(t, { runtime: 'none', takeHoldMs: 300, leaseMs: 30_000 });
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 1, idleTimeout: 30 } }) })).json.id as string;
+  const x = await TestWorker.create(a, ep);
+  t.equal(await x.take(), null, 'it asked once (the hold ran out), then its modifier returned 0');
+  const pinging = setInterval(() => void x.ping().catch(() => undefined), 500);
+  t.teardown(() => clearInterval(pinging));
+  const id = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { n: 1 } } })).json.id as string;
+  type Line = { line: string; workerId: string | null; stream: string };
+  const said = async () => ((await a.req('GET', `/v2/serverless/${ep}/logs?limit=10000`)).json as Line[])
+    .filter((l) => l.stream === 'system' && /^jobs wait while 1 idle worker\(s\) take none/.test(l.line));
+  const first = await until('the endpoint log to say why the job waits', async () => (await said())[0], 10_000);
+  t.equal(first.workerId, null, "the endpoint's line");
+  t.match(first.line, new RegExp(`\\(${x.workerId}\\): they hold no job and have had no job-take open for over 2 s .*no worker starts for the jobs`));
+  t.ok(a.logs.some((l) => /jobs wait while idle workers take none/.test(l) && l.includes(ep)), "flashd's log says it too");
+  await new Promise((r) => setTimeout(r, 2500));
+  t.equal((await said()).length, 1, 'said once while they wait');
+  t.equal((await x.take())?.id, id, 'asking again, it gets the job');
+  t.equal((await x.done(id, { output: 1 })).status, 200);
+});
