@@ -67,6 +67,27 @@ export interface EndpointBody {
 const CUDA_KEYS = ['allowedCudaVersions', 'minCudaVersion'] as const;
 const isObject = (v: unknown): v is Record<string, unknown> => v !== null && typeof v === 'object' && !Array.isArray(v);
 
+/** The floor of an endpoint's `timeout`, as of `policy.executionTimeout` (schema/jobs.schema.json). */
+const MIN_TIMEOUT_MS = 5000;
+
+/**
+ * `assertSchema`, with the unit spelled out when the execution timeout at `field` is under its
+ * 5 s floor: such a value was most likely meant in seconds (600, meant as 10 minutes, would end
+ * every job after 0.6 s), so the error says what it is in seconds and, when the value read as
+ * seconds is in range, which number of ms that would be.
+ */
+export function assertWithTimeoutHint<T>(schema: string, raw: unknown, field: string): T {
+  try {
+    return assertSchema<T>(schema, raw);
+  } catch (err) {
+    const ms = isObject(raw) ? raw[field] : undefined;
+    if (!(err instanceof AgentError) || !err.errors || typeof ms !== 'number' || !Number.isInteger(ms) || ms < 1 || ms >= MIN_TIMEOUT_MS) throw err;
+    const meant = ms * 1000 >= MIN_TIMEOUT_MS ? `; did you mean ${ms * 1000}?` : '';
+    const hint = ` (${MIN_TIMEOUT_MS / 1000} s): it is in milliseconds, so ${ms} is ${ms / 1000} s${meant}`;
+    throw validationError(err.errors.map((e) => e === `/${field}: must be >= ${MIN_TIMEOUT_MS}` ? e + hint : e));
+  }
+}
+
 /**
  * Rule 2: CUDA constraints on a CPU endpoint are a 422, whether they come top level or as a
  * `gpu` object holding only CUDA fields. The schema runs first, so a body with other mistakes
@@ -75,15 +96,16 @@ const isObject = (v: unknown): v is Record<string, unknown> => v !== null && typ
  * any value there is refused. Otherwise valid, the body gets the 422.
  */
 function validateWithCudaRule(schema: 'EndpointCreate' | 'EndpointUpdate', raw: unknown, resultIsCpu: (body: Record<string, unknown>) => boolean): EndpointBody {
-  if (!isObject(raw) || !resultIsCpu(raw)) return assertSchema<EndpointBody>(schema, raw);
+  const check = (): EndpointBody => assertWithTimeoutHint<EndpointBody>(schema, raw, 'timeout');
+  if (!isObject(raw) || !resultIsCpu(raw)) return check();
   const topLevel = CUDA_KEYS.filter((k) => raw[k] !== undefined);
   const gpu = raw['gpu'];
   const gpuOnlyCuda = isObject(gpu) && Object.keys(gpu).length > 0 && Object.keys(gpu).every((k) => (CUDA_KEYS as readonly string[]).includes(k));
-  if (!topLevel.length && !gpuOnlyCuda) return assertSchema<EndpointBody>(schema, raw);
+  if (!topLevel.length && !gpuOnlyCuda) return check();
   const where = [...topLevel.map((k) => `/${k}`), ...(gpuOnlyCuda ? Object.keys(gpu).map((k) => `/gpu/${k}`) : [])];
   const covered = [...topLevel.map((k) => `/${k}`), ...(gpuOnlyCuda ? ['/gpu'] : [])];
   try {
-    assertSchema(schema, raw);
+    check();
   } catch (err) {
     if (!(err instanceof AgentError)) throw err;
     const others = (err.errors ?? []).filter((e) => !covered.some((p) => e.startsWith(`${p}: `) || e.startsWith(`${p}/`)));

@@ -63,12 +63,15 @@ t.test('older REST rules and errors', async (t) => {
     ['unknown property', { ...base, gpuIds: 'ADA_24' }, 400, '/gpuIds'],
     ['unknown template', { ...base, templateId: 'tpl_unknown0000000000000' }, 404, '/templateId'],
     ['non-serverless template', { ...base, templateId: pod.id }, 422, '/templateId'],
+    ['executionTimeoutMs under 5 s', { ...base, executionTimeoutMs: 4999 }, 400, '/executionTimeoutMs'],
   ];
   for (const [label, body, status, pointer] of cases) {
     const r = await v1(a, body);
     if (status < 300) t.equal(r.status, status, label);
     else assertErrorAt(t, r, status, pointer, `${label}: ${r.text.slice(0, 200)}`);
   }
+  const seconds = await v1(a, { ...base, executionTimeoutMs: 600 });
+  t.equal(seconds.json?.detail, '/executionTimeoutMs: must be >= 5000 (5 s): it is in milliseconds, so 600 is 0.6 s; did you mean 600000?', 'a timeout meant in seconds is told so');
   const noAuth = await a.req('POST', '/v1/endpoints', { body: base, key: null });
   assertProblem(t, noAuth, 401, 'bearer authentication is required');
   t.match(noAuth.headers.get('www-authenticate'), /^Bearer/);

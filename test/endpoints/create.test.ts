@@ -84,7 +84,7 @@ t.test('every explicit field is kept', async (t) => {
     scaling: { type: 'QUEUE_DELAY', queueDelay: 0.5 },
     dataCenterIds: ['LOCAL-1'],
     flashboot: 'PRIORITY_FLASHBOOT',
-    timeout: 1000,
+    timeout: 5000,
   });
   const e = await mustCreate(t, a, body);
   t.equal(e.image, 'ghcr.io/acme/worker:2');
@@ -97,8 +97,21 @@ t.test('every explicit field is kept', async (t) => {
   t.same(e.scaling, { type: 'QUEUE_DELAY', queueDelay: 0.5 });
   t.same(e.dataCenterIds, ['LOCAL-1']);
   t.equal(e.flashboot, 'PRIORITY_FLASHBOOT');
-  t.equal(e.timeout, 1000);
+  t.equal(e.timeout, 5000);
   t.equal((await mustCreate(t, a, queueBody({ flashboot: 'FLASHBOOT' }))).flashboot, 'FLASHBOOT');
+});
+
+t.test('timeout is at least 5 s, as policy.executionTimeout; a value meant in seconds is told so', async (t) => {
+  const a = await startAgent(t);
+  const seconds = await createEndpoint(a, queueBody({ timeout: 600 }));
+  assertErrorAt(t, seconds, 400, '/timeout', `600 (10 minutes in seconds) is refused: ${seconds.text.slice(0, 300)}`);
+  t.equal(seconds.json?.detail, '/timeout: must be >= 5000 (5 s): it is in milliseconds, so 600 is 0.6 s; did you mean 600000?');
+  const tiny = await createEndpoint(a, queueBody({ timeout: 1 }));
+  assertErrorAt(t, tiny, 400, '/timeout', 'every job would time out at once');
+  t.same(tiny.json?.errors, ['/timeout: must be >= 5000 (5 s): it is in milliseconds, so 1 is 0.001 s'], 'no suggestion where 1000 times the value is still under the floor');
+  assertErrorAt(t, await createEndpoint(a, queueBody({ timeout: 4999 })), 400, '/timeout');
+  t.equal((await mustCreate(t, a, queueBody({ timeout: 5000 }))).timeout, 5000, '5000 accepted');
+  t.same((await createEndpoint(a, queueBody({ timeout: 0 }))).json?.errors, ['/timeout: must be >= 5000'], 'no unit hint for 0');
 });
 
 t.test('required fields and basic bounds', async (t) => {
@@ -137,7 +150,7 @@ t.test('required fields and basic bounds', async (t) => {
     ['PORT 0', LB({ env: { PORT: '0' } }), 400, '/env/PORT'],
     ['PORT_HEALTH above 65535', LB({ env: { PORT_HEALTH: '65536' } }), 400, '/env/PORT_HEALTH'],
   ]);
-  t.equal((await createEndpoint(a, queueBody({ disk: 1, timeout: 1, ports: ['1/udp', '65535/tcp'] }))).status, 201, 'lower bounds accepted');
+  t.equal((await createEndpoint(a, queueBody({ disk: 1, timeout: 5000, ports: ['1/udp', '65535/tcp'] }))).status, 201, 'lower bounds accepted');
   const reg = await createEndpoint(a, queueBody({ registry: 'reg_doesnotexist0000000' }));
   assertErrorAt(t, reg, 404, '/registry', 'an unknown registry credential is a 404');
   t.equal((await createEndpoint(a, queueBody({ registry: null }))).status, 201, 'registry null is allowed');

@@ -127,7 +127,7 @@ async function fixtures(t: Test, a: TestAgent): Promise<Json[]> {
       type: 'LOAD_BALANCER', scaling: { type: 'REQUEST_COUNT', requestCount: 2 }, args: '{"entrypoint":["python"],"cmd":["a.py"]}',
       gpu: { pools: ['AMPERE_24', 'ADA_24'], excludedTypes: [' NVIDIA L4'], count: 2, allowedCudaVersions: [], minCudaVersion: '12.2' },
       workers: { min: 0, max: 2, idleTimeout: 30 }, env: { HEALTH_CHECK_PATH: '/ping' }, ports: ['8000/http'], disk: 10, registry: reg.id,
-      dataCenterIds: ['LOCAL-1'], networkVolumes: [nv.id], mounts: { network: [{ volumeId: nv.id }] }, flashboot: 'FLASHBOOT', timeout: 1000,
+      dataCenterIds: ['LOCAL-1'], networkVolumes: [nv.id], mounts: { network: [{ volumeId: nv.id }] }, flashboot: 'FLASHBOOT', timeout: 5000,
     }),
     queueBody({ mounts: { global: [{ volumeId: gv.id }] }, cmd: ['python', 'x.py'], entrypoint: ['/init'] }),
     fromTemplate as Json,

@@ -5,9 +5,12 @@
  * command updates in command.test.ts.
  */
 import t, { type Test } from 'tap';
+import Database from 'better-sqlite3';
+import { join } from 'node:path';
 import { ManualClock } from '../../src/core/clock.js';
 import { assertProblem, cpuBody, queueBody, startAgent, type TestAgent } from '../helpers/agent.js';
 import { assertErrorAt, makeRegistry, mustCreate } from '../helpers/expect.js';
+import { TestWorker } from '../helpers/worker.js';
 
 const patch = (a: TestAgent, id: string, body: unknown) => a.req('PATCH', `/v2/serverless/${id}`, { body });
 
@@ -190,7 +193,7 @@ t.test('switching hardware between gpu and cpu', async (t) => {
   assertErrorAt(t, await patch(a, g.id, { minCudaVersion: '12.4' }), 422, '/minCudaVersion', 'top-level CUDA on a CPU endpoint is a 422');
   const hidden = await patch(a, g.id, { minCudaVersion: '12.4', gpu: { minCudaVersion: '12.4' }, foo: 1, timeout: -1 });
   assertErrorAt(t, hidden, 400, '/foo', 'schema errors first: the CUDA 422 comes only for an otherwise valid body');
-  t.same(hidden.json?.errors, ['/foo: unknown property', '/timeout: must be >= 1'], `every schema error, not the CUDA ones: ${hidden.text.slice(0, 300)}`);
+  t.same(hidden.json?.errors, ['/foo: unknown property', '/timeout: must be >= 5000'], `every schema error, not the CUDA ones: ${hidden.text.slice(0, 300)}`);
   assertErrorAt(t, await patch(a, g.id, { gpu: { count: 2 } }), 400, '/gpu/pools', 'switching to GPU needs pools');
   assertErrorAt(t, await patch(a, g.id, { cpu: null }), 400, '/cpu', 'cpu: null would leave no hardware');
   assertErrorAt(t, await patch(a, g.id, { cpu: [] }), 400, '/cpu');
@@ -220,7 +223,7 @@ t.test('restartRequired and restartReasons', async (t) => {
   t.same(await reasons({ name: 'no-restart' }), [], 'a name change needs no restart');
   t.same(await reasons({ workers: { max: 8 } }), [], 'raising max needs no restart');
   t.same(await reasons({ scaling: { type: 'QUEUE_DELAY', queueDelay: 9 } }), [], 'the scaler needs no restart');
-  t.same(await reasons({ timeout: 1000 }), []);
+  t.same(await reasons({ timeout: 6000 }), []);
   t.same(await reasons({ image: 'registry.local/worker:9' }), ['image']);
   t.same(await reasons({ image: 'registry.local/worker:9' }), [], 'an unchanged value is no change');
   t.same(await reasons({ env: { X: '1' } }), ['env']);
@@ -250,4 +253,30 @@ t.test('PATCH body and transport errors', async (t) => {
   assertProblem(t, await a.req('PATCH', `/v2/serverless/${e.id}`, { raw: '"x"', headers: { 'content-type': 'application/json' } }), 400);
   assertProblem(t, await a.req('PATCH', '/v2/serverless/zzzzzzzzzzzzzz', { body: { name: 'x' } }), 404);
   t.equal((await a.req('PATCH', `/v2/serverless/${e.id}`, { raw: '{"name":"merge-patch"}', headers: { 'content-type': 'application/merge-patch+json' } })).status, 200, 'a +json media type is JSON');
+});
+
+t.test('an endpoint an older flashd stored with a timeout under 5 s still loads, lists, runs and takes a PATCH of other fields', async (t) => {
+  const first = await startAgent(t);
+  const e = await mustCreate(t, first, queueBody({ name: 'old-timeout' }));
+  await first.agent.close();
+  // Older versions accepted 1 ms up: write the stored spec as one of them left it.
+  const db = new Database(join(first.dir, 'flashd.db'));
+  db.prepare("UPDATE endpoints SET data = json_set(data, '$.timeout', 600) WHERE id = ?").run(e.id);
+  db.close();
+
+  const a = await startAgent(t, {}, { dir: first.dir });
+  t.equal((await a.req('GET', `/v2/serverless/${e.id}`)).json?.timeout, 600, 'GET shows the stored value');
+  t.ok((await a.req('GET', '/v2/serverless')).json.some((x: { id: string; timeout: number }) => x.id === e.id && x.timeout === 600), 'and the list');
+  t.equal((await a.req('GET', `/v1/endpoints/${e.id}`)).json?.executionTimeoutMs, 600, 'and the older REST view');
+  const renamed = await mustPatch(t, a, e.id, { name: 'old-timeout-2', workers: { max: 2 } });
+  t.same([renamed.name, renamed.workers.max, renamed.timeout], ['old-timeout-2', 2, 600], 'a PATCH of other fields keeps it');
+  assertErrorAt(t, await patch(a, e.id, { timeout: 600 }), 400, '/timeout', 'sent again, it is checked as any sent value');
+
+  const run = await a.req('POST', `/v2/${e.id}/run`, { body: { input: { x: 1 } } });
+  t.equal(run.status, 200, `a job is still accepted: ${run.text.slice(0, 200)}`);
+  const worker = await TestWorker.create(a, e.id);
+  const job = await worker.take();
+  t.equal(job?.id, run.json.id, 'and handed to a worker');
+  t.equal((await worker.done(run.json.id, { output: { ok: true } })).status, 200);
+  t.match((await a.req('GET', `/v2/${e.id}/status/${run.json.id}`)).json, { status: /^(COMPLETED|TIMED_OUT)$/ }, 'and ends');
 });
