@@ -30,7 +30,8 @@ interface SubmitBody {
   webhook?: string | null;
   /** runpod-sdk's (npm) other name for a webhook URL: delivered as `webhook` is. */
   webhookV2?: string | null;
-  policy?: { executionTimeout?: number; ttl?: number; lowPriority?: boolean } | null;
+  /** Its members too; other members are dropped. */
+  policy?: { executionTimeout?: number | null; ttl?: number | null; lowPriority?: boolean | null } | null;
   s3Config?: Record<string, unknown> | null;
 }
 

@@ -6,6 +6,8 @@
  * never reaches the worker, /status or a webhook. The known members are still checked.
  */
 import t from 'tap';
+import Database from 'better-sqlite3';
+import { join } from 'node:path';
 import { startAgent, assertProblem, cpuBody, ADMIN_KEY } from '../helpers/agent.js';
 import { TestWorker } from '../helpers/worker.js';
 
@@ -56,4 +58,24 @@ t.test('null webhook, webhookV2, policy and s3Config are taken as left out', asy
   t.equal((await w.done(r.json.id as string, { output: 'ok' })).status, 200);
   t.match((await a.req('GET', `/v2/${ep}/status/${r.json.id}`)).json, { status: 'COMPLETED', output: 'ok' });
   assertProblem(t, await a.req('POST', `/v2/${ep}/run`, { body: { input: {}, webhook: null, webhookV2: 'not a url' } }), 400, 'the other name still checked');
+});
+
+t.test('inside policy too: a null member is left out, and an unknown one is accepted and dropped', async (t) => {
+  // a Python client's policy={"ttl": None, ...}, and a client written for a newer RunPod policy field
+  const a = await startAgent(t, {});
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 }, timeout: 120000 }) })).json.id as string;
+  const nulls = await a.req('POST', `/v2/${ep}/run`, { body: { input: {}, policy: { executionTimeout: null, ttl: null, lowPriority: null } } });
+  t.equal(nulls.status, 200, `null members: ${nulls.text.slice(0, 300)}`);
+  const newer = await a.req('POST', `/v2/${ep}/run`, { body: { input: {}, policy: { executionTimeout: 6000, ttl: 20000, lowPriority: true, newRunPodField: { x: 1 } } } });
+  t.equal(newer.status, 200, `an unknown member: ${newer.text.slice(0, 300)}`);
+  const bad = await a.req('POST', `/v2/${ep}/run`, { body: { input: {}, policy: { executionTimeout: 1000, newRunPodField: 1 } } });
+  assertProblem(t, bad, 400, 'a present value is still checked');
+  t.same(bad.json.errors, ['/policy/executionTimeout: must be >= 5000']);
+  assertProblem(t, await a.req('POST', `/v2/${ep}/run`, { body: { input: {}, policy: { lowPriority: 'true' } } }), 400, 'and its type');
+  await a.agent.close();
+  const db = new Database(join(a.dir, 'flashd.db'), { readonly: true });
+  const row = (id: string) => db.prepare('SELECT execution_timeout_ms AS e, ttl_ms AS ttl, low_priority AS low FROM jobs WHERE id = ?').get(id);
+  t.same(row(nulls.json.id as string), { e: 120000, ttl: 86_400_000, low: 0 }, 'null members take the defaults: the endpoint timeout, 24 h, normal priority');
+  t.same(row(newer.json.id as string), { e: 6000, ttl: 20000, low: 1 }, 'the known members beside an unknown one apply');
+  db.close();
 });
