@@ -1,7 +1,8 @@
 /**
  * Webhooks: the final status body, plus `input` and `webhook` (views.ts webhookBody), is POSTed
- * to the job's `webhook` URL, with 2 more tries 10 s apart (RunPod's documented behaviour). A
- * try fails after 10 s idle or 60 s in all. Addresses are resolved, checked and pinned before
+ * to the job's `webhook` URL, with 2 more tries 10 s apart (RunPod's documented behaviour),
+ * none after a failure no try can change (a 3xx, an address refused as private). A try fails
+ * after 10 s idle or 60 s in all. Addresses are resolved, checked and pinned before
  * connecting, so a name that resolves to a private or loopback address is refused unless the
  * operator allowed private targets (`--webhook-allow-private`). The tries made are kept with the
  * owed webhook (onTried), so a start after a stop or a crash goes on at the next one.
@@ -128,6 +129,8 @@ export function checkWebhookUrl(raw: string, allowPrivate = true, name = 'webhoo
   }
   if (url.protocol !== 'http:' && url.protocol !== 'https:') return `${name} must use http or https`;
   if (url.username || url.password) return `${name} must not carry credentials in the URL`;
+  // No connection can be made to port 0, so every try would fail.
+  if (url.port === '0') return `${name} must not use port 0`;
   if (!allowPrivate) {
     // The parser has already turned 2130706433, 0x7f.1 and [::ffff:127.0.0.1] into canonical addresses.
     const host = url.hostname.replace(/^\[|\]$/g, '').replace(/\.$/, '');
@@ -154,6 +157,12 @@ export function webhookUrlForLog(raw: string): string {
     return '(not a URL)';
   }
 }
+
+/**
+ * A try failed for a reason no later try can change (the address refused by this server's
+ * policy): the delivery gives up at once.
+ */
+class FinalFailure extends Error {}
 
 /** One delivery: a job's final status body, sent until a 2xx or its tries run out. */
 interface Delivery {
@@ -312,7 +321,9 @@ export class WebhookSender {
     this.#post(d.url, body).then(
       (status) => {
         this.#tryEnded(d);
-        if (status < 200 || status >= 300) this.#again(d, `status ${status}`);
+        // A redirect is not followed, and the receiver answers the same URL alike next time.
+        if (status >= 300 && status < 400) this.#again(d, `status ${status}, a redirect, which is not followed`, true);
+        else if (status < 200 || status >= 300) this.#again(d, `status ${status}`);
         else {
           // Debug only: one line per delivered webhook (the failures are info and warn).
           this.#o.log.debug('webhook delivered', { jobId: d.jobId, url: d.target, status, attempt: d.attempt, ms: Math.round(performance.now() - startedAt) });
@@ -322,7 +333,7 @@ export class WebhookSender {
       },
       (err: Error) => {
         this.#tryEnded(d);
-        this.#again(d, err.message);
+        this.#again(d, err.message, err instanceof FinalFailure);
         this.#pump();
       },
     );
@@ -347,14 +358,15 @@ export class WebhookSender {
     if (!this.#closed) this.#o.onSettled?.(d.jobId);
   }
 
-  #again(d: Delivery, why: string): void {
+  /** After a failed try: the next one, or the end. `final`: no try could change the outcome. */
+  #again(d: Delivery, why: string, final = false): void {
     if (this.#closed) return;
     if (d.superseded) {
       this.#settle(d);
       return;
     }
-    if (d.attempt >= this.#o.attempts) {
-      this.#o.log.warn('webhook gave up', { jobId: d.jobId, url: d.target, attempts: d.attempt, reason: why });
+    if (final || d.attempt >= this.#o.attempts) {
+      this.#o.log.warn('webhook gave up', { jobId: d.jobId, url: d.target, attempts: d.attempt, reason: final ? `${why}: no other try can change that` : why });
       this.#settle(d);
       return;
     }
@@ -374,7 +386,9 @@ export class WebhookSender {
     const url = new URL(raw);
     const host = url.hostname.replace(/^\[|\]$/g, '');
     const { address, family } = isIP(host) ? { address: host, family: isIP(host) } : await lookup(host);
-    if (!this.#o.allowPrivate && isPrivateAddress(address)) throw new Error(`refused private address ${address}`);
+    if (!this.#o.allowPrivate && isPrivateAddress(address)) {
+      throw new FinalFailure(`refused private address ${address} (this server was started without --webhook-allow-private)`);
+    }
     const request = url.protocol === 'https:' ? httpsRequest : httpRequest;
     return new Promise((resolve, reject) => {
       const req = request(

@@ -59,3 +59,48 @@ t.test('at connect time every spelling is refused too (URLs stored before, names
   t.equal(hits, 0, 'the loopback canary saw nothing');
   t.equal(lines.filter((l) => l.includes('refused private address')).length, hosts.length, 'each refused as private');
 });
+
+t.test('a failure no try can change gives up at the first try with one log line; port 0 is refused at submit', async (t) => {
+  const hits: string[] = [];
+  const receiver = createServer((req, res) => {
+    hits.push(req.url ?? '');
+    req.resume();
+    res.writeHead(req.url === '/moved' ? 302 : 500, { location: 'https://elsewhere.example/' }).end();
+  });
+  await new Promise<void>((resolve) => receiver.listen(0, '127.0.0.1', resolve));
+  t.teardown(() => receiver.close());
+  const port = (receiver.address() as { port: number }).port;
+  const settled: string[] = [];
+  const lines: string[] = [];
+  const sender = (allowPrivate: boolean) => new WebhookSender({
+    allowPrivate, retryDelayMs: 10, attempts: 3, timeoutMs: 1000, deadlineMs: 2000, maxInFlight: 64, maxInFlightPerHost: 32,
+    log: createLogger({ level: 'info', sink: { write: (line) => lines.push(line) } }),
+    bodyOf: () => '{}',
+    onSettled: (jobId) => settled.push(jobId),
+  });
+  const strict = sender(false);
+  const open = sender(true);
+  t.teardown(() => strict.close());
+  t.teardown(() => open.close());
+  strict.send(`http://localhost:${port}/private`, 'private');
+  open.send(`http://127.0.0.1:${port}/moved`, 'moved');
+  open.send(`http://127.0.0.1:${port}/failing`, 'failing');
+  await until('every delivery to end', async () => settled.length === 3, 5000);
+  t.same(hits.filter((h) => h === '/moved'), ['/moved'], 'a 3xx is asked once');
+  t.same(hits.filter((h) => h === '/failing'), ['/failing', '/failing', '/failing'], 'a 500 may pass: it gets its 3 tries');
+  const of = (job: string) => lines.filter((l) => l.includes(job));
+  t.equal(of('private').length, 1, `the refused address: one line: ${of('private').join('\n')}`);
+  t.match(of('private')[0], /webhook gave up.*refused private address 127\.0\.0\.1 \(this server was started without --webhook-allow-private\): no other try can change that/);
+  t.equal(of('moved').length, 1, `the 3xx: one line: ${of('moved').join('\n')}`);
+  t.match(of('moved')[0], /webhook gave up.*status 302, a redirect, which is not followed: no other try can change that/);
+  t.equal(of('failing').length, 3, 'a 500: two "trying again" lines, then "gave up"');
+
+  const a = await startAgent(t, {});
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  for (const webhook of ['http://example.com:0/hook', 'https://example.com:00/hook']) {
+    const r = await a.req('POST', `/v2/${ep}/run`, { body: { input: {}, webhook } });
+    assertProblem(t, r, 400, `${webhook}: ${r.status}`);
+    t.same(r.json?.errors, ['/webhook: webhook must not use port 0']);
+  }
+  t.equal((await a.req('POST', `/v2/${ep}/run`, { body: { input: {}, webhook: 'http://example.com:8080/hook' } })).status, 200, 'another port passes');
+});
