@@ -5,11 +5,16 @@
  *
  * The first failure of a streak is logged in full. After it, with `everyMs`, at most one line per
  * `everyMs` gives how many failed since the last line; without it, nothing until the streak ends.
- * `ok()` ends the streak, with a line when one was logged for it. With `everyMs`, a new streak's
- * first line waits for it too, so a condition that comes and goes (a small write fits where a
- * large one does not) still logs at most one failure line per `everyMs`.
+ * `ok()` ends the streak, with a line when one was logged for it. A new streak's first line is
+ * logged at once when the last streak ended `QUIET_MS` or more before it (a second outage: the
+ * log must not end on "works again" while writes fail); one that starts sooner is a condition
+ * that comes and goes (a small write fits where a large one does not), and with `everyMs` its
+ * first line waits for it too, so that still logs at most one failure line per `everyMs`.
  */
 import type { Logger } from './logger.js';
+
+/** A streak that starts this long after the last one ended is a new outage, logged at once. */
+const QUIET_MS = 10_000;
 
 export interface FailureStreakOptions {
   level: 'warn' | 'error';
@@ -35,6 +40,10 @@ export class FailureStreak {
   /** Failures since the last line. */
   #unlogged = 0;
   #lastLineAt = -Infinity;
+  /** When the last streak ended (ok()). */
+  #endedAt = -Infinity;
+  /** This streak started within QUIET_MS of the last one's end: its first line is throttled too. */
+  #flapping = false;
 
   constructor(log: Logger, msg: string, options: FailureStreakOptions) {
     this.#log = log;
@@ -53,16 +62,18 @@ export class FailureStreak {
       if (this.#seen.has(err)) return;
       this.#seen.add(err);
     }
+    const now = this.#now();
     if (!this.#failing) {
       this.#failing = true;
       this.#told = false;
       this.#failures = 0;
+      this.#flapping = now - this.#endedAt < QUIET_MS;
     }
     this.#failures++;
     this.#unlogged++;
-    const now = this.#now();
     const every = this.#options.everyMs;
-    if (every === undefined ? this.#told : now - this.#lastLineAt < every) return;
+    const throttled = every !== undefined && now - this.#lastLineAt < every && (this.#told || this.#flapping);
+    if (every === undefined ? this.#told : throttled) return;
     const level = this.#options.level;
     if (!this.#told) {
       this.#log[level](this.#msg, { ...fields, ...(this.#unlogged > 1 ? { failures: this.#unlogged } : {}), err });
@@ -80,6 +91,7 @@ export class FailureStreak {
   ok(): void {
     if (!this.#failing) return;
     this.#failing = false;
+    this.#endedAt = this.#now();
     if (this.#told) this.#log.info(this.#options.recovered, { failures: this.#failures });
   }
 }

@@ -62,6 +62,25 @@ t.test('a failure that comes and goes still logs at most one failure line per in
   t.ok('err' in (s.lines[2] as object));
 });
 
+t.test('a second outage that starts after writes worked for a while is logged at once, within the minute, and so is its end', async (t) => {
+  const s = scene(60_000);
+  s.streak.fail(s.full(), { dataDir: '/d' });
+  s.advance(15_000);
+  s.streak.ok();
+  s.advance(25_000);
+  s.streak.fail(s.full(), { dataDir: '/d' });
+  t.same(s.lines.map((l) => l['msg']), ['store write failed', 'store writes work again', 'store write failed'],
+    'the log does not end on "work again" while writes fail');
+  t.match(s.lines[2], { level: 'error', dataDir: '/d', err: { code: 'SQLITE_FULL' } }, 'its first failure in full');
+  for (let i = 0; i < 20; i++) {
+    s.advance(500);
+    s.streak.fail(s.full());
+  }
+  t.equal(s.lines.length, 3, 'its repeats within the minute are counted, not logged');
+  s.streak.ok();
+  t.match(s.lines[3], { msg: 'store writes work again', failures: 21 });
+});
+
 t.test('without everyMs: once per streak, and once more for the next streak', async (t) => {
   const s = scene();
   for (let i = 0; i < 30; i++) {
