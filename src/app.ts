@@ -344,10 +344,14 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
         logs.append(w.endpointId, w.workerId, 'system', `${why} (stopping now, without waiting for it): its key was revoked${held > 0 ? `; its ${held} job(s) went back to the queue, their attempt given back` : ''}`);
         continue;
       }
+      // Unlike a clean stop, a crash uses the attempt: a job that itself brings flashd down (its
+      // memory) must not run forever. The job's reason (and its error, where that was its last
+      // attempt) says that the attempt ended with flashd, not with the handler.
       const why = `worker ${w.workerId} belonged to a run of flashd that did not stop cleanly`;
-      const held = queue.workerGone(w.endpointId, w.workerId, why).length;
+      const jobWhy = `worker ${w.workerId} was lost when flashd stopped without a clean shutdown (killed or crashed), which uses an attempt`;
+      const held = queue.workerGone(w.endpointId, w.workerId, jobWhy).length;
       queue.workers.remove(w.endpointId, w.workerId);
-      logs.append(w.endpointId, w.workerId, 'system', `${why} (killed or crashed): it was stopped and its key revoked${held > 0 ? `; its ${held} job(s) went back to the queue (or failed, where that was their last attempt)` : ''}`);
+      logs.append(w.endpointId, w.workerId, 'system', `${why} (killed or crashed): it was stopped and its key revoked${held > 0 ? `; its ${held} job(s) went back to the queue, each using an attempt (or failed, where that was their last attempt)` : ''}`);
     }
     if (leftovers.length) log.info('workers of the previous run released', { count: leftovers.length });
     // What ran out while flashd was down ends now, before the first request, not at the timers'

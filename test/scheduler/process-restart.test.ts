@@ -78,7 +78,7 @@ t.test('after a kill -9 of flashd, the next start stops its orphaned workers, re
   t.ok(b.logs.some((l) => /stopped orphaned worker process pid=\d+ workerId=wkr_/.test(l)), 'naming the worker it stopped');
   const lines = (await b.req('GET', `/v2/serverless/${ep}/logs`)).json as { stream: string; line: string }[];
   const released = lines.findIndex((l) => l.stream === 'system'
-    && /belonged to a run of flashd that did not stop cleanly \(killed or crashed\): it was stopped and its key revoked; its 1 job\(s\) went back to the queue/.test(l.line));
+    && /belonged to a run of flashd that did not stop cleanly \(killed or crashed\): it was stopped and its key revoked; its 1 job\(s\) went back to the queue, each using an attempt/.test(l.line));
   t.ok(released >= 0, "and so does the endpoint's log");
   t.ok(lines.slice(released + 1).every((l) => l.stream === 'system'), "after that worker's own lines");
 });
@@ -155,7 +155,10 @@ t.test("a job the next start fails (its orphaned worker's attempt was the last) 
   const { flashd, ep, id } = await withRunningJob(t, dir, ['--lease-ms', '30000', '--max-attempts', '1', '--webhook-allow-private'], { webhook });
   await flashd.stop('SIGKILL');
   const b = await startAgent(t, { runtime: 'none', leaseMs: 30_000, maxAttempts: 1, webhookAllowPrivate: true }, { dir });
-  t.equal((await b.req('GET', `/v2/${ep}/status/${id}`)).json.status, 'FAILED', 'its one attempt was used');
+  t.match((await b.req('GET', `/v2/${ep}/status/${id}`)).json, {
+    status: 'FAILED',
+    error: /^worker wkr_\S+ was lost when flashd stopped without a clean shutdown \(killed or crashed\), which uses an attempt; gave up after 1 attempts$/,
+  }, 'its one attempt was used, and its error says that a crash of flashd ended it, not its handler');
   await until('the webhook', async () => received.length > 0, 5000);
   t.match(received, [{ id, status: 'FAILED' }], 'sent once, by this run, not by the next start');
 });
