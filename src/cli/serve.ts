@@ -1,5 +1,7 @@
 import type { Agent } from '../app.js';
 import type { FlashdConfig } from '../config/index.js';
+import { resolve } from 'node:path';
+import { storageFailureCode } from '../core/errors.js';
 import { createLogger } from '../core/logger.js';
 import { listenForSignals, onStopSignal } from './signals.js';
 
@@ -66,9 +68,18 @@ export async function serve(config: FlashdConfig): Promise<number> {
  * The last line of a start that failed, in the chosen log format: `flashd: cannot start: …`, or
  * with --log-format json one JSON line (level error, `err.message` as other lines have it) that a
  * log shipper parses like the lines before it. Whatever --log-level says: it is why flashd exits 1.
+ * A write the disk refused (SQLite's bare "database or disk is full", ENOSPC) names the data
+ * directory, as the lines of a running flashd do.
  */
 function cannotStart(config: FlashdConfig, err: unknown): void {
-  const { message, code } = err as NodeJS.ErrnoException;
+  const { code } = err as NodeJS.ErrnoException;
+  let { message } = err as Error;
+  const storage = storageFailureCode(err) ?? (code === 'ENOSPC' ? code : undefined);
+  const dataDir = resolve(config.dataDir);
+  if (storage !== undefined && !message.includes(dataDir)) {
+    message = `${message}${message.includes(storage) ? '' : ` (${storage})`}, writing the data directory ${dataDir}`
+      + (storage === 'SQLITE_FULL' || storage === 'ENOSPC' ? ': free space on the disk holding it, or choose another --data-dir' : '');
+  }
   // No stack: as the text line, the message says what to change.
   if (config.logFormat === 'json') createLogger({ format: 'json' }).error('cannot start', { err: { message, ...(code === undefined ? {} : { code }) } });
   else process.stderr.write(`flashd: cannot start: ${message}\n`);

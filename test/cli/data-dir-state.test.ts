@@ -261,6 +261,19 @@ t.test('a data directory on a filesystem mounted read-only: EROFS, and the advic
     + 'Remount it read-write, or choose another --data-dir\n');
 });
 
+t.test('a first start on a full disk: exit 1 naming the data directory, not SQLite\'s bare "database or disk is full"', { skip: asRoot ? false : 'needs root to mount a tmpfs' }, async (t) => {
+  const mnt = join(testDataDir(t), 'mnt');
+  mkdirSync(mnt);
+  if (!sh('mount', '-t', 'tmpfs', '-o', 'size=1m,mode=0700', 'tmpfs', mnt)) return skipped(t, 'cannot mount a tmpfs here');
+  t.teardown(() => void sh('umount', mnt));
+  // A filler as large as the tmpfs: the directory entry still fits, no page of flashd.db does.
+  t.notOk(sh('dd', 'if=/dev/zero', `of=${join(mnt, 'filler')}`, 'bs=64k'), 'dd stopped at a full disk');
+  const dir = join(mnt, 'data');
+  const r = await attempt(dir);
+  t.equal(r.status, 1, 'exit 1');
+  t.equal(r.stderr, `flashd: cannot start: database or disk is full (SQLITE_FULL), writing the data directory ${dir}: free space on the disk holding it, or choose another --data-dir\n`);
+});
+
 t.test('an immutable or append-only flashd.db or data directory: EPERM, and the advice is lsattr and chattr, not chown', { skip: asRoot ? false : 'needs root (CAP_LINUX_IMMUTABLE) for chattr +i' }, async (t) => {
   const dir = testDataDir(t);
   await firstRun(t, dir);
