@@ -32,7 +32,9 @@
  *      CHAOS_KEEP=1 (keep the data dir and logs), CHAOS_TIMEOUT_S (overall limit, 900),
  *      CHAOS_WEBHOOK_EVERY (3: every Nth job has a webhook; 0 for none),
  *      CHAOS_WEBHOOK_WAIT_S (30: how long to wait for owed webhooks after the drain),
- *      CHAOS_INPUT_PAD (200: characters of padding in each input; over 2,048 the inputs go to job_inputs)
+ *      CHAOS_INPUT_PAD (200: characters of padding in each input; over 2,048 the inputs go to job_inputs),
+ *      CHAOS_ENV_WAIT_S (60: how long a worker restart waits for flashd to be back; one that waits
+ *      longer is counted, tried again, and fails the run at the end, with the summary)
  */
 import { spawn } from 'node:child_process';
 import { createServer } from 'node:http';
@@ -55,6 +57,9 @@ const TIMEOUT_S = int('CHAOS_TIMEOUT_S', 900);
 const LEASE_MS = 2000;
 const TAKE_HOLD_MS = 3000;
 const REQUEUE_LIMIT_MS = int('CHAOS_REQUEUE_LIMIT_MS', 10_000);
+// How long a worker restart waits for flashd to be back: a restart after a kill takes 2-6 s on a
+// loaded 2-core box, and a start may take up to startFlashd's 30 s, tried again by startServer.
+const ENV_WAIT_MS = int('CHAOS_ENV_WAIT_S', 60) * 1000;
 const ADMIN = 'chaos-admin-key-0123456789abcdef';
 const HOST = '127.0.0.1';
 const HOOK_EVERY = int('CHAOS_WEBHOOK_EVERY', 3);
@@ -90,7 +95,7 @@ const dataDir = path.join(dir, 'data');
 const logDir = path.join(dir, 'logs');
 mkdirSync(logDir, { recursive: true });
 
-const stats = { flashdKills: 0, workerKills: 0, workerExits: 0, integrityChecks: 0, integrityFailures: [], restartMs: [] };
+const stats = { flashdKills: 0, workerKills: 0, workerExits: 0, integrityChecks: 0, integrityFailures: [], restartMs: [], harnessErrors: [] };
 
 // flashd -------------------------------------------------------------------------------------------
 
@@ -110,6 +115,7 @@ async function startServer(firstStart = false) {
       flashdUp = true;
       return;
     } catch (err) {
+      say(`flashd start attempt ${attempt} failed: ${err.message ?? err}`);
       if (attempt >= 20) throw err;
       await sleep(200);
     }
@@ -147,15 +153,18 @@ const deaths = new Map(); // worker log file name -> when that incarnation was k
 let stopping = false;
 
 async function freshEnv() {
-  for (let i = 0; i < 200; i++) {
+  const deadline = performance.now() + ENV_WAIT_MS;
+  let last = 'flashd was not up';
+  while (performance.now() < deadline) {
     try {
       if (flashdUp) return await workerEnv(`http://${HOST}:${port}`, key, endpointId);
-    } catch {
+    } catch (err) {
       // flashd went down in between
+      last = err.message ?? String(err);
     }
     await sleep(50);
   }
-  throw new Error('could not get a worker env (flashd down for 10 s?)');
+  throw new Error(`could not get a worker env for ${ENV_WAIT_MS / 1000} s (flashd down that long?): ${last}`);
 }
 
 function spawnWorker(slot) {
@@ -177,21 +186,32 @@ function spawnWorker(slot) {
   });
 }
 
+/**
+ * Never rejects (it runs unawaited): a restart that cannot get a worker env is counted (a failed
+ * check at the end, after the summary and flashd's log tail) and tried again a second later.
+ */
 async function restartWorker(slot, delayMs) {
   const w = workers[slot];
   if (w.restarting) return;
   w.restarting = true;
-  await sleep(delayMs);
-  if (stopping) return;
-  // Half the restarts keep the worker id (a worker restarted with the same env), half get a new one.
-  if (rand() < 0.5) {
-    const e = await freshEnv();
-    w.workerId = e.workerId;
-    w.key = e.key;
-    w.incarnation = 0;
+  try {
+    await sleep(delayMs);
+    if (stopping) return;
+    // Half the restarts keep the worker id (a worker restarted with the same env), half get a new one.
+    if (rand() < 0.5) {
+      const e = await freshEnv();
+      w.workerId = e.workerId;
+      w.key = e.key;
+      w.incarnation = 0;
+    }
+    w.restarting = false;
+    spawnWorker(slot);
+  } catch (err) {
+    stats.harnessErrors.push(`worker slot ${slot} restart: ${err.message ?? err}`);
+    say(`worker slot ${slot} restart failed, trying again in 1 s: ${err.message ?? err}`);
+    w.restarting = false;
+    if (!stopping) void restartWorker(slot, 1000);
   }
-  w.restarting = false;
-  spawnWorker(slot);
 }
 
 function killWorker() {
@@ -502,7 +522,7 @@ try {
     integrity: stats.integrityFailures.length ? 'FAILED' : integrity, integrityChecks: stats.integrityChecks,
     drainS: drainS.toFixed(1), jobLatencyP50Ms: p(0.5), jobLatencyMaxMs: latencies.at(-1) ?? 0,
     restartMsMax: stats.restartMs.length ? Math.round(Math.max(...stats.restartMs)) : 0,
-    requeues, requeueMaxMs,
+    requeues, requeueMaxMs, harnessErrors: stats.harnessErrors.length,
   };
   process.stdout.write(Object.entries(summary).map(([k, v]) => `${k}=${v}`).join(' ') + '\n');
 
@@ -561,6 +581,7 @@ try {
   if (hooks.malformed.length) say(`malformed webhook posts: ${hooks.malformed.slice(0, 5).join(' | ')}`);
   if (lostIds.length) say(`lost: ${lostIds.slice(0, 20).join(' ')}`);
   if (stats.integrityFailures.length) say(`integrity failures: ${stats.integrityFailures.join(' | ')}`);
+  if (stats.harnessErrors.length) say(`harness errors: ${stats.harnessErrors.slice(0, 10).join(' | ')}`);
 
   const checks = [
     ['no acknowledged job lost', lost === 0],
@@ -573,10 +594,12 @@ try {
     ['every owed webhook delivered at least once', hookMissing === 0 && (owedIds.length > 0 || HOOK_EVERY === 0)],
     ['no webhook for a job no /run carried, or one without a webhook', hookUnexpected === 0 && hooks.malformed.length === 0],
     ['every webhook body has its job\'s id, final status and output', hookMismatch === 0],
+    [`every worker restart got a worker env within ${ENV_WAIT_MS / 1000} s`, stats.harnessErrors.length === 0],
     ['kills happened', stats.flashdKills + stats.workerKills + selfKills.take + selfKills.mid + selfKills['after-post'] > 0 || KILLS === 0],
   ];
   const failed = checks.filter(([, ok]) => !ok);
   for (const [name, ok] of checks) if (!ok) say(`FAILED: ${name}`);
+  if (failed.length) say(`flashd stderr tail:\n${srv.stderrTail().slice(-3000)}`);
   process.stdout.write(`chaos: ${checks.length - failed.length} passed, ${failed.length} failed\n`);
   exitCode = failed.length === 0 ? 0 : 1;
 } catch (err) {
