@@ -2,6 +2,7 @@
 
 import asyncio
 import dataclasses
+import datetime
 import json
 import logging
 import os
@@ -828,6 +829,38 @@ class UndeliverableTest(WorkerTestCase):
                                 r"the limit is 1048576 bytes \(HTTP 413\); the generator was stopped$")
         self.assertEqual(produced, [0, 1])  # the generator was stopped
         self.assertEqual([c.json() for c in self.fake.recorded("job-stream", job_id) if not c.refused], [{"output": 0}])
+
+    def test_unencodable_stream_chunk_fails_the_job_naming_the_chunk_not_the_handler(self):
+        produced = []
+
+        def gen(job):
+            for value in ({"ok": 1}, {"when": datetime.datetime(2026, 1, 2)}, {"after": 2}):
+                produced.append(value)
+                yield value
+
+        self.start_worker({"handler": gen, "return_aggregate_stream": True})
+        with self.assertLogs("vendor_flash", level="INFO") as logs:
+            job_id = self.fake.submit({})
+            post = self.final_post(job_id)
+            self.fake.wait_for(lambda: any("done in" in line for line in logs.output))
+        self.assertEqual(post.query["isStream"], "true")
+        error = post.json()["error"]
+        self.assertEqual(error, "stream chunk 2 (dict) is not JSON serialisable: Object of type datetime is not "
+                                "JSON serializable; the generator was stopped")
+        self.assertEqual(len(produced), 2)  # the generator was stopped
+        self.assertEqual([c.json() for c in self.fake.recorded("job-stream", job_id)], [{"output": {"ok": 1}}])
+        self.assertTrue(any(error in line and "ERROR" in line for line in logs.output), logs.output)
+        self.assertFalse(any("Traceback" in line for line in logs.output), logs.output)
+
+    def test_stream_chunk_out_of_range_float_names_its_type(self):
+        def gen(job):
+            yield float("inf")
+
+        self.start_worker({"handler": gen})
+        job_id = self.fake.submit({})
+        self.assertEqual(self.final_post(job_id).json()["error"],
+                         "stream chunk 1 (float) is not JSON serialisable: Out of range float values are not JSON "
+                         "compliant; the generator was stopped")
 
     def test_stream_chunk_lost_to_an_outage_fails_the_job(self):
         self.fake.hooks["job-stream"] = lambda req: (503, {"title": "down"})

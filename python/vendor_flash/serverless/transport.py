@@ -32,6 +32,11 @@ FINAL_RETRY_SECONDS = 300.0
 FINAL_RETRY_DELAY_CAP = 10.0
 
 
+class ChunkNotEncodable(TypeError, ValueError):
+    """A stream chunk that cannot be encoded as JSON (:func:`result.encode_body` refused it);
+    ``str()`` is the encoder's message. A TypeError and a ValueError, as that function raises."""
+
+
 class PostOutcome(enum.Enum):
     """What happened to a post."""
 
@@ -199,9 +204,12 @@ class Transport:
 
         ``number``: the chunk's number in its job (1, 2, …), sent as ``chunk=N``: every attempt
         carries the same one, so flashd stores a chunk whose first answer was lost only once.
-        Raises TypeError/ValueError if the chunk is not JSON.
+        Raises :class:`ChunkNotEncodable` (a TypeError and a ValueError) if the chunk is not JSON.
         """
-        data = results.encode_body({"output": chunk})
+        try:
+            data = results.encode_body({"output": chunk})
+        except (TypeError, ValueError) as exc:
+            raise ChunkNotEncodable(str(exc)) from exc
         return self.send(self.env.job_stream_url(job_id, number), data, job_id, "stream chunk", final=True,
                          still_held=still_held)
 

@@ -38,7 +38,7 @@ from .handler import (ChunkNotDelivered, HandlerKind, JobCancelled, JobRun, Loop
 from .http import TRANSPORT_ERRORS, HttpClient, HttpResponse, RequestAborted
 from .log import get_logger, job_extra
 from .ping import ping, ping_client
-from .transport import PostOutcome, Transport, retry_after_seconds
+from .transport import ChunkNotEncodable, PostOutcome, Transport, retry_after_seconds
 from .utils import rp_debugger
 from ..version import __version__
 
@@ -597,7 +597,14 @@ class Worker:
         if active is None or not active.held():
             raise JobCancelled(job_id)
         active.chunks += 1
-        delivery = self.transport.deliver_chunk(job_id, value, still_held=active.held, number=active.chunks)
+        try:
+            delivery = self.transport.deliver_chunk(job_id, value, still_held=active.held, number=active.chunks)
+        except ChunkNotEncodable as exc:
+            # the SDK failed the yield, not the handler: say which chunk, and what it was
+            message = (f"stream chunk {active.chunks} ({type(value).__name__}) is not JSON serialisable: {exc}; "
+                       f"the generator was stopped")
+            self.log.error("%s", message, extra=job_extra(job_id))
+            raise ChunkNotDelivered(message) from None
         if delivery.outcome is PostOutcome.STALE:
             self._mark_lost(job_id)
             raise JobCancelled(job_id)
