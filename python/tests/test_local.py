@@ -87,6 +87,27 @@ class LocalModeTest(unittest.TestCase):
             self.assertIn("usage: ", out)
             self.assertNotIn("WEBHOOK_POST_OUTPUT", out)
 
+    def test_an_unknown_log_level_warns_once_on_stderr_and_logs_at_info(self):
+        # runpod-python raises ValueError("Invalid debug level: DEBG"); here the worker goes on at INFO
+        for var in ("RUNPOD_DEBUG_LEVEL", "RUNPOD_LOG_LEVEL", "VENDOR_LOG_LEVEL"):
+            env = {k: v for k, v in os.environ.items() if not k.startswith(("RUNPOD_", "VENDOR_"))}
+            env.update(PYTHONPATH=PYTHON_DIR, VENDOR_LOG_FORMAT="text", **{var: "DEBG"})
+            proc = subprocess.run([sys.executable, SCRIPT, "echo", "--test_input", '{"input": {}}'],
+                                  cwd=tempfile.gettempdir(), env=env, capture_output=True, text=True, timeout=60)
+            self.assertEqual(proc.returncode, 0, proc.stderr)
+            warnings = [line for line in proc.stderr.splitlines() if "DEBG" in line]
+            self.assertEqual(warnings, [f"WARN   | {var}='DEBG' is not a log level (DEBUG, TRACE, INFO, WARN, "
+                                        f"WARNING, ERROR or NOTSET, in any case): logging at INFO"], proc.stderr)
+            self.assertIn("INFO   | local_test | Started.", proc.stdout)
+            self.assertNotIn("DEBUG", proc.stdout)
+        rc, _, out = run_local("echo", "--test_input", '{"input": {}}', "--rp_log_level", "loud")
+        self.assertEqual(rc, 0, out)
+        self.assertIn("--rp_log_level='loud' is not a log level", out)
+        for good in ("debug", "WARN", "warning", "NOTSET", " error "):
+            rc, _, out = run_local("echo", "--test_input", '{"input": {}}', env_extra={"RUNPOD_DEBUG_LEVEL": good})
+            self.assertEqual(rc, 0, out)
+            self.assertNotIn("not a log level", out)
+
     def test_test_input_json_file(self):
         with tempfile.TemporaryDirectory() as d:
             with open(os.path.join(d, "test_input.json"), "w") as fh:

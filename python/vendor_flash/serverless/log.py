@@ -4,7 +4,8 @@ Lines go to stdout. When an endpoint id is set (a deployed worker) they are JSON
 ``{"requestId", "message", "level"}`` like runpod-python's, otherwise readable text.
 ``VENDOR_LOG_FORMAT=text|json`` forces a format; ``VENDOR_LOG_LEVEL`` (or ``RUNPOD_LOG_LEVEL`` /
 ``RUNPOD_DEBUG_LEVEL``) sets the level (``DEBUG``, ``TRACE``, ``INFO``, ``WARN``, ``ERROR``, or
-``NOTSET`` for none, as in runpod-python; default ``INFO``).
+``NOTSET`` for none, as in runpod-python; default ``INFO``; an unknown name is INFO with a
+warning on stderr).
 """
 
 from __future__ import annotations
@@ -61,11 +62,38 @@ def get_logger() -> logging.Logger:
     return logging.getLogger(LOGGER_NAME)
 
 
+#: The level settings already warned about (see :func:`_setting_level`): each is told once.
+_warned_levels: set = set()
+
+
+def _setting_level(level: Optional[str]) -> int:
+    """The level ``level`` (``--rp_log_level``) or the environment sets; INFO when unset.
+
+    An unknown name (a typo such as ``DEBG``) is INFO too, with one warning on stderr naming the
+    setting and the accepted names. runpod-python raises ``ValueError("Invalid debug level")``
+    instead; a worker in production keeps running here.
+    """
+    source, value = "--rp_log_level", level
+    if not value:
+        source, value = next(((var, os.environ[var]) for var in ("VENDOR_LOG_LEVEL", "RUNPOD_LOG_LEVEL",
+                                                                  "RUNPOD_DEBUG_LEVEL") if os.environ.get(var)),
+                             (None, None))
+    if not value:
+        return logging.INFO
+    number = _LEVELS.get(value.strip().upper())
+    if number is None:
+        if (source, value) not in _warned_levels:
+            _warned_levels.add((source, value))
+            print(f"WARN   | {source}={value!r} is not a log level (DEBUG, TRACE, INFO, WARN, WARNING, ERROR or "
+                  f"NOTSET, in any case): logging at INFO", file=sys.stderr, flush=True)
+        number = logging.INFO
+    return number
+
+
 def setup(level: Optional[str] = None) -> logging.Logger:
     """Configure the package logger once; ``level`` overrides the environment."""
     logger = get_logger()
-    name = (level or env_value("LOG_LEVEL") or os.environ.get("RUNPOD_DEBUG_LEVEL") or "INFO").upper()
-    logger.setLevel(_LEVELS.get(name, logging.INFO))
+    logger.setLevel(_setting_level(level))
     if not getattr(logger, "_vendor_flash_configured", False):
         handler = logging.StreamHandler(sys.stdout)
         fmt = (os.environ.get("VENDOR_LOG_FORMAT") or "").lower()
