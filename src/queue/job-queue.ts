@@ -1265,11 +1265,14 @@ export class JobQueue {
     };
     const pieces: string[] = [];
     const outputBytes = Buffer.byteLength(output);
-    // A chunk that fits, or an output other than a string that fits alone: sent as posted (a split
-    // would turn it into pieces of its JSON text just to make room for metrics). Counted as the
-    // element is served, `{"output":}` and `,"metrics":` included.
+    // Metrics a split makes room for on its first piece: at most half the limit.
+    const metricsRide = metrics !== undefined && metricsBytes <= limit / 2;
+    // A chunk that fits, or an output that fits alone and would not be split to carry its metrics
+    // (an output other than a string: a split would turn it into pieces of its JSON text; or
+    // metrics over half the limit, which no piece takes): sent as posted, with no part markers.
+    // Counted as the element is served, `{"output":}` and `,"metrics":` included.
     const alone = ELEMENT_BYTES + outputBytes;
-    if (alone + (metrics === undefined ? 0 : METRICS_BYTES + metricsBytes) <= limit || (typeof body.output !== 'string' && alone <= limit)) {
+    if (alone + (metrics === undefined ? 0 : METRICS_BYTES + metricsBytes) <= limit || (alone <= limit && (typeof body.output !== 'string' || !metricsRide))) {
       pieces.push(element(output, outputBytes, true));
     } else {
       // Too large for one chunk: split strings into pieces (lossless), anything else as pieces of its JSON text.
@@ -1285,7 +1288,7 @@ export class JobQueue {
       for (let digits = 1; ; digits++) {
         raw.length = 0;
         const budget = limit - ELEMENT_BYTES - splitBytes(digits, json);
-        const first = metrics !== undefined && metricsBytes <= limit / 2 ? budget - METRICS_BYTES - metricsBytes : budget;
+        const first = metricsRide ? budget - METRICS_BYTES - metricsBytes : budget;
         jsonStringPieces(text, first, budget, (piece, bytes) => raw.push({ piece, bytes }));
         if (raw.length < 10 ** digits) break;
       }

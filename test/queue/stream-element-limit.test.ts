@@ -123,3 +123,15 @@ t.test('the pieces of a split chunk say which chunk they belong to: part, parts 
   t.ok(many.every((e) => Buffer.byteLength(JSON.stringify(e)) <= LIMIT), 'each at most 1 MB');
   t.equal(many.map((e) => e.output).join(''), huge, 'joined back they are the chunk');
 });
+
+t.test('a string that fits alone but not with its metrics (over half the limit) is served whole: no part members, metrics dropped', async (t) => {
+  const { a, ep, w, id } = await setup(t);
+  const metrics = { m: 'z'.repeat(1_100_000) };
+  for (const output of ['y'.repeat(1000), 'y'.repeat(LIMIT - '{"output":""}'.length)]) {
+    const els = await chunkOf(a, ep, w, id, { output, metrics });
+    t.same(els.map((e) => JSON.parse(e)), [{ output }], `one element with the string alone, as a chunk served whole (${output.length} characters)`);
+  }
+  // An object in the same situation, as before.
+  const els = await chunkOf(a, ep, w, id, { output: { a: 1 }, metrics });
+  t.same(els.map((e) => JSON.parse(e)), [{ output: { a: 1 } }], 'an object: served whole, metrics dropped');
+});
