@@ -100,6 +100,16 @@ function jsonKind(value: unknown): string {
   return typeof value === 'object' ? 'an object' : `a ${typeof value}`;
 }
 
+/** Why a job-stream body without `output` is refused: empty, or the members it has (the first 5, names cut to 64 characters). */
+function noOutputDetail(raw: Buffer, body: DoneBody): string {
+  const send = 'Send {"output": …} ({"output": null} for a null chunk); an error that ends the job goes to job-done as {"error": "…"}.';
+  if (raw.length === 0) return `The stream chunk body is empty. ${send}`;
+  const names = Object.keys(body);
+  const shown = names.slice(0, 5).map((n) => JSON.stringify(n.length > 64 ? `${n.slice(0, 64)}…` : n)).join(', ');
+  const has = names.length === 0 ? 'none' : names.length > 5 ? `${shown} and ${names.length - 5} more` : shown;
+  return `The stream chunk body has no "output" member (it has ${has}). ${send}`;
+}
+
 function parseRaw(body: Buffer, what: keyof typeof SEND): DoneBody {
   // runpod-python posts JSON as application/x-www-form-urlencoded: read the raw bytes as JSON.
   if (body.length === 0) return {};
@@ -226,8 +236,12 @@ export function workerRoutes(s: WorkerRouteServices): RouteDef[] {
         // `chunk`: the worker's number for this chunk (1, 2, …), so that a retried post is stored once.
         const chunkRaw = req.query.get('chunk');
         const chunk = chunkRaw !== null && /^[1-9][0-9]{0,14}$/.test(chunkRaw) ? Number(chunkRaw) : undefined;
+        const body = parseRaw(req.body, 'stream chunk');
+        // Every SDK posts a yield as {"output": v} ({"output": null} for None): a body without it is
+        // a worker's bug (an error meant for job-done), refused rather than stored as a null chunk.
+        if (!Object.hasOwn(body, 'output')) throw new AgentError('BAD_REQUEST', noOutputDetail(req.body, body));
         // Answered once the chunk is durable in SQLite (job_chunks).
-        return outcomeReply(await s.queue.stream(endpointId, params['workerId'] as string, jobId, parseRaw(req.body, 'stream chunk'), chunk), jobId);
+        return outcomeReply(await s.queue.stream(endpointId, params['workerId'] as string, jobId, body, chunk), jobId);
       },
     },
     {

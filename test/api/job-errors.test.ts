@@ -66,6 +66,34 @@ t.test('a worker post that is not a JSON object says what is wrong and what to s
   t.same([s.json.status, s.json.output], ['COMPLETED', 1]);
 });
 
+t.test('a stream chunk with no output member (an error posted to job-stream, an empty body) is refused with a 400 saying what to send; {"output": null} is a chunk', async (t) => {
+  // runpod-python and the Python SDK post every yield as {"output": v} ({"output": null} for None)
+  // and an error that ends the job to job-done: a job-stream body without `output` is a worker bug.
+  const a = await startAgent(t);
+  const ep = (await a.req('POST', '/v2/serverless', { body: queueBody() })).json.id as string;
+  const env = (await a.req('GET', `/v2/serverless/${ep}/worker-env`)).json;
+  const key = env.env.RUNPOD_AI_API_KEY as string;
+  const wid = env.workerId as string;
+  const job = (await a.req('POST', `/v2/${ep}/run`, { body: { input: {} } })).json.id as string;
+  t.equal((await a.req('GET', `/v2/${ep}/job-take/${wid}?gpu=gpu`, { key })).json?.id, job, 'the worker holds the job');
+  const form = { 'content-type': 'application/x-www-form-urlencoded' };
+  const cases: [string, string][] = [
+    ['{"error": "x"}', 'The stream chunk body has no "output" member (it has "error"). Send {"output": …} ({"output": null} for a null chunk); an error that ends the job goes to job-done as {"error": "…"}.'],
+    ['{"notoutput": 1, "metrics": {}}', 'The stream chunk body has no "output" member (it has "notoutput", "metrics"). Send {"output": …} ({"output": null} for a null chunk); an error that ends the job goes to job-done as {"error": "…"}.'],
+    ['{}', 'The stream chunk body has no "output" member (it has none). Send {"output": …} ({"output": null} for a null chunk); an error that ends the job goes to job-done as {"error": "…"}.'],
+    ['', 'The stream chunk body is empty. Send {"output": …} ({"output": null} for a null chunk); an error that ends the job goes to job-done as {"error": "…"}.'],
+  ];
+  for (const [raw, detail] of cases) {
+    const r = await a.req('POST', `/v2/${ep}/job-stream/${wid}/${job}?gpu=gpu&isStream=false`, { raw, key, headers: form });
+    assertProblem(t, r, 400, `job-stream ${raw || '(empty)'}`);
+    t.equal(r.json.detail, detail, `${raw || '(empty)'}: detail`);
+  }
+  const ok = await a.req('POST', `/v2/${ep}/job-stream/${wid}/${job}?gpu=gpu&isStream=false`, { raw: '{"output": null}', key, headers: form });
+  t.same(ok.json, { ok: true }, '{"output": null} is taken');
+  const s = await a.req('GET', `/v2/${ep}/stream/${job}`);
+  t.same([s.json.status, s.json.stream], ['IN_PROGRESS', [{ output: null }]], 'only the null chunk was stored; the job goes on');
+});
+
 t.test('?wait and ?ttl given twice are refused, whichever of the two is wrong; nothing is queued', async (t) => {
   const a = await startAgent(t);
   const ep = (await a.req('POST', '/v2/serverless', { body: queueBody() })).json.id as string;
