@@ -14,7 +14,7 @@ import { AgentError, storageFailureCode } from '../core/errors.js';
 import type { FailureStreak } from '../core/failure-streak.js';
 import type { Logger } from '../core/logger.js';
 import type { IncomingRequest, OutgoingReply, RouteDecision } from '../http/index.js';
-import { problemReply, toAgentError } from './problem.js';
+import { echoPath, problemReply, toAgentError } from './problem.js';
 import type { RouteDef } from './route.js';
 import { Router } from './router.js';
 
@@ -151,7 +151,7 @@ export function createDispatcher(options: DispatcherOptions): (method: string, p
         if (allowed.includes('GET') && router.find('GET', path).match?.route.headRefused === undefined) allowed.push('HEAD');
         return staticError(new AgentError('METHOD_NOT_ALLOWED', `${method} is not allowed on ${path}; allowed: ${allowed.join(', ')}.`), { allow: allowed.join(', ') });
       }
-      return staticError(new AgentError('ROUTE_NOT_FOUND', `No route for ${method} ${path.length > 256 ? `${path.slice(0, 256)}…` : path}.`));
+      return staticError(new AgentError('ROUTE_NOT_FOUND', `No route for ${method} ${echoPath(path)}.`));
     }
     const route = match.route;
     if (method === 'HEAD' && route.headRefused !== undefined) {

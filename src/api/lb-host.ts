@@ -8,7 +8,7 @@
 import { AgentError } from '../core/errors.js';
 import type { PublicUrls } from '../endpoints/index.js';
 import type { RouteDecision } from '../http/index.js';
-import { problemReply } from './problem.js';
+import { echoId, echoPath, problemReply } from './problem.js';
 
 /** `--endpoint-host` (`host[:port]`, no IPv6 literal) without the port, lowercased. */
 function hostname(hostAndPort: string): string {
@@ -57,7 +57,10 @@ export function loadBalancerHosts(urls: PublicUrls, maxBodyBytes: number): (meth
     }
     const id = loadBalancerIdOf(headers['host'], suffix, apiHost);
     if (id === undefined) return undefined;
-    const err = new AgentError('ROUTE_NOT_FOUND', `No route for ${method} ${path} at ${id}.${endpointHost}: that is the address of load-balancing endpoint ${id} `
+    // The id and path are cut as in every other problem detail (echoId, echoPath): any Host and
+    // path get a reply of bounded size.
+    const shown = echoId(id);
+    const err = new AgentError('ROUTE_NOT_FOUND', `No route for ${method} ${echoPath(path)} at ${shown}.${endpointHost}: that is the address of load-balancing endpoint ${shown} `
       + `(requestUrls, {id}.{--endpoint-host}), and flashd does not route requests to load-balancing workers yet. flashd's own API is at ${urls.queueBaseUrl()}.`);
     return { maxBodyBytes, handle: (req) => problemReply(err, req.id) };
   };

@@ -25,6 +25,14 @@ export function echoId(value: string): string {
   return value.length > ECHO_ID_CHARS ? `${value.slice(0, ECHO_ID_CHARS)}…` : value;
 }
 
+/** The most characters of a request path that a problem's `detail` repeats (echoPath). */
+export const ECHO_PATH_CHARS = 256;
+
+/** A request path as an error message repeats it: at most ECHO_PATH_CHARS characters, then `…`. */
+export function echoPath(path: string): string {
+  return path.length > ECHO_PATH_CHARS ? `${path.slice(0, ECHO_PATH_CHARS)}…` : path;
+}
+
 /**
  * `detail` with each path parameter over ECHO_ID_CHARS (a job, worker or endpoint id: none
  * that flashd makes is that long) cut by echoId wherever it is repeated, so a 100,000-character

@@ -67,3 +67,18 @@ t.test('--endpoint-host without a port, and a --public-url host that falls under
   t.equal((await viaHost(a.url, 'GET', '/healthz', 'api.example.test:8000')).status, 200, 'the --public-url host is served');
   t.equal((await viaHost(a.url, 'GET', '/healthz', 'API.example.test')).status, 200, 'in any case, with any port');
 });
+
+t.test("the load-balancing host's 404 cuts a long path and id like every other problem detail", async (t) => {
+  const a = await startAgent(t);
+  const port = new URL(a.url).port;
+  const longPath = `/${'a'.repeat(100_000)}`;
+  const byPath = await viaHost(a.url, 'GET', longPath, `x.lb.localhost:${port}`);
+  t.equal(byPath.status, 404);
+  t.ok(JSON.stringify(byPath.json).length < 1000, `a 100,000-character path: a short reply (${JSON.stringify(byPath.json).length} characters)`);
+  t.match(byPath.json['detail'], `/${'a'.repeat(255)}… at`, 'the path is cut to 256 characters and marked');
+  const longId = 'b'.repeat(3000);
+  const byId = await viaHost(a.url, 'GET', '/x', `${longId}.lb.localhost:${port}`);
+  t.equal(byId.status, 404);
+  t.ok(JSON.stringify(byId.json).length < 1000, `a 3,000-character id in Host: a short reply (${JSON.stringify(byId.json).length} characters)`);
+  t.notMatch(byId.json['detail'], 'b'.repeat(65), 'the id is cut to 64 characters wherever it is repeated');
+});
