@@ -69,7 +69,7 @@ export function createApi(options: CreateApiOptions): Api {
     routes, auth: options.auth, rateLimiter: options.rateLimiter, jobRateLimiter: options.jobRateLimiter,
     endpointOwner: (id) => s.endpoints.byId(id)?.ownerId, log: options.log, storeFailures: options.storeFailures, maxBodyBytes: options.maxBodyBytes,
     // A load-balancing endpoint's host: a 404 for any path, not flashd's own routes.
-    hostHandler: loadBalancerHosts(s.urls, options.maxBodyBytes),
+    hostHandler: loadBalancerHosts(s.urls, options.maxBodyBytes, (id) => s.endpoints.byId(id)?.data.type),
   });
   return {
     routes,

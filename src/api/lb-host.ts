@@ -6,7 +6,7 @@
  * worker up. Every such request gets a 404 before the route table instead.
  */
 import { AgentError } from '../core/errors.js';
-import type { PublicUrls } from '../endpoints/index.js';
+import type { EndpointType, PublicUrls } from '../endpoints/index.js';
 import type { RouteDecision } from '../http/index.js';
 import { echoId, echoPath, problemReply } from './problem.js';
 
@@ -43,9 +43,11 @@ export function loadBalancerIdOf(host: string | undefined, suffix: string, apiHo
 /**
  * The dispatcher's `hostHandler`: a ROUTE_NOT_FOUND for every request to a load-balancing
  * endpoint's host, whatever its method and path. The endpoint host is read at the first request,
- * after listen (its default holds the bound port).
+ * after listen (its default holds the bound port). The detail says whether the label before the
+ * endpoint host is a load-balancing endpoint's id (`endpointType`, unscoped: ids are random), so
+ * an operator who mistyped an id, or put another label in front of it, is told so.
  */
-export function loadBalancerHosts(urls: PublicUrls, maxBodyBytes: number): (method: string, path: string, headers: Readonly<Record<string, string>>) => RouteDecision | undefined {
+export function loadBalancerHosts(urls: PublicUrls, maxBodyBytes: number, endpointType: (id: string) => EndpointType | undefined): (method: string, path: string, headers: Readonly<Record<string, string>>) => RouteDecision | undefined {
   let suffix: string | undefined;
   let apiHost = '';
   let endpointHost = '';
@@ -60,8 +62,14 @@ export function loadBalancerHosts(urls: PublicUrls, maxBodyBytes: number): (meth
     // The id and path are cut as in every other problem detail (echoId, echoPath): any Host and
     // path get a reply of bounded size.
     const shown = echoId(id);
-    const err = new AgentError('ROUTE_NOT_FOUND', `No route for ${method} ${echoPath(path)} at ${shown}.${endpointHost}: that is the address of load-balancing endpoint ${shown} `
-      + `(requestUrls, {id}.{--endpoint-host}), and flashd does not route requests to load-balancing workers yet. flashd's own API is at ${urls.queueBaseUrl()}.`);
+    // An id is one label: `x.{id}.{endpoint host}` is no endpoint's address.
+    const type = id.includes('.') ? undefined : endpointType(id);
+    const what = type === 'LOAD_BALANCER'
+      ? `that is the address of load-balancing endpoint ${shown} (requestUrls, {id}.{--endpoint-host}), and flashd does not route requests to load-balancing workers yet.`
+      : type === 'QUEUE'
+        ? `endpoint ${shown} is a queue endpoint, not a load-balancing one, so it has no address of its own ({id}.{--endpoint-host} is a load-balancing endpoint's); its jobs go to ${urls.queueBaseUrl()}/v2/${shown}/run.`
+        : `there is no endpoint ${shown}${id.includes('.') ? ' (an endpoint id is one label: a load-balancing endpoint\'s address is {id}.{--endpoint-host})' : ''}, and flashd's own routes do not answer at {id}.{--endpoint-host}, the form of a load-balancing endpoint's address.`;
+    const err = new AgentError('ROUTE_NOT_FOUND', `No route for ${method} ${echoPath(path)} at ${shown}.${endpointHost}: ${what} flashd's own API is at ${urls.queueBaseUrl()}.`);
     return { maxBodyBytes, handle: (req) => problemReply(err, req.id) };
   };
 }

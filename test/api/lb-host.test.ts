@@ -44,7 +44,19 @@ t.test("a load-balancing endpoint's requestUrls reach none of flashd's own route
   await check('the host in capitals', 'GET', '/healthz', lbHost.toUpperCase());
   await check('without the port', 'GET', '/healthz', base.hostname);
   await check('an absolute name (trailing dot)', 'GET', '/healthz', `${base.hostname}.:${base.port}`);
-  await check('any other label', 'GET', '/healthz', `nosuchid.lb.localhost:${base.port}`, undefined, 'nosuchid');
+
+  // Any other label gets the 404 too, but the detail does not call it a load-balancing endpoint.
+  const other = async (what: string, host: string, detail: RegExp) => {
+    const r = await viaHost(a.url, 'GET', '/healthz', host);
+    t.equal(r.status, 404, `${what}: 404`);
+    t.equal(r.json['code'], 'ROUTE_NOT_FOUND', `${what}: ROUTE_NOT_FOUND`);
+    t.match(r.json['detail'], detail, `${what}: the detail says what the label is`);
+    t.notMatch(r.json['detail'], /address of load-balancing endpoint/, `${what}: not named a load-balancing endpoint`);
+  };
+  await other('an id no endpoint has', `nosuchid.lb.localhost:${base.port}`, /: there is no endpoint nosuchid\b/);
+  await other('another label in front of the id', `x.${lb.id}.lb.localhost:${base.port}`, new RegExp(`: there is no endpoint x\\.${lb.id} \\(an endpoint id is one label`));
+  const queue = (await a.req('POST', '/v2/serverless', { body: queueBody() })).json;
+  await other("a queue endpoint's id", `${queue.id}.lb.localhost:${base.port}`, new RegExp(`: endpoint ${queue.id} is a queue endpoint, not a load-balancing one.*/v2/${queue.id}/run`));
 
   // flashd's own host names are served as before.
   for (const host of [new URL(a.url).host, `localhost:${base.port}`, `lb.localhost:${base.port}`, `x-lb.localhost:${base.port}`]) {
