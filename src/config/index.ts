@@ -395,15 +395,25 @@ export function loadConfig(input: LoadConfigInput = {}): FlashdConfig {
       errors.push(`${sources[key] ?? 'config'}: ${key} must be a URL with a valid host and a port from 1 to 65535, e.g. ${example}`);
     }
   }
-  // Nor can it bound endpointHost's port or find an empty label (`lb..example.com`), which would
-  // be in every LOAD_BALANCER endpoint's requestUrls.
+  // Nor can it bound endpointHost's port or check its labels, which would be in every
+  // LOAD_BALANCER endpoint's requestUrls: each reason is named (the pattern lets an empty name
+  // through, so that `:99999` is told what is wrong with it).
   const endpointHost = merged['endpointHost'];
   const hostSchema = properties.endpointHost;
   if (typeof endpointHost === 'string' && hostSchema.pattern !== undefined && new RegExp(hostSchema.pattern).test(endpointHost)) {
     const [name = '', port] = endpointHost.split(':');
-    if (name.split('.').includes('') || (port !== undefined && !(Number(port) >= 1 && Number(port) <= 65535))) {
+    const labels = name.split('.');
+    const wrong: string[] = [];
+    if (name === '') wrong.push('have a host name before the port');
+    else if (labels.includes('')) wrong.push('be a host name without empty labels');
+    else if (labels.some((l) => l.startsWith('-') || l.endsWith('-'))) wrong.push("be a host name whose labels neither start nor end with '-'");
+    // `{id}.1.2.3.4` is no name a resolver finds (nor is any name whose last label is a number,
+    // which a URL parser takes for an IPv4 address).
+    else if (/^[0-9]+$/.test(labels[labels.length - 1] ?? '')) wrong.push('be a host name, not an IP address: the endpoint URLs {id}.{endpoint-host} would not resolve');
+    if (port !== undefined && !(/^[1-9][0-9]*$/.test(port) && Number(port) <= 65535)) wrong.push('have a port from 1 to 65535 (no leading zero)');
+    if (wrong.length) {
       const example = /e\.g\. (.+)$/.exec(hostSchema['x-pattern-hint'] ?? '')?.[1] ?? 'lb.example.com';
-      errors.push(`${sources['endpointHost'] ?? 'config'}: endpointHost must be a host name without empty labels and with a port from 1 to 65535, e.g. ${example}`);
+      errors.push(`${sources['endpointHost'] ?? 'config'}: endpointHost must ${wrong.join(' and ')}, e.g. ${example}`);
     }
   }
   if (errors.length) throw new AgentError('VALIDATION_FAILED', `invalid configuration: ${errors.join('; ')}`, { errors });

@@ -159,14 +159,22 @@ t.test('base URLs: a port outside 1-65535 or a host no URL can hold is refused a
   t.equal(loadConfig({ argv: ['--worker-url', 'http://172.17.0.1:65535'] }).workerUrl, 'http://172.17.0.1:65535', '65535 is a port');
 });
 
-t.test('--endpoint-host: a port outside 1-65535 or an empty label is refused at start, not in every LOAD_BALANCER requestUrl', async (t) => {
-  for (const bad of ['lb.example.com:99999', 'lb.example.com:65536', 'lb.example.com:0', 'lb..example.com', '.lb.example.com', 'lb.example.com.']) {
-    const err = failure(() => loadConfig({ argv: ['--endpoint-host', bad] }));
-    t.equal(err.message, 'invalid configuration: flag --endpoint-host: endpointHost must be a host name without empty labels and with a port from 1 to 65535, e.g. lb.example.com or lb.localhost:8000', bad);
-  }
-  t.match(failure(() => loadConfig({ env: { FLASHD_ENDPOINT_HOST: 'lb.example.com:0' } })).message, /^invalid configuration: env FLASHD_ENDPOINT_HOST: endpointHost must be /, 'from env too');
+t.test('--endpoint-host: a bad port, an empty or dashed label, an IP address or no host is refused at start, each by name, not found in every LOAD_BALANCER requestUrl', async (t) => {
+  const refused = (bad: string, what: string) => t.equal(failure(() => loadConfig({ argv: ['--endpoint-host', bad] })).message,
+    `invalid configuration: flag --endpoint-host: endpointHost must ${what}, e.g. lb.example.com or lb.localhost:8000`, bad);
+  for (const bad of ['lb.example.com:99999', 'lb.example.com:65536', 'lb.example.com:0', 'a:065535', 'lb.example.com:080']) refused(bad, 'have a port from 1 to 65535 (no leading zero)');
+  for (const bad of ['lb..example.com', '.lb.example.com', 'lb.example.com.']) refused(bad, 'be a host name without empty labels');
+  for (const bad of ['-lb.example.com', 'lb-.example.com', 'lb.example.com-', 'lb.-example.com:8000']) refused(bad, "be a host name whose labels neither start nor end with '-'");
+  // `{id}.1.2.3.4` resolves to nothing: every requestUrl would be unreachable.
+  for (const bad of ['1.2.3.4', '127.0.0.1:8000', 'lb.123']) refused(bad, 'be a host name, not an IP address: the endpoint URLs {id}.{endpoint-host} would not resolve');
+  // An empty host is named as such, not taken for a malformed value; so is the port beside it.
+  refused(':99999', 'have a host name before the port and have a port from 1 to 65535 (no leading zero)');
+  refused(':0', 'have a host name before the port and have a port from 1 to 65535 (no leading zero)');
+  refused(':8000', 'have a host name before the port');
+  t.match(failure(() => loadConfig({ env: { FLASHD_ENDPOINT_HOST: 'lb.example.com:0' } })).message, /^invalid configuration: env FLASHD_ENDPOINT_HOST: endpointHost must have a port from 1 to 65535 /, 'from env too');
   t.equal(loadConfig({ argv: ['--endpoint-host', 'lb.example.com:65535'] }).endpointHost, 'lb.example.com:65535', '65535 is a port');
   t.equal(loadConfig({ argv: ['--endpoint-host', 'localhost'] }).endpointHost, 'localhost', 'one label');
+  t.equal(loadConfig({ argv: ['--endpoint-host', 'x-1.lb-2.example.com:1'] }).endpointHost, 'x-1.lb-2.example.com:1', "'-' inside a label, digits in a label, port 1");
   // Host names are case-insensitive: the URLs built on it are written as a URL parser writes them.
   t.equal(loadConfig({ argv: ['--endpoint-host', 'LB.Example.COM:80'] }).endpointHost, 'lb.example.com:80', 'upper case is accepted, written in lower case');
 });
