@@ -252,8 +252,10 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
 
     let port = config.port;
     const host = config.host === '0.0.0.0' || config.host === '::' ? '127.0.0.1' : config.host;
+    // As a URL writes it: an IPv6 address in brackets (`http://[::1]:8000`).
+    const urlHost = host.includes(':') ? `[${host}]` : host;
     const urls: PublicUrls = {
-      queueBaseUrl: () => config.publicUrl ?? `http://${host.includes(':') ? `[${host}]` : host}:${port}`,
+      queueBaseUrl: () => config.publicUrl ?? `http://${urlHost}:${port}`,
       endpointHost: () => config.endpointHost ?? `lb.localhost:${port}`,
       endpointScheme: config.endpointScheme,
     };
@@ -508,11 +510,11 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
     keyNotice = null;
     // `url` is where this machine reaches flashd (127.0.0.1 for a wildcard bind); `host` is what
     // it bound, so 0.0.0.0 (every interface) shows in the log.
-    log.info('flashd listening', { url: `http://${host}:${port}`, host: config.host, dataDir, version: VERSION, runtime: runtime?.name ?? 'none' });
+    log.info('flashd listening', { url: `http://${urlHost}:${port}`, host: config.host, dataDir, version: VERSION, runtime: runtime?.name ?? 'none' });
 
     let closed = false;
     return {
-      config, log, db, api, endpoints, auth, jobRateLimiter, queue, autoscaler, logs, port, url: `http://${host}:${port}`, generatedAdminKey: generated,
+      config, log, db, api, endpoints, auth, jobRateLimiter, queue, autoscaler, logs, port, url: `http://${urlHost}:${port}`, generatedAdminKey: generated,
       killWorkersNow: async () => {
         const runtimeLog = log.child({ component: 'runtime' });
         // Before the kill, and synchronous: the exit follows within seconds.

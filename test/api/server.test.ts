@@ -4,6 +4,7 @@ import { createServer, request } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { chmodSync, mkdirSync, statSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
+import { networkInterfaces } from 'node:os';
 import { assertProblem, startAgent, ADMIN_KEY, queueBody } from '../helpers/agent.js';
 import { generateApiKey } from '../../src/auth/tokens.js';
 import { testDataDir } from '../helpers/data-dir.js';
@@ -195,4 +196,14 @@ t.test('the listening line names the bind address: with 0.0.0.0 the url alone sa
     t.match(line, `url=http://127.0.0.1:${a.agent.port}`, `${host}: and the local URL`);
     await a.agent.close();
   }
+});
+
+// CI containers may run without IPv6.
+const ipv6Loopback = Object.values(networkInterfaces()).some((l) => l?.some((i) => i.address === '::1'));
+t.test('the listening line writes an IPv6 address in brackets, as a URL must', { skip: !ipv6Loopback && 'no IPv6 loopback here' }, async (t) => {
+  const a = await startAgent(t, { host: '::1' });
+  const line = a.logs.find((l) => l.includes('flashd listening')) ?? '';
+  t.match(line, `url=http://[::1]:${a.agent.port} `, 'the url is one a client can use');
+  t.match(line, 'host=::1', 'the bind address as given');
+  t.equal(a.agent.url, `http://[::1]:${a.agent.port}`, "and so is the agent's url");
 });
