@@ -165,6 +165,13 @@ function collectFlags(argv: readonly string[]): ParsedFlags {
       if (file !== undefined) out.configFile = file;
       continue;
     }
+    // A bare word is no flag: `flashd --port 9000 serve` put the command after the flags.
+    if (!arg.startsWith('-')) {
+      out.errors.push(arg === 'serve' || arg === 'worker-env'
+        ? `the command ${arg} must come before the flags: flashd ${arg} [flags] (see flashd --help)`
+        : `unexpected argument ${JSON.stringify(arg)}: not a flag, and a command (serve, worker-env) comes before the flags (see flashd --help)`);
+      continue;
+    }
     const entry = byFlag.get(name);
     if (!entry) {
       // As a config file's unknown setting: `--prot` names `--port` (and `-port` too). Only a name

@@ -184,7 +184,11 @@ t.test('unknown flags and missing values', async (t) => {
   t.match(unknown.message, /unknown flag --prot \(did you mean --port\? see flashd --help\)/, 'the closest flag, as a config file\'s unknown setting gets');
   t.match(failure(() => loadConfig({ argv: ['--zzzzzz', '1'] })).message, /unknown flag --zzzzzz \(see flashd --help\)/, 'nothing close: no suggestion');
   t.match(failure(() => loadConfig({ argv: ['--port'] })).message, /flag --port needs a value/);
-  t.match(failure(() => loadConfig({ argv: ['serve'] })).message, /unknown flag serve/, 'a positional argument is not a flag');
+  // A bare word is no flag: a command after the flags is told to come first, not called an unknown flag.
+  t.equal(failure(() => loadConfig({ argv: ['--port', '9000', 'serve'] })).message, 'invalid configuration: the command serve must come before the flags: flashd serve [flags] (see flashd --help)', 'serve after the flags');
+  t.equal(failure(() => loadConfig({ argv: ['worker-env'] })).message, 'invalid configuration: the command worker-env must come before the flags: flashd worker-env [flags] (see flashd --help)', 'worker-env after the flags');
+  t.equal(failure(() => loadConfig({ argv: ['--port', '9000', 'server'] })).message, 'invalid configuration: unexpected argument "server": not a flag, and a command (serve, worker-env) comes before the flags (see flashd --help)', 'any other word');
+  t.equal(loadConfig({ argv: ['--data-dir', 'serve'] }).dataDir, 'serve', "a flag's value may be such a word");
   // The admin key is env only (flags show in ps): the flag says where it goes, as a config file does, never echoing the value.
   for (const argv of [['--admin-api-key', 'flag-admin-key-0123456789'], ['--admin-api-key=flag-admin-key-0123456789'], ['--admin-key', 'flag-admin-key-0123456789']]) {
     const err = failure(() => loadConfig({ argv }));
