@@ -112,6 +112,22 @@ t.test('the engine volume of a volume deleted while a worker still used it goes 
   t.equal(a.agent.endpoints.deletedVolumes?.has(gone.id), false, 'the deletion record goes with the engine volume');
 });
 
+t.test("a deleted volume's engine volume that another flashd instance made is left, with the way to remove it", async (t) => {
+  const a = await start(t);
+  const nv = await makeNetworkVolume(t, a, { name: 'shared' });
+  // As a copy of a data directory given an id of its own finds it: named as this flashd names
+  // it, labelled with the original's instance.
+  const name = volumeName(nv.id);
+  await docker.createVolume(name, { [LABELS.managed]: 'true', [LABELS.volume]: nv.id, [LABELS.instance]: 'the-original', 'dev.flashd.volume-kind': 'network' });
+  t.teardown(() => docker.removeVolume(name, { force: true }));
+  t.equal((await a.req('DELETE', `/v2/network-volumes/${nv.id}`)).status, 204);
+  await until('the volume left in place', async () => a.logs.some((l) => l.includes('volume of a deleted flashd volume left in place')));
+  const line = a.logs.find((l) => l.includes('volume of a deleted flashd volume left in place')) ?? '';
+  t.match(line, /^.*warn .*another flashd instance made it .*remove it by hand once no flashd of that instance uses it/, 'says what to do');
+  t.match(line, `volume=${name} instance=the-original command="docker volume rm ${name}"`, 'with the command');
+  t.ok(await docker.inspectVolume(name), 'and the volume is kept');
+});
+
 t.test('registry credentials reach the engine only: not the container, labels, logs or API', async (t) => {
   const a = await start(t);
   const password = `pw-${process.pid}-never-shown`;

@@ -654,7 +654,11 @@ export class ContainerRuntime implements WorkerRuntime {
     try {
       const owner = (await this.client.inspectVolume(name))?.Labels?.[LABELS.instance];
       if (owner !== undefined && owner !== this.instanceId) {
-        this.#log.warn('volume of a deleted flashd volume left in place: another flashd instance made it', { volume: name, instance: owner });
+        // Its data may still be that flashd's (the original of a copied data directory): the
+        // operator removes it, and only the operator knows when it is no longer used.
+        this.#log.warn('volume of a deleted flashd volume left in place: another flashd instance made it (the original of this data directory, or a copy of it), so its data may still be in use there; remove it by hand once no flashd of that instance uses it', {
+          volume: name, instance: owner, command: `docker volume rm ${name}`,
+        });
       } else {
         await this.client.removeVolume(name);
         this.#log.info('volume removed', { volume: name });
