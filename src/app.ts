@@ -325,6 +325,15 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
     const gpuStartLines = new Set<string>();
     const hardwareProbe = probeHost({ dataCenterId: config.dataCenterId, log: startDiscoveryLogger(gpuLog, gpuStartLines) });
     hardwareProbe.catch(() => undefined);
+    const containers = createContainerRuntime(config, dataDir, log, {
+      state: (id) => endpoints.networkVolumes.getUnscoped(id) !== undefined || endpoints.globalVolumes.getUnscoped(id) !== undefined ? 'exists'
+        : endpoints.deletedVolumes.has(id) ? 'deleted' : 'unknown',
+      removed: (id) => endpoints.deletedVolumes.remove(id),
+    });
+    // A copy of this data directory beside its live original is refused here, before recovery
+    // and the release of the previous run's workers below change this database and log as
+    // though the work were this flashd's (start() refuses it too, but only after them).
+    await containers?.refuseSharedInstance();
     const recoveryStart = performance.now();
     const recovered = queue.recover();
     if (recovered.queued || recovered.running) log.info('jobs recovered', { ...recovered, ms: Math.round(performance.now() - recoveryStart) });
@@ -379,11 +388,6 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
     const ledgerPlacement = createLedgerPlacement<EndpointSpec>(ledger, (spec) => workerRequirement({
       gpu: spec.gpu, cpu: spec.cpu, dataCenterIds: spec.dataCenterIds, ...(spec.gpuTypePriority ? { gpuTypePriority: spec.gpuTypePriority } : {}),
     }));
-    const containers = createContainerRuntime(config, dataDir, log, {
-      state: (id) => endpoints.networkVolumes.getUnscoped(id) !== undefined || endpoints.globalVolumes.getUnscoped(id) !== undefined ? 'exists'
-        : endpoints.deletedVolumes.has(id) ? 'deleted' : 'unknown',
-      removed: (id) => endpoints.deletedVolumes.remove(id),
-    });
     const runtime: WorkerRuntime | null = config.runtime === 'process'
       ? new ProcessRuntime({ dataDir, workdir: config.processWorkdir, log: log.child({ component: 'runtime' }) })
       : containers;

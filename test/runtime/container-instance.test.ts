@@ -5,7 +5,7 @@
  * polls: CI has 2 loaded cores, where the engine may not answer a start in time.
  */
 import { SOCKET, IMAGE, until, docker, instanceOf, containersOf } from '../helpers/containers.js';
-import { spawn } from 'node:child_process';
+import { spawn, spawnSync } from 'node:child_process';
 import { cpSync } from 'node:fs';
 import { join } from 'node:path';
 import { testDataDir } from '../helpers/data-dir.js';
@@ -67,6 +67,20 @@ t.test('a copy of a data directory beside its original: refused while the origin
   await new Promise((r) => setTimeout(r, 3000));
   t.equal((await docker.inspectContainer(container)).State.Running, true, 'the original\'s container is still running');
   t.notMatch(original.stderr(), /removed outside flashd|exited unexpectedly/, 'and the original lost no worker');
+
+  // A copy taken while the original runs: its database holds the running worker's key. It is
+  // refused before it recovers jobs or releases that worker in its database, so no line before
+  // the refusal reads as though something was done to the original's workers.
+  const live = join(testDataDir(t), 'live-copy');
+  cpSync(dir, live, { recursive: true });
+  const liveRun = spawnSync(process.execPath, args(live), { cwd: REPO_ROOT, env, encoding: 'utf8', timeout: 120_000 });
+  if (liveRun.status === null) t.comment('the engine was unreachable at the live copy\'s start');
+  else {
+    t.equal(liveRun.status, 1, 'the live copy exits 1');
+    t.match(liveRun.stderr, /flashd: cannot start: another flashd on this host/, 'refused');
+    t.notMatch(liveRun.stderr, /workers of the previous run released|jobs recovered/, 'before releasing or recovering anything');
+  }
+  t.equal((await docker.inspectContainer(container)).State.Running, true, 'the original\'s container is still running');
 
   // The original gone for good (kill -9): its container is a leftover, which the copy removes.
   t.equal(await original.stop('SIGKILL'), null);

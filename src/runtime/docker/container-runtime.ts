@@ -274,6 +274,38 @@ export class ContainerRuntime implements WorkerRuntime {
     if (this.#refused !== null) throw new Error(this.#refused);
   }
 
+  /**
+   * Before the start recovers jobs and releases the previous run's workers in this database:
+   * rejects, as start() does, when another live flashd of this host runs with this instance id,
+   * so that a refused copy of a data directory says so before any line about work it did. An
+   * engine that does not answer is no refusal here: start() finds it when it connects.
+   */
+  async refuseSharedInstance(): Promise<void> {
+    let containers;
+    try {
+      await this.client.negotiate();
+      containers = await this.client.listContainers({ all: true, labels: [`${LABELS.managed}=true`, `${LABELS.instance}=${this.instanceId}`] });
+    } catch {
+      return;
+    }
+    const others = new Map<number, number>();
+    for (const c of containers) {
+      const owner = ownerOf(c.Labels);
+      if (owner && isOtherLiveProcess(owner)) others.set(owner.pid, (others.get(owner.pid) ?? 0) + 1);
+    }
+    if (!others.size) return;
+    this.client.close();
+    throw new Error(this.#refusal(others));
+  }
+
+  /** Why this start is refused: another live flashd (`others`: pid to container count) has this instance id. */
+  #refusal(others: ReadonlyMap<number, number>): string {
+    const pids = [...others].map(([pid, n]) => `pid ${pid} (${n} container${n > 1 ? 's' : ''})`).join(', ');
+    return `another flashd on this host, ${pids}, runs with this data directory's container instance id ${this.instanceId} `
+      + `(${join(this.#o.dataDir, 'container-instance-id')}): one of the two data directories is a copy of the other, and this start would remove `
+      + 'that flashd\'s containers. To run both on this engine, stop the copy and delete container-instance-id in its data directory: it gets an id of its own at its next start';
+  }
+
   /** Whether the engine answered and the runtime can launch. */
   get ready(): boolean {
     return this.#ready;
@@ -307,9 +339,7 @@ export class ContainerRuntime implements WorkerRuntime {
         if (others.size) {
           const pids = [...others].map(([pid, n]) => `pid ${pid} (${n} container${n > 1 ? 's' : ''})`).join(', ');
           if (atStart) {
-            this.#refused = `another flashd on this host, ${pids}, runs with this data directory's container instance id ${this.instanceId} `
-              + `(${join(this.#o.dataDir, 'container-instance-id')}): one of the two data directories is a copy of the other, and this start would remove `
-              + 'that flashd\'s containers. To run both on this engine, stop the copy and delete container-instance-id in its data directory: it gets an id of its own at its next start';
+            this.#refused = this.#refusal(others);
             return false;
           }
           this.#log.error('another flashd on this host runs with this instance id (a copy of this data directory, or its original): its containers are left alone', {
