@@ -235,8 +235,13 @@ export async function workerEnvCommand(args: string[], env: NodeJS.ProcessEnv): 
     // fetch says only "fetch failed"; the reason (connect ECONNREFUSED …, getaddrinfo ENOTFOUND …)
     // is its cause. Asked at the default address, the likely fix is --url: flashd on another --port.
     const hint = opts['url'] === undefined && !env['FLASHD_URL'] ? ' For a flashd on another port or machine, give --url http://HOST:PORT (or set FLASHD_URL)' : '';
+    // flashd's own port speaks plain http only and never answers a TLS handshake: an https:// URL
+    // of it waits out the limit, and "no answer" alone reads as flashd being down or hung.
+    const tls = new URL(url).protocol === 'https:'
+      ? `; flashd itself serves plain http only (https:// is for a TLS proxy in front of it): if this is flashd's own port, try --url http://${new URL(url).host}`
+      : '';
     process.stderr.write(e.name === 'TimeoutError'
-      ? `flashd worker-env: no answer from ${url} within ${timeoutMs / 1000} s\n`
+      ? `flashd worker-env: no answer from ${url} within ${timeoutMs / 1000} s${tls}\n`
       : `flashd worker-env: cannot reach flashd at ${url}: ${fetchFailure(e)}; is it running?${hint}\n`);
     return 1;
   }

@@ -204,6 +204,13 @@ t.test('worker-env against a server that is not flashd: one line, exit 1', async
   const hang = await run(process.execPath, [BUNDLE, 'worker-env', 'ep', '--url', silent], { ...env, FLASHD_WORKER_ENV_TIMEOUT_MS: '300' }, 30_000);
   t.equal(hang.stderr, `flashd worker-env: no answer from ${silent} within 0.3 s\n`, 'accepted, never answered');
   t.equal(hang.status, 1, 'gave up after its timeout rather than hanging');
+
+  // flashd's plain-http port never answers a TLS handshake either: an https:// URL of it waits out
+  // the limit, and the line says the likely cause (a wrong scheme), not only that nothing answered.
+  const tlsUrl = silent.replace('http://', 'https://');
+  const tls = await run(process.execPath, [BUNDLE, 'worker-env', 'ep', '--url', tlsUrl], { ...env, FLASHD_WORKER_ENV_TIMEOUT_MS: '300' }, 30_000);
+  t.equal(tls.stderr, `flashd worker-env: no answer from ${tlsUrl} within 0.3 s; flashd itself serves plain http only (https:// is for a TLS proxy in front of it): if this is flashd's own port, try --url ${silent}\n`, 'https:// to a plain port: says to try http://');
+  t.equal(tls.status, 1);
 });
 
 /** An address of this machine other than loopback, as another machine would use. */
