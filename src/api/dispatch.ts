@@ -144,7 +144,12 @@ export function createDispatcher(options: DispatcherOptions): (method: string, p
   return (method, path, headers) => {
     const viaHost = options.hostHandler?.(method, path, headers);
     if (viaHost) return viaHost;
-    const { match, allowed } = router.find(method, path);
+    const { match, allowed, emptyParam } = router.find(method, path);
+    if (emptyParam !== undefined) {
+      // endpointId → "endpoint id": the path's own word for it, so the reply names the real cause.
+      const what = emptyParam.replace(/([a-z])([A-Z])/g, '$1 $2').toLowerCase();
+      return staticError(new AgentError('ROUTE_NOT_FOUND', `The ${what} in the path is empty (${method} ${echoPath(path)}): was the variable that should hold it unset?`));
+    }
     if (!match) {
       if (allowed) {
         // HEAD is served wherever GET is (router.ts), unless that GET refuses it (RFC 9110 §10.2.1: Allow lists them all).

@@ -37,9 +37,23 @@ export class Router<R> {
     node.routes.set(method, route);
   }
 
-  /** The route for method and path; `allowed` lists methods when only the method is wrong. */
-  find(method: string, path: string): { match?: Match<R>; allowed?: string[] } {
+  /**
+   * The route for method and path; `allowed` lists methods when only the method is wrong;
+   * `emptyParam` names a `{param}` that an empty segment inside the path stands where (see below).
+   */
+  find(method: string, path: string): { match?: Match<R>; allowed?: string[]; emptyParam?: string } {
     const parts = path.split('/');
+    // `/v2/serverless//logs` is what a script sends when the variable holding the id is unset:
+    // collapsed, it would match `/v2/serverless/{endpointId}` with the id "logs" (a 404 naming
+    // the wrong thing). Empty segments between others are first tried as empty parameters.
+    const inner = parts.slice(1, parts.at(-1) === '' ? -1 : undefined);
+    if (parts[0] === '' && inner.includes('')) {
+      const params: Record<string, string> = {};
+      if (this.#walk(this.#root, inner, 0, params)) {
+        const empty = Object.keys(params).find((name) => params[name] === '');
+        if (empty !== undefined) return { emptyParam: empty };
+      }
+    }
     // Empty segments (leading, trailing or doubled slashes) do not count, as in `add`.
     const segs = parts.includes('') ? parts.filter(Boolean) : parts;
     const params: Record<string, string> = {};

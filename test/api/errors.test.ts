@@ -247,3 +247,31 @@ t.test('an id from the URL is repeated in a problem detail cut to 64 characters,
   const short = await a.req('GET', `/v2/${ep}/status/${'b'.repeat(64)}`);
   t.match(short.json.detail, 'b'.repeat(64), 'an id of 64 characters is repeated whole');
 });
+
+t.test('an empty id in the path (an unset shell variable) is a 404 that says so, not another route\'s', async (t) => {
+  const a = await startAgent(t);
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  // Collapsed, `/v2/serverless//worker-env` was GET /v2/serverless/{endpointId} with the id
+  // "worker-env": `Endpoint worker-env not found.`, which points at the wrong cause.
+  const cases: [string, string, string][] = [
+    ['GET', '/v2/serverless//worker-env', 'endpoint id'],
+    ['GET', '/v2/serverless//logs', 'endpoint id'],
+    ['HEAD', '/v2/serverless//logs', 'endpoint id'],
+    ['PATCH', '/v2/serverless//', 'endpoint id'],
+    ['POST', '/v2//run', 'endpoint id'],
+    ['GET', '/v2//status/abc', 'endpoint id'],
+    ['GET', '/v2//health', 'endpoint id'],
+    ['GET', `/v2/${ep}/status//`, 'job id'],
+    ['POST', `/v2/${ep}/job-done//abc`, 'worker id'],
+  ];
+  for (const [method, path, what] of cases) {
+    const r = await a.req(method, path, method === 'POST' || method === 'PATCH' ? { body: {} } : {});
+    t.equal(r.status, 404, `${method} ${path}: 404`);
+    if (method === 'HEAD') continue;
+    assertProblem(t, r, 404, `${method} ${path}`);
+    t.equal(r.json.detail, `The ${what} in the path is empty (${method} ${path}): was the variable that should hold it unset?`, `${method} ${path}: names the empty ${what}`);
+  }
+  t.equal((await a.req('GET', '/v2//serverless')).status, 200, 'a doubled slash elsewhere still collapses');
+  t.equal((await a.req('GET', `/v2/serverless//${ep}`)).status, 200, 'and so does one before a non-empty id');
+  t.equal((await a.req('GET', `/v2/serverless/${ep}/logs/`)).status, 200, 'a trailing slash is still ignored');
+});
