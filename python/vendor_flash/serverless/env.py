@@ -26,17 +26,24 @@ MIN_PING_INTERVAL_MS = 100
 _POD_ID_PLACEHOLDERS = ("$VENDOR_POD_ID", "$RUNPOD_POD_ID")
 
 
+def env_setting(name: str, environ: Optional[Mapping[str, str]] = None) -> Optional[tuple[str, str]]:
+    """``(variable, value)`` of ``VENDOR_<name>``, else ``RUNPOD_<name>``, else ``None`` (empty
+    values are skipped): :func:`env_value` with the name of the variable it read."""
+    environ = os.environ if environ is None else environ
+    for prefix in ("VENDOR_", "RUNPOD_"):
+        value = environ.get(prefix + name)
+        if value:
+            return prefix + name, value
+    return None
+
+
 def env_value(name: str, environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
     """Return ``VENDOR_<name>``, else ``RUNPOD_<name>``, else ``None`` (empty values are skipped).
 
     ``name`` is given without prefix, e.g. ``env_value("WEBHOOK_GET_JOB")``.
     """
-    environ = os.environ if environ is None else environ
-    for prefix in ("VENDOR_", "RUNPOD_"):
-        value = environ.get(prefix + name)
-        if value:
-            return value
-    return None
+    setting = env_setting(name, environ)
+    return None if setting is None else setting[1]
 
 
 def append_query(url: str, params: Iterable[tuple[str, str]]) -> str:

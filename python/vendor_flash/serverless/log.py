@@ -17,7 +17,7 @@ import sys
 from typing import Optional
 from urllib.parse import urlparse
 
-from .env import env_value
+from .env import env_setting, env_value
 
 LOGGER_NAME = "vendor_flash"
 #: runpod-python's TRACE, between DEBUG and INFO.
@@ -73,13 +73,12 @@ def _setting_level(level: Optional[str]) -> int:
     setting and the accepted names. runpod-python raises ``ValueError("Invalid debug level")``
     instead; a worker in production keeps running here.
     """
-    source, value = "--rp_log_level", level
-    if not value:
-        source, value = next(((var, os.environ[var]) for var in ("VENDOR_LOG_LEVEL", "RUNPOD_LOG_LEVEL",
-                                                                  "RUNPOD_DEBUG_LEVEL") if os.environ.get(var)),
-                             (None, None))
-    if not value:
+    debug = os.environ.get("RUNPOD_DEBUG_LEVEL")
+    setting = (("--rp_log_level", level) if level else env_setting("LOG_LEVEL")
+               or (("RUNPOD_DEBUG_LEVEL", debug) if debug else None))
+    if setting is None:
         return logging.INFO
+    source, value = setting
     number = _LEVELS.get(value.strip().upper())
     if number is None:
         if (source, value) not in _warned_levels:
