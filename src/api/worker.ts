@@ -13,6 +13,7 @@ import { SDK_DEFAULT_ENV, workerEnv, workerJobBody, type DoneBody, type DoneOutc
 import type { LogLine } from '../store/index.js';
 import type { LogHub } from '../scheduler/index.js';
 import { jsonSyntaxDetail, withoutBom } from './dispatch.js';
+import { echoId } from './problem.js';
 import { NO_STORE, type RouteDef } from './route.js';
 
 export interface WorkerRouteServices {
@@ -100,12 +101,12 @@ function jsonKind(value: unknown): string {
   return typeof value === 'object' ? 'an object' : `a ${typeof value}`;
 }
 
-/** Why a job-stream body without `output` is refused: empty, or the members it has (the first 5, names cut to 64 characters). */
+/** Why a job-stream body without `output` is refused: empty, or the members it has (the first 5, names cut as ids are (echoId)). */
 function noOutputDetail(raw: Buffer, body: DoneBody): string {
   const send = 'Send {"output": …} ({"output": null} for a null chunk); an error that ends the job goes to job-done as {"error": "…"}.';
   if (raw.length === 0) return `The stream chunk body is empty. ${send}`;
   const names = Object.keys(body);
-  const shown = names.slice(0, 5).map((n) => JSON.stringify(n.length > 64 ? `${n.slice(0, 64)}…` : n)).join(', ');
+  const shown = names.slice(0, 5).map((n) => JSON.stringify(echoId(n))).join(', ');
   const has = names.length === 0 ? 'none' : names.length > 5 ? `${shown} and ${names.length - 5} more` : shown;
   return `The stream chunk body has no "output" member (it has ${has}). ${send}`;
 }
