@@ -8,6 +8,7 @@ import { until, docker, instanceOf, containersOf, endpoint, health, engineRelay 
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { createServer } from 'node:net';
+import { createServer as createHttpServer, type ServerResponse } from 'node:http';
 import { join } from 'node:path';
 import t from 'tap';
 import { startAgent } from '../helpers/agent.js';
@@ -43,6 +44,29 @@ t.test('engine sockets', async (t) => {
     }, 30_000);
     t.equal(h.workers.unhealthy, 0, 'no capacity is not a crash');
     t.equal((await d.req('GET', `/v2/${ep}/status/${id}`)).json.status, 'IN_QUEUE', 'the job waits');
+  });
+
+  t.test('an engine that never answers /version is waited for once at start, not once per step', async (t) => {
+    // A hung engine (its socket accepts, its API never replies): the refusal check before recovery
+    // and the connection of start() must not each wait out the 10 s /version timeout.
+    const hung = join(sockets, 'hung.sock');
+    let versions = 0;
+    const held = new Set<ServerResponse>();
+    const server = createHttpServer((req, res) => {
+      if (/\/version$/.test(req.url ?? '')) versions++;
+      held.add(res);
+    });
+    await new Promise<void>((r) => server.listen(hung, r));
+    t.teardown(() => new Promise<void>((r) => {
+      server.closeAllConnections();
+      server.close(() => r());
+    }));
+    const started = Date.now();
+    const d = await startAgent(t, { runtime: 'docker', containerSocket: hung });
+    const took = Date.now() - started;
+    t.equal(versions, 1, 'the engine was asked for /version once before flashd served');
+    t.ok(took < 20_000, `served ${took} ms after the start (one 10 s wait, not two)`);
+    t.ok(d.logs.some((l) => /container engine unreachable/.test(l)), 'the outage is logged');
   });
 
   t.test('an engine that goes away after it was ready: the start that finds it gone is no crash', async (t) => {

@@ -23,7 +23,7 @@ import type { Logger } from '../../core/logger.js';
 import { lineSplitter } from '../line-splitter.js';
 import { isOtherLiveProcess, thisProcess, type ProcessIdentity } from '../process-identity.js';
 import type { ExitInfo, LaunchResult, LaunchSpec, WorkerEvents, WorkerRuntime } from '../types.js';
-import type { PullProgress } from './api-types.js';
+import type { ContainerSummary, EngineVersion, PullProgress } from './api-types.js';
 import { DockerClient } from './client.js';
 import { LABELS, containerName, createBody, gpuAttachFor, ownerOf, volumeName, type GpuAttach } from './container-spec.js';
 import { DockerError, isDockerError } from './errors.js';
@@ -252,6 +252,12 @@ export class ContainerRuntime implements WorkerRuntime {
   readonly #owner: ProcessIdentity | null = thisProcess();
   /** Why `start()` refuses: another live flashd uses this instance id. */
   #refused: string | null = null;
+  /**
+   * What `refuseSharedInstance()` got from the engine (its version and this instance's
+   * containers, or why it did not answer), for the first connection of `start()`: the engine is
+   * asked once at start-up, and one that hangs is waited for once.
+   */
+  #asked: { version: EngineVersion; containers: ContainerSummary[] } | { error: unknown } | null = null;
 
   constructor(options: ContainerRuntimeOptions) {
     this.#o = options;
@@ -278,14 +284,17 @@ export class ContainerRuntime implements WorkerRuntime {
    * Before the start recovers jobs and releases the previous run's workers in this database:
    * rejects, as start() does, when another live flashd of this host runs with this instance id,
    * so that a refused copy of a data directory says so before any line about work it did. An
-   * engine that does not answer is no refusal here: start() finds it when it connects.
+   * engine that does not answer is no refusal here. What the engine said, or that it did not
+   * answer, is kept for start(), which does not ask again: a hung engine is waited for once.
    */
   async refuseSharedInstance(): Promise<void> {
     let containers;
     try {
-      await this.client.negotiate();
+      const version = await this.client.negotiate();
       containers = await this.client.listContainers({ all: true, labels: [`${LABELS.managed}=true`, `${LABELS.instance}=${this.instanceId}`] });
-    } catch {
+      this.#asked = { version, containers };
+    } catch (error) {
+      this.#asked = { error };
       return;
     }
     const others = new Map<number, number>();
@@ -333,9 +342,13 @@ export class ContainerRuntime implements WorkerRuntime {
   /** `atStart`: the first connection, which another live flashd with this instance id fails (`#refused`). */
   #connect(atStart = false): Promise<boolean> {
     this.#connecting ??= (async () => {
+      // At start, what refuseSharedInstance() learnt (no container was launched since).
+      const asked = atStart ? this.#asked : null;
+      this.#asked = null;
       try {
-        const v = await this.client.negotiate();
-        const others = await this.#removeLeftovers();
+        if (asked && 'error' in asked) throw asked.error;
+        const v = asked?.version ?? await this.client.negotiate();
+        const others = await this.#removeLeftovers(asked?.containers);
         if (others.size) {
           const pids = [...others].map(([pid, n]) => `pid ${pid} (${n} container${n > 1 ? 's' : ''})`).join(', ');
           if (atStart) {
@@ -394,10 +407,11 @@ export class ContainerRuntime implements WorkerRuntime {
    * Those whose owner labels name another live flashd process of this host are left alone:
    * resolves with their count per owner pid. A container without owner labels (an older
    * flashd's) or whose owner is on another host (an engine shared by hosts: its pid cannot be
-   * checked from here) counts as a previous run's.
+   * checked from here) counts as a previous run's. `listed`: this instance's containers, already
+   * asked for (at start, by refuseSharedInstance).
    */
-  async #removeLeftovers(): Promise<Map<number, number>> {
-    const mine = await this.client.listContainers({ all: true, labels: [`${LABELS.managed}=true`, `${LABELS.instance}=${this.instanceId}`] });
+  async #removeLeftovers(listed?: ContainerSummary[]): Promise<Map<number, number>> {
+    const mine = listed ?? await this.client.listContainers({ all: true, labels: [`${LABELS.managed}=true`, `${LABELS.instance}=${this.instanceId}`] });
     const known = new Set([...this.#running.values()].map((w) => w.containerId));
     for (const e of this.#kept.list()) known.add(e.value.containerId);
     const others = new Map<number, number>();
