@@ -154,7 +154,7 @@ export function createDispatcher(options: DispatcherOptions): (method: string, p
       if (allowed) {
         // HEAD is served wherever GET is (router.ts), unless that GET refuses it (RFC 9110 §10.2.1: Allow lists them all).
         if (allowed.includes('GET') && router.find('GET', path).match?.route.headRefused === undefined) allowed.push('HEAD');
-        return staticError(new AgentError('METHOD_NOT_ALLOWED', `${method} is not allowed on ${path}; allowed: ${allowed.join(', ')}.`), { allow: allowed.join(', ') });
+        return staticError(new AgentError('METHOD_NOT_ALLOWED', `${method} is not allowed on ${echoPath(path)}; allowed: ${allowed.join(', ')}.`), { allow: allowed.join(', ') });
       }
       return staticError(new AgentError('ROUTE_NOT_FOUND', `No route for ${method} ${echoPath(path)}.`));
     }
@@ -162,7 +162,7 @@ export function createDispatcher(options: DispatcherOptions): (method: string, p
     if (method === 'HEAD' && route.headRefused !== undefined) {
       // No route takes OPTIONS: this lists the methods the path has.
       const others = router.find('OPTIONS', path).allowed ?? [route.method];
-      return staticError(new AgentError('METHOD_NOT_ALLOWED', `HEAD is not allowed on ${path}: a GET there ${route.headRefused}, which a reply without a body would lose; allowed: ${others.join(', ')}.`), { allow: others.join(', ') });
+      return staticError(new AgentError('METHOD_NOT_ALLOWED', `HEAD is not allowed on ${echoPath(path)}: a GET there ${route.headRefused}, which a reply without a body would lose; allowed: ${others.join(', ')}.`), { allow: others.join(', ') });
     }
     const maxBodyBytes = route.maxBodyBytes ?? options.maxBodyBytes;
     const onTooLarge = route.onTooLarge;

@@ -248,6 +248,24 @@ t.test('an id from the URL is repeated in a problem detail cut to 64 characters,
   t.match(short.json.detail, 'b'.repeat(64), 'an id of 64 characters is repeated whole');
 });
 
+t.test('a 405 repeats the request path cut to 256 characters, as the 404 of an unknown route does', async (t) => {
+  const a = await startAgent(t);
+  const long = 'a'.repeat(100_000);
+  const cut = `/v2/serverless/${'a'.repeat(256 - '/v2/serverless/'.length)}…`;
+  const put = await a.req('PUT', `/v2/serverless/${long}`, { body: {} });
+  assertProblem(t, put, 405);
+  t.equal(put.json.detail, `PUT is not allowed on ${cut}; allowed: GET, PATCH, DELETE, HEAD.`);
+  t.ok(put.text.length < 2000, `the reply is small (${put.text.length} characters)`);
+  t.equal(put.headers.get('allow'), 'GET, PATCH, DELETE, HEAD', 'the Allow header is unchanged');
+  // A HEAD the route refuses (its GET hands out chunks that a reply without a body would lose):
+  // the body is not sent, but its Content-Length says how long the detail is.
+  const head = await fetch(`${a.url}/v2/x/stream/${long}`, { method: 'HEAD', headers: { authorization: `Bearer ${ADMIN_KEY}` } });
+  t.equal(head.status, 405, 'HEAD on a route that refuses it: 405');
+  t.ok(Number(head.headers.get('content-length')) < 2000, `the HEAD's problem is small too (Content-Length ${head.headers.get('content-length')})`);
+  const short = await a.req('PUT', '/v2/serverless/abcdefghijklmn', { body: {} });
+  t.match(short.json.detail, 'PUT is not allowed on /v2/serverless/abcdefghijklmn;', 'a short path is repeated whole');
+});
+
 t.test('an empty id in the path (an unset shell variable) is a 404 that says so, not another route\'s', async (t) => {
   const a = await startAgent(t);
   const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
