@@ -309,8 +309,13 @@ class ConcurrencyAndCancelTest(IntegrationCase):
 
     def test_cancel_reaches_async_handler(self):
         marker = os.path.join(TMP, f"cancelled-{time.monotonic_ns()}")
-        ref = run(ENDPOINTS["async"], {"forever": marker})
+        started = f"{marker}.started"
+        ref = run(ENDPOINTS["async"], {"forever": marker, "started": started})
         wait_status(ENDPOINTS["async"], ref["id"], lambda b: b["status"] == "IN_PROGRESS", what="IN_PROGRESS")
+        # IN_PROGRESS is set when the worker takes the job, before its handler runs: a stop that
+        # reaches the worker first ends the job with the handler never started (nothing to see
+        # CancelledError), so the cancel waits until the handler is inside its await.
+        wait_until(lambda: os.path.exists(started), 15, what="the handler to start")
         status, body = SERVER.call("POST", f"/v2/{ENDPOINTS['async']}/cancel/{ref['id']}")
         self.assertEqual(status, 200, body)
         self.assertEqual(body["status"], "CANCELLED")

@@ -94,6 +94,9 @@ async def async_handler(job):
                 peak = max(peak, RUNNING["now"])
         if "forever" in inp:
             try:
+                if "started" in inp:  # the handler is running: a stop from now on reaches its await
+                    with open(inp["started"], "w") as fh:
+                        fh.write("started")
                 await asyncio.sleep(3600)
             except asyncio.CancelledError:
                 with open(inp["forever"], "w") as fh:
