@@ -1,7 +1,9 @@
 """Running jobs through every handler form, with streaming and cancellation."""
 
 import asyncio
+import concurrent.futures
 import functools
+import inspect
 import json
 import logging
 import sys
@@ -281,6 +283,56 @@ class RunTest(unittest.TestCase):
         gate.set()
         with self.assertRaises(JobCancelled):
             run.run()
+
+    def test_a_job_stopped_before_its_handler_starts_does_not_run_it(self):
+        # a stop that reaches the worker between its take and the handler's start: the handler
+        # is not called (a sync one ran to its end before, holding the worker for a dropped result)
+        called = []
+
+        def sync(job):
+            called.append("sync")
+            return "late"
+
+        async def coro(job):
+            called.append("async")
+            return "late"
+
+        def gen(job):
+            called.append("generator")
+            yield "late"
+
+        async def agen(job):
+            called.append("async generator")
+            yield "late"
+
+        for handler in (sync, coro, gen, agen):
+            chunks = []
+            run = JobRun(handler, dict(JOB), self.loop, on_chunk=chunks.append)
+            run.cancel()
+            with self.assertRaises(JobCancelled):
+                run.run()
+            self.assertEqual(chunks, [])
+        self.assertEqual(called, [])
+
+    def test_a_task_stopped_before_the_loop_starts_it_is_closed_not_left_unawaited(self):
+        # the stop reaches the task before the loop has run it: its code never runs, and its
+        # coroutine is closed (it was left to the garbage collector, which printed "RuntimeWarning:
+        # coroutine 'handler' was never awaited" on the worker's stderr for a cancelled job)
+        ran, gate = [], threading.Event()
+
+        async def handler(job):
+            ran.append(True)
+
+        self.loop.loop.call_soon_threadsafe(gate.wait, 5)  # the loop is busy until the gate opens
+        coroutine = handler(JOB)
+        submitted = self.loop.submit(coroutine)
+        submitted.cancel()
+        gate.set()
+        self.assertTrue(submitted.wait(5))
+        with self.assertRaises(concurrent.futures.CancelledError):
+            submitted.result()
+        self.assertEqual(ran, [])
+        self.assertEqual(inspect.getcoroutinestate(coroutine), inspect.CORO_CLOSED)
 
     def test_cancel_generator_between_yields(self):
         produced = []

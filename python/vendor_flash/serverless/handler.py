@@ -151,9 +151,20 @@ class Submitted:
         self._done = threading.Event()  # set once _future is: concurrent.futures.wait() misses its cancel()
         self._cancel_asked = False
         self._lock = threading.Lock()
+        self._awaitable = awaitable
         loop.call_soon_threadsafe(self._start, awaitable)
 
     def _start(self, awaitable) -> None:  # on the loop
+        with self._lock:
+            cancel_asked = self._cancel_asked
+        if cancel_asked:
+            # stopped before its task could start: its code never runs (as a task cancelled
+            # before its first step), and it is closed here, not left for the garbage collector
+            # to warn "coroutine ... was never awaited"
+            self._close_unstarted()
+            self._future.cancel()
+            self._done.set()
+            return
         try:
             self._task = self._loop.create_task(_guarded(awaitable))
         except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
@@ -162,8 +173,15 @@ class Submitted:
             return
         self._task.add_done_callback(self._ended)
 
+    def _close_unstarted(self) -> None:
+        """Close the awaitable if its code never started (a coroutine still CORO_CREATED)."""
+        awaitable = self._awaitable
+        if inspect.iscoroutine(awaitable) and inspect.getcoroutinestate(awaitable) == inspect.CORO_CREATED:
+            awaitable.close()
+
     def _ended(self, task: asyncio.Task) -> None:  # on the loop
         if task.cancelled():
+            self._close_unstarted()  # cancelled before its first step (the loop shutting down)
             self._future.cancel()
         elif task.exception() is not None:
             self._future.set_exception(task.exception())
@@ -345,7 +363,8 @@ class JobRun:
     (before the job ends); it may raise :class:`ChunkNotDelivered` to end the job with an
     error. :meth:`cancel` may be called from any thread: async handlers get
     ``asyncio.CancelledError`` at their next ``await``; generators stop at their next yield;
-    a sync handler runs to its end and its result is dropped. :meth:`run` returns only once
+    a sync handler runs to its end and its result is dropped; a job cancelled before its
+    handler started does not run it (of any form). :meth:`run` returns only once
     the handler's code has ended, so a stopped job is not over while its handler still runs
     (an async one awaiting a cleanup after the ``CancelledError``, or ignoring it).
 
@@ -404,8 +423,13 @@ class JobRun:
     def run(self) -> Dict[str, Any]:
         """Run the handler to its end and return the job-done body.
 
-        Raises :class:`JobCancelled` if the job was cancelled (no result must be posted).
+        Raises :class:`JobCancelled` if the job was cancelled (no result must be posted); one
+        cancelled before it started does not call the handler at all.
         """
+        if self.cancelled:
+            # stopped between its take and here: its handler is not run (a sync one would run
+            # to its end, holding the worker, for a result that is dropped)
+            raise JobCancelled(self.job.get("id"))
         if self.kind.is_stream:
             result = self._run_stream()
         else:
