@@ -21,7 +21,7 @@ export interface WorkerRouteServices {
   endpoints: EndpointService;
   auth: AuthService;
   /** Worker output: stored lines and followers of new ones. */
-  logs: Pick<LogHub, 'read' | 'follow' | 'droppedAfter'>;
+  logs: Pick<LogHub, 'readPage' | 'follow' | 'droppedAfter'>;
   /** queue_base_url as workers reach it. */
   baseUrl(): string;
   pingIntervalMs: number;
@@ -299,13 +299,17 @@ export function workerRoutes(s: WorkerRouteServices): RouteDef[] {
       auth: 'user', scope: 'endpoints:read', successStatus: 200, responseSchema: 'LogLine', responseIsArray: true, problems: [400, 401, 403, 404, 429],
       query: [
         { name: 'since', description: 'Only lines with seq greater than this. When lines after it were already deleted (flashd keeps the newest 10,000 lines per endpoint), the reply says so in X-Logs-Dropped-Through.', schema: { type: 'integer', minimum: 0 } },
-        { name: 'limit', description: 'At most this many lines (default 500, max 10000), and at most 16 MiB of line text: the newest lines that fit, or with since the oldest after it.', schema: { type: 'integer', minimum: 1, maximum: 10000 } },
+        { name: 'limit', description: 'At most this many lines (default 500, max 10000), and at most 16 MiB of line text: the newest lines that fit, or with since the oldest after it (X-Logs-Truncated says when the 16 MiB cut it short).', schema: { type: 'integer', minimum: 1, maximum: 10000 } },
         { name: 'follow', description: 'true (or 1): keep the response open and stream new lines as NDJSON; false (or 0), the default: a snapshot.', schema: { type: 'boolean' } },
       ],
       responseHeaders: {
         'X-Logs-Dropped-Through': {
           description: 'Only with ?since, when lines after it were deleted before they were read (the oldest beyond the 10,000 kept per endpoint): every line of the endpoint up to this seq is gone, so the reader missed some. The reply starts at the oldest line kept.',
           schema: { type: 'integer' },
+        },
+        'X-Logs-Truncated': {
+          description: 'true when the 16 MiB cap on line text ended the reply before ?limit lines while more lines were there: with ?since, read on with since set to the last seq; without it, older lines were left out (read them with ?since). Not sent on a follow with ?since, which sends the rest.',
+          schema: { type: 'string', enum: ['true'] },
         },
       },
       handle: ({ req, principal, params }) => {
@@ -327,16 +331,21 @@ export function workerRoutes(s: WorkerRouteServices): RouteDef[] {
         if (errors.length) throw new AgentError('VALIDATION_FAILED', `${errors.join('; ')}.`, { errors });
         const limit = limitRaw === null ? 500 : Number(limitRaw);
         const since = sinceRaw === null ? undefined : Number(sinceRaw);
-        let lines = s.logs.read(ep.id, since, limit);
+        const page = s.logs.readPage(ep.id, since, limit);
+        let lines = page.lines;
+        const follows = followRaw === 'true' || followRaw === '1';
         // seq is shared by every endpoint: a reader cannot tell a gap from lines trimmed away.
         const dropped = since === undefined ? null : s.logs.droppedAfter(ep.id, since);
-        const droppedHeader: Record<string, string> = dropped === null ? {} : { 'x-logs-dropped-through': String(dropped) };
-        if (followRaw !== 'true' && followRaw !== '1') return { status: 200, headers: droppedHeader, body: lines.map(logView) };
+        const logHeaders: Record<string, string> = dropped === null ? {} : { 'x-logs-dropped-through': String(dropped) };
+        // Fewer than ?limit lines because of the 16 MiB cap, with more there: a pager that stops
+        // at a short page stopped at the first one. A follow from ?since sends the rest anyway.
+        if (page.truncated && (!follows || since === undefined)) logHeaders['x-logs-truncated'] = 'true';
+        if (!follows) return { status: 200, headers: logHeaders, body: lines.map(logView) };
         return {
           status: 200,
           reply: {
             status: 200,
-            headers: { 'content-type': 'application/x-ndjson', 'cache-control': 'no-store', ...droppedHeader },
+            headers: { 'content-type': 'application/x-ndjson', 'cache-control': 'no-store', ...logHeaders },
             stream: (w) => {
               // The stream outlives the request's authentication: each new line is sent only
               // while the credential that opened it is still good (a key revoked or expired since,

@@ -77,6 +77,16 @@ export class LogHub {
   }
 
   /**
+   * `read`, saying whether READ_CHARS cut it short (fewer than `limit` lines, with more there):
+   * a reader must not take the short reply for the end of the log.
+   */
+  readPage(endpointId: string, afterSeq: number | undefined, limit: number): { lines: LogLine[]; truncated: boolean } {
+    const cut = { truncated: false };
+    const lines = this.#repo.read(endpointId, afterSeq, limit, READ_CHARS, cut);
+    return { lines, truncated: cut.truncated };
+  }
+
+  /**
    * The seq of the newest line trimmed away (beyond the kept lines per endpoint) when it is after
    * `afterSeq`: a reader that had read up to `afterSeq` missed lines. Else null.
    */

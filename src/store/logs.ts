@@ -40,16 +40,20 @@ export class LogsRepo {
   /**
    * Lines after `seq` (oldest first), or the last `limit` lines when `seq` is undefined; no more
    * of them than fit in `maxChars` characters of line text (at least one): the oldest after
-   * `seq`, or the newest.
+   * `seq`, or the newest. `cut.truncated` is set when `maxChars` left out a line that `limit`
+   * would have taken.
    */
-  read(endpointId: string, afterSeq: number | undefined, limit: number, maxChars = Infinity): LogLine[] {
+  read(endpointId: string, afterSeq: number | undefined, limit: number, maxChars = Infinity, cut?: { truncated: boolean }): LogLine[] {
     const rows = (afterSeq === undefined ? this.#tail.iterate(endpointId, limit) : this.#since.iterate(endpointId, afterSeq, limit)) as IterableIterator<{
       seq: number; endpoint_id: string; worker_id: string | null; stream: LogLine['stream']; line: string; at: number;
     }>;
     const lines: LogLine[] = [];
     let size = 0;
     for (const r of rows) {
-      if (lines.length > 0 && size + r.line.length > maxChars) break;
+      if (lines.length > 0 && size + r.line.length > maxChars) {
+        if (cut) cut.truncated = true;
+        break;
+      }
       size += r.line.length;
       lines.push({ seq: r.seq, endpointId: r.endpoint_id, workerId: r.worker_id, stream: r.stream, line: r.line, at: r.at });
     }

@@ -271,3 +271,42 @@ t.test('with no worker runtime, jobs that wait with no worker up are explained o
   await new Promise((r) => setTimeout(r, 2200));
   t.equal((await said()).length, 1, 'not repeated at each decision');
 });
+
+t.test('a read cut short by the 16 MiB cap says so (X-Logs-Truncated), so a pager does not stop early', async (t) => {
+  // 1,100 lines of 16 KB is about 17.6 MiB: ?limit=2000 gets the newest 1,024 and used to say
+  // nothing, and a pager reading on with ?since until a page holds fewer than `limit` lines
+  // stopped after its first page, as if the log ended there.
+  const a = await startAgent(t);
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody() })).json.id as string;
+  const hub = a.agent.logs;
+  for (let i = 0; i < 1100; i++) hub.append(ep, 'wkr_a', 'stdout', `big ${String(i).padStart(5, '0')} `.padEnd(16_384, 'B'));
+  await a.agent.queue.durable();
+  const url = `/v2/serverless/${ep}/logs`;
+
+  const tail = await a.req('GET', `${url}?limit=2000`);
+  t.equal(tail.status, 200);
+  t.equal(tail.json.length, 1024, 'the newest lines that fit in 16 MiB');
+  t.equal(tail.json[0].line.slice(0, 9), 'big 00076', 'older lines are left out');
+  t.equal(tail.headers.get('x-logs-truncated'), 'true', 'a tail read cut by the cap says so');
+
+  const first = await a.req('GET', `${url}?since=0&limit=2000`);
+  t.equal(first.json.length, 1024);
+  t.equal(first.headers.get('x-logs-truncated'), 'true', 'a read with ?since cut by the cap says so');
+  const last = first.json[first.json.length - 1].seq as number;
+  const rest = await a.req('GET', `${url}?since=${last}&limit=2000`);
+  t.equal(rest.json.length, 76, 'the rest, read on with ?since');
+  t.equal(rest.headers.get('x-logs-truncated'), null, 'not cut: no header');
+
+  t.equal((await a.req('GET', `${url}?limit=1000`)).headers.get('x-logs-truncated'), null, 'cut by ?limit, not the cap: no header');
+  t.equal((await a.req('GET', `${url}?limit=1024`)).headers.get('x-logs-truncated'), null, 'exactly what fits: no header');
+  const doc = (await a.req('GET', '/v2/openapi.json')).json;
+  t.ok(doc.paths['/v2/serverless/{endpointId}/logs'].get.responses['200'].headers['X-Logs-Truncated'], 'in the OpenAPI document');
+
+  // A follow from the tail leaves the older lines out too; one from ?since sends them all.
+  const follow = await fetch(`${a.url}${url}?follow=true&limit=2000`, { headers: { authorization: `Bearer ${ADMIN_KEY}` } });
+  t.equal(follow.headers.get('x-logs-truncated'), 'true', 'a follow from the tail says so');
+  await follow.body?.cancel();
+  const followSince = await fetch(`${a.url}${url}?follow=true&since=0&limit=2000`, { headers: { authorization: `Bearer ${ADMIN_KEY}` } });
+  t.equal(followSince.headers.get('x-logs-truncated'), null, 'a follow from ?since goes on past the cap: no header');
+  await followSince.body?.cancel();
+});
