@@ -178,6 +178,11 @@ const jobsReply = (jobs: { id: string; input: string; extra: string | null }[], 
   return { status: 200, headers: { 'content-type': 'application/json' }, body: `[${jobs.map(workerJobBody).join(',')}]` };
 };
 
+/**
+ * How often a log follow checks that the key that opened it is still good, besides at each line:
+ * one revoked or expired while the endpoint prints nothing ends the stream within this.
+ */
+const FOLLOW_AUTH_CHECK_MS = 2000;
 const logView = (l: LogLine) => ({ seq: l.seq, at: new Date(l.at).toISOString(), workerId: l.workerId, stream: l.stream, line: l.line });
 
 export function workerRoutes(s: WorkerRouteServices): RouteDef[] {
@@ -357,6 +362,17 @@ export function workerRoutes(s: WorkerRouteServices): RouteDef[] {
                   return false;
                 }
               };
+              // Checked at each line and every FOLLOW_AUTH_CHECK_MS: on an endpoint that prints
+              // nothing more, a follow opened with a key revoked or expired since stayed open.
+              const check = setInterval(() => {
+                if (stillAllowed()) return;
+                off();
+                stop();
+              }, FOLLOW_AUTH_CHECK_MS).unref();
+              const stop = (): void => {
+                clearInterval(check);
+                w.end();
+              };
               // A client that stops reading (a paused `curl | less`) must not make flashd buffer
               // every new line for it: once a write is held back, the follow lets go of the hub
               // and picks up after the last line sent when the socket drains (the lines wait in
@@ -370,7 +386,7 @@ export function workerRoutes(s: WorkerRouteServices): RouteDef[] {
                   if (paused) return;
                   if (!stillAllowed()) {
                     unfollow();
-                    w.end();
+                    stop();
                     return;
                   }
                   last = l.seq;
@@ -378,7 +394,7 @@ export function workerRoutes(s: WorkerRouteServices): RouteDef[] {
                   paused = true;
                   unfollow();
                   w.drained(follow);
-                }, () => w.end());
+                }, stop);
                 off = unfollow;
               };
               // The last lines (up to 10,000 of up to 16 KB each) go out under the same rule: a
@@ -395,7 +411,10 @@ export function workerRoutes(s: WorkerRouteServices): RouteDef[] {
               lines = [];
               if (held) w.drained(follow);
               else follow();
-              w.signal.addEventListener('abort', () => off(), { once: true });
+              w.signal.addEventListener('abort', () => {
+                clearInterval(check);
+                off();
+              }, { once: true });
             },
           },
         };

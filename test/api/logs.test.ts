@@ -310,3 +310,35 @@ t.test('a read cut short by the 16 MiB cap says so (X-Logs-Truncated), so a page
   t.equal(followSince.headers.get('x-logs-truncated'), null, 'a follow from ?since goes on past the cap: no header');
   await followSince.body?.cancel();
 });
+
+t.test('a follow of a quiet endpoint ends when the key that opened it is revoked or expires, with no new line', async (t) => {
+  // The key was checked only at each new line: on an endpoint that printed nothing more, a
+  // follow opened with a key since revoked (a leaked key deleted) or expired stayed open for good.
+  const a = await startAgent(t);
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody() })).json.id as string;
+  a.agent.logs.append(ep, 'wkr_a', 'stdout', 'the only line');
+  await a.agent.queue.durable();
+  for (const how of ['revoked', 'expired'] as const) {
+    const made = (await a.req('POST', '/v2/api-keys', { body: { name: how, scopes: ['endpoints:read'], ...(how === 'expired' ? { expiresAt: new Date(Date.now() + 1500).toISOString() } : {}) } })).json;
+    const res = await fetch(`${a.url}/v2/serverless/${ep}/logs?follow=true&limit=1`, { headers: { authorization: made.key } });
+    t.equal(res.status, 200);
+    const reader = res.body!.getReader();
+    const decoder = new TextDecoder();
+    let text = '';
+    const readToEnd = async (): Promise<true> => {
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) return true;
+        text += decoder.decode(value, { stream: true });
+      }
+    };
+    const ended = readToEnd();
+    if (how === 'revoked') t.equal((await a.req('DELETE', `/v2/api-keys/${made.id}`)).status, 204);
+    const started = Date.now();
+    const result = await Promise.race([ended, new Promise<string>((r) => setTimeout(() => r('still open'), 8000))]);
+    t.equal(result, true, `the stream ends once the key is ${how}, though no line came`);
+    t.ok(Date.now() - started < 8000, `within seconds (${Date.now() - started} ms)`);
+    t.match(text, 'the only line');
+    if (result !== true) await reader.cancel();
+  }
+});
