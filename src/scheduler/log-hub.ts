@@ -5,8 +5,6 @@
 import type { Clock } from '../core/clock.js';
 import type { LogLine, LogsRepo, WriteBatch } from '../store/index.js';
 
-/** The most lines a new follower is sent from between its snapshot and its first live line. */
-const CATCH_UP_LINES = 10_000;
 /**
  * Lines read from SQLite at a time for that catch-up (at most 1 MB of 16 KB lines): a follower
  * that lets go after a few (its client reads slowly and comes back here each time it drains)
@@ -123,13 +121,16 @@ export class LogHub {
     const live = set;
     this.#batch.committed().then(
       () => {
-        for (let sent = 0; sent < CATCH_UP_LINES && live.has(follower);) {
-          const page = this.#repo.read(endpointId, last, Math.min(CATCH_UP_PAGE, CATCH_UP_LINES - sent));
+        // Every line kept after `last` (up to the retention plus the 999 appended before the next
+        // trim), not a fixed count: a catch-up that stopped at 10,000 lines skipped the rest, as
+        // the live lines after them went on. It ends sooner when the follower lets go (a client
+        // that does not keep up), and nothing is committed while it runs.
+        while (live.has(follower)) {
+          const page = this.#repo.read(endpointId, last, CATCH_UP_PAGE);
           for (const l of page) {
             if (!live.has(follower)) return;
             follower.line(l);
           }
-          sent += page.length;
           if (page.length < CATCH_UP_PAGE) return;
         }
       },

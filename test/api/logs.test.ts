@@ -342,3 +342,37 @@ t.test('a follow of a quiet endpoint ends when the key that opened it is revoked
     if (result !== true) await reader.cancel();
   }
 });
+
+t.test('a follow from far back gets every kept line before the live ones, none skipped', async (t) => {
+  // flashd keeps up to 10,999 lines (trimmed to 10,000 every 1,000), but the catch-up from a
+  // follow's snapshot to its first live line stopped at 10,000 lines: `?follow=true&since=0`
+  // on a full log skipped the rest without a word and went on with the next new line.
+  const a = await startAgent(t);
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody() })).json.id as string;
+  const hub = a.agent.logs;
+  for (let i = 0; i < 10_500; i++) hub.append(ep, 'wkr_a', 'stdout', `line ${i}`);
+  await a.agent.queue.durable();
+  const res = await fetch(`${a.url}/v2/serverless/${ep}/logs?follow=true&since=0&limit=1`, { headers: { authorization: `Bearer ${ADMIN_KEY}` } });
+  const reader = res.body!.getReader();
+  const decoder = new TextDecoder();
+  let text = '';
+  const readUntil = async (needle: string): Promise<boolean> => {
+    const deadline = Date.now() + 20_000;
+    while (!text.includes(needle) && Date.now() < deadline) {
+      const { value, done } = await Promise.race([reader.read(), new Promise<{ value: undefined; done: false }>((r) => setTimeout(() => r({ value: undefined, done: false }), 500))]);
+      if (done) return false;
+      if (value) text += decoder.decode(value, { stream: true });
+    }
+    return text.includes(needle);
+  };
+  // Nothing more comes from the catch-up; a new line then shows what was sent before it.
+  await readUntil('"line 10000"');
+  await new Promise((r) => setTimeout(r, 500));
+  hub.append(ep, 'wkr_a', 'stdout', 'fresh');
+  t.ok(await readUntil('"fresh"'), 'the new line arrives');
+  await reader.cancel();
+  const lines = text.split('\n').filter((l) => l !== '').map((l) => JSON.parse(l).line as string);
+  t.equal(lines.length, 10_501, 'every kept line, then the new one');
+  t.equal(lines[10_499], 'line 10499', 'the last kept line before the new one');
+  t.equal(lines[10_500], 'fresh');
+});
