@@ -183,6 +183,8 @@ const jobsReply = (jobs: { id: string; input: string; extra: string | null }[], 
  * one revoked or expired while the endpoint prints nothing ends the stream within this.
  */
 const FOLLOW_AUTH_CHECK_MS = 2000;
+/** A log follow that wrote nothing for this long sends an empty line (readers skip them). */
+const FOLLOW_KEEPALIVE_MS = 15_000;
 const logView = (l: LogLine) => ({ seq: l.seq, at: new Date(l.at).toISOString(), workerId: l.workerId, stream: l.stream, line: l.line });
 
 export function workerRoutes(s: WorkerRouteServices): RouteDef[] {
@@ -305,7 +307,7 @@ export function workerRoutes(s: WorkerRouteServices): RouteDef[] {
       query: [
         { name: 'since', description: 'Only lines with seq greater than this. When lines after it were already deleted (flashd keeps the newest 10,000 lines per endpoint), the reply says so in X-Logs-Dropped-Through.', schema: { type: 'integer', minimum: 0 } },
         { name: 'limit', description: 'At most this many lines (default 500, max 10000), and at most 16 MiB of line text: the newest lines that fit, or with since the oldest after it (X-Logs-Truncated says when the 16 MiB cut it short).', schema: { type: 'integer', minimum: 1, maximum: 10000 } },
-        { name: 'follow', description: 'true (or 1): keep the response open and stream new lines as NDJSON; false (or 0), the default: a snapshot.', schema: { type: 'boolean' } },
+        { name: 'follow', description: 'true (or 1): keep the response open and stream new lines as NDJSON (with an empty line after 15 s without one, and at the start when there is none yet: skip empty lines); false (or 0), the default: a snapshot.', schema: { type: 'boolean' } },
       ],
       responseHeaders: {
         'X-Logs-Dropped-Through': {
@@ -364,10 +366,19 @@ export function workerRoutes(s: WorkerRouteServices): RouteDef[] {
               };
               // Checked at each line and every FOLLOW_AUTH_CHECK_MS: on an endpoint that prints
               // nothing more, a follow opened with a key revoked or expired since stayed open.
+              // The same tick sends an empty line after FOLLOW_KEEPALIVE_MS without a write: a
+              // proxy in front (nginx's proxy_read_timeout is 60 s) cut a quiet follow, and a
+              // client gone without a word was never noticed, since nothing was written to it.
               const check = setInterval(() => {
-                if (stillAllowed()) return;
+                if (!stillAllowed()) {
+                  off();
+                  stop();
+                  return;
+                }
+                if (waiting || Date.now() - wroteAt < FOLLOW_KEEPALIVE_MS) return;
+                if (send('\n')) return;
                 off();
-                stop();
+                holdUntilDrained();
               }, FOLLOW_AUTH_CHECK_MS).unref();
               const stop = (): void => {
                 clearInterval(check);
@@ -380,6 +391,20 @@ export function workerRoutes(s: WorkerRouteServices): RouteDef[] {
               // idle timeout, since nothing more is written to it.
               let last = since ?? 0;
               let off = (): void => undefined;
+              let wroteAt = Date.now();
+              /** Held back: waiting for the socket to drain, off the hub. */
+              let waiting = false;
+              const send = (chunk: string): boolean => {
+                wroteAt = Date.now();
+                return w.write(chunk);
+              };
+              const holdUntilDrained = (): void => {
+                waiting = true;
+                w.drained(() => {
+                  waiting = false;
+                  follow();
+                });
+              };
               const follow = (): void => {
                 let paused = false;
                 const unfollow = s.logs.follow(ep.id, last, (l) => {
@@ -390,10 +415,10 @@ export function workerRoutes(s: WorkerRouteServices): RouteDef[] {
                     return;
                   }
                   last = l.seq;
-                  if (w.write(JSON.stringify(logView(l)) + '\n')) return;
+                  if (send(JSON.stringify(logView(l)) + '\n')) return;
                   paused = true;
                   unfollow();
-                  w.drained(follow);
+                  holdUntilDrained();
                 }, stop);
                 off = unfollow;
               };
@@ -403,13 +428,13 @@ export function workerRoutes(s: WorkerRouteServices): RouteDef[] {
               let held = false;
               for (const l of lines) {
                 last = l.seq;
-                if (!w.write(JSON.stringify(logView(l)) + '\n')) {
+                if (!send(JSON.stringify(logView(l)) + '\n')) {
                   held = true;
                   break;
                 }
               }
               lines = [];
-              if (held) w.drained(follow);
+              if (held) holdUntilDrained();
               else follow();
               w.signal.addEventListener('abort', () => {
                 clearInterval(check);

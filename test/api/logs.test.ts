@@ -376,3 +376,26 @@ t.test('a follow from far back gets every kept line before the live ones, none s
   t.equal(lines[10_499], 'line 10499', 'the last kept line before the new one');
   t.equal(lines[10_500], 'fresh');
 });
+
+t.test('a quiet follow sends an empty line every 15 s, so a proxy in front does not cut it for idleness', async (t) => {
+  // Nothing was written while the endpoint printed nothing: behind nginx (proxy_read_timeout
+  // 60 s by default, the TLS proxy the README suggests) or a load balancer, a follow of an idle
+  // endpoint was cut after a minute, and a client gone without a word held its follow for good.
+  const a = await startAgent(t);
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody() })).json.id as string;
+  a.agent.logs.append(ep, 'wkr_a', 'stdout', 'the only line');
+  await a.agent.queue.durable();
+  const res = await fetch(`${a.url}/v2/serverless/${ep}/logs?follow=true&limit=1`, { headers: { authorization: `Bearer ${ADMIN_KEY}` } });
+  const reader = res.body!.getReader();
+  const decoder = new TextDecoder();
+  let text = '';
+  while (!text.includes('the only line\"}\n')) text += decoder.decode((await reader.read()).value, { stream: true });
+  const started = Date.now();
+  const next = await Promise.race([reader.read(), new Promise<'nothing'>((r) => setTimeout(() => r('nothing'), 20_000))]);
+  t.not(next, 'nothing', `something within 20 s (${Date.now() - started} ms)`);
+  if (next !== 'nothing') {
+    t.equal(decoder.decode(next.value), '\n', 'an empty line, which readers skip');
+    t.ok(Date.now() - started >= 14_000, 'not before 15 s of quiet');
+  }
+  await reader.cancel();
+});
