@@ -615,8 +615,16 @@ export class Autoscaler {
         this.#o.logs.append(endpointId, workerId, 'system', `worker ${workerId} stopped (${how}): it never asked for a job`);
         this.#o.log.warn('worker stopped: it never asked for a job', { endpointId, workerId, code: info.code, signal: info.signal });
       } else {
-        this.#o.logs.append(endpointId, workerId, 'system', `worker ${workerId} exited unexpectedly (${how})`);
-        this.#o.log.warn('worker exited unexpectedly', { endpointId, workerId, code: info.code, signal: info.signal });
+        // One that never asked for a job did not crash on one: its command ended (or failed) as it
+        // started. A clean exit of its own then is most likely no worker at all (a handler file
+        // that never calls runpod.serverless.start), which a bare `(code 0)` did not tell.
+        const neverAsked = worker !== undefined && !worker.asked;
+        const before = !neverAsked ? ''
+          : info.code === 0 && !info.signal
+            ? " before it ever asked for a job: a worker's command runs until it is stopped (does it call runpod.serverless.start?)"
+            : ' before it ever asked for a job';
+        this.#o.logs.append(endpointId, workerId, 'system', `worker ${workerId} exited unexpectedly (${how})${before}`);
+        this.#o.log.warn('worker exited unexpectedly', { endpointId, workerId, code: info.code, signal: info.signal, ...(neverAsked ? { neverAsked: true } : {}) });
       }
     } else {
       this.#o.logs.append(endpointId, workerId, 'system', `worker ${workerId} stopped (${how})`);

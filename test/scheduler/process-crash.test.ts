@@ -102,6 +102,30 @@ t.test('a worker that cannot be started gets one log line that says why, not an 
   t.notOk(a.logs.some((l) => /worker exited unexpectedly/.test(l)), 'once');
 });
 
+t.test('a worker whose command ends before it ever asks for a job is said so: not a bare "exited unexpectedly (code 0)"', async (t) => {
+  const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT });
+  // A command that is no worker (a handler.py that never calls runpod.serverless.start): it
+  // prints and exits 0, at once, every time.
+  const ep = (await a.req('POST', '/v2/serverless', {
+    body: cpuBody({ args: 'python3 -c "print(42)"', workers: { min: 1, max: 1, idleTimeout: 30 } }),
+  })).json.id as string;
+  const exit = await until('the exit in the log', async () => {
+    const l = (await a.req('GET', `/v2/serverless/${ep}/logs`)).json as { line: string; workerId: string }[];
+    return l.find((x) => /^worker wkr_\w+ exited/.test(x.line));
+  }, 10_000);
+  t.equal(exit.line, `worker ${exit.workerId} exited unexpectedly (code 0) before it ever asked for a job: a worker's command runs until it is stopped (does it call runpod.serverless.start?)`,
+    'it says the worker never asked for a job, and what a clean exit of its own means');
+  t.ok(a.logs.some((l) => /worker exited unexpectedly .*neverAsked=true/.test(l)), "flashd's log says it never asked");
+  const r = (await a.req('POST', '/v2/serverless', {
+    body: cpuBody({ args: 'python3 -c "import sys; sys.exit(3)"', workers: { min: 1, max: 1, idleTimeout: 30 } }),
+  })).json.id as string;
+  const crash = await until('the crash in the log', async () => {
+    const l = (await a.req('GET', `/v2/serverless/${r}/logs`)).json as { line: string; workerId: string }[];
+    return l.find((x) => /^worker wkr_\w+ exited/.test(x.line));
+  }, 10_000);
+  t.equal(crash.line, `worker ${crash.workerId} exited unexpectedly (code 3) before it ever asked for a job`, 'a failing exit: that it never asked, its output says why');
+});
+
 t.test('refresh_worker with concurrency above 1 stays within max: the replacement waits for the old worker to exit', async (t) => {
   const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT, takeHoldMs: 1000, leaseMs: 5000 });
   const ep = (await a.req('POST', '/v2/serverless', {
