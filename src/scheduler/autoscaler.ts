@@ -15,7 +15,7 @@ import { idleTimeoutApplies, type EndpointService, type EndpointSpec } from '../
 import { PAUSED_MS, SDK_DEFAULT_ENV, workerEnv, type JobQueue } from '../queue/index.js';
 import type { ExitInfo, LaunchSpec, WorkerRuntime } from '../runtime/index.js';
 import type { ResourceRow } from '../store/index.js';
-import { aboveMax, afterCrash, decideScale, secs, type CrashState, type ScaleDecision } from './decide.js';
+import { aboveMax, afterCrash, CRASH_QUIET_MS, decideScale, secs, type CrashState, type ScaleDecision } from './decide.js';
 import type { LogHub } from './log-hub.js';
 import { CPU_ONLY_PLACEMENT, type Placement, type Reservation } from './placement.js';
 
@@ -102,6 +102,8 @@ export class Autoscaler {
   readonly #noMax = new Set<string>();
   /** Endpoints whose jobs wait behind idle workers that take none, as last logged (see #notePaused). */
   readonly #paused = new Set<string>();
+  /** Endpoints whose QUEUE_DELAY start waits for a worker still starting, as last logged (see #noteHeldByStarting). */
+  readonly #heldByStarting = new Set<string>();
   readonly #dirty = new Set<string>();
   /** Per endpoint: a wake-up for when its oldest job will have waited `queueDelay` (decision.recheckInMs). */
   readonly #rechecks = new Map<string, { at: number; timer: NodeJS.Timeout }>();
@@ -257,6 +259,10 @@ export class Autoscaler {
     const paused = idleUp.filter((w) => registry.paused(w));
     this.#notePaused(endpointId, paused.length > 0 && paused.length === idleUp.length && load.oldestWaitMs >= PAUSED_MS
       && !live.some((w) => registry.state(w) === 'initializing'), paused.map((w) => w.id), load.queued);
+    // Not while its workers crash (within a minute of the last crash): each restart would say it
+    // again, beside the crash lines that tell why the jobs wait.
+    const crashing = crash !== undefined && mono - Math.max(crash.lastAt, crash.backoffUntil) <= CRASH_QUIET_MS;
+    this.#noteHeldByStarting(endpointId, crashing ? [] : decision.heldByStarting, spec.scaling.type === 'QUEUE_DELAY' ? spec.scaling.queueDelay : 0, load.queued);
     this.#noteLowOnly(endpointId, !!this.#o.runtime && spec.workers.max > 0 && load.queued === 0 && load.lowQueued > 0 && decision.start === 0
       && noneUp, load.lowQueued);
     if (decision.recheckInMs > 0) this.#recheckIn(endpointId, decision.recheckInMs);
@@ -542,6 +548,20 @@ export class Autoscaler {
     });
   }
 
+  /**
+   * Says once, in the endpoint log and flashd's, that jobs have waited past queueDelay while a
+   * worker is still starting: QUEUE_DELAY adds one worker at a time, so with a slow boot (a model
+   * loading) /health showed one worker initializing, a growing queue and room under max, and the
+   * next start came long after queueDelay with nothing saying why. Again for the next such wait.
+   */
+  #noteHeldByStarting(endpointId: string, workerIds: readonly string[], queueDelay: number, count: number): void {
+    this.#sayOnce(this.#heldByStarting, endpointId, workerIds.length > 0, () => {
+      const who = workerIds.length === 1 ? `worker ${workerIds[0]} is` : `workers ${workerIds.join(', ')} are`;
+      this.#o.logs.append(endpointId, null, 'system', `jobs have waited over queueDelay (${queueDelay} s), but ${who} still starting: QUEUE_DELAY adds one worker at a time, so none more starts until it is up`);
+      this.#o.log.info('QUEUE_DELAY start held by a starting worker', { endpointId, queued: count, workerIds: workerIds.join(',') });
+    });
+  }
+
   /** Runs `say` when `waiting` becomes true for an endpoint, not again until it has been false (`said` holds those said). */
   #sayOnce(said: Set<string>, endpointId: string, waiting: boolean, say: () => void): void {
     if (!waiting) {
@@ -732,6 +752,7 @@ export class Autoscaler {
     this.#lowOnly.delete(endpointId);
     this.#noMax.delete(endpointId);
     this.#paused.delete(endpointId);
+    this.#heldByStarting.delete(endpointId);
     const ours = [...this.#managed].filter(([, m]) => m.endpointId === endpointId);
     await Promise.all(ours.map(([id, m]) => this.#stopForGood(id, m, 'endpoint deleted')));
     await this.#o.runtime?.discardEndpoint?.(endpointId);

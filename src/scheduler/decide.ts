@@ -7,7 +7,8 @@
  * - QUEUE_DELAY: with no worker at all, the first waiting job starts one at once (a cold
  *   start). Otherwise one more worker is added when the oldest waiting job has waited longer
  *   than `queueDelay` and no worker is idle, one step at a time (not while another is still
- *   starting); `recheckInMs` says when that wait will be long enough. An idle worker that takes
+ *   starting: `heldByStarting` names those, for the log); `recheckInMs` says when that wait
+ *   will be long enough. An idle worker that takes
  *   no job (`paused`: no job-take open for a while, its SDK's concurrency_modifier returned 0) is
  *   no idle capacity: it holds off no scale-up, though `/health` counts it idle.
  * - REQUEST_COUNT: target `ceil((inQueue + inProgress) / requestCount)`, beside the workers busy
@@ -148,6 +149,11 @@ export interface ScaleDecision {
    * The loop decides again then, not at its next tick.
    */
   recheckInMs: number;
+  /**
+   * QUEUE_DELAY: the workers still starting that hold the next worker back (one step at a time)
+   * while the oldest job has waited past `queueDelay` and `max` has room; empty otherwise.
+   */
+  heldByStarting: string[];
 }
 
 /** Seconds for a log line: `2`, `2.5`. */
@@ -203,6 +209,7 @@ export function decideScale(s: ScaleInput): ScaleDecision {
   let desired = active;
   let why = '';
   let recheckInMs = 0;
+  let heldByStarting: string[] = [];
   if (s.scaling.type === 'REQUEST_COUNT') {
     // A worker busy with work the target leaves out serves none of the jobs counted: counted
     // toward the target, it would keep a normal job waiting behind a low-priority one (or a
@@ -232,6 +239,10 @@ export function decideScale(s: ScaleInput): ScaleDecision {
         + (paused > 0 ? ` (${paused} idle worker(s) take no job: paused intake)` : '');
     } else if (starting === 0 && active < s.max) {
       recheckInMs = Math.ceil(s.scaling.queueDelay * 1000 - s.oldestWaitMs);
+    } else if (starting > 0 && s.oldestWaitMs >= s.scaling.queueDelay * 1000 && active < s.max && !s.backoff) {
+      // One step at a time: past queueDelay, the next worker waits for these to come up. With a
+      // slow boot (a model loading) that is long, and the queue waited with nothing saying why.
+      heldByStarting = serving.filter((w) => w.state === 'initializing').map((w) => w.id);
     }
   }
   if (desired < s.min) why = `workers.min is ${s.min}`;
@@ -305,7 +316,7 @@ export function decideScale(s: ScaleInput): ScaleDecision {
     retire.push((busy[i] as WorkerSnapshot).id);
     remaining--;
   }
-  return { start, stop, retire, unretire, throttled, desired, startReason: start > 0 ? why : '', stopReasons, recheckInMs };
+  return { start, stop, retire, unretire, throttled, desired, startReason: start > 0 ? why : '', stopReasons, recheckInMs, heldByStarting };
 }
 
 /** An endpoint's crash loop: crashes in a row, the last one, and when starts may resume. */

@@ -380,6 +380,19 @@ t.test('QUEUE_DELAY says when the oldest job will have waited long enough, so th
   t.equal(decideScale({ ...base, scaling: { type: 'REQUEST_COUNT', requestCount: 1 }, queued: 2, workers: busy }).recheckInMs, 0, 'REQUEST_COUNT waits for nothing');
 });
 
+t.test('QUEUE_DELAY names the starting workers that hold the next start back once a job has waited queueDelay', async (t) => {
+  const booting = [w('a', 'running'), w('b', 'initializing')];
+  t.same(decideScale({ ...base, queued: 2, oldestWaitMs: 9_000, workers: booting }).heldByStarting, ['b'], 'waited past queueDelay, b still starting: b holds it');
+  t.same(decideScale({ ...base, queued: 2, oldestWaitMs: 9_000, workers: [w('b', 'initializing')] }).heldByStarting, ['b'], 'a cold start still booting');
+  t.same(decideScale({ ...base, queued: 2, oldestWaitMs: 3_000, workers: booting }).heldByStarting, [], 'queueDelay not reached yet');
+  t.same(decideScale({ ...base, queued: 2, oldestWaitMs: 9_000, max: 2, workers: booting }).heldByStarting, [], 'at max: no start would come anyway');
+  t.same(decideScale({ ...base, queued: 2, oldestWaitMs: 9_000, workers: [...booting, w('c', 'idle')] }).heldByStarting, [], 'a worker is idle');
+  t.same(decideScale({ ...base, queued: 2, oldestWaitMs: 9_000, backoff: true, workers: booting }).heldByStarting, [], 'a crash backoff is said by its own line');
+  t.same(decideScale({ ...base, lowQueued: 2, oldestWaitMs: 9_000, workers: booting }).heldByStarting, [], 'low-priority jobs never scale up');
+  t.same(decideScale({ ...base, scaling: { type: 'REQUEST_COUNT', requestCount: 1 }, queued: 5, oldestWaitMs: 9_000, workers: booting }).heldByStarting, [], 'REQUEST_COUNT starts its target at once');
+  t.same(decideScale({ ...base, queued: 2, oldestWaitMs: 9_000, workers: [w('a', 'running')] }).heldByStarting, [], 'nothing starting: one starts now');
+});
+
 t.test('REQUEST_COUNT says when a worker expected back for more jobs is overdue, so a queued job it did not take gets a worker then', async (t) => {
   const rc = { ...base, scaling: { type: 'REQUEST_COUNT', requestCount: 1 } as const };
   const returning = [w('a', 'running', 0, { uncounted: true, returningMs: 700 }), w('b', 'running', 0, { uncounted: true, returningMs: 300 })];

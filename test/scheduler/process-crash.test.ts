@@ -196,3 +196,18 @@ t.test('refresh_worker with workers.min 1: the stop is logged first, and the rep
   t.ok(stop < lines.indexOf(replacement), `the stop comes first: ${lines.map((x) => x.line).join(' | ')}`);
   t.match(replacement.line, /: workers\.min is 1 \(replacing 1 recycled worker\(s\), which asked for it and take no new job\)$/, `the replacement says why: ${replacement.line}`);
 });
+
+t.test('a crash loop of workers that die as they start does not also say, at each restart, that a starting worker holds QUEUE_DELAY back', async (t) => {
+  const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT });
+  // Each one dies a second into its boot, before it ever asks for a job.
+  const ep = (await a.req('POST', '/v2/serverless', {
+    body: cpuBody({
+      args: 'sh -c "sleep 1; exit 3"', scaling: { type: 'QUEUE_DELAY', queueDelay: 0.5 }, workers: { min: 0, max: 2, idleTimeout: 5 },
+    }),
+  })).json.id as string;
+  await a.req('POST', `/v2/${ep}/run`, { body: { input: { n: 1 } } });
+  const lines = async () => ((await a.req('GET', `/v2/serverless/${ep}/logs`)).json as { line: string }[]).map((l) => l.line);
+  await until('four crashes', async () => (await lines()).filter((l) => /exited unexpectedly/.test(l)).length >= 4, 20_000);
+  const held = (await lines()).filter((l) => /still starting/.test(l));
+  t.ok(held.length <= 1, `the crash lines say why the job waits, not a line per restart: ${held.length} x "${held[0] ?? ''}"`);
+});

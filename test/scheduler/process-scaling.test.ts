@@ -384,3 +384,26 @@ t.test('jobs that wait behind idle workers taking none, with no worker to start 
   t.equal((await x.take())?.id, id, 'asking again, it gets the job');
   t.equal((await x.done(id, { output: 1 })).status, 200);
 });
+
+t.test('QUEUE_DELAY says why no second worker starts while a slow one boots and jobs wait past queueDelay', async (t) => {
+  const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT, takeHoldMs: 1000 });
+  // A slow start (a model loading before runpod.serverless.start): 4 s before its first job-take.
+  const ep = (await a.req('POST', '/v2/serverless', {
+    body: cpuBody({
+      args: 'sh -c "sleep 4; exec python3 -u test/fixtures/workers/echo.py"',
+      scaling: { type: 'QUEUE_DELAY', queueDelay: 1 }, workers: { min: 0, max: 3, idleTimeout: 5 },
+    }),
+  })).json.id as string;
+  const id = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { n: 1 } } })).json.id as string;
+  const logs = async () => (await a.req('GET', `/v2/serverless/${ep}/logs`)).json as { line: string; workerId: string | null }[];
+  const held = await until('the hold in the endpoint log', async () => (await logs()).find((l) => /still starting/.test(l.line)), 8000);
+  const started = (await logs()).filter((l) => /^starting worker/.test(l.line));
+  t.equal(started.length, 1, 'one worker starting');
+  const booting = started[0]?.workerId as string;
+  t.equal(held.line, `jobs have waited over queueDelay (1 s), but worker ${booting} is still starting: QUEUE_DELAY adds one worker at a time, so none more starts until it is up`,
+    'the endpoint log says what holds the next worker back');
+  t.equal(held.workerId, null, 'an endpoint line, not one of the worker');
+  t.ok(a.logs.some((l) => /QUEUE_DELAY start held by a starting worker .*workerIds=/.test(l)), "flashd's log says it too");
+  await until('the job to complete', async () => (await a.req('GET', `/v2/${ep}/status/${id}`)).json.status === 'COMPLETED', 15_000);
+  t.equal((await logs()).filter((l) => /still starting/.test(l.line)).length, 1, 'said once while it booted');
+});
