@@ -77,7 +77,9 @@ export interface WorkerInfo {
    * Recycled because it asked (stopPod), not for a new configuration: until it exits it still
    * holds its place under `workers.max` (decide.ts), so refresh_worker with concurrency above 1
    * does not start a replacement per job. An external one's results retire it once it holds
-   * nothing (JobQueue.#retireIfIdle); a job-take from it clears this and `recycle` (it did not exit).
+   * nothing (JobQueue.#retireIfIdle), and one that holds nothing, whatever ended its jobs, is
+   * `silent` (out of /health and the autoscaler's workers); a job-take from it clears this and
+   * `recycle` (it did not exit).
    */
   refresh: boolean;
   /**
@@ -313,10 +315,15 @@ export class WorkerRegistry {
    * off a QUEUE_DELAY scale-up until the sweep forgets it (2 × lease). An external worker whose
    * key was revoked (`revoked`) is silent at once, whatever it holds: each call it makes is
    * refused, so it takes no job and posts no result (the jobs it held go back to the queue when
-   * their leases lapse, as for any worker that stopped calling).
+   * their leases lapse, as for any worker that stopped calling). So is one that asked to be
+   * recycled (stopPod, `refresh`) and holds no job, whatever ended its last one: its own result
+   * retires it (JobQueue.#retireIfIdle), but one that flashd ended (a /cancel, the execution
+   * timeout, a lapsed lease) left it counted until this rule's 10 s, though it takes no job and
+   * exits once its handlers stop. Its record stays, so job-stop still tells it to stop the jobs
+   * flashd ended; a job-take clears `refresh` (it did not exit) and it counts again.
    */
   silent(w: WorkerInfo): boolean {
-    return !w.managed && (w.revoked || (w.jobs.size === 0 && w.parked === 0 && this.#clock.monotonic() - w.lastSeen > SILENT_MS));
+    return !w.managed && (w.revoked || (w.jobs.size === 0 && (w.refresh || (w.parked === 0 && this.#clock.monotonic() - w.lastSeen > SILENT_MS))));
   }
 
   /**

@@ -577,6 +577,44 @@ t.test('an external worker whose stopPod came with one of several jobs leaves /h
   t.same(statuses, ['COMPLETED', 'FAILED', 'COMPLETED']);
 });
 
+t.test('an external worker whose stopPod came with one of several jobs leaves /health once flashd ends the rest (cancel, execution timeout)', async (t) => {
+  // The rest end by flashd, not by a result: a /cancel (the SDK is told on job-stop, cancels the
+  // task, posts nothing and exits) or the execution timeout. It showed as running, then idle,
+  // until the 10 s silence rule dropped it, though it had exited.
+  const clock = new ManualClock();
+  const a = await startAgent(t, { takeHoldMs: 300 }, { clock });
+  const ep = await endpoint(a);
+  const w = await TestWorker.create(a, ep);
+  const none = { idle: 0, initializing: 0, ready: 0, running: 0, throttled: 0, unhealthy: 0 };
+  const ids: string[] = [];
+  ids.push((await run(a, ep, { input: { i: 0 } })).json.id as string);
+  ids.push((await run(a, ep, { input: { i: 1 } })).json.id as string);
+  ids.push((await run(a, ep, { input: { i: 2 }, policy: { executionTimeout: 5000 } })).json.id as string);
+  t.equal((await w.takeBatch(3)).jobs.length, 3);
+  t.equal((await w.done(ids[0] as string, { output: 0, stopPod: true })).status, 200);
+  t.match((await a.req('GET', `/v2/${ep}/health`)).json.workers, { running: 1 }, 'still running its other jobs');
+  t.equal((await a.req('POST', `/v2/${ep}/cancel/${ids[1]}`)).json.status, 'CANCELLED');
+  t.match((await a.req('GET', `/v2/${ep}/health`)).json.workers, { running: 1 }, 'one job of its own left');
+  t.equal(await w.ping([ids[1] as string, ids[2] as string]), 200);
+  clock.advance(5001);
+  a.agent.queue.reap();
+  await a.agent.queue.durable();
+  t.equal((await a.req('GET', `/v2/${ep}/status/${ids[2]}`)).json.status, 'TIMED_OUT');
+  t.same((await a.req('GET', `/v2/${ep}/health`)).json.workers, none,
+    'gone from the counts once flashd ended the last job it held, with no result from it');
+  t.notOk(a.agent.queue.workers.list(ep).some((x) => !a.agent.queue.workers.silent(x)), 'and from the autoscaler\'s workers');
+  t.same((await w.stops()).sort(), [ids[1], ids[2]].sort(), 'it is still told to stop the jobs flashd ended');
+  t.equal(await w.ping([ids[2] as string]), 200);
+  t.same((await a.req('GET', `/v2/${ep}/health`)).json.workers, none, 'its heartbeat does not bring it back');
+  // A late result (runpod-python knows no job-stop) is discarded, as before.
+  t.equal((await w.done(ids[2] as string, { output: 2 })).json.discarded, true);
+  t.same((await a.req('GET', `/v2/${ep}/health`)).json.workers, none);
+  // A job-take withdraws the request, as ever: a worker that did not exit.
+  const next = (await run(a, ep)).json.id as string;
+  t.equal((await w.take())?.id, next);
+  t.match((await a.req('GET', `/v2/${ep}/health`)).json.workers, { running: 1 }, 'back once it asks for work');
+});
+
 t.test('an external worker that takes a job after its stopPod did not exit: its later results keep it', async (t) => {
   // A worker is free to ignore stopPod; one that asks for work again after it stays a worker.
   const a = await startAgent(t, { takeHoldMs: 5000 });

@@ -101,7 +101,8 @@ interface SimWorker {
   retiredUntil: number;
   /**
    * Server-side WorkerInfo.refresh: it posted stopPod and has asked for no job since, so the
-   * result that leaves it holding nothing retires it, whichever carried the stopPod.
+   * result that leaves it holding nothing retires it, whichever carried the stopPod; holding
+   * nothing for any reason (flashd ended the rest), it is out of /health (WorkerRegistry.silent).
    */
   asked: boolean;
 }
@@ -617,13 +618,15 @@ async function checkHealth(c: Ctx) {
     };
     // Workers: an external one is running while it holds a job, or has a stop pending and has
     // called within a lease (WorkerRegistry.state), else idle; one silent for 10 s that holds
-    // nothing is left out (WorkerRegistry.silent).
+    // nothing is left out (WorkerRegistry.silent), and so is one that asked to be recycled
+    // (stopPod) and holds nothing, whatever ended its last job (a result, a /cancel, a timeout,
+    // a lapsed lease), though its stops are pending: it takes no job and exits.
     let running = 0;
     let idle = 0;
     for (const sw of c.workers) {
       if (sw.ep !== ep || !sw.registered) continue;
       const holds = js.some((j) => j.status === 'IN_PROGRESS' && j.workerId === sw.w.workerId);
-      if (!holds && now(c) - sw.lastSeen > 10_000) continue;
+      if (!holds && (now(c) - sw.lastSeen > 10_000 || sw.asked)) continue;
       if (holds || (sw.stops.size > 0 && now(c) - sw.lastSeen <= LEASE)) running++;
       else idle++;
     }
