@@ -33,7 +33,7 @@
  *   that fits under `max` again before it stops (max raised) serves again.
  * - A managed worker marked for replacement (a new configuration, stopPod) takes no more jobs:
  *   it is not counted as serving and it stops as soon as it holds no job, even while it is
- *   starting. For a new configuration its replacement starts at once (`max` applying to the
+ *   starting, or while it still runs only jobs flashd ended (`endedOnly`, at once). For a new configuration its replacement starts at once (`max` applying to the
  *   others); one that asked (stopPod, refresh_worker) keeps its place under `max` while it
  *   still runs jobs, so its replacement waits for room.
  * - A managed worker whose only work left is jobs flashd ended (a timeout, a TTL, a /cancel) that
@@ -269,9 +269,14 @@ export function decideScale(s: ScaleInput): ScaleDecision {
   // Scale down: managed workers that hold no job. Above max, starting ones go first (they serve
   // nobody yet), then idle ones, longest idle first; a recycled one goes whether idle or starting.
   const floor = s.scaling.type === 'REQUEST_COUNT' ? Math.max(s.min, desired) : s.min;
+  // A recycled one whose only work left is jobs flashd ended (a /cancel, a timeout) goes too, at
+  // once, not a lease later as `stuck`: it takes no job, and its handler's result is discarded.
+  // One that asked (stopPod) with concurrency above 1 otherwise ran on, counted and holding its
+  // place under max, until its handler returned or the lease passed.
   const candidates = [
     ...live.filter((w) => w.managed && w.state === 'initializing'),
     ...live.filter((w) => w.managed && w.state === 'idle').sort((a, b) => b.idleMs - a.idleMs),
+    ...live.filter((w) => w.managed && w.recycle && w.state === 'running' && w.endedOnly !== undefined && !stuck.some((x) => x.id === w.id)),
   ];
   const stop: string[] = [];
   const stopReasons: Record<string, string> = {};
@@ -293,6 +298,7 @@ export function decideScale(s: ScaleInput): ScaleDecision {
         : w.refresh
           ? 'recycled: the worker asked for it (stopPod: refresh_worker, or a handler that exited)'
           : 'recycled: replaced for the endpoint\'s new configuration';
+      if (w.endedOnly !== undefined) stopReasons[w.id] += `; it runs only job ${w.endedOnly.jobId}, which flashd ended (${w.endedOnly.why})`;
       continue;
     }
     const overMax = remaining > s.max;

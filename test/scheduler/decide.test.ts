@@ -248,6 +248,18 @@ const cases: { name: string; input: Partial<ScaleInput>; start: number; stop?: s
     input: { max: 1, endedStopMs: 3000, workers: [w('a', 'running'), w('b', 'running', 0, { uncounted: true, endedOnly: ended(5000) })] }, start: 0, stop: ['b'], retire: [],
   },
   {
+    name: 'a worker that asked to be recycled (stopPod) and runs only jobs flashd ended is stopped at once, not a lease later: it takes no job and exits anyway',
+    input: { max: 1, queued: 1, endedStopMs: 3000, workers: [w('a', 'running', 0, { recycle: true, refresh: true, uncounted: true, endedOnly: ended(10) })] }, start: 0, stop: ['a'],
+  },
+  {
+    name: 'so is one replaced for a new configuration (its replacement already started beside it)',
+    input: { max: 1, queued: 1, endedStopMs: 3000, workers: [w('a', 'running', 0, { recycle: true, uncounted: true, endedOnly: ended(10) })] }, start: 1, stop: ['a'],
+  },
+  {
+    name: 'not a recycled one that still runs a job of its own (endedOnly is unset then)',
+    input: { max: 1, queued: 1, endedStopMs: 3000, workers: [w('a', 'running', 0, { recycle: true, refresh: true })] }, start: 0, stop: [],
+  },
+  {
     name: 'a retired stuck worker is stopped, not taken back under a raised max',
     input: { max: 2, endedStopMs: 3000, workers: [w('a', 'running', 0, { recycle: true, refresh: true, retired: true, endedOnly: ended(5000) })] }, start: 0, stop: ['a'], unretire: [],
   },
@@ -340,6 +352,10 @@ t.test('a decision says why its workers start and stop, for the logs', async (t)
   t.same(
     decideScale({ ...base, endedStopMs: 30_000, workers: [w('a', 'running', 0, { endedOnly: { jobId: 'job-1', why: 'cancelled', endedMs: 31_000 } })] }).stopReasons,
     { a: 'it still runs job job-1 31 s after flashd ended it (cancelled), over --lease-ms (30 s)' },
+  );
+  t.same(
+    decideScale({ ...base, endedStopMs: 30_000, workers: [w('a', 'running', 0, { recycle: true, refresh: true, endedOnly: { jobId: 'job-1', why: 'cancelled', endedMs: 200 } })] }).stopReasons,
+    { a: 'recycled: the worker asked for it (stopPod: refresh_worker, or a handler that exited); it runs only job job-1, which flashd ended (cancelled)' },
   );
 });
 
