@@ -416,8 +416,10 @@ export class WorkerRegistry {
       // A worker flashd is stopping that holds no job takes none again: not idle, not ready,
       // however long it takes to exit (up to the stop grace if it ignores SIGTERM). Nor
       // initializing: one stopped while starting (the init timeout, a lower max, a new
-      // configuration) will never come up.
-      if ((state === 'idle' || state === 'initializing') && w.draining) continue;
+      // configuration) will never come up. Nor running for a job flashd ended whose stop is
+      // still pending (`state`): it runs none of the endpoint's jobs, and the autoscaler, whose
+      // log then says "no worker up", counts it out too.
+      if (state !== 'unhealthy' && w.draining && w.jobs.size === 0) continue;
       c[state]++;
     }
     c.ready = c.idle + c.running;

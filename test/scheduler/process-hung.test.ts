@@ -159,8 +159,8 @@ t.test('a hung GPU worker being stopped keeps its GPU: the replacement waits for
  * never returns from, timed out by flashd after 5 s: the endpoint, the job's status, its id and
  * the worker that holds it.
  */
-async function timedOutOnHungWorker(t: Test, script: string, input: Record<string, unknown>) {
-  const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT, leaseMs: 3000, takeHoldMs: 1000, workerStopGraceMs: 2000 });
+async function timedOutOnHungWorker(t: Test, script: string, input: Record<string, unknown>, workerStopGraceMs = 2000) {
+  const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT, leaseMs: 3000, takeHoldMs: 1000, workerStopGraceMs });
   // max 1: while the hung worker holds its place, nothing else runs.
   const ep = (await a.req('POST', '/v2/serverless', {
     body: cpuBody({ args: `python3 -u ${script}`, workers: { min: 0, max: 1, idleTimeout: 60 } }),
@@ -196,6 +196,26 @@ t.test('a worker whose handler runs on, a lease after flashd timed its job out a
     `the endpoint log says why it was stopped: ${stopping}`);
   t.notOk(lines.some((l) => /exited unexpectedly/.test(l.line)), 'a stop, not a crash');
   t.equal((await a.req('GET', `/v2/${ep}/health`)).json.workers.unhealthy, 0, 'no unhealthy worker');
+});
+
+t.test('a worker in its stop grace that runs only a job flashd ended is in none of /health\'s counts, as the endpoint log\'s "no worker up" says', async (t) => {
+  // Its handler ignores SIGTERM (a sync sleep): it lives out a long stop grace. /health counted
+  // it running (its ended job's stop still pending) while the start beside it said no worker up.
+  const graceMs = 8000;
+  const { a, ep, status, hung, worker } = await timedOutOnHungWorker(t, 'test/fixtures/workers/echo.py', { sleep: 1000 }, graceMs);
+  const pgid = theWorkerGroup(t);
+  await until('the execution timeout', async () => (await status(hung)).status === 'TIMED_OUT', 15_000);
+  const next = a.req('POST', `/v2/${ep}/runsync?wait=60000`, { body: { input: { ok: 3 } } });
+  const logs = async () => ((await a.req('GET', `/v2/serverless/${ep}/logs`)).json as { line: string; workerId: string }[]);
+  await until('the hung worker being stopped', async () => (await logs()).some((l) => l.line.startsWith(`stopping worker ${worker}: it still runs job ${hung} `)), 15_000);
+  const h = (await a.req('GET', `/v2/${ep}/health`)).json;
+  t.ok(workerGroups().includes(pgid), 'still in its stop grace');
+  t.match(h.workers, { idle: 0, running: 0, ready: 0 }, 'neither running nor idle while it exits: it holds no job and takes none');
+  const r = await next;
+  t.equal(r.json.status, 'COMPLETED', r.text);
+  t.not(r.json.workerId, worker, 'on a new worker');
+  t.ok((await logs()).some((l) => /^starting worker \S+ \(process runtime\): cold start: 1 job\(s\) waiting and no worker up/.test(l.line)),
+    'the endpoint log said no worker was up');
 });
 
 t.test('the same for a worker that never asks job-stop (runpod-python): counted from the end of its job, not from a stop it never asked for', async (t) => {
