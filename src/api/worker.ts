@@ -306,7 +306,7 @@ export function workerRoutes(s: WorkerRouteServices): RouteDef[] {
       auth: 'user', scope: 'endpoints:read', successStatus: 200, responseSchema: 'LogLine', responseIsArray: true, problems: [400, 401, 403, 404, 429],
       query: [
         { name: 'since', description: 'Only lines with seq greater than this. When lines after it were already deleted (flashd keeps the newest 10,000 lines per endpoint), the reply says so in X-Logs-Dropped-Through.', schema: { type: 'integer', minimum: 0 } },
-        { name: 'limit', description: 'At most this many lines (default 500, max 10000), and at most 16 MiB of line text: the newest lines that fit, or with since the oldest after it (X-Logs-Truncated says when the 16 MiB cut it short).', schema: { type: 'integer', minimum: 1, maximum: 10000 } },
+        { name: 'limit', description: 'At most this many lines (default 500, max 10000), and at most 16 MiB of line text as sent (UTF-8, JSON escapes included: a NUL is 6 bytes): the newest lines that fit, or with since the oldest after it (X-Logs-Truncated says when the 16 MiB cut it short).', schema: { type: 'integer', minimum: 1, maximum: 10000 } },
         { name: 'follow', description: 'true (or 1): keep the response open and stream new lines as NDJSON (with an empty line after 15 s without one, and at the start when there is none yet: skip empty lines); false (or 0), the default: a snapshot.', schema: { type: 'boolean' } },
       ],
       responseHeaders: {

@@ -160,3 +160,30 @@ export function sortedJson(value: unknown): string {
     return sorted;
   });
 }
+
+/** Any character that `JSON.stringify` escapes or that takes more than one byte in UTF-8. */
+const NOT_PLAIN = /[\u0000-\u001f"\\\u007f-\uffff]/;
+
+/**
+ * The UTF-8 byte length of `s` as `JSON.stringify(s)` writes it, quotes left out: what a string
+ * really costs in a JSON reply. A control character is 2 bytes (`\n`) or 6 (`\u0000`), a lone
+ * surrogate 6 (`\udc80`), a character from U+0800 up (U+FFFD, what invalid UTF-8 decodes to) 3.
+ * Plain ASCII, the common case, is its length, found by one regex test and no copy.
+ */
+export function jsonStringBytes(s: string): number {
+  if (!NOT_PLAIN.test(s)) return s.length;
+  let n = 0;
+  for (let i = 0; i < s.length; i++) {
+    const c = s.charCodeAt(i);
+    if (c < 0x20) n += c === 0x08 || c === 0x09 || c === 0x0a || c === 0x0c || c === 0x0d ? 2 : 6;
+    else if (c === 0x22 || c === 0x5c) n += 2;
+    else if (c < 0x80) n += 1;
+    else if (c < 0x800) n += 2;
+    else if (c >= 0xd800 && c <= 0xdbff && i + 1 < s.length && s.charCodeAt(i + 1) >= 0xdc00 && s.charCodeAt(i + 1) <= 0xdfff) {
+      n += 4;
+      i++;
+    } else if (c >= 0xd800 && c <= 0xdfff) n += 6;
+    else n += 3;
+  }
+  return n;
+}

@@ -11,8 +11,11 @@ import type { LogLine, LogsRepo, WriteBatch } from '../store/index.js';
  * must not cost a read of the whole log each time.
  */
 const CATCH_UP_PAGE = 64;
-/** The most line text one read of the log returns (about 1,000 lines of the longest kind). */
-export const READ_CHARS = 16 * 1024 * 1024;
+/**
+ * The most line text one read of the log returns, in bytes of the JSON reply (UTF-8, escapes
+ * included; about 1,000 lines of the longest plain kind, 170 of 16 KB of NULs).
+ */
+export const READ_BYTES = 16 * 1024 * 1024;
 
 const NOOP = (): void => undefined;
 
@@ -67,20 +70,20 @@ export class LogHub {
 
   /**
    * Lines after `afterSeq` (oldest first), or the last `limit` lines when it is undefined, at
-   * most READ_CHARS of line text: 10,000 lines of 16 KB made a 160 MB reply, held in memory until
+   * most READ_BYTES of line text: 10,000 lines of 16 KB made a 160 MB reply, held in memory until
    * its client read it (a client that reads nothing held it for good).
    */
   read(endpointId: string, afterSeq: number | undefined, limit: number): LogLine[] {
-    return this.#repo.read(endpointId, afterSeq, limit, READ_CHARS);
+    return this.#repo.read(endpointId, afterSeq, limit, READ_BYTES);
   }
 
   /**
-   * `read`, saying whether READ_CHARS cut it short (fewer than `limit` lines, with more there):
+   * `read`, saying whether READ_BYTES cut it short (fewer than `limit` lines, with more there):
    * a reader must not take the short reply for the end of the log.
    */
   readPage(endpointId: string, afterSeq: number | undefined, limit: number): { lines: LogLine[]; truncated: boolean } {
     const cut = { truncated: false };
-    const lines = this.#repo.read(endpointId, afterSeq, limit, READ_CHARS, cut);
+    const lines = this.#repo.read(endpointId, afterSeq, limit, READ_BYTES, cut);
     return { lines, truncated: cut.truncated };
   }
 

@@ -1,4 +1,5 @@
 import type { Statement } from 'better-sqlite3';
+import { jsonStringBytes } from '../core/json-raw.js';
 import type { Db } from './db.js';
 
 export interface LogLine {
@@ -39,22 +40,26 @@ export class LogsRepo {
 
   /**
    * Lines after `seq` (oldest first), or the last `limit` lines when `seq` is undefined; no more
-   * of them than fit in `maxChars` characters of line text (at least one): the oldest after
-   * `seq`, or the newest. `cut.truncated` is set when `maxChars` left out a line that `limit`
+   * of them than fit in `maxBytes` bytes of line text as a JSON reply writes it (UTF-8, escapes
+   * included: a NUL is 1 character and 6 bytes, `\u0000`; at least one line): the oldest after
+   * `seq`, or the newest. `cut.truncated` is set when `maxBytes` left out a line that `limit`
    * would have taken.
    */
-  read(endpointId: string, afterSeq: number | undefined, limit: number, maxChars = Infinity, cut?: { truncated: boolean }): LogLine[] {
+  read(endpointId: string, afterSeq: number | undefined, limit: number, maxBytes = Infinity, cut?: { truncated: boolean }): LogLine[] {
     const rows = (afterSeq === undefined ? this.#tail.iterate(endpointId, limit) : this.#since.iterate(endpointId, afterSeq, limit)) as IterableIterator<{
       seq: number; endpoint_id: string; worker_id: string | null; stream: LogLine['stream']; line: string; at: number;
     }>;
     const lines: LogLine[] = [];
     let size = 0;
     for (const r of rows) {
-      if (lines.length > 0 && size + r.line.length > maxChars) {
+      // Counted in characters, control characters or invalid UTF-8 (U+FFFD, 3 bytes) made a
+      // reply up to 6 times the cap: 96 MiB for ?limit=10000 of `head -c 20000000 /dev/zero`.
+      const bytes = maxBytes === Infinity ? 0 : jsonStringBytes(r.line);
+      if (lines.length > 0 && size + bytes > maxBytes) {
         if (cut) cut.truncated = true;
         break;
       }
-      size += r.line.length;
+      size += bytes;
       lines.push({ seq: r.seq, endpointId: r.endpoint_id, workerId: r.worker_id, stream: r.stream, line: r.line, at: r.at });
     }
     return afterSeq === undefined ? lines.reverse() : lines;

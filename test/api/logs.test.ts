@@ -311,6 +311,50 @@ t.test('a read cut short by the 16 MiB cap says so (X-Logs-Truncated), so a page
   await followSince.body?.cancel();
 });
 
+t.test('the 16 MiB cap counts the bytes a line costs in the reply, escapes included, not its characters', async (t) => {
+  // A NUL is one character and six bytes in JSON (\u0000), invalid UTF-8 shows as U+FFFD (three
+  // bytes): 300 such lines of 16 KB are 4.9 M characters, well under the cap counted in
+  // characters, and were sent whole as a 24.6 MB reply (10,000 of them: about 96 MiB, held in
+  // memory until the client read it).
+  const a = await startAgent(t);
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody() })).json.id as string;
+  const hub = a.agent.logs;
+  for (let i = 0; i < 300; i++) hub.append(ep, 'wkr_a', 'stdout', `${i} `.padEnd(16_384, i % 3 === 2 ? '\ufffd' : '\u0000'));
+  await a.agent.queue.durable();
+  const url = `/v2/serverless/${ep}/logs`;
+  const cap = 16 * 1024 * 1024;
+  // Each line's own members (seq, at, workerId, stream) and the array's punctuation: under 200 bytes.
+  const within = (lines: number) => cap + lines * 200;
+
+  const tail = await a.req('GET', `${url}?limit=10000`);
+  t.equal(tail.status, 200);
+  const tailBytes = Buffer.byteLength(tail.text);
+  t.ok(tailBytes <= within(tail.json.length), `the reply is ${(tailBytes / 1048576).toFixed(1)} MiB, within the 16 MiB cap`);
+  t.ok(tail.json.length < 300 && tail.json.length > 150, `the newest lines that fit: ${tail.json.length}`);
+  t.equal(tail.json[tail.json.length - 1].line.split(' ')[0], '299', 'the newest line is in it');
+  t.equal(tail.headers.get('x-logs-truncated'), 'true', 'a tail read cut by the cap says so');
+
+  // A pager reading on with ?since gets every line, each page within the cap.
+  const seen: string[] = [];
+  let since = 0;
+  let pages = 0;
+  for (;;) {
+    const page = await a.req('GET', `${url}?since=${since}&limit=10000`);
+    pages++;
+    t.ok(Buffer.byteLength(page.text) <= within(page.json.length), `page ${pages}: ${(Buffer.byteLength(page.text) / 1048576).toFixed(1)} MiB`);
+    for (const l of page.json) seen.push(l.line.split(' ')[0]);
+    if (page.headers.get('x-logs-truncated') !== 'true') break;
+    since = page.json[page.json.length - 1].seq;
+  }
+  t.equal(pages, 2, 'two pages');
+  t.same(seen, Array.from({ length: 300 }, (_, i) => String(i)), 'every line once, in order');
+
+  // A follow's snapshot is cut by the same count, and says so.
+  const follow = await fetch(`${a.url}${url}?follow=true&limit=10000`, { headers: { authorization: `Bearer ${ADMIN_KEY}` } });
+  t.equal(follow.headers.get('x-logs-truncated'), 'true', 'a follow from the tail says so');
+  await follow.body?.cancel();
+});
+
 t.test('a follow of a quiet endpoint ends when the key that opened it is revoked or expires, with no new line', async (t) => {
   // The key was checked only at each new line: on an endpoint that printed nothing more, a
   // follow opened with a key since revoked (a leaked key deleted) or expired stayed open for good.

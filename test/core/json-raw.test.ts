@@ -4,7 +4,7 @@
  */
 import t from 'tap';
 import fc from 'fast-check';
-import { jsonDepth, nonFiniteToNull, rawMember, rawMemberDepth } from '../../src/core/json-raw.js';
+import { jsonDepth, jsonStringBytes, nonFiniteToNull, rawMember, rawMemberDepth } from '../../src/core/json-raw.js';
 
 const SEED = process.env['FUZZ_SEED'] === undefined ? undefined : Number(process.env['FUZZ_SEED']);
 const params = (numRuns: number) => ({ numRuns, ...(SEED === undefined ? {} : { seed: SEED }) });
@@ -85,4 +85,16 @@ t.test('rawMemberDepth is the depth of the member rawMember returned, measured b
     rawMember(text, 'input');
     return rawMemberDepth() === depthOf(v) && jsonDepth(JSON.stringify(v)) === depthOf(v);
   }), params(300));
+});
+
+t.test('jsonStringBytes is the UTF-8 length of JSON.stringify(s) without its quotes, for any string', async (t) => {
+  const exact = (s: string) => Buffer.byteLength(JSON.stringify(s)) - 2;
+  for (const s of ['', 'plain ascii', '\u0000', '\n\t\r\b\f', '\u001f\u007f', '"\\', '\u00e9', '\u20ac\ufffd', '\u2028\u2029', '\ud83d\ude00', '\ud83d', '\ude00', 'a\ud83d', '\ude00\ud83d', '\ud83d\ud83d\ude00']) {
+    t.equal(jsonStringBytes(s), exact(s), JSON.stringify(s));
+  }
+  fc.assert(fc.property(fc.string({ unit: 'binary', maxLength: 64 }), (s) => jsonStringBytes(s) === exact(s)), params(2000));
+  fc.assert(fc.property(fc.array(fc.integer({ min: 0, max: 0xffff }), { maxLength: 64 }), (codes) => {
+    const s = String.fromCharCode(...codes);
+    return jsonStringBytes(s) === exact(s);
+  }), params(2000));
 });
