@@ -387,8 +387,10 @@ export function workerRoutes(s: WorkerRouteServices): RouteDef[] {
               // A client that stops reading (a paused `curl | less`) must not make flashd buffer
               // every new line for it: once a write is held back, the follow lets go of the hub
               // and picks up after the last line sent when the socket drains (the lines wait in
-              // SQLite, up to the retention per endpoint). One that never reads again meets the
-              // idle timeout, since nothing more is written to it.
+              // SQLite, up to the retention per endpoint). One that never reads again is closed
+              // STREAM_STALL_MS after that held-back write (http/server.ts), since nothing more is
+              // written to it; on a quiet endpoint the keepalive lines (a few bytes every 15 s)
+              // practically never fill the socket's buffers, so such a follow stays open.
               let last = since ?? 0;
               let off = (): void => undefined;
               let wroteAt = Date.now();
