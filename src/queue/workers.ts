@@ -144,8 +144,8 @@ export class WorkerRegistry {
   readonly #retired = new Map<string, number>();
   /**
    * Called when a worker flashd launched first asks for a job (after taking one, if any was
-   * waiting): a QUEUE_DELAY endpoint adds its next worker only once the last one started is up,
-   * so the autoscaler looks again then. Not at its first ping, which may come before: it would
+   * waiting): a QUEUE_DELAY endpoint paces its next worker by those still starting (one more
+   * each further queueDelay while they start), so the autoscaler looks again then. Not at its first ping, which may come before: it would
    * find the worker idle and start nothing.
    */
   onUp: ((endpointId: string, workerId: string) => void) | null = null;

@@ -2,8 +2,9 @@
  * The loop around `decideScale`: observe each QUEUE endpoint, decide, act through the runtime.
  * It runs every second and is woken by submits (coalesced per endpoint and event-loop turn),
  * so the first job to an idle endpoint starts a worker at once, and when a QUEUE_DELAY
- * endpoint's oldest job will have waited `queueDelay`, so its next worker starts then. One bad
- * endpoint cannot stop the loop: each evaluation is caught and logged.
+ * endpoint's oldest job will have waited `queueDelay` × (1 + the workers still starting), so
+ * its next worker starts then. One bad endpoint cannot stop the loop: each evaluation is
+ * caught and logged.
  */
 import { createHash } from 'node:crypto';
 import type { AuthService } from '../auth/index.js';
@@ -102,7 +103,7 @@ export class Autoscaler {
   readonly #noMax = new Set<string>();
   /** Endpoints whose jobs wait behind idle workers that take none, as last logged (see #notePaused). */
   readonly #paused = new Set<string>();
-  /** Endpoints whose QUEUE_DELAY start waits for a worker still starting, as last logged (see #noteHeldByStarting). */
+  /** Endpoints whose QUEUE_DELAY start is held back by workers still starting, as last logged (see #noteHeldByStarting). */
   readonly #heldByStarting = new Set<string>();
   readonly #dirty = new Set<string>();
   /** Per endpoint: a wake-up for when its oldest job will have waited `queueDelay` (decision.recheckInMs). */
@@ -319,7 +320,7 @@ export class Autoscaler {
 
   /**
    * Decides again for this endpoint in `ms` (QUEUE_DELAY: when its oldest job will have waited
-   * `queueDelay`; a crash backoff: when it ends), so the start comes then and not up to a tick
+   * `queueDelay`, one more for each worker still starting; a crash backoff: when it ends), so the start comes then and not up to a tick
    * later. One wake-up per endpoint, the earliest asked for.
    */
   #recheckIn(endpointId: string, ms: number): void {
@@ -549,15 +550,16 @@ export class Autoscaler {
   }
 
   /**
-   * Says once, in the endpoint log and flashd's, that jobs have waited past queueDelay while a
-   * worker is still starting: QUEUE_DELAY adds one worker at a time, so with a slow boot (a model
-   * loading) /health showed one worker initializing, a growing queue and room under max, and the
-   * next start came long after queueDelay with nothing saying why. Again for the next such wait.
+   * Says once, in the endpoint log and flashd's, that jobs have waited past queueDelay while
+   * workers are still starting and they hold a start back: QUEUE_DELAY adds one more for each
+   * further queueDelay the oldest job waits while others start, never more starting than jobs
+   * waiting, so with a slow boot (a model loading) /health shows workers initializing, a queue
+   * and room under max, and the next start comes after queueDelay. Again for the next such wait.
    */
   #noteHeldByStarting(endpointId: string, workerIds: readonly string[], queueDelay: number, count: number): void {
     this.#sayOnce(this.#heldByStarting, endpointId, workerIds.length > 0, () => {
       const who = workerIds.length === 1 ? `worker ${workerIds[0]} is` : `workers ${workerIds.join(', ')} are`;
-      this.#o.logs.append(endpointId, null, 'system', `jobs have waited over queueDelay (${queueDelay} s), but ${who} still starting: QUEUE_DELAY adds one worker at a time, so none more starts until it is up`);
+      this.#o.logs.append(endpointId, null, 'system', `jobs have waited over queueDelay (${queueDelay} s) while ${who} still starting: QUEUE_DELAY starts one more worker for each further ${queueDelay} s the oldest job waits while workers start, and no more starting than jobs waiting`);
       this.#o.log.info('QUEUE_DELAY start held by a starting worker', { endpointId, queued: count, workerIds: workerIds.join(',') });
     });
   }

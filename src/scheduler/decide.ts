@@ -5,10 +5,11 @@
  *
  * - Keep workers between `min` and `max`.
  * - QUEUE_DELAY: with no worker at all, the first waiting job starts one at once (a cold
- *   start). Otherwise one more worker is added when the oldest waiting job has waited longer
- *   than `queueDelay` and no worker is idle, one step at a time (not while another is still
- *   starting: `heldByStarting` names those, for the log); `recheckInMs` says when that wait
- *   will be long enough. An idle worker that takes
+ *   start). Otherwise, while no worker is idle, one more is added when the oldest waiting job
+ *   has waited `queueDelay`, and while workers are still starting one more for each further
+ *   `queueDelay` it waits (waited >= queueDelay × (starting + 1)), never more starting than
+ *   jobs waiting (`heldByStarting` names the starting ones while they hold a start back, for
+ *   the log); `recheckInMs` says when that wait will be long enough. An idle worker that takes
  *   no job (`paused`: no job-take open for a while, its SDK's concurrency_modifier returned 0) is
  *   no idle capacity: it holds off no scale-up, though `/health` counts it idle.
  * - REQUEST_COUNT: target `ceil((inQueue + inProgress) / requestCount)`, beside the workers busy
@@ -150,8 +151,10 @@ export interface ScaleDecision {
    */
   recheckInMs: number;
   /**
-   * QUEUE_DELAY: the workers still starting that hold the next worker back (one step at a time)
-   * while the oldest job has waited past `queueDelay` and `max` has room; empty otherwise.
+   * QUEUE_DELAY: the workers still starting while the oldest job has waited past `queueDelay`
+   * and `max` has room after this decision's starts: they hold the next start back (one more
+   * each further `queueDelay`, never more starting than jobs waiting); empty otherwise, and
+   * during a crash backoff or while the runtime has no room (each said by its own line).
    */
   heldByStarting: string[];
 }
@@ -209,7 +212,7 @@ export function decideScale(s: ScaleInput): ScaleDecision {
   let desired = active;
   let why = '';
   let recheckInMs = 0;
-  let heldByStarting: string[] = [];
+  let pacedBy: string[] = [];
   if (s.scaling.type === 'REQUEST_COUNT') {
     // A worker busy with work the target leaves out serves none of the jobs counted: counted
     // toward the target, it would keep a normal job waiting behind a low-priority one (or a
@@ -232,17 +235,27 @@ export function decideScale(s: ScaleInput): ScaleDecision {
       why = replacing > 0
         ? `${s.queued} job(s) waiting and no worker of the endpoint's new configuration up`
         : `cold start: ${s.queued} job(s) waiting and no worker up`;
-    } else if (starting === 0 && s.oldestWaitMs >= s.scaling.queueDelay * 1000) {
-      desired = active + 1;
-      const paused = serving.filter((w) => w.state === 'idle' && w.paused === true).length;
-      why = `QUEUE_DELAY: the oldest job has waited ${secs(s.oldestWaitMs)} s (queueDelay ${s.scaling.queueDelay} s) and no worker is idle`
-        + (paused > 0 ? ` (${paused} idle worker(s) take no job: paused intake)` : '');
-    } else if (starting === 0 && active < s.max) {
-      recheckInMs = Math.ceil(s.scaling.queueDelay * 1000 - s.oldestWaitMs);
-    } else if (starting > 0 && s.oldestWaitMs >= s.scaling.queueDelay * 1000 && active < s.max && !s.backoff) {
-      // One step at a time: past queueDelay, the next worker waits for these to come up. With a
-      // slow boot (a model loading) that is long, and the queue waited with nothing saying why.
-      heldByStarting = serving.filter((w) => w.state === 'initializing').map((w) => w.id);
+    } else {
+      // One worker per queueDelay the oldest job has waited, counting those still starting: the
+      // first once it has waited queueDelay, each further one queueDelay later while the others
+      // start (waited >= queueDelay × (starting + 1)). One at a time until the last was up made
+      // a backlog on a slow boot (a model loading for a minute) wait a boot time per worker.
+      // Never more starting (none is idle here) than jobs waiting: each is for one of them.
+      const step = s.scaling.queueDelay * 1000;
+      const due = step > 0 ? Math.floor(s.oldestWaitMs / step) : Infinity;
+      const wanted = Math.min(due, s.queued);
+      if (wanted > starting) {
+        desired = active + wanted - starting;
+        const paused = serving.filter((w) => w.state === 'idle' && w.paused === true).length;
+        why = `QUEUE_DELAY: the oldest job has waited ${secs(s.oldestWaitMs)} s (queueDelay ${s.scaling.queueDelay} s) and no worker is idle`
+          + (starting > 0 ? ` (${starting} still starting: one more for each further queueDelay waited)` : '')
+          + (paused > 0 ? ` (${paused} idle worker(s) take no job: paused intake)` : '');
+      } else if (starting < s.queued && active < s.max) {
+        recheckInMs = Math.ceil(step * (starting + 1) - s.oldestWaitMs);
+      }
+      // Past queueDelay, workers still starting pace the next start (or, as many as jobs
+      // waiting, hold it back): with a slow boot the queue waited with nothing saying why.
+      if (starting > 0 && s.oldestWaitMs >= step) pacedBy = serving.filter((w) => w.state === 'initializing').map((w) => w.id);
     }
   }
   if (desired < s.min) why = `workers.min is ${s.min}`;
@@ -265,6 +278,10 @@ export function decideScale(s: ScaleInput): ScaleDecision {
     throttled = start - Math.max(0, s.capacity);
     start = Math.max(0, s.capacity);
   }
+  // Said while starts are held back (room left under max after this decision's starts), not
+  // during a crash backoff (its own line says it) or while the runtime has no room (said too).
+  const heldByStarting = pacedBy.length > 0 && !s.backoff && throttled === 0
+    && s.max - holding - active - awaitingCrash - start > 0 ? pacedBy : [];
 
   // Scale down: managed workers that hold no job. Above max, starting ones go first (they serve
   // nobody yet), then idle ones, longest idle first; a recycled one goes whether idle or starting.

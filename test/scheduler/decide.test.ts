@@ -38,7 +38,31 @@ const cases: { name: string; input: Partial<ScaleInput>; start: number; stop?: s
     name: 'REQUEST_COUNT is unaffected by a paused worker',
     input: { scaling: { type: 'REQUEST_COUNT', requestCount: 2 }, queued: 2, inProgress: 0, workers: [w('a', 'idle', 0, { paused: true })] }, start: 0, stop: [],
   },
-  { name: 'one step at a time while another is starting', input: { queued: 5, oldestWaitMs: 9_000, workers: [w('a', 'running'), w('b', 'initializing')] }, start: 0 },
+  { name: 'one step at a time while another is starting, until the oldest job has waited queueDelay more', input: { queued: 5, oldestWaitMs: 7_999, workers: [w('a', 'running'), w('b', 'initializing')] }, start: 0 },
+  // A slow boot (a model loading for a minute): one more each further queueDelay, not one per boot time.
+  { name: 'while one starts, a second once the oldest job has waited twice queueDelay', input: { queued: 5, oldestWaitMs: 8_000, workers: [w('a', 'running'), w('b', 'initializing')] }, start: 1 },
+  { name: 'while two start, none more before three times queueDelay', input: { queued: 5, max: 10, oldestWaitMs: 11_999, workers: [w('a', 'initializing'), w('b', 'initializing')] }, start: 0 },
+  { name: 'while two start, a third at three times queueDelay', input: { queued: 5, max: 10, oldestWaitMs: 12_000, workers: [w('a', 'initializing'), w('b', 'initializing')] }, start: 1 },
+  {
+    name: 'a backlog that has waited long starts one per queueDelay waited at once, within max',
+    input: { queued: 100, max: 10, oldestWaitMs: 20_000, workers: [w('a', 'running'), w('b', 'initializing')] }, start: 4,
+  },
+  { name: 'and no more than max', input: { queued: 100, max: 3, oldestWaitMs: 60_000, workers: [w('a', 'running'), w('b', 'initializing')] }, start: 1 },
+  {
+    name: 'never more starting workers than jobs waiting (each is for one of them)',
+    input: { queued: 2, max: 10, oldestWaitMs: 60_000, workers: [w('a', 'running'), w('b', 'initializing')] }, start: 1,
+  },
+  { name: 'one job waiting for a worker that starts: none more', input: { queued: 1, max: 10, oldestWaitMs: 60_000, workers: [w('a', 'running'), w('b', 'initializing')] }, start: 0 },
+  {
+    name: 'low-priority jobs count for none of them',
+    input: { queued: 1, lowQueued: 50, max: 10, oldestWaitMs: 60_000, workers: [w('a', 'running'), w('b', 'initializing')] }, start: 0,
+  },
+  {
+    name: 'an idle worker that takes no job (paused) is no starting one: the waiting jobs still count',
+    input: { queued: 2, max: 10, oldestWaitMs: 8_000, workers: [w('a', 'idle', 0, { paused: true }), w('b', 'initializing')] }, start: 1,
+  },
+  { name: 'not during a crash backoff', input: { queued: 5, max: 10, oldestWaitMs: 60_000, backoff: true, workers: [w('b', 'initializing')] }, start: 0 },
+  { name: 'a cold start booting: the second at twice queueDelay', input: { queued: 5, oldestWaitMs: 8_000, workers: [w('b', 'initializing')] }, start: 1 },
   { name: 'never above max', input: { queued: 5, oldestWaitMs: 9_000, max: 1, workers: [w('a', 'running')] }, start: 0 },
   { name: 'max 0: nothing starts', input: { queued: 5, max: 0 }, start: 0 },
   {
@@ -389,16 +413,22 @@ t.test('QUEUE_DELAY says when the oldest job will have waited long enough, so th
   const busy = [w('a', 'running')];
   t.equal(decideScale({ ...base, queued: 2, oldestWaitMs: 2_600, workers: busy }).recheckInMs, 1_400, 'queueDelay 4 s, waited 2.6 s');
   t.equal(decideScale({ ...base, queued: 2, oldestWaitMs: 4_000, workers: busy }).recheckInMs, 0, 'reached: it starts one now instead');
-  t.equal(decideScale({ ...base, queued: 2, oldestWaitMs: 100, workers: [w('a', 'running'), w('b', 'initializing')] }).recheckInMs, 0, 'another still starting: its first contact is no deadline');
+  t.equal(decideScale({ ...base, queued: 2, oldestWaitMs: 100, workers: [w('a', 'running'), w('b', 'initializing')] }).recheckInMs, 7_900, 'another still starting: the next one at twice queueDelay');
+  t.equal(decideScale({ ...base, queued: 5, max: 10, oldestWaitMs: 9_000, workers: [w('a', 'initializing'), w('b', 'initializing')] }).recheckInMs, 3_000, 'two starting: at three times queueDelay');
+  t.equal(decideScale({ ...base, queued: 1, oldestWaitMs: 100, workers: [w('a', 'running'), w('b', 'initializing')] }).recheckInMs, 0, 'as many starting as jobs waiting: none more is due');
   t.equal(decideScale({ ...base, queued: 2, oldestWaitMs: 100, workers: [w('a', 'running'), w('b', 'idle')] }).recheckInMs, 0, 'a worker is idle');
   t.equal(decideScale({ ...base, queued: 2, oldestWaitMs: 100, max: 1, workers: busy }).recheckInMs, 0, 'at max');
   t.equal(decideScale({ ...base, lowQueued: 5, oldestWaitMs: 0, workers: busy }).recheckInMs, 0, 'low-priority jobs never scale up');
   t.equal(decideScale({ ...base, scaling: { type: 'REQUEST_COUNT', requestCount: 1 }, queued: 2, workers: busy }).recheckInMs, 0, 'REQUEST_COUNT waits for nothing');
 });
 
-t.test('QUEUE_DELAY names the starting workers that hold the next start back once a job has waited queueDelay', async (t) => {
+t.test('QUEUE_DELAY names the starting workers that hold a start back once a job has waited queueDelay', async (t) => {
   const booting = [w('a', 'running'), w('b', 'initializing')];
-  t.same(decideScale({ ...base, queued: 2, oldestWaitMs: 9_000, workers: booting }).heldByStarting, ['b'], 'waited past queueDelay, b still starting: b holds it');
+  t.same(decideScale({ ...base, queued: 2, oldestWaitMs: 5_000, workers: booting }).heldByStarting, ['b'], 'waited past queueDelay, b still starting: b holds it');
+  t.same(decideScale({ ...base, queued: 1, oldestWaitMs: 60_000, workers: booting }).heldByStarting, ['b'], 'one job, b starting for it: b holds a start back');
+  t.same(decideScale({ ...base, queued: 5, max: 10, oldestWaitMs: 9_000, workers: booting }).heldByStarting, ['b'], 'a start beside b, the next still held back');
+  t.same(decideScale({ ...base, queued: 2, oldestWaitMs: 9_000, workers: booting }).heldByStarting, [], 'the start beside b fills max: nothing more is held back');
+  t.same(decideScale({ ...base, queued: 5, oldestWaitMs: 9_000, capacity: 0, workers: booting }).heldByStarting, [], 'the runtime has no room: said by its own line');
   t.same(decideScale({ ...base, queued: 2, oldestWaitMs: 9_000, workers: [w('b', 'initializing')] }).heldByStarting, ['b'], 'a cold start still booting');
   t.same(decideScale({ ...base, queued: 2, oldestWaitMs: 3_000, workers: booting }).heldByStarting, [], 'queueDelay not reached yet');
   t.same(decideScale({ ...base, queued: 2, oldestWaitMs: 9_000, max: 2, workers: booting }).heldByStarting, [], 'at max: no start would come anyway');

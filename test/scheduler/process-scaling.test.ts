@@ -68,15 +68,17 @@ t.test('QUEUE_DELAY adds the worker when the oldest job has waited queueDelay, n
 
 t.test('QUEUE_DELAY under a backlog: the next worker starts as soon as the last one is up, not at the next 1 s tick', async (t) => {
   const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT, takeHoldMs: 1000, leaseMs: 3000 });
+  // A queueDelay longer than a boot: while one starts the next is due only after a further
+  // queueDelay (a slow boot's pace, below), so here each next one waits for the last to be up.
   const ep = (await a.req('POST', '/v2/serverless', {
-    body: cpuBody({ args: 'python3 -u test/fixtures/workers/echo.py', workers: { min: 0, max: 4, idleTimeout: 30 }, scaling: { type: 'QUEUE_DELAY', queueDelay: 0.5 } }),
+    body: cpuBody({ args: 'python3 -u test/fixtures/workers/echo.py', workers: { min: 0, max: 4, idleTimeout: 30 }, scaling: { type: 'QUEUE_DELAY', queueDelay: 3 } }),
   })).json.id as string;
   for (let i = 0; i < 8; i++) await a.req('POST', `/v2/${ep}/run`, { body: { input: { sleep: 10 } } });
   type Line = { line: string; at: string; workerId: string; stream: string };
   const lines = await until('four workers running', async () => {
     const all = (await a.req('GET', `/v2/serverless/${ep}/logs?limit=10000`)).json as Line[];
     return (await health(a, ep)).workers.running === 4 && all;
-  }, 20_000);
+  }, 30_000);
   const starts = lines.filter((l) => l.stream === 'system' && /^starting worker /.test(l.line));
   t.equal(starts.length, 4);
   // A worker is up once it takes its first job; the SDK logs "Started." for it just after (the
@@ -385,7 +387,7 @@ t.test('jobs that wait behind idle workers taking none, with no worker to start 
   t.equal((await x.done(id, { output: 1 })).status, 200);
 });
 
-t.test('QUEUE_DELAY says why no second worker starts while a slow one boots and jobs wait past queueDelay', async (t) => {
+t.test('QUEUE_DELAY says why no second worker starts for the one job waiting while a slow one boots past queueDelay', async (t) => {
   const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT, takeHoldMs: 1000 });
   // A slow start (a model loading before runpod.serverless.start): 4 s before its first job-take.
   const ep = (await a.req('POST', '/v2/serverless', {
@@ -400,10 +402,38 @@ t.test('QUEUE_DELAY says why no second worker starts while a slow one boots and 
   const started = (await logs()).filter((l) => /^starting worker/.test(l.line));
   t.equal(started.length, 1, 'one worker starting');
   const booting = started[0]?.workerId as string;
-  t.equal(held.line, `jobs have waited over queueDelay (1 s), but worker ${booting} is still starting: QUEUE_DELAY adds one worker at a time, so none more starts until it is up`,
+  t.equal(held.line, `jobs have waited over queueDelay (1 s) while worker ${booting} is still starting: QUEUE_DELAY starts one more worker for each further 1 s the oldest job waits while workers start, and no more starting than jobs waiting`,
     'the endpoint log says what holds the next worker back');
   t.equal(held.workerId, null, 'an endpoint line, not one of the worker');
   t.ok(a.logs.some((l) => /QUEUE_DELAY start held by a starting worker .*workerIds=/.test(l)), "flashd's log says it too");
   await until('the job to complete', async () => (await a.req('GET', `/v2/${ep}/status/${id}`)).json.status === 'COMPLETED', 15_000);
   t.equal((await logs()).filter((l) => /still starting/.test(l.line)).length, 1, 'said once while it booted');
+});
+
+t.test('QUEUE_DELAY with a slow boot: a backlog starts one more worker each further queueDelay while they boot, not one per boot time', async (t) => {
+  const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT, takeHoldMs: 1000 });
+  // A model loading for 8 s before runpod.serverless.start: one worker per boot time would start
+  // the third after 16 s. Paced by queueDelay, it starts when the oldest job has waited 3 s.
+  const ep = (await a.req('POST', '/v2/serverless', {
+    body: cpuBody({
+      args: 'sh -c "sleep 8; exec python3 -u test/fixtures/workers/echo.py"',
+      scaling: { type: 'QUEUE_DELAY', queueDelay: 1 }, workers: { min: 0, max: 3, idleTimeout: 5 },
+    }),
+  })).json.id as string;
+  const submitted = Date.now();
+  const ids: string[] = [];
+  for (let i = 0; i < 5; i++) ids.push((await a.req('POST', `/v2/${ep}/run`, { body: { input: { n: i } } })).json.id as string);
+  type Line = { line: string; workerId: string | null };
+  const logs = async () => (await a.req('GET', `/v2/serverless/${ep}/logs?limit=10000`)).json as Line[];
+  const starts = await until('three workers starting', async () => {
+    const s = (await logs()).filter((l) => /^starting worker /.test(l.line));
+    return s.length >= 3 && s;
+  }, 7000);
+  t.ok(Date.now() - submitted < 8000, `three started ${Date.now() - submitted} ms after the submits, while the first still boots`);
+  t.same((await health(a, ep)).workers.running, 0, 'none is up yet');
+  t.match(starts[1]?.line, /QUEUE_DELAY: the oldest job has waited [\d.]+ s \(queueDelay 1 s\) and no worker is idle \(1 still starting: one more for each further queueDelay waited\)/, String(starts[1]?.line));
+  t.match(starts[2]?.line, /\(2 still starting: /, String(starts[2]?.line));
+  await new Promise((r) => setTimeout(r, 1500));
+  t.equal((await logs()).filter((l) => /^starting worker /.test(l.line)).length, 3, 'no more than workers.max');
+  for (const id of ids) await until(`job ${id}`, async () => (await a.req('GET', `/v2/${ep}/status/${id}`)).json.status === 'COMPLETED', 20_000);
 });
