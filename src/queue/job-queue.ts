@@ -1226,6 +1226,8 @@ export class JobQueue {
    * leaves /health at once, not 60 s later. Called on each result of a worker that asked
    * (`refresh`), not only the one that carried the stopPod: with concurrency above 1 the others
    * end after it, and the worker exits after the last. A job-take since clears `refresh` (take).
+   * Its record is kept out of the registry for its last calls (WorkerRegistry.retire): a job
+   * flashd cancelled before this result is still offered on its job-stop polls.
    */
   #retireIfIdle(endpointId: string, workerId: string, worker: WorkerInfo): void {
     if (worker.managed || worker.jobs.size > 0 || this.workers.get(endpointId, workerId) !== worker) return;
@@ -1433,8 +1435,8 @@ export class JobQueue {
   /**
    * A worker's first ping since the start: the fences restored for it join its record, so a
    * ping that no longer lists the job ends the fence at once (the fence itself is on the job,
-   * which job-take checks whether or not the worker has called yet). Not a detached record (a
-   * retired worker's last ping): the fences wait for its record.
+   * which job-take checks whether or not the worker has called yet). Not a retired record, out of
+   * the registry (a retired worker's last ping): the fences wait for its record.
    */
   #adoptFences(worker: WorkerInfo): void {
     const key = `${worker.endpointId} ${worker.id}`;

@@ -140,8 +140,11 @@ export class WorkerRegistry {
   readonly #byEndpoint = new Map<string, Map<string, WorkerInfo>>();
   readonly #throttled = new Map<string, number>();
   readonly #forgetAfterMs: number;
-  /** Workers that asked to be recycled and left (`${endpointId} ${workerId}` → until when, monotonic). */
-  readonly #retired = new Map<string, number>();
+  /**
+   * Workers that asked to be recycled and left (`${endpointId} ${workerId}`): until when
+   * (monotonic), and their record, out of the registry, that their last calls are given (`seen`).
+   */
+  readonly #retired = new Map<string, { until: number; w: WorkerInfo }>();
   /**
    * Called when a worker flashd launched first asks for a job (after taking one, if any was
    * waiting): a QUEUE_DELAY endpoint paces its next worker by those still starting (one more
@@ -177,8 +180,10 @@ export class WorkerRegistry {
   /**
    * Any contact from a worker: marks it up, creating the record for external workers. A worker
    * that retired (stopPod) is not brought back by the last ping or job-stop poll of the process
-   * on its way out (runpod-python's heartbeat runs in its own process): those get a detached,
-   * draining record. Only a job-take (`wantsJobs`), a new incarnation asking for work, brings it back.
+   * on its way out (runpod-python's heartbeat runs in its own process): those get its retired
+   * record, draining and out of the registry, whose pending stops job-stop still offers (a job
+   * flashd cancelled before the result that retired it). Only a job-take (`wantsJobs`), a new
+   * incarnation asking for work, brings it back, with a new record.
    * `keyId`: the key the call authenticated with (see WorkerInfo.keyId); a key other than the one
    * recorded takes its place, and ends a `revoked` mark, since this call's key is good.
    */
@@ -188,10 +193,12 @@ export class WorkerRegistry {
     let w = map.get(workerId);
     if (!w && this.#retired.size > 0) {
       const key = `${endpointId} ${workerId}`;
-      const until = this.#retired.get(key);
-      if (until !== undefined && (wantsJobs || now >= until)) this.#retired.delete(key);
-      else if (until !== undefined) {
-        return record(endpointId, workerId, now, { recycle: true, draining: true });
+      const retired = this.#retired.get(key);
+      if (retired !== undefined && (wantsJobs || now >= retired.until)) this.#retired.delete(key);
+      else if (retired !== undefined) {
+        retired.w.lastSeen = now;
+        retired.w.lastCall = now;
+        return retired.w;
       }
     }
     if (!w) {
@@ -233,10 +240,16 @@ export class WorkerRegistry {
     return out;
   }
 
-  /** Removes a worker that asked to be recycled and holds nothing (see `seen`). */
+  /**
+   * Removes a worker that asked to be recycled and holds nothing; its record, draining, is kept
+   * for its last calls (see `seen`), so the stops still pending on it reach the worker.
+   */
   retire(endpointId: string, workerId: string): void {
-    this.remove(endpointId, workerId);
-    this.#retired.set(`${endpointId} ${workerId}`, this.#clock.monotonic() + this.#forgetAfterMs);
+    const w = this.remove(endpointId, workerId);
+    if (!w) return;
+    w.recycle = true;
+    w.draining = true;
+    this.#retired.set(`${endpointId} ${workerId}`, { until: this.#clock.monotonic() + this.#forgetAfterMs, w });
   }
 
   markUnhealthy(endpointId: string, workerId: string): void {
@@ -285,7 +298,7 @@ export class WorkerRegistry {
   /** Forgets external workers not heard from for a while (they hold no jobs by then). */
   sweep(): void {
     const now = this.#clock.monotonic();
-    for (const [key, until] of this.#retired) if (now >= until) this.#retired.delete(key);
+    for (const [key, { until }] of this.#retired) if (now >= until) this.#retired.delete(key);
     for (const map of this.#byEndpoint.values()) {
       for (const w of map.values()) {
         if (!w.managed && w.parked === 0 && w.jobs.size === 0 && now - w.lastSeen > this.#forgetAfterMs) map.delete(w.id);

@@ -615,6 +615,35 @@ t.test('an external worker whose stopPod came with one of several jobs leaves /h
   t.match((await a.req('GET', `/v2/${ep}/health`)).json.workers, { running: 1 }, 'back once it asks for work');
 });
 
+t.test('an external worker retired by its stopPod result is still told to stop a job flashd cancelled before it', async (t) => {
+  // Concurrency 2: job B is cancelled, then A's result comes with stopPod before the worker's
+  // job-stop poll. The result retires the worker (it holds nothing); its record went with it, so
+  // its later polls got a fresh empty record and B's handler was never told to stop.
+  const clock = new ManualClock();
+  const a = await startAgent(t, { takeHoldMs: 300 }, { clock });
+  const ep = await endpoint(a);
+  const w = await TestWorker.create(a, ep);
+  const none = { idle: 0, initializing: 0, ready: 0, running: 0, throttled: 0, unhealthy: 0 };
+  const A = (await run(a, ep, { input: { i: 0 } })).json.id as string;
+  const B = (await run(a, ep, { input: { i: 1 } })).json.id as string;
+  t.equal((await w.takeBatch(2)).jobs.length, 2);
+  t.equal((await a.req('POST', `/v2/${ep}/cancel/${B}`)).json.status, 'CANCELLED');
+  t.equal((await w.done(A, { output: 0, stopPod: true })).status, 200);
+  t.same((await a.req('GET', `/v2/${ep}/health`)).json.workers, none, 'retired at once: it holds no job');
+  t.equal(a.agent.queue.workers.get(ep, w.workerId), undefined, 'and out of the autoscaler\'s workers');
+  t.same(await w.stops(), [B], 'its job-stop poll is still told to stop the cancelled job');
+  t.equal(await w.ping([B]), 200);
+  clock.advance(1000);
+  t.same(await w.stops(), [B], 'offered again while its pings list the job');
+  t.same((await a.req('GET', `/v2/${ep}/health`)).json.workers, none, 'its calls do not bring it back');
+  t.equal(await w.ping([]), 200);
+  clock.advance(1000);
+  t.same(await w.stops(), [], 'a ping without the job ends the stop');
+  t.equal((await w.done(B, { output: 1 })).json.discarded, true, 'a late result for it is discarded');
+  t.same((await a.req('GET', `/v2/${ep}/health`)).json.workers, none);
+  t.equal((await a.req('GET', `/v2/${ep}/status/${B}`)).json.status, 'CANCELLED');
+});
+
 t.test('an external worker that takes a job after its stopPod did not exit: its later results keep it', async (t) => {
   // A worker is free to ignore stopPod; one that asks for work again after it stays a worker.
   const a = await startAgent(t, { takeHoldMs: 5000 });

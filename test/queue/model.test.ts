@@ -97,7 +97,11 @@ interface SimWorker {
   ended: Set<string>;
   /** Whether the registry has a record for it (none after a stopPod retirement, a sweep or a restart, until it calls). */
   registered: boolean;
-  /** Retired (stopPod) until then: calls other than job-take get a detached record. */
+  /**
+   * Retired (stopPod) until then: calls other than job-take get its retired record, out of the
+   * registry, with the stops, let-go jobs, ended jobs and fences it had (WorkerRegistry.retire),
+   * so a stop still pending reaches the worker; a job-take, or any call after then, a new one.
+   */
   retiredUntil: number;
   /**
    * Server-side WorkerInfo.refresh: it posted stopPod and has asked for no job since, so the
@@ -171,12 +175,27 @@ function finish(c: Ctx, j: MJob, status: Status, output: unknown, error: string 
   j.finishedEpoch = c.epoch;
 }
 
-/** WorkerRegistry.seen: false when the call gets a detached record (a retired worker that is not asking for work). */
-function contact(c: Ctx, sw: SimWorker, wantsJobs = false): boolean {
+/** A retired worker whose calls still get its retired record (WorkerRegistry.seen). */
+const retained = (c: Ctx, sw: SimWorker) => !sw.registered && sw.retiredUntil > now(c);
+
+/**
+ * WorkerRegistry.seen: every call reaches a record with the worker's stops. A retired worker not
+ * asking for work gets its retired record (`retained`, out of the registry); otherwise an
+ * unregistered worker gets a new, empty one.
+ */
+function contact(c: Ctx, sw: SimWorker, wantsJobs = false): void {
   if (!sw.registered) {
-    if (sw.retiredUntil > now(c) && !wantsJobs) return false;
+    if (retained(c, sw) && !wantsJobs) {
+      sw.lastSeen = now(c);
+      return;
+    }
     sw.retiredUntil = 0;
     sw.registered = true;
+    sw.asked = false;
+    sw.stops.clear();
+    sw.letGo.clear();
+    sw.ended.clear();
+    sw.fenced.clear();
   }
   // A worker asking for work after its stopPod did not exit: the request lapses.
   if (wantsJobs && sw.asked) {
@@ -184,15 +203,16 @@ function contact(c: Ctx, sw: SimWorker, wantsJobs = false): boolean {
     note(c, `model: ${short(sw.w.workerId)} withdrew its stopPod`);
   }
   sw.lastSeen = now(c);
-  return true;
 }
 
-/** JobQueue.#retireIfIdle, after a result (`real`: the call reached its record): one that asked and holds nothing retires. */
-function retireIfIdle(c: Ctx, sw: SimWorker, real: boolean) {
+/** JobQueue.#retireIfIdle, after a result: one in the registry that asked and holds nothing retires. */
+function retireIfIdle(c: Ctx, sw: SimWorker) {
   const holds = [...c.jobs.values()].some((x) => x.status === 'IN_PROGRESS' && x.workerId === sw.w.workerId);
-  if (!real || !sw.asked || holds) return;
-  // The registry forgets it; its last calls get a detached record for a while.
-  forget(sw);
+  if (!sw.registered || !sw.asked || holds) return;
+  // The registry lets it go; its last calls get its retired record for a while, stops and all
+  // (a job cancelled before the result that retired it is still offered on job-stop).
+  sw.registered = false;
+  sw.asked = false;
   sw.retiredUntil = now(c) + 2 * LEASE;
   note(c, `model: ${short(sw.w.workerId)} retired`);
 }
@@ -209,13 +229,13 @@ function forget(sw: SimWorker) {
 
 /** JobQueue.#requestStop. `j`: the job it held (the stop outlives a ping without it until a second after the claim). */
 function requestStop(c: Ctx, sw: SimWorker | undefined, id: string, j?: MJob) {
-  if (!sw || !sw.registered || sw.letGo.has(id)) return;
+  if (!sw || !(sw.registered || retained(c, sw)) || sw.letGo.has(id)) return;
   sw.stops.set(id, { keepUntil: j ? j.claimAt + 1000 : 0, offered: -1 });
 }
 
 /** JobQueue.#endedOn: the server ended the job while `sw` held it. */
 function endedOn(c: Ctx, sw: SimWorker | undefined, j: MJob) {
-  if (sw && sw.registered) sw.ended.add(j.id);
+  if (sw && (sw.registered || retained(c, sw))) sw.ended.add(j.id);
   requestStop(c, sw, j.id, j);
 }
 
@@ -384,16 +404,16 @@ async function opDone(c: Ctx, sw: SimWorker, id: string, kind: 'ok' | 'error' | 
   const body = kind === 'ok' ? { output: { r: n } } : kind === 'error' ? { error: `e${n}`, output: { partial: n } } : kind === 'progress' ? { status: 'IN_PROGRESS', output: { p: n } } : { output: { r: n }, stopPod: true };
   const before = j ? { status: j.status, output: j.output, error: j.error } : undefined;
   const res = await sw.w.done(id, body);
-  const real = contact(c, sw);
+  contact(c, sw);
   const got = outcomeOf(res.status, res.json);
   note(c, `done(${kind}) by ${short(sw.w.workerId)} for ${short(id)}: ${got} (model ${expect.join('|')})`);
   if (!expect.includes(got as Outcome)) fail(c, `job-done ${kind} by ${short(sw.w.workerId)} for ${short(id)}: got ${got}, model ${expect.join('|')} (job ${JSON.stringify(before)})`);
   if (kind !== 'progress') sw.held.delete(id);
   // A recycle request stands whatever became of the job; a result that leaves a worker that
   // asked holding nothing retires it, whichever of its results carried the stopPod.
-  if (kind === 'stopPod' && real) sw.asked = true;
+  if (kind === 'stopPod' && sw.registered) sw.asked = true;
   const retire = () => {
-    if (kind !== 'progress') retireIfIdle(c, sw, real);
+    if (kind !== 'progress') retireIfIdle(c, sw);
   };
   if (!j) {
     retire();
@@ -411,10 +431,8 @@ async function opDone(c: Ctx, sw: SimWorker, id: string, kind: 'ok' | 'error' | 
     retire();
   } else if (kind !== 'progress') {
     if (got === 'ended' || got === 'stale') {
-      if (real) {
-        sw.stops.delete(id);
-        sw.letGo.add(id);
-      }
+      sw.stops.delete(id);
+      sw.letGo.add(id);
       unfenceModel(c, sw, j);
     }
     retire();
@@ -445,42 +463,43 @@ async function opPing(c: Ctx, sw: SimWorker, ids: string[]) {
   const status = await sw.w.ping(ids);
   note(c, `ping by ${short(sw.w.workerId)} [${ids.map(short).join(',')}]: ${status}`);
   if (status !== 200) fail(c, `ping: ${status}`);
-  const real = contact(c, sw);
+  contact(c, sw);
   const listed = new Set(ids);
   const wid = sw.w.workerId;
-  if (real) {
+  // Restored fences join a record in the registry only (JobQueue.#adoptFences), not a retired one.
+  if (sw.registered) {
     for (const id of sw.restored) if (c.jobs.get(id)?.fence?.w === wid) sw.fenced.add(id);
     sw.restored.clear();
-    for (const id of [...sw.fenced]) if (!listed.has(id)) unfenceModel(c, sw, c.jobs.get(id));
-    for (const id of [...sw.letGo]) if (!listed.has(id)) sw.letGo.delete(id);
   }
+  for (const id of [...sw.fenced]) if (!listed.has(id)) unfenceModel(c, sw, c.jobs.get(id));
+  for (const id of [...sw.letGo]) if (!listed.has(id)) sw.letGo.delete(id);
   for (const id of ids) {
     const found = c.jobs.get(id);
     const j = found?.ep === sw.ep ? found : undefined;
     if (j && j.status === 'IN_PROGRESS' && j.workerId === wid) {
       j.leaseAt = now(c) + LEASE;
-      if (real) sw.stops.delete(id);
-    } else if (j?.resultBy === wid || (real && sw.letGo.has(id))) {
+      sw.stops.delete(id);
+    } else if (j?.resultBy === wid || sw.letGo.has(id)) {
       // It posted its result; a heartbeat made before the post.
     } else {
-      if (real && !sw.stops.has(id)) requestStop(c, sw, id);
+      if (!sw.stops.has(id)) requestStop(c, sw, id);
       if (j?.fence?.w === wid) j.fence.until = now(c) + LEASE;
       else if (j?.status === 'IN_QUEUE' && !j.fence) {
         // It still runs an old attempt of a queued job: fenced from it.
         j.fence = { w: wid, until: now(c) + LEASE };
-        if (real) sw.fenced.add(id);
+        sw.fenced.add(id);
       }
     }
   }
-  if (real) for (const [id, stop] of [...sw.stops]) if (!listed.has(id) && now(c) >= stop.keepUntil) sw.stops.delete(id);
-  if (real) for (const id of [...sw.ended]) if (!listed.has(id) && !sw.stops.has(id)) sw.ended.delete(id);
+  for (const [id, stop] of [...sw.stops]) if (!listed.has(id) && now(c) >= stop.keepUntil) sw.stops.delete(id);
+  for (const id of [...sw.ended]) if (!listed.has(id) && !sw.stops.has(id)) sw.ended.delete(id);
 }
 
 async function opStops(c: Ctx, sw: SimWorker, why = '') {
   const ids = await sw.w.stops();
-  const real = contact(c, sw);
+  contact(c, sw);
   let want: string[] = [];
-  if (real && [...sw.stops.values()].some((st) => st.offered < 0 || now(c) - st.offered >= 1000)) {
+  if ([...sw.stops.values()].some((st) => st.offered < 0 || now(c) - st.offered >= 1000)) {
     want = [...sw.stops.keys()];
     for (const st of sw.stops.values()) st.offered = now(c);
   }
@@ -748,7 +767,7 @@ async function opRace(c: Ctx) {
   const n = ++c.counter;
   if (kind === 0) {
     const [d, x] = await Promise.all([sw.w.done(j.id, { output: { r: n } }), c.a.req('POST', `/v2/${j.ep}/cancel/${j.id}`)]);
-    const real = contact(c, sw);
+    contact(c, sw);
     sw.held.delete(j.id);
     note(c, `race done/cancel ${short(j.id)}: done ${outcomeOf(d.status, d.json)}, cancel ${x.status} ${x.json?.status}`);
     const done = outcomeOf(d.status, d.json);
@@ -764,10 +783,10 @@ async function opRace(c: Ctx) {
     } else {
       fail(c, `race done/cancel of ${short(j.id)}: done ${done}, cancel ${x.status} ${x.text}`);
     }
-    retireIfIdle(c, sw, real);
+    retireIfIdle(c, sw);
   } else if (kind === 1) {
     const [d1, d2] = await Promise.all([sw.w.done(j.id, { output: { r: n } }), sw.w.done(j.id, { output: { r: -n } })]);
-    const real = contact(c, sw);
+    contact(c, sw);
     sw.held.delete(j.id);
     const o1 = outcomeOf(d1.status, d1.json);
     const o2 = outcomeOf(d2.status, d2.json);
@@ -776,7 +795,7 @@ async function opRace(c: Ctx) {
     if (o1 === 'accepted' && o2 === 'duplicate') finish(c, j, 'COMPLETED', { r: n }, null);
     else if (o2 === 'accepted' && o1 === 'duplicate') finish(c, j, 'COMPLETED', { r: -n }, null);
     else fail(c, `race done/done of ${short(j.id)}: ${o1}, ${o2}`);
-    retireIfIdle(c, sw, real);
+    retireIfIdle(c, sw);
   } else if (kind === 2) {
     const chunk = { c: n };
     const post = fetch(sw.w.postUrl('stream', j.id), {
@@ -795,7 +814,7 @@ async function opRace(c: Ctx) {
     j.unread = [];
   } else {
     const [d, x] = await Promise.all([sw.w.done(j.id, { error: `e${n}` }), c.a.req('POST', `/v2/${j.ep}/retry/${j.id}`)]);
-    const real = contact(c, sw);
+    contact(c, sw);
     sw.held.delete(j.id);
     const done = outcomeOf(d.status, d.json);
     note(c, `race error/retry ${short(j.id)}: done ${done}, retry ${x.status}`);
@@ -808,7 +827,7 @@ async function opRace(c: Ctx) {
     } else if (x.status !== 409) {
       fail(c, `race error/retry: retry ${x.status} ${x.text}`);
     }
-    retireIfIdle(c, sw, real);
+    retireIfIdle(c, sw);
   }
 }
 
