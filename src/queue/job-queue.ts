@@ -664,7 +664,7 @@ export class JobQueue {
       lowPriority: row.lowPriority, executionTimeoutMs: row.executionTimeoutMs, ttlMs: row.ttlMs, retentionMs: row.retentionMs,
       attempt: row.attempt, claimSaved: row.attempt, writeSeq: 0, retries: row.retries, workerId: row.workerId,
       resultBy: row.status === 'COMPLETED' || row.status === 'FAILED' ? row.workerId : null, output: row.output, error: row.error, progress: null,
-      streamSeq: -1, createdAt: row.createdAt, queuedAt: row.queuedAt, lostMs: row.lostMs, startedAt: row.startedAt, completedAt: row.completedAt, expiresAt: row.expiresAt,
+      streamSeq: -1, createdAt: row.createdAt, queuedAt: row.queuedAt, lostMs: row.lostMs, startedAt: row.startedAt, pinged: false, completedAt: row.completedAt, expiresAt: row.expiresAt,
       ttlDeadline: mono + row.ttlMs - (now - row.queuedAt), fencedFrom, fencedUntil: fencedFrom === null ? 0 : mono + this.settings.leaseMs, queueGen: 0, hotChars: 0, leaseDeadline: 0, execDeadline: 0, waiters: NO_WAITERS,
     };
   }
@@ -683,7 +683,7 @@ export class JobQueue {
     const job: Job = {
       rowid: 0, inserted: false, id: newJobId(), endpointId: input.endpointId, status: 'IN_QUEUE', input: input.input, extra: input.extra, webhook: input.webhook,
       lowPriority: input.lowPriority, executionTimeoutMs: input.executionTimeoutMs, ttlMs: input.ttlMs, retentionMs: input.retentionMs,
-      attempt: 0, claimSaved: 0, writeSeq: 0, retries: 0, workerId: null, resultBy: null, output: null, error: null, progress: null, streamSeq: 0, createdAt: now, queuedAt: now, lostMs: 0, startedAt: null,
+      attempt: 0, claimSaved: 0, writeSeq: 0, retries: 0, workerId: null, resultBy: null, output: null, error: null, progress: null, streamSeq: 0, createdAt: now, queuedAt: now, lostMs: 0, startedAt: null, pinged: false,
       completedAt: null, expiresAt: null, ttlDeadline: this.#clock.monotonic() + input.ttlMs, fencedFrom: null, fencedUntil: 0, queueGen: 0, hotChars: 0, leaseDeadline: 0, execDeadline: 0, waiters: NO_WAITERS,
     };
     this.#jobs.set(job.id, job);
@@ -906,6 +906,7 @@ export class JobQueue {
     job.attempt++;
     job.workerId = worker.id;
     job.startedAt = this.#clock.now();
+    job.pinged = false;
     job.leaseDeadline = mono + this.settings.leaseMs;
     job.execDeadline = mono + job.executionTimeoutMs;
     this.#armDeadline(Math.min(job.execDeadline, job.ttlDeadline), mono);
@@ -1363,6 +1364,7 @@ export class JobQueue {
       const job = found?.endpointId === endpointId ? found : undefined;
       if (job && job.status === 'IN_PROGRESS' && job.workerId === workerId) {
         job.leaseDeadline = lease;
+        job.pinged = true;
         worker.stops.delete(id);
       } else if (job?.resultBy === workerId || worker.letGo.has(id) || (found === undefined && !worker.stops.has(id) && this.#postedBy(endpointId, workerId, id))) {
         // It posted its final result for the job: this heartbeat was made before the post
@@ -1372,7 +1374,10 @@ export class JobQueue {
         // row per such id (3,000 ids: about 18 ms of the loop per ping), and the else branch
         // below does nothing more for it.
       } else {
-        if (!worker.stops.has(id)) this.#requestStop(worker, id, 'not its job');
+        const stop = worker.stops.get(id);
+        // Listed, so registered: its first ping without the job ends the stop (#requestStop).
+        if (stop) stop.keepUntil = 0;
+        else this.#requestStop(worker, id, 'not its job');
         // Still running a job it was fenced from: the fence lasts while its pings list the job.
         if (job?.fencedFrom === workerId) job.fencedUntil = lease;
         // A queued job it still runs, with no fence (its row predates migration 10, or the fence
@@ -1389,8 +1394,11 @@ export class JobQueue {
       }
     }
     // A ping that no longer lists a job ends its stop, unless the worker took the job less than
-    // a re-offer period ago: that ping may have been made before the worker registered the job
-    // (and the SDK drops a stop for a job it has not registered yet), so the stop would be lost.
+    // a re-offer period ago and no ping of it has listed the job since: that ping may have been
+    // made before the worker registered the job (and the SDK drops a stop for a job it has not
+    // registered yet), so the stop would be lost. Once a ping listed it, a later one without it
+    // was made after that one (a worker's heartbeat sends one ping at a time), so it says the
+    // worker let go of the job: its handler stopped, and the SDK pings at once then.
     for (const [id, stop] of worker.stops) if (!listed.has(id) && now >= stop.keepUntil) this.#stopOver(worker, id);
     // It no longer runs a job flashd ended on it (its stop is over and this ping leaves it out).
     for (const id of worker.ended) if (!listed.has(id) && !worker.stops.has(id)) worker.ended.delete(id);
@@ -1460,16 +1468,17 @@ export class JobQueue {
 
   /**
    * Asks `worker` to stop `jobId` (on job-stop). `job`: the job it held, whose claim time bounds
-   * how long a ping without the job is taken for one made before the worker registered it;
-   * without it (a ping listed the job, so the worker has registered it) a ping that no longer
-   * lists the job ends the stop at once. `why`: how flashd ended the job for it (WorkerInfo.stops).
+   * how long a ping without the job is taken for one made before the worker registered it,
+   * unless a ping of it has listed the job in this run (`pinged`); without it, or once a ping
+   * listed the job (the worker has registered it; see ping), a ping that no longer lists the
+   * job ends the stop at once. `why`: how flashd ended the job for it (WorkerInfo.stops).
    */
   #requestStop(worker: WorkerInfo, jobId: string, why: string, job?: Job): void {
     // Its late result came first (a /cancel answers after its commit): nothing left to stop.
     if (worker.letGo.has(jobId)) return;
     const mono = this.#clock.monotonic();
     let keepUntil = 0;
-    if (job) {
+    if (job && !(job.pinged && job.workerId === worker.id)) {
       const heldFor = job.startedAt === null ? 0 : Math.max(0, this.#clock.now() - job.startedAt);
       keepUntil = mono - heldFor + STOP_REOFFER_MS;
     }

@@ -57,6 +57,12 @@ export interface Job {
    */
   lostMs: number;
   startedAt: number | null;
+  /**
+   * A ping of the worker that runs it listed it during the current run: that worker has
+   * registered the job, so a stop for it ends at its first ping without it
+   * (JobQueue.#requestStop), not only a re-offer period after the claim. Cleared at each claim.
+   */
+  pinged: boolean;
   completedAt: number | null;
   expiresAt: number | null;
   /**

@@ -38,12 +38,13 @@ export interface WorkerInfo {
    * (-1: not offered yet). Offered again at most once a second while the worker's pings still
    * list the job, since a stop that arrives before the worker made the job's task is dropped.
    * `keepUntil`: until then a ping that does not list the job leaves the stop in place (that
-   * ping may have been made before the worker registered a job it took moments ago).
+   * ping may have been made before the worker registered a job it took moments ago); 0 once a
+   * ping listed the job (registered: its next ping without it ends the stop at once).
    * `since`: when flashd asked for the stop (monotonic); `why`: how flashd ended the job for the worker (`cancelled`,
    * `timed out: …`), for the log. A worker left running only such jobs past a bound is stopped
    * (WorkerRegistry.endedOnly, decide.ts).
    */
-  readonly stops: Map<string, { readonly keepUntil: number; offered: number; readonly since: number; readonly why: string }>;
+  readonly stops: Map<string, { keepUntil: number; offered: number; readonly since: number; readonly why: string }>;
   /**
    * Jobs the worker posted a final result for after flashd had taken them from it (cancelled,
    * timed out, reassigned): it let go of them, though a heartbeat made before its post may still

@@ -698,6 +698,45 @@ t.test('a ping made before the worker registered its job does not cancel a fresh
   t.same(await w.stops(), [], 'a later ping without the job ends it');
 });
 
+t.test('a stop for a job a ping listed ends at the first ping without it, also within a second of the take', async (t) => {
+  // A job cancelled within a second of its take: the SDK stops the handler and pings at once,
+  // without the job. That ping was taken for one made before the worker registered the job, so
+  // the stop (and /health's running) lasted until the next regular ping, 10 s on.
+  const clock = new ManualClock();
+  const a = await startAgent(t, { takeHoldMs: 300 }, { clock });
+  const ep = await endpoint(a);
+  const w = await TestWorker.create(a, ep);
+  const health = async () => (await a.req('GET', `/v2/${ep}/health`)).json.workers;
+  // Listed by a ping before the cancel.
+  const first = (await run(a, ep)).json.id as string;
+  t.equal((await w.take())?.id, first);
+  t.equal(await w.ping([first]), 200);
+  t.equal((await a.req('POST', `/v2/${ep}/cancel/${first}`)).json.status, 'CANCELLED');
+  t.same(await w.stops(), [first]);
+  t.match(await health(), { running: 1, idle: 0 }, 'running while its handler stops');
+  t.equal(await w.ping([]), 200);
+  t.match(await health(), { running: 0, idle: 1 }, 'idle at the ping after its handler stopped');
+  clock.advance(1000);
+  t.same(await w.stops(), [], 'the stop is over');
+  // Listed only by the ping the SDK sends when it acts on the stop, its handler still running.
+  const second = (await run(a, ep)).json.id as string;
+  t.equal((await w.take())?.id, second);
+  t.equal((await a.req('POST', `/v2/${ep}/cancel/${second}`)).json.status, 'CANCELLED');
+  t.same(await w.stops(), [second]);
+  t.equal(await w.ping([second]), 200);
+  t.equal(await w.ping([]), 200);
+  t.match(await health(), { running: 0, idle: 1 }, 'idle once its handler stopped');
+  clock.advance(1000);
+  t.same(await w.stops(), [], 'the stop is over');
+  // Never listed: a ping without it may predate the worker's registering it, and keeps the stop.
+  const third = (await run(a, ep)).json.id as string;
+  t.equal((await w.take())?.id, third);
+  t.equal((await a.req('POST', `/v2/${ep}/cancel/${third}`)).json.status, 'CANCELLED');
+  t.equal(await w.ping([]), 200);
+  t.same(await w.stops(), [third], 'still offered');
+  t.match(await health(), { running: 1 });
+});
+
 t.test('a job handed to a parked job-take leaves in one TCP segment, not one per header', { skip: process.platform !== 'linux' && 'TCP_INFO is read on Linux' }, async (t) => {
   // uWS corks only one socket at a time: written from inside the /run request's callback, the
   // job-take reply went out as 19 sends. Linux counts the data segments a socket received.

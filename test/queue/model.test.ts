@@ -62,6 +62,8 @@ interface MJob {
   execAt: number;
   /** When the current run was claimed (a stop's keepUntil counts from it). */
   claimAt: number;
+  /** A ping of its worker listed it in the current run (Job.pinged): a stop for it ends at that worker's next ping without it. */
+  pinged: boolean;
   retention: number;
   expiresAt: number | null;
   /** Acknowledged /stream chunks of the current run not yet handed out. */
@@ -89,7 +91,7 @@ interface SimWorker {
   restored: Set<string>;
   /** When it last called (the registry forgets a silent external worker that holds nothing after 2 leases). */
   lastSeen: number;
-  /** Server-side WorkerInfo.stops: jobs it is to stop (keepUntil: claim + 1 s; offered: last offered on job-stop, -1 not yet). */
+  /** Server-side WorkerInfo.stops: jobs it is to stop (keepUntil: claim + 1 s, 0 once a ping listed the job; offered: last offered on job-stop, -1 not yet). */
   stops: Map<string, { keepUntil: number; offered: number }>;
   /** Server-side WorkerInfo.letGo. */
   letGo: Set<string>;
@@ -227,10 +229,10 @@ function forget(sw: SimWorker) {
   sw.fenced.clear();
 }
 
-/** JobQueue.#requestStop. `j`: the job it held (the stop outlives a ping without it until a second after the claim). */
+/** JobQueue.#requestStop. `j`: the job it held (the stop outlives a ping without it until a second after the claim, unless a ping of it listed the job). */
 function requestStop(c: Ctx, sw: SimWorker | undefined, id: string, j?: MJob) {
   if (!sw || !(sw.registered || retained(c, sw)) || sw.letGo.has(id)) return;
-  sw.stops.set(id, { keepUntil: j ? j.claimAt + 1000 : 0, offered: -1 });
+  sw.stops.set(id, { keepUntil: j && !(j.pinged && j.workerId === sw.w.workerId) ? j.claimAt + 1000 : 0, offered: -1 });
 }
 
 /** JobQueue.#endedOn: the server ended the job while `sw` held it. */
@@ -248,6 +250,7 @@ function claim(c: Ctx, j: MJob, sw: SimWorker) {
   j.leaseAt = now(c) + LEASE;
   j.execAt = now(c) + j.execTimeout;
   j.claimAt = now(c);
+  j.pinged = false;
   j.progress = null;
   j.fence = null;
   sw.fenced.delete(j.id);
@@ -355,7 +358,7 @@ async function opRun(c: Ctx) {
 function newJob(c: Ctx, id: string, ep: string, o: { lowPriority: boolean; execTimeout: number; ttl: number; retention: number }): MJob {
   return {
     id, ep, status: 'IN_QUEUE', workerId: null, resultBy: null, output: null, error: null, progress: null, retries: 0, attempt: 0,
-    lowPriority: o.lowPriority, execTimeout: o.execTimeout, ttl: o.ttl, ttlAt: now(c) + o.ttl, leaseAt: 0, execAt: 0, claimAt: 0, retention: o.retention,
+    lowPriority: o.lowPriority, execTimeout: o.execTimeout, ttl: o.ttl, ttlAt: now(c) + o.ttl, leaseAt: 0, execAt: 0, claimAt: 0, pinged: false, retention: o.retention,
     expiresAt: null, unread: [], fence: null, finishedEpoch: -1, retried: 0, lastSeen: null,
   };
 }
@@ -478,11 +481,15 @@ async function opPing(c: Ctx, sw: SimWorker, ids: string[]) {
     const j = found?.ep === sw.ep ? found : undefined;
     if (j && j.status === 'IN_PROGRESS' && j.workerId === wid) {
       j.leaseAt = now(c) + LEASE;
+      j.pinged = true;
       sw.stops.delete(id);
     } else if (j?.resultBy === wid || sw.letGo.has(id)) {
       // It posted its result; a heartbeat made before the post.
     } else {
-      if (!sw.stops.has(id)) requestStop(c, sw, id);
+      // Listed, so registered: its next ping without the job ends the stop, whenever it took it.
+      const stop = sw.stops.get(id);
+      if (stop) stop.keepUntil = 0;
+      else requestStop(c, sw, id);
       if (j?.fence?.w === wid) j.fence.until = now(c) + LEASE;
       else if (j?.status === 'IN_QUEUE' && !j.fence) {
         // It still runs an old attempt of a queued job: fenced from it.
