@@ -16,7 +16,7 @@ import { idleTimeoutApplies, type EndpointService, type EndpointSpec } from '../
 import { PAUSED_MS, SDK_DEFAULT_ENV, workerEnv, type JobQueue } from '../queue/index.js';
 import type { ExitInfo, LaunchSpec, WorkerRuntime } from '../runtime/index.js';
 import type { ResourceRow } from '../store/index.js';
-import { aboveMax, afterCrash, CRASH_QUIET_MS, decideScale, secs, type CrashState, type ScaleDecision } from './decide.js';
+import { aboveMax, afterCrash, decideScale, inCrashRun, secs, type CrashState, type ScaleDecision } from './decide.js';
 import type { LogHub } from './log-hub.js';
 import { CPU_ONLY_PLACEMENT, type Placement, type Reservation } from './placement.js';
 
@@ -262,8 +262,7 @@ export class Autoscaler {
       && !live.some((w) => registry.state(w) === 'initializing'), paused.map((w) => w.id), load.queued);
     // Not while its workers crash (within a minute of the last crash): each restart would say it
     // again, beside the crash lines that tell why the jobs wait.
-    const crashing = crash !== undefined && mono - Math.max(crash.lastAt, crash.backoffUntil) <= CRASH_QUIET_MS;
-    this.#noteHeldByStarting(endpointId, crashing ? [] : decision.heldByStarting, spec.scaling.type === 'QUEUE_DELAY' ? spec.scaling.queueDelay : 0, load.queued);
+    this.#noteHeldByStarting(endpointId, inCrashRun(crash, mono) ? [] : decision.heldByStarting, spec.scaling.type === 'QUEUE_DELAY' ? spec.scaling.queueDelay : 0, load.queued);
     this.#noteLowOnly(endpointId, !!this.#o.runtime && spec.workers.max > 0 && load.queued === 0 && load.lowQueued > 0 && decision.start === 0
       && noneUp, load.lowQueued);
     if (decision.recheckInMs > 0) this.#recheckIn(endpointId, decision.recheckInMs);

@@ -350,8 +350,16 @@ export interface CrashState {
 }
 
 /** A crash this long after the previous one (or after the last backoff ended) starts a new run. */
-export const CRASH_QUIET_MS = 60_000;
+const CRASH_QUIET_MS = 60_000;
 const CRASH_BACKOFF_MAX_MS = 60_000;
+
+/**
+ * Whether `mono` is still within an endpoint's crash run: at most CRASH_QUIET_MS after its last
+ * crash or the end of its last backoff (a crash then counts in the streak; see afterCrash).
+ */
+export function inCrashRun(state: CrashState | undefined, mono: number): boolean {
+  return state !== undefined && mono - Math.max(state.lastAt, state.backoffUntil) <= CRASH_QUIET_MS;
+}
 
 /**
  * The crash-loop state after a managed worker crashed at `mono` (monotonic ms), `ranMs` after it
@@ -365,8 +373,7 @@ const CRASH_BACKOFF_MAX_MS = 60_000;
  */
 export function afterCrash(prev: CrashState | undefined, mono: number, ranMs = 0): CrashState | undefined {
   if (ranMs >= CRASH_QUIET_MS) return prev;
-  const quietSince = prev ? Math.max(prev.lastAt, prev.backoffUntil) : -Infinity;
-  const streak = prev && mono - quietSince <= CRASH_QUIET_MS ? prev.streak + 1 : 1;
+  const streak = prev && inCrashRun(prev, mono) ? prev.streak + 1 : 1;
   const backoffUntil = streak >= 3 ? mono + Math.min(CRASH_BACKOFF_MAX_MS, 1000 * 2 ** (streak - 2)) : 0;
   return { streak, lastAt: mono, backoffUntil };
 }
