@@ -74,7 +74,7 @@ export class LogHub {
    * its client read it (a client that reads nothing held it for good).
    */
   read(endpointId: string, afterSeq: number | undefined, limit: number): LogLine[] {
-    return this.#repo.read(endpointId, afterSeq, limit, READ_BYTES);
+    return this.readPage(endpointId, afterSeq, limit).lines;
   }
 
   /**
