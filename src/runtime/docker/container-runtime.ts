@@ -211,6 +211,11 @@ function instanceId(dataDir: string): string {
   return id;
 }
 
+/** Other live flashd processes' containers of this instance (pid to count), for a message: `pid 12 (2 containers), …`. */
+function ownerPids(others: ReadonlyMap<number, number>): string {
+  return [...others].map(([pid, n]) => `pid ${pid} (${n} container${n > 1 ? 's' : ''})`).join(', ');
+}
+
 export class ContainerRuntime implements WorkerRuntime {
   readonly name = 'docker';
   readonly client: DockerClient;
@@ -291,7 +296,7 @@ export class ContainerRuntime implements WorkerRuntime {
     let containers;
     try {
       const version = await this.client.negotiate();
-      containers = await this.client.listContainers({ all: true, labels: [`${LABELS.managed}=true`, `${LABELS.instance}=${this.instanceId}`] });
+      containers = await this.#listMine();
       this.#asked = { version, containers };
     } catch (error) {
       this.#asked = { error };
@@ -307,10 +312,14 @@ export class ContainerRuntime implements WorkerRuntime {
     throw new Error(this.#refusal(others));
   }
 
+  /** This instance's managed containers, stopped ones included. */
+  #listMine(): Promise<ContainerSummary[]> {
+    return this.client.listContainers({ all: true, labels: [`${LABELS.managed}=true`, `${LABELS.instance}=${this.instanceId}`] });
+  }
+
   /** Why this start is refused: another live flashd (`others`: pid to container count) has this instance id. */
   #refusal(others: ReadonlyMap<number, number>): string {
-    const pids = [...others].map(([pid, n]) => `pid ${pid} (${n} container${n > 1 ? 's' : ''})`).join(', ');
-    return `another flashd on this host, ${pids}, runs with this data directory's container instance id ${this.instanceId} `
+    return `another flashd on this host, ${ownerPids(others)}, runs with this data directory's container instance id ${this.instanceId} `
       + `(${join(this.#o.dataDir, 'container-instance-id')}): one of the two data directories is a copy of the other, and this start would remove `
       + 'that flashd\'s containers. To run both on this engine, stop the copy and delete container-instance-id in its data directory: it gets an id of its own at its next start';
   }
@@ -350,13 +359,12 @@ export class ContainerRuntime implements WorkerRuntime {
         const v = asked?.version ?? await this.client.negotiate();
         const others = await this.#removeLeftovers(asked?.containers);
         if (others.size) {
-          const pids = [...others].map(([pid, n]) => `pid ${pid} (${n} container${n > 1 ? 's' : ''})`).join(', ');
           if (atStart) {
             this.#refused = this.#refusal(others);
             return false;
           }
           this.#log.error('another flashd on this host runs with this instance id (a copy of this data directory, or its original): its containers are left alone', {
-            instance: this.instanceId, owners: pids, hint: `stop the copy and delete container-instance-id in its data directory`,
+            instance: this.instanceId, owners: ownerPids(others), hint: `stop the copy and delete container-instance-id in its data directory`,
           });
         }
         await this.#findDeletedVolumes();
@@ -411,7 +419,7 @@ export class ContainerRuntime implements WorkerRuntime {
    * asked for (at start, by refuseSharedInstance).
    */
   async #removeLeftovers(listed?: ContainerSummary[]): Promise<Map<number, number>> {
-    const mine = listed ?? await this.client.listContainers({ all: true, labels: [`${LABELS.managed}=true`, `${LABELS.instance}=${this.instanceId}`] });
+    const mine = listed ?? await this.#listMine();
     const known = new Set([...this.#running.values()].map((w) => w.containerId));
     for (const e of this.#kept.list()) known.add(e.value.containerId);
     const others = new Map<number, number>();
@@ -968,7 +976,7 @@ export class ContainerRuntime implements WorkerRuntime {
     const ids = new Set([...this.#running.values()].map((w) => w.containerId));
     for (const e of this.#kept.list()) ids.add(e.value.containerId);
     try {
-      const mine = await this.client.listContainers({ all: true, labels: [`${LABELS.managed}=true`, `${LABELS.instance}=${this.instanceId}`] });
+      const mine = await this.#listMine();
       // Not those of another live flashd with this instance id (a copy of this data directory).
       for (const c of mine) {
         const owner = ownerOf(c.Labels);
