@@ -372,12 +372,14 @@ interface UnreadStream {
  */
 const CLAIM_SAVE_DELAY_MS = 100;
 /**
- * The most chunk text one /stream poll hands out (chunks are at most 1 MB each, so at least 16):
+ * The most chunk text one /stream poll hands out, in bytes of UTF-8 as the reply sends it, not
+ * characters (a chunk of 1 MB is a third as many characters of CJK text; chunks are at most 1 MB
+ * each, so at least 16 a poll):
  * a job can hold gigabytes of unread chunks, and one reply with all of them would hold them in
  * memory at once, or fail past V8's longest string and lose them. The rest go to the next
  * poll; runpod-python's `stream()` polls on while a poll returns chunks, final status or not.
  */
-export const STREAM_POLL_CHARS = 16 * 1024 * 1024;
+export const STREAM_POLL_BYTES = 16 * 1024 * 1024;
 
 /** The longest delay a Node timer holds (2^31 − 1 ms); a later deadline is looked at again then. */
 const MAX_TIMER_MS = 2_147_483_647;
@@ -2116,8 +2118,8 @@ export class JobQueue {
       return undefined;
     }
     if (!unread || unread.endpointId !== endpointId || unread.read >= unread.upTo) return { status: snap.status, stream: [] };
-    // At most STREAM_POLL_CHARS of them: the rest wait in SQLite for the next poll.
-    const { chunks: stream, last: upTo } = this.#repo.chunks(jobId, unread.read, unread.upTo, STREAM_POLL_CHARS);
+    // At most STREAM_POLL_BYTES of them: the rest wait in SQLite for the next poll.
+    const { chunks: stream, last: upTo } = this.#repo.chunks(jobId, unread.read, unread.upTo, STREAM_POLL_BYTES);
     unread.read = upTo;
     this.#batch.write(() => {
       this.#repo.dropChunks(jobId, upTo);

@@ -600,17 +600,20 @@ export class JobsRepo {
   }
 
   /**
-   * The job's chunks after `after` up to `upTo`, in order, until their text reaches `maxChars` characters
-   * (at least one): `last` is the seq of the last one read (`after` when none).
+   * The job's chunks after `after` up to `upTo`, in order, until their text reaches `maxBytes` bytes of
+   * UTF-8, as a reply sends it (at least one): `last` is the seq of the last one read (`after` when
+   * none). Bytes, not characters: a chunk of CJK text or emoji is up to 3 bytes a character.
    */
-  chunks(jobId: string, after: number, upTo: number, maxChars: number): { chunks: string[]; last: number } {
+  chunks(jobId: string, after: number, upTo: number, maxBytes: number): { chunks: string[]; last: number } {
     const chunks: string[] = [];
     let last = after;
     let size = 0;
     for (const [seq, chunk] of this.#chunksRead.iterate(jobId, after, upTo) as IterableIterator<[number, string]>) {
-      if (chunks.length > 0 && size + chunk.length > maxChars) break;
+      // A chunk is stored as the JSON text it is served as, so its UTF-8 length is what it adds.
+      const bytes = Buffer.byteLength(chunk, 'utf8');
+      if (chunks.length > 0 && size + bytes > maxBytes) break;
       chunks.push(chunk);
-      size += chunk.length;
+      size += bytes;
       last = seq;
     }
     return { chunks, last };

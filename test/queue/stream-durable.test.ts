@@ -145,7 +145,7 @@ t.test('chunks are not held in memory: 20 MB streamed and never polled, read aft
   const big = Object.values(job).filter((v) => (typeof v === 'string' && v.length > 100_000) || (Array.isArray(v) && v.some((x) => JSON.stringify(x).length > 100_000)));
   t.same(big, [], 'and references no chunk');
   t.equal(chunkRows(a, id), 20, 'in SQLite');
-  // A poll hands out at most 16 MB of chunk text (STREAM_POLL_CHARS): the rest come with the next.
+  // A poll hands out at most 16 MB of chunk text (STREAM_POLL_BYTES): the rest come with the next.
   const read = await poll(a, ep, id);
   t.equal(read.status, 'COMPLETED');
   for (let more = await poll(a, ep, id); more.stream.length; more = await poll(a, ep, id)) read.stream.push(...more.stream);
