@@ -269,6 +269,18 @@ class StreamTest(IntegrationCase):
         self.assertEqual(final, "COMPLETED")
         self.assertEqual(chunks, [{"chunk": i} for i in range(4)])
 
+    def test_a_yield_with_a_lone_surrogate_is_streamed_as_sent(self):
+        # A JavaScript client that cut a string inside an emoji sends "\ud83d" (valid JSON), which
+        # Python reads as a lone surrogate: UTF-8 cannot hold it, JSON's \u escape can.
+        ref = run(ENDPOINTS["gen_agg"], {"n": 1, "echo": "cut \ud83d here"})
+        final, chunks = self.collect_stream(ENDPOINTS["gen_agg"], ref["id"])
+        self.assertEqual((final, chunks), ("COMPLETED", ["cut \ud83d here", {"chunk": 0}]), self.dump_logs())
+        self.assertEqual(status_of(ENDPOINTS["gen_agg"], ref["id"])["output"], ["cut \ud83d here", {"chunk": 0}])
+
+    def test_a_result_with_a_lone_surrogate_is_kept_as_sent(self):
+        body = runsync(ENDPOINTS["sync"], {"text": "\udc80 tail"})
+        self.assertEqual((body["status"], body.get("output")), ("COMPLETED", {"echo": {"text": "\udc80 tail"}}), body)
+
     def test_generator_aggregate_runsync(self):
         body = runsync(ENDPOINTS["gen_agg"], {"n": 3})
         self.assertEqual(body["status"], "COMPLETED", body)

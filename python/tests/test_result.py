@@ -92,6 +92,11 @@ class EncodeTest(unittest.TestCase):
     def test_utf8_not_ascii_escaped(self):
         self.assertEqual(r.encode_body({"output": "é"}), '{"output": "é"}'.encode("utf-8"))
 
+    def test_lone_surrogate_sent_as_json_escape(self):
+        data = r.encode_body({"output": "é \ud83d"})
+        self.assertEqual(data, b'{"output": "\\u00e9 \\ud83d"}')
+        self.assertEqual(json.loads(data), {"output": "é \ud83d"})
+
     def test_refuses_nan_and_objects(self):
         with self.assertRaises(ValueError):
             r.encode_body({"output": float("nan")})

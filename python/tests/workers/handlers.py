@@ -110,6 +110,8 @@ async def async_handler(job):
 def gen_handler(job):
     if "prec" in job["input"]:  # the decimal context set at import (main thread only)
         yield decimal.getcontext().prec
+    if "echo" in job["input"]:  # a string as the client sent it, lone surrogates (\ud83d) included
+        yield job["input"]["echo"]
     for i in range(job["input"].get("n", 3)):
         if i == 1 and "big" in job["input"]:
             yield "x" * job["input"]["big"]

@@ -234,6 +234,9 @@ def error_summary(error: Any, limit: int = ERROR_SUMMARY_CHARS) -> str:
 def encode_body(body: Dict[str, Any]) -> bytes:
     """Serialise a body as strict UTF-8 JSON (``NaN``/``Infinity`` are refused).
 
+    A string with a lone surrogate, which UTF-8 cannot hold, is sent as a ``\\uXXXX`` escape
+    (the whole body then ASCII-escaped), so it arrives as it was instead of failing the job.
+
     Raises ``TypeError`` or ``ValueError`` when the body cannot be encoded, including a value
     nested deeper than Python's JSON encoder goes (about 1000 levels, some 10,000 on Python 3.13:
     the encoder raises ``RecursionError``, reported here as ``ValueError``).
@@ -242,7 +245,13 @@ def encode_body(body: Dict[str, Any]) -> bytes:
         text = json.dumps(body, ensure_ascii=False, allow_nan=False)
     except RecursionError:
         raise ValueError("nested too deeply to encode as JSON") from None
-    return text.encode("utf-8")
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        # A lone surrogate ("\ud83d": a client cut a string inside an emoji, or a file name read
+        # with surrogateescape) has no UTF-8 form, but JSON's \u escape holds it: the receiver's
+        # JSON parser gives back the same string. Only such text pays for the ASCII escapes.
+        return json.dumps(body, ensure_ascii=True, allow_nan=False).encode("ascii")
 
 
 def unencodable_result(exc: Exception, worker_id: str = "unknown", hostname: str = "unknown") -> Dict[str, str]:
