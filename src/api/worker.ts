@@ -79,7 +79,7 @@ async function failTooLarge(s: WorkerRouteServices, { req, principal, params }: 
   const declared = Number(req.headers['content-length']);
   const known = Number.isFinite(declared) && declared > limit;
   const size = known ? `${declared} bytes` : `more than ${limit} bytes`;
-  const error = `The worker's ${what} was ${size}, over the ${limit}-byte limit of a worker post (HTTP 413); the job cannot be recorded.`;
+  const error = `The worker's ${what} was ${size}, over the ${limit}-byte limit of a worker post (HTTP 413): the ${what} could not be stored, so the job failed; pass large data as a URL or a path instead.`;
   const jobId = params['jobId'] as string;
   const workerId = params['workerId'] as string;
   // Only the job's end is at debug: without this an operator sees nothing of why it failed.

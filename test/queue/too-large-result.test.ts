@@ -24,7 +24,10 @@ for (const kind of ['done', 'stream'] as const) {
     t.match(await postOversized(w.postUrl(kind, id), w.key), /^HTTP\/1\.1 413/);
     const s = await status(a, ep, id);
     t.equal(s.status, 'FAILED');
-    t.match(s.error, new RegExp(`${kind === 'done' ? 'result' : 'stream chunk'} was ${LIMIT + 10} bytes, over the ${LIMIT}-byte limit`));
+    const what = kind === 'done' ? 'result' : 'stream chunk';
+    t.match(s.error, new RegExp(`${what} was ${LIMIT + 10} bytes, over the ${LIMIT}-byte limit`));
+    // It names what was lost (the chunk, not "the job") and what to do instead.
+    t.match(s.error, new RegExp(`\\(HTTP 413\\): the ${what} could not be stored, so the job failed; pass large data as a URL or a path instead\\.$`));
     t.equal(s.workerId, w.workerId);
   });
 }
