@@ -307,6 +307,11 @@ class GeneratorHandlerTest(ServeApiCase):
         _, (status, answer) = self.run_then("status", {"n": 2})
         self.assertEqual((status, answer["output"]), (200, []))
 
+    def test_a_chunk_with_a_lone_surrogate_is_answered_as_sent(self):
+        # "\ud83d" is valid JSON (a JavaScript client's string cut inside an emoji); UTF-8 cannot hold it
+        job_id, (status, answer) = self.run_then("stream", {"n": 0, "echo": "cut \ud83d"})
+        self.assertEqual((status, answer), (200, {"id": job_id, "status": "COMPLETED", "stream": [{"output": "cut \ud83d"}]}))
+
     def test_failing_generator(self):
         job_id, (status, answer) = self.run_then("stream", {"n": 2, "fail": True})
         self.assertEqual((status, answer["status"], answer["stream"]), (200, "FAILED", [{"output": {"i": 0}}, {"output": {"i": 1}}]))

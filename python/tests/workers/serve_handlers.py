@@ -30,6 +30,8 @@ async def async_handler(job):
 
 
 def gen(job):
+    if "echo" in job["input"]:
+        yield job["input"]["echo"]
     for i in range(job["input"].get("n", 3)):
         yield {"i": i}
     if job["input"].get("fail"):

@@ -38,6 +38,16 @@ from .progress import set_local_only
 from .utils import rp_debugger
 from ..version import __version__
 
+
+def _json_bytes(payload: Any) -> bytes:
+    """``payload`` as UTF-8 JSON; a lone surrogate (``"\\ud83d"``, which UTF-8 cannot hold) as
+    JSON's ``\\u`` escape, the whole answer then ASCII-escaped, as the worker posts it to flashd."""
+    try:
+        return json.dumps(payload, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(payload).encode("ascii")
+
+
 DEFAULT_HOST = "localhost"
 DEFAULT_PORT = 8000
 #: Largest request body read (flashd's own /runsync limit).
@@ -328,7 +338,7 @@ class DevApi:
 
     def send_webhook(self, url: str, payload: Any, job_id: str) -> None:
         """POST ``payload`` to ``url`` in the background (one try, 10 s), as runpod-python does."""
-        data = json.dumps(payload, ensure_ascii=False).encode("utf-8")
+        data = _json_bytes(payload)
 
         def post() -> None:
             try:
@@ -422,7 +432,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _send(self, status: int, payload: Any) -> None:
         try:
-            data = json.dumps(payload, ensure_ascii=False).encode("utf-8")
+            data = _json_bytes(payload)
         except (TypeError, ValueError) as exc:
             status, data = 500, json.dumps({"detail": f"answer not JSON-serialisable: {exc}"}).encode("utf-8")
         self.send_response(status)
