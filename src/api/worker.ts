@@ -79,7 +79,12 @@ async function failTooLarge(s: WorkerRouteServices, { req, principal, params }: 
   const declared = Number(req.headers['content-length']);
   const known = Number.isFinite(declared) && declared > limit;
   const size = known ? `${declared} bytes` : `more than ${limit} bytes`;
-  const error = `The worker's ${what} was ${size}, over the ${limit}-byte limit of a worker post (HTTP 413): the ${what} could not be stored, so the job failed; pass large data as a URL or a path instead.`;
+  // A generator job's final post (isStream=true) is large only as the list of every yield, which
+  // the SDKs send with return_aggregate_stream: its chunks went to /stream already.
+  const aggregate = what === 'result' && req.query.get('isStream') === 'true';
+  const error = aggregate
+    ? `The worker's result (the list of its generator's yields, sent because return_aggregate_stream is on) was ${size}, over the ${limit}-byte limit of a worker post (HTTP 413): the result could not be stored, so the job failed; pass large data as a URL or a path instead, or turn return_aggregate_stream off: the yields were streamed and /stream still has those not read yet.`
+    : `The worker's ${what} was ${size}, over the ${limit}-byte limit of a worker post (HTTP 413): the ${what} could not be stored, so the job failed; pass large data as a URL or a path instead.`;
   const jobId = params['jobId'] as string;
   const workerId = params['workerId'] as string;
   // Only the job's end is at debug: without this an operator sees nothing of why it failed.

@@ -32,6 +32,20 @@ for (const kind of ['done', 'stream'] as const) {
   });
 }
 
+t.test("a generator's aggregate result over the limit says so: its chunks went to /stream", async (t) => {
+  const { a, ep, w } = await setup(t);
+  const id = (await a.req('POST', `/v2/${ep}/run`, { body: { input: {} } })).json.id as string;
+  await w.take();
+  t.equal(await w.stream(id, 'streamed'), 200);
+  // runpod-python's final post of a generator job: isStream=true, the list of every yield with return_aggregate_stream
+  t.match(await postOversized(w.postUrl('done', id).replace('isStream=false', 'isStream=true'), w.key), /^HTTP\/1\.1 413/);
+  const s = await status(a, ep, id);
+  t.equal(s.status, 'FAILED');
+  t.match(s.error, new RegExp(`^The worker's result \\(the list of its generator's yields, sent because return_aggregate_stream is on\\) was ${LIMIT + 10} bytes, over the ${LIMIT}-byte limit`));
+  t.match(s.error, /turn return_aggregate_stream off: the yields were streamed and \/stream still has those not read yet\.$/);
+  t.same((await a.req('GET', `/v2/${ep}/stream/${id}`)).json, { status: 'FAILED', stream: [{ output: 'streamed' }] }, 'the chunks stay readable');
+});
+
 t.test('an oversized post from a worker that does not hold the job changes nothing', async (t) => {
   const { a, ep, w } = await setup(t);
   const other = await TestWorker.create(a, ep);
