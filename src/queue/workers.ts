@@ -183,8 +183,11 @@ export class WorkerRegistry {
    * that retired (stopPod) is not brought back by the last ping or job-stop poll of the process
    * on its way out (runpod-python's heartbeat runs in its own process): those get its retired
    * record, draining and out of the registry, whose pending stops job-stop still offers (a job
-   * flashd cancelled before the result that retired it). Only a job-take (`wantsJobs`), a new
-   * incarnation asking for work, brings it back, with a new record.
+   * flashd cancelled before the result that retired it). Only a job-take (`wantsJobs`) brings it
+   * back: a worker asking for work after its stopPod did not exit (RunPod would have stopped the
+   * pod), so it gets its retired record again, pending stops, fences and all (the job flashd
+   * ended there may still run, and must still be told to stop). Once the retired record is
+   * forgotten (`forgetAfterMs`), any call gets a new record.
    * `keyId`: the key the call authenticated with (see WorkerInfo.keyId); a key other than the one
    * recorded takes its place, and ends a `revoked` mark, since this call's key is good.
    */
@@ -195,8 +198,17 @@ export class WorkerRegistry {
     if (!w && this.#retired.size > 0) {
       const key = `${endpointId} ${workerId}`;
       const retired = this.#retired.get(key);
-      if (retired !== undefined && (wantsJobs || now >= retired.until)) this.#retired.delete(key);
-      else if (retired !== undefined) {
+      if (retired !== undefined && now >= retired.until) this.#retired.delete(key);
+      else if (retired !== undefined && wantsJobs) {
+        // It asked for work: it did not exit. Its own record comes back, with the stops still
+        // pending on it (a job flashd ended there may still run), its ended and let-go jobs and
+        // its fences; JobQueue.take withdraws its stopPod.
+        this.#retired.delete(key);
+        w = retired.w;
+        w.draining = false;
+        if (w.stops.size === 0) w.idleSince = now;
+        map.set(workerId, w);
+      } else if (retired !== undefined) {
         retired.w.lastSeen = now;
         retired.w.lastCall = now;
         return retired.w;

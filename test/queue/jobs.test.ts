@@ -544,7 +544,7 @@ t.test('an external worker that posts stopPod leaves /health at once', async (t)
   t.same(await w.stops(), [], 'its last job-stop poll is answered at once');
   t.same((await a.req('GET', `/v2/${ep}/health`)).json.workers, { idle: 0, initializing: 0, ready: 0, running: 0, throttled: 0, unhealthy: 0 },
     'a last ping or poll does not bring it back as an idle worker');
-  // The same worker id asking for work again is a new incarnation (a supervisor restarted it).
+  // The same worker id asking for work again did not exit (or a supervisor restarted it): it serves on.
   const id2 = (await run(a, ep)).json.id;
   t.equal((await w.take())?.id, id2, 'a job-take brings it back');
   t.match((await a.req('GET', `/v2/${ep}/health`)).json.workers, { running: 1 });
@@ -641,6 +641,39 @@ t.test('an external worker retired by its stopPod result is still told to stop a
   t.same(await w.stops(), [], 'a ping without the job ends the stop');
   t.equal((await w.done(B, { output: 1 })).json.discarded, true, 'a late result for it is discarded');
   t.same((await a.req('GET', `/v2/${ep}/health`)).json.workers, none);
+  t.equal((await a.req('GET', `/v2/${ep}/status/${B}`)).json.status, 'CANCELLED');
+});
+
+t.test('an external worker that takes again after its stopPod retired it is still told to stop a job flashd cancelled before it', async (t) => {
+  // Concurrency 2: B is cancelled, A's result with stopPod retires the worker, and the worker asks
+  // for work again (it did not exit). That take got a new, empty record: the stop for B, still
+  // running there, was lost with the retired one, and /health showed it idle.
+  const clock = new ManualClock();
+  const a = await startAgent(t, { takeHoldMs: 300 }, { clock });
+  const ep = await endpoint(a);
+  const w = await TestWorker.create(a, ep);
+  const health = async () => (await a.req('GET', `/v2/${ep}/health`)).json.workers;
+  const A = (await run(a, ep, { input: { i: 0 } })).json.id as string;
+  const B = (await run(a, ep, { input: { i: 1 } })).json.id as string;
+  t.equal((await w.takeBatch(2)).jobs.length, 2);
+  t.equal(await w.ping([A, B]), 200);
+  t.equal((await a.req('POST', `/v2/${ep}/cancel/${B}`)).json.status, 'CANCELLED');
+  t.equal((await w.done(A, { output: 0, stopPod: true })).status, 200);
+  t.equal(a.agent.queue.workers.get(ep, w.workerId), undefined, 'retired: it holds no job');
+  // It did not exit: it asks for work again (nothing queued), B's handler still running.
+  t.equal(await w.take(true), null);
+  t.not(a.agent.queue.workers.get(ep, w.workerId), undefined, 'back in the registry');
+  t.match(await health(), { running: 1, idle: 0 }, 'running: flashd still has it stop B');
+  t.same(await w.stops(), [B], 'its job-stop poll is still told to stop the cancelled job');
+  t.equal((await w.done(B, { output: 1 })).json.discarded, true, 'a late result for it is discarded as ended, not refused as stale');
+  t.equal(await w.ping([]), 200);
+  t.match(await health(), { running: 0, idle: 1 }, 'idle once a ping no longer lists it');
+  clock.advance(1000);
+  t.same(await w.stops(), [], 'the stop is over');
+  const C = (await run(a, ep, { input: { i: 2 } })).json.id as string;
+  t.equal((await w.take())?.id, C, 'it serves on: its stopPod was withdrawn');
+  t.equal((await w.done(C, { output: 2 })).status, 200);
+  t.match(await health(), { running: 0, idle: 1 }, 'and its results no longer retire it');
   t.equal((await a.req('GET', `/v2/${ep}/status/${B}`)).json.status, 'CANCELLED');
 });
 

@@ -102,7 +102,8 @@ interface SimWorker {
   /**
    * Retired (stopPod) until then: calls other than job-take get its retired record, out of the
    * registry, with the stops, let-go jobs, ended jobs and fences it had (WorkerRegistry.retire),
-   * so a stop still pending reaches the worker; a job-take, or any call after then, a new one.
+   * so a stop still pending reaches the worker; a job-take puts that record back in the registry
+   * (the worker did not exit); any call after then gets a new one.
    */
   retiredUntil: number;
   /**
@@ -181,16 +182,22 @@ function finish(c: Ctx, j: MJob, status: Status, output: unknown, error: string 
 const retained = (c: Ctx, sw: SimWorker) => !sw.registered && sw.retiredUntil > now(c);
 
 /**
- * WorkerRegistry.seen: every call reaches a record with the worker's stops. A retired worker not
- * asking for work gets its retired record (`retained`, out of the registry); otherwise an
- * unregistered worker gets a new, empty one.
+ * WorkerRegistry.seen: every call reaches a record with the worker's stops. A retired worker
+ * gets its retired record (`retained`): out of the registry, or, asking for work, back in it;
+ * otherwise an unregistered worker gets a new, empty one.
  */
 function contact(c: Ctx, sw: SimWorker, wantsJobs = false): void {
-  if (!sw.registered) {
-    if (retained(c, sw) && !wantsJobs) {
+  if (!sw.registered && retained(c, sw)) {
+    if (!wantsJobs) {
       sw.lastSeen = now(c);
       return;
     }
+    // It asked for work: it did not exit, and its retired record comes back, stops and all.
+    sw.retiredUntil = 0;
+    sw.registered = true;
+    note(c, `model: ${short(sw.w.workerId)} back from retirement`);
+  }
+  if (!sw.registered) {
     sw.retiredUntil = 0;
     sw.registered = true;
     sw.asked = false;
