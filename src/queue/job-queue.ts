@@ -2200,8 +2200,10 @@ export class JobQueue {
     // post carries no attempt number, so were the new run handed to that worker, its late result
     // of the old run would complete the new one: the new run is fenced from it, like a lapsed lease.
     // (A worker that posted the old run's result itself is done with it, whatever its pings say.)
+    // Its retired record too (stopPod, with the old run's stop pending on it): a job-take from it
+    // brings that record back, and the claim of the new run would clear the old run's stop.
     const holder = finished?.workerId ?? snap.workerId;
-    const prev = holder && finished?.resultBy !== holder ? this.workers.get(endpointId, holder) : undefined;
+    const prev = holder && finished?.resultBy !== holder ? this.workers.getOrRetired(endpointId, holder) : undefined;
     if (prev?.stops.has(jobId)) {
       job.fencedFrom = prev.id;
       job.fencedUntil = this.#clock.monotonic() + this.settings.leaseMs;

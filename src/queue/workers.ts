@@ -254,6 +254,17 @@ export class WorkerRegistry {
   }
 
   /**
+   * The record of a worker in the registry, or else its retired record while its last calls
+   * still get it (see `seen`): where the stops still pending on it are.
+   */
+  getOrRetired(endpointId: string, workerId: string): WorkerInfo | undefined {
+    const w = this.get(endpointId, workerId);
+    if (w || this.#retired.size === 0) return w;
+    const retired = this.#retired.get(`${endpointId} ${workerId}`);
+    return retired !== undefined && this.#clock.monotonic() < retired.until ? retired.w : undefined;
+  }
+
+  /**
    * Removes a worker that asked to be recycled and holds nothing; its record, draining, is kept
    * for its last calls (see `seen`), so the stops still pending on it reach the worker.
    */

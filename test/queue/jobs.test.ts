@@ -677,6 +677,70 @@ t.test('an external worker that takes again after its stopPod retired it is stil
   t.equal((await a.req('GET', `/v2/${ep}/status/${B}`)).json.status, 'CANCELLED');
 });
 
+t.test('a /retry of a job whose stop is pending on a worker its stopPod retired is fenced from it: the old run is still told to stop, the new one never', async (t) => {
+  // B timed out on a worker running two jobs; A's result with stopPod retired the worker before
+  // it let go of B. /retry looked for B's last worker in the registry only, found none, and did
+  // not fence the new run from it: the worker, still running the old run, asked for work again
+  // and was handed B anew, which dropped the old run's stop (a claim clears the job's stop) and
+  // let the old run's late result complete the new one.
+  const clock = new ManualClock();
+  const a = await startAgent(t, { takeHoldMs: 300 }, { clock });
+  const ep = await endpoint(a);
+  const w = await TestWorker.create(a, ep);
+  const other = await TestWorker.create(a, ep);
+  const A = (await run(a, ep, { input: { i: 0 } })).json.id as string;
+  const B = (await run(a, ep, { input: { i: 1 }, policy: { executionTimeout: 5000 } })).json.id as string;
+  t.equal((await w.takeBatch(2)).jobs.length, 2);
+  t.equal(await w.ping([A, B]), 200);
+  clock.advance(5001);
+  a.agent.queue.reap();
+  await a.agent.queue.durable();
+  t.equal((await a.req('GET', `/v2/${ep}/status/${B}`)).json.status, 'TIMED_OUT');
+  t.equal((await w.done(A, { output: 0, stopPod: true })).status, 200);
+  t.equal(a.agent.queue.workers.get(ep, w.workerId), undefined, 'retired: it holds no job');
+  t.equal((await a.req('POST', `/v2/${ep}/retry/${B}`)).json.status, 'IN_QUEUE');
+  t.same(await w.stops(), [B], 'the old run is still told to stop');
+  // It did not exit and asks for work while the old run goes on, before its next ping.
+  t.equal(await w.take(true), null, 'the new run is not handed to the worker still running the old one');
+  t.equal(await w.ping([B]), 200);
+  t.equal((await other.take())?.id, B, 'another worker takes it');
+  clock.advance(1000);
+  t.same(await w.stops(), [B], 'the old run is told to stop again while its pings list it');
+  t.equal((await w.done(B, { output: 'old' })).json.discarded, true, 'the old run\'s late result is discarded');
+  t.equal((await a.req('GET', `/v2/${ep}/status/${B}`)).json.status, 'IN_PROGRESS', 'and does not complete the new run');
+  t.equal(await other.ping([B]), 200);
+  t.same(await other.stops(), [], 'the new run is never told to stop');
+  t.equal((await other.done(B, { output: 'new' })).status, 200);
+  const done = await a.req('GET', `/v2/${ep}/status/${B}`);
+  t.equal(done.json.status, 'COMPLETED');
+  t.same(done.json.output, 'new');
+});
+
+t.test('a /retry taken by the same worker its stopPod retired, once it let go of the old run, is not stopped by the old run\'s stop', async (t) => {
+  const clock = new ManualClock();
+  const a = await startAgent(t, { takeHoldMs: 300 }, { clock });
+  const ep = await endpoint(a);
+  const w = await TestWorker.create(a, ep);
+  const A = (await run(a, ep, { input: { i: 0 } })).json.id as string;
+  const B = (await run(a, ep, { input: { i: 1 }, policy: { executionTimeout: 5000 } })).json.id as string;
+  t.equal((await w.takeBatch(2)).jobs.length, 2);
+  t.equal(await w.ping([A, B]), 200);
+  clock.advance(5001);
+  a.agent.queue.reap();
+  await a.agent.queue.durable();
+  t.equal((await w.done(A, { output: 0, stopPod: true })).status, 200);
+  t.equal((await a.req('POST', `/v2/${ep}/retry/${B}`)).json.status, 'IN_QUEUE');
+  t.same(await w.stops(), [B], 'the old run is told to stop');
+  // The old run stopped: its next ping leaves it out, which ends the stop and the fence.
+  t.equal(await w.ping([]), 200);
+  t.equal((await w.take(true))?.id, B, 'the same worker takes the new run');
+  clock.advance(1000);
+  t.equal(await w.ping([B]), 200);
+  t.same(await w.stops(), [], 'the new run is not told to stop');
+  t.equal((await w.done(B, { output: 'new' })).status, 200);
+  t.equal((await a.req('GET', `/v2/${ep}/status/${B}`)).json.status, 'COMPLETED');
+});
+
 t.test('an external worker that takes a job after its stopPod did not exit: its later results keep it', async (t) => {
   // A worker is free to ignore stopPod; one that asks for work again after it stays a worker.
   const a = await startAgent(t, { takeHoldMs: 5000 });

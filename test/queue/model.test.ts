@@ -561,8 +561,9 @@ async function opRetry(c: Ctx, j: MJob) {
   }
   if (res.status !== 200 || res.json.status !== 'IN_QUEUE') fail(c, `retry of a ${j.status} job: ${res.status} ${res.text}`);
   const prev = j.workerId !== null && j.resultBy !== j.workerId ? holderOf(c, j) : undefined;
-  const holder = prev?.registered && prev.stops.has(j.id) ? prev : undefined;
-  // Fenced from the worker that ran it while its stop is pending.
+  const holder = prev && (prev.registered || retained(c, prev)) && prev.stops.has(j.id) ? prev : undefined;
+  // Fenced from the worker that ran it while its stop is pending, also on its retired record
+  // (stopPod): a take from it brings that record back, and it may still run the old run.
   queuedByRetry(c, j, holder ? { w: holder.w.workerId, until: now(c) + LEASE } : null);
   if (holder) holder.fenced.add(j.id);
 }
