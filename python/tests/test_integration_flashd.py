@@ -85,6 +85,30 @@ def wait_status(endpoint, job_id, predicate, timeout=20, what="status"):
                       timeout, interval=0.05, what=what)
 
 
+def heartbeat_connected(worker_pid):
+    """Whether the worker's heartbeat process has a socket open (its first ping went out); True
+    where /proc cannot tell."""
+    if not os.path.isdir("/proc/self/fd"):
+        return True
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+            if ppid != worker_pid:
+                continue
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                if b"vendor_flash.serverless.heartbeat" not in fh.read():
+                    continue
+            fds = os.listdir(f"/proc/{entry}/fd")
+            if any(os.readlink(f"/proc/{entry}/fd/{fd}").startswith("socket:") for fd in fds):
+                return True
+        except (OSError, ValueError, IndexError):
+            continue
+    return False
+
+
 class IntegrationCase(unittest.TestCase):
     def dump_logs(self):
         out = [f"--- flashd ---\n{SERVER.log_tail()}"]
@@ -361,6 +385,42 @@ class ConcurrencyAndCancelTest(IntegrationCase):
         wait_until(lambda: workers()["idle"] == 1, 4, what="the worker idle again")
         self.assertEqual(status_of(endpoint, ref["id"])["status"], "CANCELLED")
 
+
+    def test_a_job_cancelled_right_after_its_take_leaves_the_worker_idle_at_once(self):
+        # A cancel within a second of the take, before any regular ping listed the job: the
+        # handler stopped at once and the worker pinged without the job, but flashd took that
+        # ping for one made before the worker registered the job, so the stop (and /health's
+        # running) lasted until the next regular ping, up to 10 s later.
+        endpoint = SERVER.create_endpoint("cancel-at-take")
+        worker = WorkerProcess(SERVER.worker_env(endpoint), "handlers.py", "async", log_dir=TMP).start()
+        self.addCleanup(worker.stop)
+
+        def workers():
+            status, body = SERVER.call("GET", f"/v2/{endpoint}/health")
+            self.assertEqual(status, 200, body)
+            return body["workers"]
+
+        wait_until(lambda: workers()["idle"] == 1, 15, what="an idle async worker")
+        # Its heartbeat process pings from its first message on; on a loaded machine its start
+        # can take seconds, so the cancels wait until it has a connection to flashd (no ping at
+        # all would hold the stop for another reason).
+        wait_until(lambda: heartbeat_connected(worker.proc.pid), 15, what="the heartbeat process to ping")
+        for round_ in range(5):
+            marker = os.path.join(TMP, f"cancel-at-take-{round_}-{time.monotonic_ns()}")
+            started = f"{marker}.started"
+            ref = run(endpoint, {"forever": marker, "started": started})
+            wait_until(lambda: os.path.exists(started), 15, what="the handler to start")
+            status, body = SERVER.call("POST", f"/v2/{endpoint}/cancel/{ref['id']}")
+            self.assertEqual((status, body["status"]), (200, "CANCELLED"))
+            cancelled = time.monotonic()
+            wait_until(lambda: os.path.exists(marker), 5, what="the handler to see CancelledError")
+            try:
+                wait_until(lambda: (lambda w: w["idle"] == 1 and w["running"] == 0)(workers()), 1.5,
+                           interval=0.05, what="the worker idle again")
+            except AssertionError:
+                self.fail(f"round {round_}: still {workers()} {time.monotonic() - cancelled:.1f} s after the cancel\n"
+                          f"{worker.log()[-3000:]}\n--- flashd ---\n{SERVER.log_tail()}")
+            self.assertEqual(status_of(endpoint, ref["id"])["status"], "CANCELLED")
 
     def test_a_modifier_that_keeps_raising_is_logged_once_and_jobs_still_run(self):
         # The take loop asks the modifier again every second while the slot is busy: a modifier

@@ -1124,6 +1124,31 @@ class HeartbeatProcessTest(WorkerTestCase):
         report = json.loads(proc.stdout.readline())
         self.assertEqual((report["status"], report["ids"]), (409, ["j1"]))
 
+    def test_a_job_stopped_on_job_stop_is_listed_by_the_next_ping_then_left_out_at_once(self):
+        # flashd ends a stop at a ping without the job at once only once a ping listed it. A job
+        # cancelled right after its take stops at once: the worker's messages saying it holds
+        # the job, that it stopped it, and that it no longer holds it are read together, and one
+        # ping of the last ids (without the job) left the stop until the next regular ping.
+        env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        proc = subprocess.Popen([sys.executable, "-m", "vendor_flash.serverless.heartbeat"], env=env,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self.addCleanup(lambda: (proc.stdin.close(), proc.wait(5), proc.stdout.close()))
+        worker_env = WorkerEnv.from_environ(self.fake.env(interval_ms=60_000))
+        proc.stdin.write((json.dumps(dataclasses.asdict(worker_env)) + "\n").encode())
+        proc.stdin.write((json.dumps({"ids": [], "now": False}) + "\n").encode())
+        proc.stdin.flush()
+        self.fake.wait_for(lambda: len(self.fake.recorded("ping")) >= 1, timeout=10)  # the first ping
+        for message in ({"ids": ["j1"], "now": False}, {"ids": ["j1"], "now": True, "stopped": ["j1"]},
+                        {"ids": [], "now": True}):
+            proc.stdin.write((json.dumps(message) + "\n").encode())
+        proc.stdin.flush()
+        pings = self.fake.wait_for(lambda: self.fake.recorded("ping")[1:] if len(self.fake.recorded("ping")) >= 3
+                                   else None, timeout=10)
+        listed = [p.query.get("job_id", "") for p in pings]
+        self.assertEqual(listed[:2], ["j1", ""], "listed once, then left out at once")
+        time.sleep(0.3)
+        self.assertEqual(len(self.fake.recorded("ping")), 3, "and no more pings until the interval")
+
 
 def _alive(pid):
     try:

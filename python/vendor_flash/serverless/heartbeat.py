@@ -9,7 +9,11 @@ its own process for the same reason; so does this module, run as
 Protocol, one JSON object per line:
 
 * stdin, first line: the :class:`~vendor_flash.serverless.env.WorkerEnv` fields; then
-  ``{"ids": [...], "now": bool}`` whenever the worker's jobs change (``now``: ping at once).
+  ``{"ids": [...], "now": bool}`` whenever the worker's jobs change (``now``: ping at once),
+  with ``"stopped": [...]``: jobs the worker stopped on job-stop. The next ping lists them even
+  when the ids of a later message, read with it, leave them out (their handler returned at once),
+  and then the ping after it, sent at once, goes without them: flashd ends a stop at a ping
+  without the job at once only once a ping has listed it.
   End of input, or the worker no longer being its parent (the worker exited, even on SIGKILL,
   and a process it forked holds the pipe), ends the process.
 * stdout: one ``{"status": int|null, "body": str, "ids": [...], "error": str}`` per ping that
@@ -48,6 +52,7 @@ def main() -> int:
     client = None
     interval = 0.0
     ids: List[str] = []
+    stopped: List[str] = []  # listed by the next ping only (see the protocol above)
     next_ping = None  # the first ping goes out with the first list of ids
     parent = os.getppid()
     while True:
@@ -72,16 +77,22 @@ def main() -> int:
                     client = ping_client(env)
                     continue
                 ids = [str(i) for i in message.get("ids", [])]
+                stopped += [str(i) for i in message.get("stopped", []) if str(i) not in stopped]
                 now = now or bool(message.get("now")) or next_ping is None
         if env is None or client is None:
             continue
         if now or (next_ping is not None and time.monotonic() >= next_ping):
-            response, error = ping(client, env, ids)
+            once = [i for i in stopped if i not in ids]
+            response, error = ping(client, env, ids + once)
             if response is None or response.status >= 400:
                 status, body = (None, "") if response is None else (response.status, response.text(2000))
                 sys.stdout.write(json.dumps({"status": status, "body": body, "ids": ids, "error": error}) + "\n")
                 sys.stdout.flush()
             next_ping = time.monotonic() + interval
+            if response is not None:
+                stopped = []
+                if once:
+                    next_ping = time.monotonic()  # the ping without them, at once: it ends their stops
 
 
 if __name__ == "__main__":

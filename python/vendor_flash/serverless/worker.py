@@ -28,7 +28,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from . import progress
 from . import result as results
@@ -253,6 +253,9 @@ class Worker:
         #: Runs sync handler code on the thread that calls :meth:`run` (the main thread).
         self.main = MainThreadRunner()
         self._ping_now = threading.Event()  # wakes the heartbeat early
+        #: Jobs this worker stopped on job-stop that the next ping lists once more, even if their
+        #: handler has returned by then (see :meth:`_take_stopped`). Guarded by ``cond``.
+        self._stopped_once: Set[str] = set()
         self._signals = StopSignals()
         self._feed_lock = threading.Lock()
         self._heartbeat_proc: Optional[subprocess.Popen] = None
@@ -668,7 +671,11 @@ class Worker:
                 acted = [job_id for job_id in ids if self.cancel_job(job_id)]
                 if acted:
                     # tell flashd at once that these jobs are no longer held here, so it stops
-                    # offering them (it clears a stop when a ping no longer lists the job)
+                    # offering them (it clears a stop when a ping no longer lists the job): a
+                    # ping that lists them once more, then one without them (_take_stopped)
+                    if self.env.ping_enabled:
+                        with self.cond:
+                            self._stopped_once.update(acted)
                     self._ping_now.set()
                     backoff.reset()
                 elif held < SPIN_GUARD_SECONDS:
@@ -745,6 +752,22 @@ class Worker:
             reader.join(5)
             proc.stdout.close()
 
+    def _take_stopped(self) -> List[str]:
+        """The jobs stopped on job-stop since the last ping: the next ping lists them, whether or
+        not their handler has returned by then, and the one after it goes without them.
+
+        flashd ends a stop at the first ping without the job only once a ping has listed the job
+        (before that, a ping without it may have been made before the worker registered a job it
+        took moments ago). A job cancelled within a second of its take, before the first regular
+        ping, is often gone from the jobs by the time its ping goes out (an async handler stops at
+        once): that ping alone would leave the stop, and this worker running in /health, until
+        the next regular ping, up to 10 s later. Listed once, then left out, it ends at once.
+        """
+        with self.cond:
+            stopped = sorted(self._stopped_once)
+            self._stopped_once.clear()
+        return stopped
+
     def _feed_heartbeat(self, now: bool = False) -> None:
         """Tell the heartbeat process the jobs in progress, when they changed (or ``now``: ping)."""
         with self._feed_lock:
@@ -752,8 +775,14 @@ class Worker:
             if proc is None:
                 return
             ids = self.in_progress_ids()
-            if now or ids != self._fed_ids:
-                proc.stdin.write((json.dumps({"ids": ids, "now": now}) + "\n").encode())
+            stopped = self._take_stopped()
+            if now or ids != self._fed_ids or stopped:
+                message: Dict[str, Any] = {"ids": ids, "now": now or bool(stopped)}
+                if stopped:
+                    # listed by the next ping even if a later message before it drops them (the
+                    # process reads what piled up in its pipe at once, and pings the last ids)
+                    message["stopped"] = stopped
+                proc.stdin.write((json.dumps(message) + "\n").encode())
                 proc.stdin.flush()
                 self._fed_ids = ids
 
@@ -798,10 +827,15 @@ class Worker:
     def ping_once(self, client: HttpClient) -> Optional[int]:
         """Send one heartbeat listing the jobs in progress; returns the HTTP status or None."""
         ids = self.in_progress_ids()
-        response, error = ping(client, self.env, ids)
+        stopped = [i for i in self._take_stopped() if i not in ids]
+        response, error = ping(client, self.env, ids + stopped)
         if response is None:
+            with self.cond:  # not seen by flashd: listed by the next ping
+                self._stopped_once.update(stopped)
             self._ping_outcome(None, b"", ids, error)
             return None
+        if stopped:
+            self._ping_now.set()  # at once the ping without them, which ends their stops
         self._ping_outcome(response.status, response.body, ids)
         return response.status
 
