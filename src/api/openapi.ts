@@ -43,8 +43,10 @@ export function buildOpenApi(routes: readonly RouteDef[], version: string): Reco
     if (r.responseHeaders) (responses[String(r.successStatus)] as Record<string, unknown>)['headers'] = r.responseHeaders;
     // Any route may meet a failure, a shutdown or a disk it cannot write.
     for (const status of [...new Set([...r.problems, 500, 503])].sort()) {
+      // A strict route says in its 400 that a parameter it does not list is refused, not ignored.
+      const strict = status === 400 && r.strictQuery ? `, or a query parameter other than ${(r.query ?? []).map((q) => q.name).join(', ')}` : '';
       responses[String(status)] = {
-        description: STATUS_TEXT[status] ?? 'Error',
+        description: (STATUS_TEXT[status] ?? 'Error') + strict,
         content: { 'application/problem+json': { schema: { $ref: '#/components/schemas/Problem' } } },
       };
     }

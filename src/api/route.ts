@@ -1,5 +1,6 @@
 import type { JobRateGroup, Principal, Scope } from '../auth/index.js';
 import type { IncomingRequest, OutgoingReply } from '../http/index.js';
+import { echoId } from './problem.js';
 
 export interface QueryParam {
   name: string;
@@ -54,7 +55,13 @@ export interface RouteDef {
   /** Headers of the success reply, for the document. */
   responseHeaders?: Record<string, { description: string; schema: Record<string, unknown> }>;
   problems: number[];
-  query?: QueryParam[];
+  query?: readonly QueryParam[];
+  /**
+   * A query parameter not in `query` is a 400 (the handler checks it with unknownQuery), and the
+   * document's 400 says so. Without it unknown parameters are ignored: the queue job API and the
+   * worker protocol must be, since RunPod clients send parameters flashd does not know.
+   */
+  strictQuery?: true;
   maxBodyBytes?: number;
   /**
    * What a `GET` here changes ("hands a job to the worker"): `HEAD`, which otherwise takes the
@@ -88,4 +95,28 @@ export interface RouteDef {
    * a worker's result too large to take fails its job at once instead of being lost.
    */
   onTooLarge?(ctx: Omit<ApiContext, 'body' | 'bodyText'>, limit: number): void | Promise<void>;
+}
+
+/** How many unknown query parameters unknownQuery names; the rest are counted. */
+const UNKNOWN_QUERY_NAMED = 5;
+
+/**
+ * The errors[] entries for the query parameters of a `strictQuery` route that are not in
+ * `accepted`: each name once, in the order given (at most UNKNOWN_QUERY_NAMED, then a count), a
+ * name that is no plain word quoted as JSON and cut as ids are; `hints` adds a word for a name
+ * another tool uses (Docker's `tail`). Empty when every parameter is known.
+ */
+export function unknownQuery(query: URLSearchParams, accepted: readonly QueryParam[], hints: Readonly<Record<string, string>> = {}): string[] {
+  const known = new Set(accepted.map((q) => q.name));
+  const names = [...new Set([...query.keys()])].filter((n) => !known.has(n));
+  if (names.length === 0) return [];
+  const list = accepted.map((q) => q.name);
+  const takes = `this route takes ${list.length > 1 ? `${list.slice(0, -1).join(', ')} and ${list[list.length - 1]}` : list.join('')}`;
+  const shown = (n: string): string => {
+    const cut = echoId(n);
+    return /^[A-Za-z0-9_.\-]+$/.test(n) ? cut : JSON.stringify(cut);
+  };
+  const errors = names.slice(0, UNKNOWN_QUERY_NAMED).map((n) => `?${shown(n)}: unknown parameter${Object.hasOwn(hints, n) ? ` (${hints[n]})` : ''}; ${takes}`);
+  if (names.length > UNKNOWN_QUERY_NAMED) errors.push(`${names.length - UNKNOWN_QUERY_NAMED} more unknown parameters; ${takes}`);
+  return errors;
 }

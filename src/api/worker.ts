@@ -14,7 +14,7 @@ import type { LogLine } from '../store/index.js';
 import type { LogHub } from '../scheduler/index.js';
 import { jsonSyntaxDetail, withoutBom } from './dispatch.js';
 import { echoId } from './problem.js';
-import { NO_STORE, type RouteDef } from './route.js';
+import { NO_STORE, unknownQuery, type QueryParam, type RouteDef } from './route.js';
 
 export interface WorkerRouteServices {
   queue: JobQueue;
@@ -92,6 +92,16 @@ async function failTooLarge(s: WorkerRouteServices, { req, principal, params }: 
     s.log.warn('job failed: worker post over the limit', { jobId, endpointId, workerId, what, bytes: known ? declared : undefined, limit });
   }
 }
+
+/** The query parameters of the endpoint log; any other is a 400 (strictQuery). */
+const LOG_QUERY: readonly QueryParam[] = [
+  { name: 'since', description: 'Only lines with seq greater than this. When lines after it were already deleted (flashd keeps the newest 10,000 lines per endpoint), the reply says so in X-Logs-Dropped-Through.', schema: { type: 'integer', minimum: 0 } },
+  { name: 'limit', description: 'At most this many lines (default 500, max 10000), and at most 16 MiB of line text as sent (UTF-8, JSON escapes included: a NUL is 6 bytes): the newest lines that fit, or with since the oldest after it (X-Logs-Truncated says when the 16 MiB cut it short).', schema: { type: 'integer', minimum: 1, maximum: 10000 } },
+  { name: 'follow', description: 'true (or 1): keep the response open and stream new lines as NDJSON (with an empty line after 15 s without one, and at the start when there is none yet: skip empty lines); false (or 0), the default: a snapshot.', schema: { type: 'boolean' } },
+];
+
+/** A word beside an unknown log parameter that another tool uses for one flashd has. */
+const LOG_QUERY_HINTS: Readonly<Record<string, string>> = { tail: 'for the last N lines, give ?limit=N' };
 
 /** What a worker may post to job-done and to job-stream, for the detail of a refused body. */
 const SEND = {
@@ -309,11 +319,8 @@ export function workerRoutes(s: WorkerRouteServices): RouteDef[] {
       method: 'GET', path: '/v2/serverless/{endpointId}/logs', operationId: 'endpointLogs',
       summary: "Workers' stdout/stderr: the last ?limit lines, or lines after ?since; ?follow=true streams new lines as NDJSON", tag: 'Workers',
       auth: 'user', scope: 'endpoints:read', successStatus: 200, responseSchema: 'LogLine', responseIsArray: true, problems: [400, 401, 403, 404, 429],
-      query: [
-        { name: 'since', description: 'Only lines with seq greater than this. When lines after it were already deleted (flashd keeps the newest 10,000 lines per endpoint), the reply says so in X-Logs-Dropped-Through.', schema: { type: 'integer', minimum: 0 } },
-        { name: 'limit', description: 'At most this many lines (default 500, max 10000), and at most 16 MiB of line text as sent (UTF-8, JSON escapes included: a NUL is 6 bytes): the newest lines that fit, or with since the oldest after it (X-Logs-Truncated says when the 16 MiB cut it short).', schema: { type: 'integer', minimum: 1, maximum: 10000 } },
-        { name: 'follow', description: 'true (or 1): keep the response open and stream new lines as NDJSON (with an empty line after 15 s without one, and at the start when there is none yet: skip empty lines); false (or 0), the default: a snapshot.', schema: { type: 'boolean' } },
-      ],
+      strictQuery: true,
+      query: LOG_QUERY,
       responseHeaders: {
         'X-Logs-Dropped-Through': {
           description: 'Only with ?since, when lines after it were deleted before they were read (the oldest beyond the 10,000 kept per endpoint): every line of the endpoint up to this seq is gone, so the reader missed some. The reply starts at the oldest line kept.',
@@ -339,6 +346,9 @@ export function workerRoutes(s: WorkerRouteServices): RouteDef[] {
         if (limitRaw !== null && (!/^\d+$/.test(limitRaw) || Number(limitRaw) < 1 || Number(limitRaw) > 10_000)) errors.push('?limit: must be an integer from 1 to 10000');
         // Exactly these four, the error says which (curl users write 1; `TRUE` or `yes` are refused rather than guessed).
         if (followRaw !== null && !['true', 'false', '1', '0'].includes(followRaw)) errors.push('?follow: must be true, false, 1 or 0');
+        // Docker's ?tail, a filter there is none of (?stream), a typo (?limt) got the default 500
+        // lines with no hint; the routes RunPod clients call ignore unknown parameters instead.
+        errors.push(...unknownQuery(req.query, LOG_QUERY, LOG_QUERY_HINTS));
         // The detail names only the parameters that are wrong, as every other validation error does.
         if (errors.length) throw new AgentError('VALIDATION_FAILED', `${errors.join('; ')}.`, { errors });
         const limit = limitRaw === null ? 500 : Number(limitRaw);

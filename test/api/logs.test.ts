@@ -62,6 +62,51 @@ t.test('endpoint logs: tail, since, follow, and gone with the endpoint', async (
   assertProblem(t, await a.req('GET', `/v2/serverless/${ep}/logs`), 404);
 });
 
+t.test('an unknown query parameter is refused, naming it and the ones the logs take; the job API stays lenient', async (t) => {
+  const a = await startAgent(t);
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  for (let i = 0; i < 3; i++) a.agent.logs.append(ep, 'wkr_a', 'stdout', `line ${i}`);
+  await new Promise((r) => setImmediate(r));
+  // Docker's ?tail, a filter flashd does not have, a typo: each answered the default 500 lines with no hint.
+  const cases: [string, string][] = [
+    ['tail=100', '?tail: unknown parameter (for the last N lines, give ?limit=N); this route takes since, limit and follow'],
+    ['stream=stderr', '?stream: unknown parameter; this route takes since, limit and follow'],
+    ['limt=5', '?limt: unknown parameter; this route takes since, limit and follow'],
+  ];
+  for (const [query, error] of cases) {
+    const r = await a.req('GET', `/v2/serverless/${ep}/logs?${query}`);
+    assertProblem(t, r, 400);
+    t.same(r.json.errors, [error], `?${query} refused`);
+    t.equal(r.json.detail, `${error}.`);
+  }
+  // Named with the other errors, each once, however often given; a name that is no plain word is quoted.
+  const mixed = await a.req('GET', `/v2/serverless/${ep}/logs?limit=0&tail=1&tail=2&a%0Ab=1`);
+  assertProblem(t, mixed, 400);
+  t.same(mixed.json.errors, [
+    '?limit: must be an integer from 1 to 10000',
+    '?tail: unknown parameter (for the last N lines, give ?limit=N); this route takes since, limit and follow',
+    '?"a\\nb": unknown parameter; this route takes since, limit and follow',
+  ]);
+  const many = await a.req('GET', `/v2/serverless/${ep}/logs?${['a', 'b', 'c', 'd', 'e', 'f', 'g'].map((n) => `${n}=1`).join('&')}`);
+  t.same(many.json.errors.slice(4), ['?e: unknown parameter; this route takes since, limit and follow', '2 more unknown parameters; this route takes since, limit and follow'], 'five named, the rest counted');
+  // A follow with a stray parameter does not open a stream.
+  const stray = await fetch(`${a.url}/v2/serverless/${ep}/logs?follow=true&lines=10`, { headers: { authorization: `Bearer ${ADMIN_KEY}` } });
+  t.equal(stray.status, 400, 'a follow with ?lines: 400');
+  t.match(stray.headers.get('content-type'), /^application\/problem\+json/);
+  await stray.body?.cancel();
+  t.equal((await a.req('GET', `/v2/serverless/${ep}/logs?since=0&limit=2&follow=false`)).json.length, 2, 'the three it takes still work');
+  // Not the endpoint's: 404 first, as with a bad ?limit.
+  assertProblem(t, await a.req('GET', '/v2/serverless/no-such-endpoint/logs?tail=1'), 404);
+  // RunPod clients may send parameters flashd does not know to the queue job API: ignored there.
+  const run = await a.req('POST', `/v2/${ep}/run?priority=high`, { body: { input: {} } });
+  t.equal(run.status, 200, 'run ignores an unknown parameter');
+  t.equal((await a.req('GET', `/v2/${ep}/status/${run.json.id}?verbose=1`)).status, 200, 'status ignores one');
+  t.equal((await a.req('GET', `/v2/${ep}/health?x=1`)).status, 200, 'health ignores one');
+  // The document says which routes refuse them.
+  const doc = (await a.req('GET', '/v2/openapi.json', { key: null })).json;
+  t.match(doc.paths['/v2/serverless/{endpointId}/logs'].get.responses['400'].description, /query parameter other than since, limit, follow/);
+});
+
 t.test('a read with ?since past lines already deleted says so (X-Logs-Dropped-Through), also after a restart', async (t) => {
   // flashd keeps the newest 10,000 lines of an endpoint, trimming every 1,000 appended: the
   // 11,000th line drops the oldest 1,000. seq is global (every endpoint's lines share it), so a
