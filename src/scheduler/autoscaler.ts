@@ -69,6 +69,16 @@ interface Managed {
 }
 
 const UNHEALTHY_SHOWN_MS = 60_000;
+/** How long after a crash (or after the backoff it began) a start still names it as the crash it follows. */
+const CRASH_NAMED_MS = 60_000;
+
+/** A crashed worker a start has not replaced yet: how it ended, when (monotonic), and the backoff its crash began (0: none). */
+interface CrashedWorker {
+  workerId: string;
+  how: string;
+  at: number;
+  backoffUntil: number;
+}
 const DEFAULT_INIT_TIMEOUT_MS = 7 * 60_000;
 /**
  * Why the process runtime starts no worker for an endpoint whose command a key without admin
@@ -94,6 +104,11 @@ export class Autoscaler {
   /** Identities of workers a runtime kept for a fast restart (FlashBoot): workerId → key id. */
   readonly #kept = new Map<string, { endpointId: string; keyId: string }>();
   readonly #crashes = new Map<string, CrashState>();
+  /**
+   * Per endpoint: its crashed workers no start has replaced yet, oldest first (see #afterCrash):
+   * the next start names one, so a start after a crash does not read as a plain cold start.
+   */
+  readonly #crashedUnreplaced = new Map<string, CrashedWorker[]>();
   readonly #unhealthy = new Map<string, { endpointId: string; until: number }>();
   /** Per endpoint: why no worker could start, as last logged (see #noteHeldBack). */
   readonly #heldBack = new Map<string, string>();
@@ -411,8 +426,11 @@ export class Autoscaler {
     this.#o.queue.workers.launched(endpointId, ref.id);
     this.#managed.set(ref.id, { endpointId, keyId: kept?.keyId ?? keyRow.id, stopping: false, ...(restarting ? { restarting: true } : {}) });
     const how = restarting ? ': its kept container restarts (FlashBoot)' : '';
-    this.#o.logs.append(endpointId, ref.id, 'system', `starting worker ${ref.id} (${runtime.name} runtime): ${reason}${how}`);
-    this.#o.log.info('worker starting', { endpointId, workerId: ref.id, runtime: runtime.name, reason, ...(restarting ? { flashboot: true } : {}) });
+    const crashed = this.#afterCrash(endpointId);
+    const after = crashed === undefined ? ''
+      : ` (after ${crashed.backoff ? 'the crash backoff: ' : ''}worker ${crashed.workerId} ${crashed.how})`;
+    this.#o.logs.append(endpointId, ref.id, 'system', `starting worker ${ref.id} (${runtime.name} runtime): ${reason}${after}${how}`);
+    this.#o.log.info('worker starting', { endpointId, workerId: ref.id, runtime: runtime.name, reason, ...(crashed ? { afterCrashOf: crashed.workerId } : {}), ...(restarting ? { flashboot: true } : {}) });
     runtime
       .launch(launchSpec, {
         log: (stream, line) => this.#o.logs.append(endpointId, ref.id, stream, line),
@@ -563,6 +581,28 @@ export class Autoscaler {
     });
   }
 
+  /**
+   * The crashed worker a start now replaces (the oldest no start has replaced), taken off the
+   * list, and whether a crash backoff held the start back; undefined when none crashed within
+   * CRASH_NAMED_MS (of its crash, or of the end of the backoff it began): a start minutes later
+   * is a plain one.
+   */
+  #afterCrash(endpointId: string): { workerId: string; how: string; backoff: boolean } | undefined {
+    const list = this.#freshCrashes(endpointId);
+    const next = list.shift();
+    if (list.length === 0) this.#crashedUnreplaced.delete(endpointId);
+    // A backoff begun by any crash still unreplaced held this start back (max above 1: not only the last one's).
+    return next && { workerId: next.workerId, how: next.how, backoff: [next, ...list].some((c) => c.backoffUntil > 0) };
+  }
+
+  /** The endpoint's crashed workers no start has replaced, those older than CRASH_NAMED_MS dropped. */
+  #freshCrashes(endpointId: string): CrashedWorker[] {
+    const mono = this.#o.clock.monotonic();
+    const list = (this.#crashedUnreplaced.get(endpointId) ?? []).filter((c) => mono - Math.max(c.at, c.backoffUntil) <= CRASH_NAMED_MS);
+    this.#crashedUnreplaced.set(endpointId, list);
+    return list;
+  }
+
   /** Runs `say` when `waiting` becomes true for an endpoint, not again until it has been false (`said` holds those said). */
   #sayOnce(said: Set<string>, endpointId: string, waiting: boolean, say: () => void): void {
     if (!waiting) {
@@ -667,6 +707,13 @@ export class Autoscaler {
       const ranMs = initTimedOut || managed?.runningSince === undefined ? 0 : mono - managed.runningSince;
       const crashes = afterCrash(this.#crashes.get(endpointId), mono, ranMs);
       if (crashes) this.#crashes.set(endpointId, crashes);
+      // For the start that replaces it: `cold start` alone read as if the endpoint had been idle.
+      const ended = startError !== undefined ? 'failed to start'
+        : initTimedOut ? 'was stopped: it never asked for a job'
+        : info.signal ? `exited on signal ${info.signal}` : `exited with code ${info.code ?? '?'}`;
+      const list = this.#freshCrashes(endpointId);
+      list.push({ workerId, how: ended, at: mono, backoffUntil: crashes && crashes.backoffUntil > mono ? crashes.backoffUntil : 0 });
+      this.#crashedUnreplaced.set(endpointId, list);
       if (crashes && crashes.backoffUntil > mono) {
         const waitS = Math.round((crashes.backoffUntil - mono) / 1000);
         this.#o.logs.append(endpointId, workerId, 'system', `${crashes.streak} workers crashed in a row: no new worker for ${waitS} s (crash backoff)`);
@@ -713,6 +760,7 @@ export class Autoscaler {
     if (restart) {
       // The crashes were of the old configuration: the new one starts without their backoff.
       this.#crashes.delete(endpointId);
+      this.#crashedUnreplaced.delete(endpointId);
       const what = reasons.filter((r) => r !== 'workers').join(', ');
       const registry = this.#o.queue.workers;
       const external: string[] = [];
@@ -754,6 +802,7 @@ export class Autoscaler {
     this.#noMax.delete(endpointId);
     this.#paused.delete(endpointId);
     this.#heldByStarting.delete(endpointId);
+    this.#crashedUnreplaced.delete(endpointId);
     const ours = [...this.#managed].filter(([, m]) => m.endpointId === endpointId);
     await Promise.all(ours.map(([id, m]) => this.#stopForGood(id, m, 'endpoint deleted')));
     await this.#o.runtime?.discardEndpoint?.(endpointId);

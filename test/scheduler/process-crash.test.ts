@@ -211,3 +211,36 @@ t.test('a crash loop of workers that die as they start does not also say, at eac
   const held = (await lines()).filter((l) => /still starting/.test(l));
   t.ok(held.length <= 1, `the crash lines say why the job waits, not a line per restart: ${held.length} x "${held[0] ?? ''}"`);
 });
+
+t.test('a start after a crash names the crashed worker it replaces, and the crash backoff it follows', async (t) => {
+  const clock = new ManualClock();
+  const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT }, { clock });
+  const ep = (await a.req('POST', '/v2/serverless', {
+    body: cpuBody({ args: 'python3 -c "import sys; sys.exit(3)"', workers: { min: 0, max: 1, idleTimeout: 5 } }),
+  })).json.id as string;
+  const job = (await a.req('POST', `/v2/${ep}/run`, { body: { input: { n: 1 } } })).json.id as string;
+  const log = async () => (await a.req('GET', `/v2/serverless/${ep}/logs`)).json as { line: string; workerId: string }[];
+  const starts = async (n: number) => until(`${n} starts`, async () => {
+    const l = (await log()).filter((x) => /^starting worker/.test(x.line));
+    return l.length >= n && l;
+  }, 20_000);
+  // Crashes at once, at once, then a 2 s backoff after the third: the fourth start follows it.
+  await until('the backoff', async () => (await log()).some((l) => /crash backoff/.test(l.line)), 20_000);
+  clock.advance(2000);
+  const s = await starts(4);
+  const [w0, w1, w2] = s.map((x) => x.workerId);
+  const head = (i: number) => `starting worker ${(s[i] as { workerId: string }).workerId} (process runtime): cold start: 1 job(s) waiting and no worker up`;
+  t.equal(s[0]?.line, head(0), 'the first start: a plain cold start');
+  // It read "cold start: 1 job(s) waiting and no worker up", as if the endpoint had been idle.
+  t.equal(s[1]?.line, `${head(1)} (after worker ${w0} exited with code 3)`, 'the next names the crash');
+  t.equal(s[2]?.line, `${head(2)} (after worker ${w1} exited with code 3)`);
+  t.equal(s[3]?.line, `${head(3)} (after the crash backoff: worker ${w2} exited with code 3)`, 'after the backoff, it says so');
+  t.ok(a.logs.some((l) => l.includes('worker starting') && l.includes(`afterCrashOf=${w0}`)), "flashd's log names the crashed worker");
+  // The fourth crashes too; its job is cancelled, and a job long after starts a plain cold start.
+  await until('the fourth crash', async () => (await log()).filter((l) => /exited unexpectedly/.test(l.line)).length >= 4, 10_000);
+  t.equal((await a.req('POST', `/v2/${ep}/cancel/${job}`)).status, 200);
+  clock.advance(5 * 60_000);
+  await a.req('POST', `/v2/${ep}/run`, { body: { input: { n: 2 } } });
+  const later = await starts(5);
+  t.equal(later[4]?.line, `starting worker ${later[4]?.workerId} (process runtime): cold start: 1 job(s) waiting and no worker up`, 'minutes after the crash: a plain cold start');
+});
