@@ -152,9 +152,10 @@ export interface ScaleDecision {
   recheckInMs: number;
   /**
    * QUEUE_DELAY: the workers still starting while the oldest job has waited past `queueDelay`
-   * and `max` has room after this decision's starts: they hold the next start back (one more
-   * each further `queueDelay`, never more starting than jobs waiting); empty otherwise, and
-   * during a crash backoff or while the runtime has no room (each said by its own line).
+   * and both `max` and the runtime (`capacity`) have room after this decision's starts: they
+   * hold the next start back (one more each further `queueDelay`, never more starting than jobs
+   * waiting); empty otherwise, and during a crash backoff or while the runtime has no room
+   * (each said by its own line).
    */
   heldByStarting: string[];
 }
@@ -278,10 +279,12 @@ export function decideScale(s: ScaleInput): ScaleDecision {
     throttled = start - Math.max(0, s.capacity);
     start = Math.max(0, s.capacity);
   }
-  // Said while starts are held back (room left under max after this decision's starts), not
-  // during a crash backoff (its own line says it) or while the runtime has no room (said too).
+  // Said only while the starting workers are what holds a start back: room left under max and
+  // in the runtime after this decision's starts (with no GPU free, or max reached, a start that
+  // came due could not happen either, and the line misled), not during a crash backoff (its
+  // own line says it); no room in the runtime is said once a start comes due (throttled).
   const heldByStarting = pacedBy.length > 0 && !s.backoff && throttled === 0
-    && s.max - holding - active - awaitingCrash - start > 0 ? pacedBy : [];
+    && s.max - holding - active - awaitingCrash - start > 0 && s.capacity - start > 0 ? pacedBy : [];
 
   // Scale down: managed workers that hold no job. Above max, starting ones go first (they serve
   // nobody yet), then idle ones, longest idle first; a recycled one goes whether idle or starting.

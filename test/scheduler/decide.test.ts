@@ -437,6 +437,14 @@ t.test('QUEUE_DELAY names the starting workers that hold a start back once a job
   t.same(decideScale({ ...base, lowQueued: 2, oldestWaitMs: 9_000, workers: booting }).heldByStarting, [], 'low-priority jobs never scale up');
   t.same(decideScale({ ...base, scaling: { type: 'REQUEST_COUNT', requestCount: 1 }, queued: 5, oldestWaitMs: 9_000, workers: booting }).heldByStarting, [], 'REQUEST_COUNT starts its target at once');
   t.same(decideScale({ ...base, queued: 2, oldestWaitMs: 9_000, workers: [w('a', 'running')] }).heldByStarting, [], 'nothing starting: one starts now');
+  // No room in the runtime (every matching GPU held, the engine gone): a start that came due
+  // could not happen either, so "held by a starting worker" misled; the held-back line says why.
+  t.same(decideScale({ ...base, queued: 2, oldestWaitMs: 5_000, capacity: 0, workers: booting }).heldByStarting, [], 'held, but the runtime has no room for another anyway');
+  t.same(decideScale({ ...base, queued: 5, max: 10, oldestWaitMs: 9_000, capacity: 1, workers: booting }).heldByStarting, [], "this decision's start takes the runtime's last room");
+  t.same(decideScale({ ...base, queued: 5, max: 10, oldestWaitMs: 9_000, capacity: 2, workers: booting }).heldByStarting, ['b'], 'room for one more after the start: b holds it');
+  t.same(decideScale({ ...base, queued: 2, oldestWaitMs: 5_000, capacity: 1, workers: booting }).heldByStarting, ['b'], 'room for one: b holds it');
+  t.same(decideScale({ ...base, queued: 2, oldestWaitMs: 5_000, max: 2, workers: [w('x', 'running', 0, { managed: false }), w('b', 'initializing')] }).heldByStarting, [], 'an external worker fills max with b');
+  t.same(decideScale({ ...base, queued: 2, oldestWaitMs: 5_000, workers: booting, exiting: [{ id: 'c' }] }).heldByStarting, [], 'a worker still exiting holds the last place under max');
 });
 
 t.test('REQUEST_COUNT says when a worker expected back for more jobs is overdue, so a queued job it did not take gets a worker then', async (t) => {
