@@ -4,6 +4,7 @@
  */
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
+import { closestName } from '../config/index.js';
 
 export const WORKER_ENV_USAGE = `Usage: flashd worker-env <endpoint_id> [options]
 
@@ -122,6 +123,29 @@ function fetchFailure(err: Error): string {
   return cause?.message || cause?.errors?.[0]?.message || cause?.code || err.message;
 }
 
+/** worker-env's options that take a value (-h and --help apart). */
+const OPTIONS = ['url', 'api-key', 'api-key-file', 'data-dir', 'format', 'gpu'] as const;
+const FORMATS = ['dotenv', 'shell', 'json'];
+
+/**
+ * A usage error: the cause, then the usage line. The whole help after it (40 lines) pushed the
+ * cause off the top of a terminal; `flashd` itself answers a bad flag with one line too.
+ */
+function usageError(message: string): number {
+  process.stderr.write(`flashd worker-env: ${message}\nUsage: flashd worker-env <endpoint_id> [options] (see flashd worker-env --help)\n`);
+  return 2;
+}
+
+/** What a bad option probably meant, for its error: another option, or --url for the server's --port and --host. */
+function badOption(arg: string): string {
+  if (!arg.startsWith('--')) return `bad option ${arg} (worker-env has long options only, such as --format)`;
+  const eq = arg.indexOf('=');
+  const name = eq > 0 ? arg.slice(2, eq) : arg.slice(2);
+  if (closestName(name, ['port', 'host']) !== undefined) return `bad option ${arg} (to reach a flashd on another port or host, give --url http://HOST:PORT)`;
+  const meant = closestName(name, OPTIONS);
+  return `bad option ${arg}${meant === undefined ? '' : ` (did you mean --${meant}?)`}`;
+}
+
 export async function workerEnvCommand(args: string[], env: NodeJS.ProcessEnv): Promise<number> {
   const opts: Record<string, string> = {};
   const positional: string[] = [];
@@ -134,27 +158,25 @@ export async function workerEnvCommand(args: string[], env: NodeJS.ProcessEnv): 
     if (a.startsWith('--')) {
       const eq = a.indexOf('=');
       const name = eq > 0 ? a.slice(2, eq) : a.slice(2);
-      if (!['url', 'api-key', 'api-key-file', 'data-dir', 'format', 'gpu'].includes(name)) {
-        process.stderr.write(`flashd worker-env: bad option ${a}\n\n${WORKER_ENV_USAGE}`);
-        return 2;
-      }
+      if (!(OPTIONS as readonly string[]).includes(name)) return usageError(badOption(a));
       // `--api-key $KEY --format shell` with KEY unset: taking --format as the key would end in
       // a confusing "name exactly one endpoint id" about the now stray `shell`.
       const next = args[i + 1];
-      if (eq < 0 && (next === undefined || next.startsWith('--'))) {
-        process.stderr.write(`flashd worker-env: option --${name} needs a value\n\n${WORKER_ENV_USAGE}`);
-        return 2;
-      }
+      if (eq < 0 && (next === undefined || next.startsWith('--'))) return usageError(`option --${name} needs a value`);
       const value = eq > 0 ? a.slice(eq + 1) : (args[++i] as string);
       opts[name] = value;
+    } else if (a.startsWith('-') && a !== '-') {
+      // `-f json`: taken for two more endpoint ids, it said "name exactly one endpoint id".
+      return usageError(badOption(a));
     } else positional.push(a);
   }
   const endpointId = positional[0];
   const format = opts['format'] ?? 'dotenv';
-  if (positional.length !== 1 || !['dotenv', 'shell', 'json'].includes(format)) {
-    process.stderr.write(`flashd worker-env: ${positional.length !== 1 ? 'name exactly one endpoint id' : `unknown format ${format}`}\n\n${WORKER_ENV_USAGE}`);
-    return 2;
+  if (positional.length !== 1) {
+    // Not echoed: one may be a key meant for --api-key (`worker-env $EP $KEY`).
+    return usageError(positional.length === 0 ? 'name exactly one endpoint id' : `name exactly one endpoint id (got ${positional.length} arguments that are no option)`);
   }
+  if (!FORMATS.includes(format)) return usageError(`unknown format ${JSON.stringify(format.length > 32 ? `${format.slice(0, 32)}…` : format)} (dotenv, shell or json)`);
   // An empty FLASHD_URL or FLASHD_PORT counts as unset, as the server's FLASHD_* settings do.
   const url = (opts['url'] ?? (env['FLASHD_URL'] || `http://127.0.0.1:${env['FLASHD_PORT'] || '8000'}`)).replace(/\/+$/, '');
   const source = opts['url'] !== undefined ? '--url' : env['FLASHD_URL'] ? 'FLASHD_URL' : 'FLASHD_PORT';

@@ -126,6 +126,32 @@ t.test('worker-env fails clearly', async (t) => {
   t.equal((await run(process.execPath, [BUNDLE, 'worker-env', '-h'], cleanEnv())).stdout, help.stdout, '-h is the same');
 });
 
+t.test('worker-env usage errors end with the cause and a usage line, not 40 lines of help; a misspelt or short option is named as such', async (t) => {
+  const USAGE_LINE = 'Usage: flashd worker-env <endpoint_id> [options] (see flashd worker-env --help)\n';
+  const cases: [string[], string][] = [
+    // The help printed after the error pushed the error off the top of a terminal.
+    [[], 'name exactly one endpoint id'],
+    [['ep', '--api-kye-file', 'k'], 'bad option --api-kye-file (did you mean --api-key-file?)'],
+    [['ep', '--fromat', 'json'], 'bad option --fromat (did you mean --format?)'],
+    [['ep', '--verbose'], 'bad option --verbose'],
+    [['ep', '--prot', '9000'], 'bad option --prot (to reach a flashd on another port or host, give --url http://HOST:PORT)'],
+    [['ep', '--port=9000'], 'bad option --port=9000 (to reach a flashd on another port or host, give --url http://HOST:PORT)'],
+    // A short option was taken for a second endpoint id: "name exactly one endpoint id".
+    [['ep', '-f', 'json'], 'bad option -f (worker-env has long options only, such as --format)'],
+    [['ep', '--format', 'yaml'], 'unknown format "yaml" (dotenv, shell or json)'],
+    [['ep', 'sk_not_echoed'], 'name exactly one endpoint id (got 2 arguments that are no option)'],
+  ];
+  for (const [args, error] of cases) {
+    const r = await run(process.execPath, [BUNDLE, 'worker-env', ...args], cleanEnv());
+    t.equal(r.status, 2, `worker-env ${args.join(' ')}: exit 2`);
+    t.equal(r.stderr, `flashd worker-env: ${error}\n${USAGE_LINE}`, `worker-env ${args.join(' ')}`);
+    t.equal(r.stdout, '');
+  }
+  // `--api-key-file -` still reads stdin: a lone dash is a value, not an option.
+  const stdin = await run(process.execPath, [BUNDLE, 'worker-env', 'ep', '--api-key-file', '-', '--url', 'http://127.0.0.1:1'], cleanEnv(), 60_000, '');
+  t.equal(stdin.stderr, 'flashd worker-env: stdin holds no API key (it is empty)\n');
+});
+
 t.test('worker-env with nothing listening says why and how to point it elsewhere, not just "fetch failed"', async (t) => {
   // A port that was free a moment ago: nothing answers there.
   const probe = createNetServer();
