@@ -85,8 +85,14 @@ t.test('QUEUE_DELAY under a backlog: the next worker starts as soon as the last 
   // next worker may start before that line arrives). The cold-started first worker is up before
   // the oldest job has waited queueDelay, so the steps after the second one show the wake-up.
   const upAt = (workerId: string) => Date.parse((lines.find((l) => l.workerId === workerId && l.stream === 'stdout' && /"message": "Started\."/.test(l.line)) as Line).at);
-  const gaps = starts.slice(2).map((s, i) => Date.parse(s.at) - upAt((starts[i + 1] as Line).workerId));
-  t.ok(gaps.every((ms) => ms > -300 && ms < 300), `each next worker started ${gaps.join(', ')} ms after the previous one was up`);
+  const prev = starts.slice(1, -1);
+  const gaps = starts.slice(2).map((s, i) => Date.parse(s.at) - upAt((prev[i] as Line).workerId));
+  // On a loaded host a boot can take longer than queueDelay; then the pacing rule (one more per
+  // further queueDelay waited while one starts) may rightly start the next before the last is up.
+  // Only a boot that slow excuses an early start; a late one (the 1 s tick) is never excused.
+  const boots = prev.map((s) => upAt(s.workerId) - Date.parse(s.at));
+  t.ok(gaps.every((ms, i) => ms < 300 && (ms > -300 || (boots[i] as number) > 2500)),
+    `each next worker started ${gaps.join(', ')} ms after the previous one was up (boots ${boots.join(', ')} ms)`);
 });
 
 t.test('a worker to be replaced stops as soon as its last job is done, not at the next 1 s tick (it shows idle until then)', async (t) => {
