@@ -15,6 +15,12 @@ function errnoCode(err: unknown): string {
   return (err as NodeJS.ErrnoException).code ?? 'error';
 }
 
+/** A failed fs call's message without Node's `ENOENT: ` prefix, for a message that names the code already. */
+function errnoText(err: unknown): string {
+  const { code, message } = err as NodeJS.ErrnoException;
+  return code !== undefined && message.startsWith(`${code}: `) ? message.slice(code.length + 2) : message;
+}
+
 /**
  * `mkdir -p dir`, one component at a time: up from `dir` while mkdir answers ENOENT, then down,
  * each step once. Node 20's `mkdirSync(dir, { recursive: true })` loops for ever, on a blocked
@@ -64,7 +70,7 @@ export function secureDataDir(dir: string, log: Logger, files: readonly string[]
     if (errnoCode(err) === 'EEXIST' && !statSync(dir, { throwIfNoEntry: false })?.isDirectory()) {
       throw new Error(`data directory ${dir} is not a directory (a file of that name exists): choose another --data-dir`);
     }
-    throw new Error(`cannot create data directory ${dir} as ${who} (${errnoCode(err)}): ${(err as Error).message}. Create it for flashd's user (or choose another --data-dir)`);
+    throw new Error(`cannot create data directory ${dir} as ${who} (${errnoCode(err)}): ${errnoText(err)}. Create it for flashd's user (or choose another --data-dir)`);
   }
   const st = statSync(dir);
   if (!st.isDirectory()) throw new Error(`data directory ${dir} is not a directory`);

@@ -233,7 +233,7 @@ t.test('every key revoked: the next start makes an admin key and saves it in pla
   db.exec('UPDATE api_keys SET revoked_at = 1');
   db.close();
   const f = await startFlashd(t, node, args(dir), cleanEnv());
-  const key = /fd_usr_[A-Za-z0-9]{36}/.exec(f.stdout())?.[0];
+  const key = /fd_usr_[A-Za-z0-9]{36}/.exec(await f.stdoutHolding(/fd_usr_[A-Za-z0-9]{36}/))?.[0];
   t.ok(key, 'a new key is printed');
   t.match(f.stdout(), `The admin user had no valid admin API key left (every one revoked or expired): created an admin API key. It is shown once here and saved to ${file} (mode 0600), in place of the old one`);
   t.equal(readFileSync(file, 'utf8'), `${key}\n`, 'admin-api-key holds the new key');
@@ -315,6 +315,7 @@ t.test('a --data-dir under /proc (mkdir answers ENOENT below a parent that exist
     t.equal(r.status, 1, `${dir}: exit 1`);
     t.match(r.stderr, new RegExp(`^flashd: cannot start: cannot create data directory ${dir} as uid \\d+ \\(ENOENT\\)`), `${dir}: the usual one line`);
     t.equal(r.stderr.trimEnd().split('\n').length, 1, 'one line');
+    t.equal(r.stderr.split('ENOENT').length - 1, 1, `${dir}: the code is said once, not again as Node's message prefix`);
   }
   t.end();
 });
