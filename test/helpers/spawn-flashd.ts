@@ -37,6 +37,11 @@ export interface RunningFlashd {
   /** http://host:port from the listening line. */
   url: string;
   stdout(): string;
+  /**
+   * stdout once it holds `text` (or as it is after `timeoutMs`): stdout and stderr are two pipes, read in whichever order they are
+   * ready, so a line printed before the listening line (the admin key banner) may arrive after it.
+   */
+  stdoutHolding(text: string | RegExp, timeoutMs?: number): Promise<string>;
   stderr(): string;
   /** Sends `signal` and resolves with the exit code (null when killed by a signal). */
   stop(signal?: NodeJS.Signals): Promise<number | null>;
@@ -65,6 +70,15 @@ export function startFlashd(t: Test, command: string, args: readonly string[], e
         child,
         url: m[1] as string,
         stdout: () => out,
+        stdoutHolding: async (text, ms = 10_000) => {
+          const holds = (): boolean => (typeof text === 'string' ? out.includes(text) : text.test(out));
+          const deadline = Date.now() + ms;
+          while (!holds()) {
+            if (Date.now() > deadline) return out; // the caller's assertion says what is missing
+            await new Promise((r) => setTimeout(r, 20));
+          }
+          return out;
+        },
         stderr: () => err,
         stop: (signal = 'SIGTERM') => {
           child.kill(signal);
