@@ -22,7 +22,7 @@ import type { Clock } from '../core/clock.js';
 import { AgentError, storageUnavailable } from '../core/errors.js';
 import { newJobId } from '../core/ids.js';
 import type { Logger } from '../core/logger.js';
-import type { ActiveJobRow, JobRow, JobsRepo, WriteBatch } from '../store/index.js';
+import { decodeFences, encodeFences, type ActiveJobRow, type JobRow, type JobsRepo, type WriteBatch } from '../store/index.js';
 import { Deque } from './deque.js';
 import { MinHeap } from './min-heap.js';
 import { TERMINAL, type Job, type JobStatus, type WorkerCounts } from './types.js';
@@ -441,11 +441,17 @@ const STOP_REOFFER_MS = 1000;
 export const DRAIN_POLL_HOLD_MS = 250;
 
 
+/** Whether queued `job` is fenced from `workerId` at `mono` (Job.fences). */
+function fencedNow(job: Job, workerId: string, mono: number): boolean {
+  const until = job.fences?.get(workerId);
+  return until !== undefined && mono < until;
+}
+
 /** A queued or running job's fields that #finish changes (see JobQueue.#unfinish). */
 type LiveState = Pick<Job, 'status' | 'resultBy' | 'output' | 'error' | 'rowid' | 'inserted' | 'input' | 'extra' | 'progress' | 'claimSaved' | 'writeSeq' | 'completedAt' | 'expiresAt'>;
 
 /** A running job's fields that a requeue changes (see JobQueue.#unrequeue). */
-type HeldState = Pick<Job, 'workerId' | 'retries' | 'attempt' | 'claimSaved' | 'startedAt' | 'lostMs' | 'progress' | 'fencedFrom' | 'fencedUntil' | 'inserted' | 'rowid' | 'writeSeq'>;
+type HeldState = Pick<Job, 'workerId' | 'retries' | 'attempt' | 'claimSaved' | 'startedAt' | 'lostMs' | 'progress' | 'fences' | 'inserted' | 'rowid' | 'writeSeq'>;
 
 /** An end not known to be stored yet: the job, how it ended, and what it was before (#unfinishAll). */
 interface Ending { job: Job; endedAs: JobStatus; before: LiveState }
@@ -610,7 +616,7 @@ export class JobQueue {
       if (job.status === 'IN_QUEUE') {
         // Fenced from a worker that may still run an old attempt (migration 10): its record comes
         // with its first call, which takes the fence over (#adoptFences).
-        if (job.fencedFrom !== null) this.#addRestoredFence(job.endpointId, job.fencedFrom, job.id);
+        if (job.fences !== null) for (const workerId of job.fences.keys()) this.#addRestoredFence(job.endpointId, workerId, job.id);
         // Requeued after it ran (a lost lease, a dead worker): at the front, as before the stop.
         // A manual /retry is out of rowid order (QueueOrder), which the floor walk must know.
         if (manuallyRetried(row)) this.#outOfOrder.add(job);
@@ -660,14 +666,15 @@ export class JobQueue {
     // A queued row's fence (migration 10) lasts a lease from this start: how long the fence had
     // left is not known (a ping listing the job extends it in memory only), and the worker's pings
     // from now on extend it or end it as before a restart.
-    const fencedFrom = row.status === 'IN_QUEUE' ? row.fencedFrom : null;
+    const fencedFrom = row.status === 'IN_QUEUE' ? decodeFences(row.fencedFrom) : [];
+    const until = mono + this.settings.leaseMs;
     return {
       rowid: row.rowid, inserted: true, id: row.id, endpointId: row.endpointId, status: row.status, input: row.input, extra: row.extra, webhook: row.webhook,
       lowPriority: row.lowPriority, executionTimeoutMs: row.executionTimeoutMs, ttlMs: row.ttlMs, retentionMs: row.retentionMs,
       attempt: row.attempt, claimSaved: row.attempt, writeSeq: 0, retries: row.retries, workerId: row.workerId,
       resultBy: row.status === 'COMPLETED' || row.status === 'FAILED' ? row.workerId : null, output: row.output, error: row.error, progress: null,
       streamSeq: -1, createdAt: row.createdAt, queuedAt: row.queuedAt, lostMs: row.lostMs, startedAt: row.startedAt, pinged: false, completedAt: row.completedAt, expiresAt: row.expiresAt,
-      ttlDeadline: mono + row.ttlMs - (now - row.queuedAt), fencedFrom, fencedUntil: fencedFrom === null ? 0 : mono + this.settings.leaseMs, queueGen: 0, hotChars: 0, leaseDeadline: 0, execDeadline: 0, waiters: NO_WAITERS,
+      ttlDeadline: mono + row.ttlMs - (now - row.queuedAt), fences: fencedFrom.length === 0 ? null : new Map(fencedFrom.map((w) => [w, until])), queueGen: 0, hotChars: 0, leaseDeadline: 0, execDeadline: 0, waiters: NO_WAITERS,
     };
   }
 
@@ -686,7 +693,7 @@ export class JobQueue {
       rowid: 0, inserted: false, id: newJobId(), endpointId: input.endpointId, status: 'IN_QUEUE', input: input.input, extra: input.extra, webhook: input.webhook,
       lowPriority: input.lowPriority, executionTimeoutMs: input.executionTimeoutMs, ttlMs: input.ttlMs, retentionMs: input.retentionMs,
       attempt: 0, claimSaved: 0, writeSeq: 0, retries: 0, workerId: null, resultBy: null, output: null, error: null, progress: null, streamSeq: 0, createdAt: now, queuedAt: now, lostMs: 0, startedAt: null, pinged: false,
-      completedAt: null, expiresAt: null, ttlDeadline: this.#clock.monotonic() + input.ttlMs, fencedFrom: null, fencedUntil: 0, queueGen: 0, hotChars: 0, leaseDeadline: 0, execDeadline: 0, waiters: NO_WAITERS,
+      completedAt: null, expiresAt: null, ttlDeadline: this.#clock.monotonic() + input.ttlMs, fences: null, queueGen: 0, hotChars: 0, leaseDeadline: 0, execDeadline: 0, waiters: NO_WAITERS,
     };
     this.#jobs.set(job.id, job);
     if (this.#debug) this.#log.debug('job submitted', { jobId: job.id, endpointId: job.endpointId, lowPriority: job.lowPriority || undefined, webhook: job.webhook !== null || undefined });
@@ -860,19 +867,19 @@ export class JobQueue {
 
   /**
    * The next live queued job for `worker`: requeued first, then normal, then low priority. A
-   * requeued job is not handed back to a worker it was fenced from (see Job.fencedFrom); the
+   * requeued job is not handed back to a worker it was fenced from (see Job.fences); the
    * retry deque is short, so it is searched, not just shifted.
    */
   #next(q: EndpointQueue, worker: WorkerInfo): Job | undefined {
     const mono = this.#clock.monotonic();
     if (q.retry.size > 0) {
       // A requeued low-priority job still waits for the normal ones (it is first among the low).
-      const pick = (job: Job) => job.status !== 'IN_QUEUE' || (!job.lowPriority && (job.fencedFrom !== worker.id || mono >= job.fencedUntil));
+      const pick = (job: Job) => job.status !== 'IN_QUEUE' || (!job.lowPriority && !fencedNow(job, worker.id, mono));
       for (let job = q.retry.take(pick); job; job = q.retry.take(pick)) if (this.#admit(q, job, mono)) return job;
     }
-    // A /retry of a job its last worker may still be running is fenced too, in the normal or low
+    // A /retry of a job its earlier workers may still be running is fenced too, in the normal or low
     // deque: take() looks at the head first, so the usual case stays a shift.
-    const free = (job: Job) => job.status !== 'IN_QUEUE' || job.fencedFrom !== worker.id || mono >= job.fencedUntil;
+    const free = (job: Job) => job.status !== 'IN_QUEUE' || !fencedNow(job, worker.id, mono);
     for (let job = q.normal.take(free); job; job = q.normal.take(free)) if (this.#admit(q, job, mono)) return job;
     if (q.retry.size > 0) for (let job = q.retry.take(free); job; job = q.retry.take(free)) if (this.#admit(q, job, mono)) return job;
     for (let job = q.low.take(free); job; job = q.low.take(free)) if (this.#admit(q, job, mono)) return job;
@@ -913,7 +920,7 @@ export class JobQueue {
     job.execDeadline = mono + job.executionTimeoutMs;
     this.#armDeadline(Math.min(job.execDeadline, job.ttlDeadline), mono);
     job.progress = null;
-    job.fencedFrom = null;
+    job.fences = null;
     worker.stops.delete(job.id);
     worker.letGo.delete(job.id);
     worker.ended.delete(job.id);
@@ -1136,8 +1143,8 @@ export class JobQueue {
 
   /** What a requeue changes on a running job, for #unrequeue. */
   #heldState(job: Job): HeldState {
-    const { workerId, retries, attempt, claimSaved, startedAt, lostMs, progress, fencedFrom, fencedUntil, inserted, rowid, writeSeq } = job;
-    return { workerId, retries, attempt, claimSaved, startedAt, lostMs, progress, fencedFrom, fencedUntil, inserted, rowid, writeSeq };
+    const { workerId, retries, attempt, claimSaved, startedAt, lostMs, progress, fences, inserted, rowid, writeSeq } = job;
+    return { workerId, retries, attempt, claimSaved, startedAt, lostMs, progress, fences, inserted, rowid, writeSeq };
   }
 
   /** One end whose commit failed (a worker's result, a /cancel): see #unfinishAll. */
@@ -1381,17 +1388,17 @@ export class JobQueue {
         if (stop) stop.keepUntil = 0;
         else this.#requestStop(worker, id, 'not its job');
         // Still running a job it was fenced from: the fence lasts while its pings list the job.
-        if (job?.fencedFrom === workerId) job.fencedUntil = lease;
-        // A queued job it still runs, with no fence (its row predates migration 10, or the fence
-        // ended while the old run went on): fenced from it the same way, or the old run's late
-        // result would complete the next attempt. Written too, so a restart keeps it (a /runsync
-        // job whose insert is deferred is inserted first).
-        else if (job?.status === 'IN_QUEUE' && job.fencedFrom === null) {
-          job.fencedFrom = workerId;
-          job.fencedUntil = lease;
+        if (job?.fences?.has(workerId)) job.fences.set(workerId, lease);
+        // A queued job it still runs, not fenced from it (its row predates migration 10, or the
+        // fence ended while the old run went on): fenced from it the same way, beside any other
+        // worker's fence, or the old run's late result would complete the next attempt. Written
+        // too, so a restart keeps it (a /runsync job whose insert is deferred is inserted first).
+        else if (job?.status === 'IN_QUEUE') {
+          job.fences = new Map(job.fences ?? []).set(workerId, lease);
           worker.fenced.add(id);
           this.#insertDeferred(job);
-          job.writeSeq = this.#batch.write(() => this.#repo.setFence(id, workerId));
+          const fenced = encodeFences(job.fences.keys());
+          job.writeSeq = this.#batch.write(() => this.#repo.setFence(id, fenced));
         }
       }
     }
@@ -1422,15 +1429,38 @@ export class JobQueue {
     if (worker.stops.size === 0 && worker.jobs.size === 0) worker.idleSince = this.#clock.monotonic();
   }
 
-  /** The worker let go of a job fenced from it: the job may go to it again. */
+  /**
+   * The fences of a new attempt of `job` (a requeue, a /retry): every worker whose stop for it is
+   * pending, in the registry or retired (WorkerRegistry.stillRunning), may still run an old
+   * attempt, and a job-take of it would be handed the new one, which clears the old attempt's
+   * stop and lets its late result complete the new attempt. `holder`: the worker the job was
+   * just taken from, fenced too if it `mayStillRun` (a lapsed lease), never if not (it is dead,
+   * whatever stop was just put on it). Each fenced worker's record knows (WorkerInfo.fenced).
+   */
+  #fenceOldRuns(job: Job, holder?: WorkerInfo, mayStillRun = false): Map<string, number> | null {
+    const until = this.#clock.monotonic() + this.settings.leaseMs;
+    let fences: Map<string, number> | null = null;
+    const fence = (w: WorkerInfo): void => {
+      (fences ??= new Map()).set(w.id, until);
+      w.fenced.add(job.id);
+    };
+    if (holder && mayStillRun) fence(holder);
+    for (const w of this.workers.stillRunning(job.endpointId, job.id)) if (w !== holder) fence(w);
+    return fences;
+  }
+
+  /** The worker let go of a job fenced from it: the job may go to it again (its other fences stay). */
   #unfence(worker: WorkerInfo, jobId: string): void {
     worker.fenced.delete(jobId);
     const job = this.#get(jobId);
-    if (job?.fencedFrom !== worker.id) return;
-    job.fencedFrom = null;
+    if (!job?.fences?.has(worker.id)) return;
+    const rest = new Map(job.fences);
+    rest.delete(worker.id);
+    job.fences = rest.size === 0 ? null : rest;
     if (job.status !== 'IN_QUEUE') return;
     // The row's fence goes too, or a restart would fence the job from this worker again.
-    if (job.inserted) job.writeSeq = this.#batch.write(() => this.#repo.setFence(jobId, null));
+    const fenced = encodeFences(rest.keys());
+    if (job.inserted) job.writeSeq = this.#batch.write(() => this.#repo.setFence(jobId, fenced));
     this.#dispatch(this.#queue(job.endpointId));
   }
 
@@ -1453,7 +1483,7 @@ export class JobQueue {
     const ids = this.#restoredFences.get(key);
     if (!ids || this.workers.get(worker.endpointId, worker.id) !== worker) return;
     this.#restoredFences.delete(key);
-    for (const id of ids) if (this.#get(id)?.fencedFrom === worker.id) worker.fenced.add(id);
+    for (const id of ids) if (this.#get(id)?.fences?.has(worker.id)) worker.fenced.add(id);
   }
 
   /**
@@ -1805,12 +1835,10 @@ export class JobQueue {
     const unread = this.#unread.get(job.id);
     const worker = this.#release(job);
     if (worker) this.#requestStop(worker, job.id, 'taken back and queued again', job);
-    if (worker && mayStillRun) {
-      // A lapsed lease: it may still be running the job, so not back to it until it lets go.
-      job.fencedFrom = worker.id;
-      job.fencedUntil = this.#clock.monotonic() + this.settings.leaseMs;
-      worker.fenced.add(job.id);
-    }
+    // A lapsed lease: it may still be running the job, so not back to it until it lets go. Nor
+    // to a worker still running an earlier attempt (requeued twice: its stop is pending); a dead
+    // worker (workerGone) runs nothing.
+    job.fences = this.#fenceOldRuns(job, worker, mayStillRun);
     this.#insertDeferred(job);
     job.status = 'IN_QUEUE';
     job.retries++;
@@ -1824,7 +1852,8 @@ export class JobQueue {
       // The next claim reaches this attempt number again; it must still be written.
       job.claimSaved = -1;
     }
-    const { id, retries, attempt, queuedAt, lostMs, fencedFrom } = job;
+    const { id, retries, attempt, queuedAt, lostMs } = job;
+    const fencedFrom = encodeFences(job.fences?.keys() ?? []);
     // The abandoned attempt's unread /stream chunks go in the same commit (as with /retry): the
     // rerun streams its own, and its late chunks are refused as stale. Chunks a client already
     // read stay read: it sees the rerun's from the start (at least once, like execution).
@@ -1862,9 +1891,11 @@ export class JobQueue {
     } else {
       return; // ended since (a cancel), and that end is written or undone on its own
     }
-    // The fence the requeue put on the lost worker goes (the job is its own again).
-    const lost = held.workerId !== null ? this.workers.get(job.endpointId, held.workerId) : undefined;
-    if (lost && job.fencedFrom === lost.id && held.fencedFrom !== lost.id) lost.fenced.delete(job.id);
+    // The fences the requeue put on the workers go (the job is the lost worker's own again).
+    for (const workerId of job.fences?.keys() ?? []) {
+      if (held.fences?.has(workerId)) continue;
+      this.workers.getOrRetired(job.endpointId, workerId)?.fenced.delete(job.id);
+    }
     Object.assign(job, held);
     job.status = 'IN_PROGRESS';
     job.leaseDeadline = this.#clock.monotonic();
@@ -2193,26 +2224,21 @@ export class JobQueue {
     // down, so a restart neither times it out against the first submit nor skips its claim.
     job.attempt = 0;
     job.claimSaved = 0;
-    job.fencedFrom = null;
-    job.fencedUntil = 0;
-    // The worker that ran the ended attempt may still be running it (a timeout, or a lost lease,
+    // The workers that ran ended attempts may still be running them (a timeout, or a lost lease,
     // ends a job on flashd's side; the stop is pending until its pings drop the job). A result
-    // post carries no attempt number, so were the new run handed to that worker, its late result
-    // of the old run would complete the new one: the new run is fenced from it, like a lapsed lease.
-    // (A worker that posted the old run's result itself is done with it, whatever its pings say.)
-    // Its retired record too (stopPod, with the old run's stop pending on it): a job-take from it
-    // brings that record back, and the claim of the new run would clear the old run's stop.
-    const holder = finished?.workerId ?? snap.workerId;
-    const prev = holder && finished?.resultBy !== holder ? this.workers.getOrRetired(endpointId, holder) : undefined;
-    if (prev?.stops.has(jobId)) {
-      job.fencedFrom = prev.id;
-      job.fencedUntil = this.#clock.monotonic() + this.settings.leaseMs;
-      prev.fenced.add(jobId);
-    }
+    // post carries no attempt number, so were the new run handed to such a worker, its late
+    // result of the old run would complete the new one: the new run is fenced from each, like a
+    // lapsed lease. Every one, not only the last holder: a job retried twice may still run on
+    // both. (A worker that posted the old run's result itself is done with it, whatever its
+    // pings say: it has no stop.) Retired records too (stopPod, with the old run's stop pending
+    // on it): a job-take from it brings that record back, and the claim of the new run would
+    // clear the old run's stop.
+    job.fences = this.#fenceOldRuns(job);
     job.queuedAt = this.#clock.now();
     job.lostMs = 0;
     (job as { ttlDeadline: number }).ttlDeadline = this.#clock.monotonic() + job.ttlMs;
-    const { retries, queuedAt, fencedFrom } = job;
+    const { retries, queuedAt } = job;
+    const fencedFrom = encodeFences(job.fences?.keys() ?? []);
     const retried = job;
     job.writeSeq = this.#batch.write(() => {
       this.#repo.requeue(jobId, retries, 0, queuedAt, 0, fencedFrom);
@@ -2697,7 +2723,7 @@ export class JobQueue {
     // Restored fences of workers that have not called since the start, once no job holds them.
     for (const [key, ids] of this.#restoredFences) {
       const workerId = key.slice(key.indexOf(' ') + 1);
-      for (const id of ids) if (this.#get(id)?.fencedFrom !== workerId) ids.delete(id);
+      for (const id of ids) if (!this.#get(id)?.fences?.has(workerId)) ids.delete(id);
       if (ids.size === 0) this.#restoredFences.delete(key);
     }
     this.workers.sweep();

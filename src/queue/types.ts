@@ -66,12 +66,14 @@ export interface Job {
   completedAt: number | null;
   expiresAt: number | null;
   /**
-   * The worker this job was taken away from while it may still run it (a lapsed lease), and
-   * until when (monotonic) it is not handed back to that worker. RunPod's protocol carries no
+   * A queued job's fences: each worker that may still run an old attempt of it (one that lost
+   * its lease, one whose stop for an attempt flashd ended is pending), with until when
+   * (monotonic) it is not handed to that worker; null when none. RunPod's protocol carries no
    * attempt number, so a result from that worker could not be told apart from a new attempt's.
+   * Every such worker, not only the last holder: a job requeued or retried twice may still run
+   * on both. A new Map at each requeue or /retry (HeldState keeps the old one); cleared at a claim.
    */
-  fencedFrom: string | null;
-  fencedUntil: number;
+  fences: Map<string, number> | null;
   /**
    * Its queue's generation when it was last queued: a purge starts a new one, so a queued job
    * of an older generation is the purge's to end, no longer counted in the queue.

@@ -265,6 +265,22 @@ export class WorkerRegistry {
   }
 
   /**
+   * The workers of the endpoint, in the registry or retired (their last calls still get their
+   * record, see `seen`), whose stop for `jobId` is pending: they may still run an old attempt of
+   * it, so a new attempt is fenced from each (JobQueue.#fenceOldRuns). A scan of the endpoint's
+   * workers, but only at a requeue or a /retry.
+   */
+  stillRunning(endpointId: string, jobId: string): WorkerInfo[] {
+    const out: WorkerInfo[] = [];
+    for (const w of this.#byEndpoint.get(endpointId)?.values() ?? []) if (w.stops.has(jobId)) out.push(w);
+    if (this.#retired.size > 0) {
+      const now = this.#clock.monotonic();
+      for (const { until, w } of this.#retired.values()) if (w.endpointId === endpointId && now < until && w.stops.has(jobId)) out.push(w);
+    }
+    return out;
+  }
+
+  /**
    * Removes a worker that asked to be recycled and holds nothing; its record, draining, is kept
    * for its last calls (see `seen`), so the stops still pending on it reach the worker.
    */

@@ -3,5 +3,5 @@ export { DeletedVolumes, ResourceRepo, type ResourceRow, type ResourceTable } fr
 export { IdentityRepo, type ApiKeyRow, type UserRow, type TeamRow, type TeamMemberRow } from './identity.js';
 export { WriteBatch } from './write-batch.js';
 export { SpaceReclaimer } from './vacuum.js';
-export { JobsRepo, type ActiveJobRow, type JobRow, type JobStatus } from './jobs.js';
+export { JobsRepo, encodeFences, decodeFences, type ActiveJobRow, type JobRow, type JobStatus } from './jobs.js';
 export { LogsRepo, type LogLine } from './logs.js';

@@ -42,8 +42,35 @@ export interface JobRow {
    * so its deletion takes nothing off them again.
    */
   expiresAt: number | null;
-  /** A queued job: the worker it is fenced from (it may still run an old attempt), or null. */
+  /**
+   * A queued job: the workers it is fenced from (they may still run old attempts), as written by
+   * encodeFences (decodeFences reads it), or null.
+   */
   fencedFrom: string | null;
+}
+
+/**
+ * The `fenced_from` text of a queued job fenced from `workerIds`: one id as it is (as migration
+ * 10 wrote it), more as a JSON array of them; null for none.
+ */
+export function encodeFences(workerIds: Iterable<string>): string | null {
+  const ids = [...workerIds];
+  if (ids.length === 0) return null;
+  return ids.length === 1 && !(ids[0] as string).startsWith('[') ? (ids[0] as string) : JSON.stringify(ids);
+}
+
+/** The worker ids in a `fenced_from` text (encodeFences). */
+export function decodeFences(text: string | null): string[] {
+  if (text === null || text === '') return [];
+  if (text.startsWith('[')) {
+    try {
+      const ids: unknown = JSON.parse(text);
+      if (Array.isArray(ids) && ids.every((id) => typeof id === 'string')) return ids as string[];
+    } catch {
+      // A worker id that starts with '[': itself.
+    }
+  }
+  return [text];
 }
 
 /**
@@ -413,7 +440,7 @@ export class JobsRepo {
   }
 
   /** Inserts a job already in its final state (a /runsync job written once, at the end); returns its rowid. */
-  insertFinished(j: Omit<JobRow, 'rowid' | 'input'>, input: string): number {
+  insertFinished(j: Omit<JobRow, 'rowid' | 'input' | 'fencedFrom'>, input: string): number {
     return this.#insertFinished.run(j.id, j.endpointId, j.status, this.#inputColumn(j.id, input), this.#seal(j.extra), j.webhook, j.lowPriority ? 1 : 0, j.executionTimeoutMs, j.ttlMs,
       j.retentionMs, j.attempt, j.retries, j.workerId, j.output, j.error, j.createdAt, j.startedAt, j.completedAt, j.expiresAt).lastInsertRowid as number;
   }
@@ -469,13 +496,13 @@ export class JobsRepo {
 
   /**
    * Back to the queue (lease lost, reclaimed, or a manual retry): same id and input.
-   * `fencedFrom`: the worker that may still run the lost attempt (see Job.fencedFrom), or null.
+   * `fencedFrom`: the workers that may still run old attempts (see Job.fences), encodeFences' text.
    */
   requeue(id: string, retries: number, attempt: number, queuedAt: number, lostMs: number, fencedFrom: string | null): void {
     this.#requeue.run(retries, attempt, queuedAt, lostMs, fencedFrom, id);
   }
 
-  /** A queued job's fence: the worker it is fenced from, or null when none (a no-op once not queued). */
+  /** A queued job's fences: the workers it is fenced from (encodeFences), or null when none (a no-op once not queued). */
   setFence(id: string, fencedFrom: string | null): void {
     this.#setFence.run(fencedFrom, id);
   }

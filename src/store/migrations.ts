@@ -221,11 +221,12 @@ export const MIGRATIONS: readonly string[] = [
   `
   ALTER TABLE jobs ADD COLUMN lost_ms INTEGER NOT NULL DEFAULT 0;
   `,
-  // 10: the worker a queued job is fenced from (Job.fencedFrom: it may still run an old attempt,
+  // 10: the worker a queued job is fenced from (Job.fences: it may still run an old attempt,
   // and a result post carries no attempt number). Written by the requeue or /retry that fences
   // it, in the same statement, and cleared when the worker lets go; a restart restores the fence
   // for a lease from the start, so that worker's first job-take does not get the job back. Only
-  // queued rows read it; an insert leaves it NULL.
+  // queued rows read it; an insert leaves it NULL. Fenced from more than one worker (each still
+  // running an old attempt), it holds a JSON array of their ids (store/jobs.ts encodeFences).
   `
   ALTER TABLE jobs ADD COLUMN fenced_from TEXT;
   `,

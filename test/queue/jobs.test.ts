@@ -425,7 +425,7 @@ t.test('/run answers IN_QUEUE even when a parked worker takes the job at once', 
 });
 
 t.test('job-stop: a pending stop is re-offered at most once a second, and a new claim clears it', async (t) => {
-  const a = await startAgent(t, { takeHoldMs: 3000 });
+  const a = await startAgent(t, { takeHoldMs: 3000, leaseMs: 5000 });
   const ep = await endpoint(a);
   const w = await TestWorker.create(a, ep);
   const id = (await run(a, ep)).json.id;
@@ -447,7 +447,10 @@ t.test('job-stop: a pending stop is re-offered at most once a second, and a new 
   await w.ping([id2]);
   t.same(await w.stops(), [id2], 'a job the worker lists but does not hold is to be stopped');
   await a.req('POST', `/v2/${ep}/retry/${id2}`);
-  t.equal((await w.take())?.id, id2, 'the retry goes to that worker');
+  // Its stop pending, it may still run an old run of the job: the retry is fenced from it for a
+  // lease (its pings would extend that), then its parked take gets it.
+  t.equal(await w.take(), null, 'fenced from the worker while it may still run an old run');
+  t.equal((await w.take())?.id, id2, 'the retry goes to that worker once the fence runs out');
   await w.ping([id2]);
   const held = Date.now();
   t.same(await w.stops(), [], "the new attempt is not stopped by the old attempt's stop");
@@ -739,6 +742,91 @@ t.test('a /retry taken by the same worker its stopPod retired, once it let go of
   t.same(await w.stops(), [], 'the new run is not told to stop');
   t.equal((await w.done(B, { output: 'new' })).status, 200);
   t.equal((await a.req('GET', `/v2/${ep}/status/${B}`)).json.status, 'COMPLETED');
+});
+
+t.test('a job retried twice is fenced from every worker still running one of its old runs, not just the last one', async (t) => {
+  // B timed out on w1, whose old run went on; /retry fenced the new run from w1; w2 took it and
+  // it timed out there too. The second /retry fenced the new run from w2 only: w1, still running
+  // the first run, was handed B at its next job-take, which cleared its stop and let that run's
+  // late result complete the new run.
+  const clock = new ManualClock();
+  const a = await startAgent(t, { takeHoldMs: 300, leaseMs: 30_000 }, { clock });
+  const ep = await endpoint(a);
+  const w1 = await TestWorker.create(a, ep);
+  const w2 = await TestWorker.create(a, ep);
+  const w3 = await TestWorker.create(a, ep);
+  const B = (await run(a, ep, { input: { i: 1 }, policy: { executionTimeout: 5000 } })).json.id as string;
+  t.equal((await w1.take())?.id, B);
+  t.equal(await w1.ping([B]), 200);
+  clock.advance(5001);
+  a.agent.queue.reap();
+  await a.agent.queue.durable();
+  t.equal((await a.req('GET', `/v2/${ep}/status/${B}`)).json.status, 'TIMED_OUT');
+  t.equal((await a.req('POST', `/v2/${ep}/retry/${B}`)).json.status, 'IN_QUEUE');
+  t.equal((await w2.take())?.id, B, 'w2 takes the first retry');
+  // w1's heartbeat still lists the old run while w2 runs the new one.
+  t.equal(await w1.ping([B]), 200);
+  t.equal(await w2.ping([B]), 200);
+  clock.advance(5001);
+  a.agent.queue.reap();
+  await a.agent.queue.durable();
+  t.equal((await a.req('GET', `/v2/${ep}/status/${B}`)).json.status, 'TIMED_OUT');
+  t.equal((await a.req('POST', `/v2/${ep}/retry/${B}`)).json.status, 'IN_QUEUE');
+  // w1 asks for work before its next ping.
+  t.equal(await w1.take(true), null, 'not handed to w1, still running the first run');
+  t.equal(await w2.take(true), null, 'nor to w2, still running the second');
+  t.same(await w1.stops(), [B], 'w1 is still told to stop its old run');
+  t.same(await w2.stops(), [B], 'so is w2');
+  t.equal((await w3.take())?.id, B, 'w3 takes the new run');
+  t.equal((await w1.done(B, { output: 'old1' })).json.discarded, true, 'the first run\'s late result is discarded');
+  t.equal((await w2.done(B, { output: 'old2' })).json.discarded, true, 'the second run\'s too');
+  t.equal((await a.req('GET', `/v2/${ep}/status/${B}`)).json.status, 'IN_PROGRESS', 'and neither completes the new run');
+  t.equal(await w3.ping([B]), 200);
+  t.same(await w3.stops(), [], 'the new run is never told to stop');
+  t.equal((await w3.done(B, { output: 'new' })).status, 200);
+  const done = await a.req('GET', `/v2/${ep}/status/${B}`);
+  t.equal(done.json.status, 'COMPLETED');
+  t.same(done.json.output, 'new');
+  t.equal((await w3.done(B, { output: 'new' })).json.duplicate, true, 'completed once');
+});
+
+t.test('a job requeued twice is fenced from every worker still running one of its lost attempts, not just the last one', async (t) => {
+  // w1 lost its lease on B but its old attempt went on (its pings list B while w2 runs it); w2
+  // lost its lease too. The requeue fenced B from w2 only: w1's next job-take was handed it.
+  const clock = new ManualClock();
+  const a = await startAgent(t, { takeHoldMs: 300, leaseMs: 30_000, maxAttempts: 5 }, { clock });
+  const ep = await endpoint(a);
+  const w1 = await TestWorker.create(a, ep);
+  const w2 = await TestWorker.create(a, ep);
+  const w3 = await TestWorker.create(a, ep);
+  const B = (await run(a, ep, { input: { i: 1 } })).json.id as string;
+  t.equal((await w1.take())?.id, B);
+  clock.advance(30_001);
+  a.agent.queue.reap();
+  await a.agent.queue.durable();
+  t.equal((await a.req('GET', `/v2/${ep}/status/${B}`)).json.status, 'IN_QUEUE', 'requeued: w1 lost its lease');
+  t.equal((await w2.take())?.id, B, 'w2 takes the second attempt');
+  // w1's old attempt goes on: its pings list B, running on w2 now.
+  t.equal(await w1.ping([B]), 200);
+  t.same(await w1.stops(), [B]);
+  clock.advance(20_000);
+  t.equal(await w1.ping([B]), 200);
+  clock.advance(10_001);
+  a.agent.queue.reap();
+  await a.agent.queue.durable();
+  t.equal((await a.req('GET', `/v2/${ep}/status/${B}`)).json.status, 'IN_QUEUE', 'requeued: w2 lost its lease');
+  t.equal(await w1.take(true), null, 'not handed to w1, still running the first attempt');
+  t.equal(await w2.take(true), null, 'nor to w2, which may still run the second');
+  t.equal((await w3.take())?.id, B, 'w3 takes the third attempt');
+  t.same(await w1.stops(), [B], 'w1 is still told to stop its old attempt');
+  t.equal((await w1.done(B, { output: 'old1' })).status, 409, 'the first attempt\'s late result is refused');
+  t.equal((await a.req('GET', `/v2/${ep}/status/${B}`)).json.status, 'IN_PROGRESS', 'and does not complete the new attempt');
+  t.equal(await w3.ping([B]), 200);
+  t.same(await w3.stops(), [], 'the new attempt is never told to stop');
+  t.equal((await w3.done(B, { output: 'new' })).status, 200);
+  const done = await a.req('GET', `/v2/${ep}/status/${B}`);
+  t.equal(done.json.status, 'COMPLETED');
+  t.same(done.json.output, 'new');
 });
 
 t.test('an external worker that takes a job after its stopPod did not exit: its later results keep it', async (t) => {

@@ -148,7 +148,7 @@ t.test('store: each insert path puts a long input in job_inputs, every read path
     repo.insertMany([job('m0'), job('m1'), job('m2')], [long(1), long(70_000), atLimit]);
     repo.insertFinished({
       ...job('sync'), status: 'COMPLETED', attempt: 1, retries: 0, workerId: 'w', output: '{"ok":1}', error: null, queuedAt: 1_000, lostMs: 0,
-      startedAt: 1_000, completedAt: 2_000, expiresAt: 5_000, fencedFrom: null,
+      startedAt: 1_000, completedAt: 2_000, expiresAt: 5_000,
     }, long(20_000));
   })();
   t.same(db.prepare('SELECT job_id FROM job_inputs ORDER BY job_id').pluck().all(), ['m1', 'one', 'sync'], 'only inputs over 2,048 characters');

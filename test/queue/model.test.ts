@@ -68,8 +68,11 @@ interface MJob {
   expiresAt: number | null;
   /** Acknowledged /stream chunks of the current run not yet handed out. */
   unread: unknown[];
-  /** Not to be handed to this worker until `until` (Job.fencedFrom / fencedUntil). */
-  fence: { w: string; until: number } | null;
+  /**
+   * Not to be handed to each of these workers until its time (Job.fences): every worker that may
+   * still run an old attempt, not only the last holder.
+   */
+  fences: Map<string, number>;
   /** The restart epoch it ended in (a job ended before a restart is read from its row, not memory). */
   finishedEpoch: number;
   /** Count of /retry calls (a terminal FAILED/TIMED_OUT may change only after one). */
@@ -174,7 +177,7 @@ function finish(c: Ctx, j: MJob, status: Status, output: unknown, error: string 
   j.output = output;
   j.error = error;
   j.expiresAt = now(c) + j.retention;
-  j.fence = null;
+  j.fences = new Map();
   j.finishedEpoch = c.epoch;
 }
 
@@ -259,7 +262,7 @@ function claim(c: Ctx, j: MJob, sw: SimWorker) {
   j.claimAt = now(c);
   j.pinged = false;
   j.progress = null;
-  j.fence = null;
+  j.fences = new Map();
   sw.fenced.delete(j.id);
   sw.stops.delete(j.id);
   sw.letGo.delete(j.id);
@@ -277,13 +280,32 @@ function requeueOrFail(c: Ctx, j: MJob) {
   requestStop(c, holder, j.id, j);
   j.status = 'IN_QUEUE';
   j.retries++;
-  j.fence = holder ? { w: holder.w.workerId, until: now(c) + LEASE } : null;
-  note(c, `model: requeue ${short(j.id)} fence ${JSON.stringify(j.fence)}`);
-  if (holder) holder.fenced.add(j.id);
+  // Fenced from the worker that lost its lease, and from every worker still running an earlier
+  // attempt (its stop pending: a job requeued twice may still run on both).
+  j.fences = oldRunFences(c, j, holder);
+  note(c, `model: requeue ${short(j.id)} fences ${fencesOf(j)}`);
   j.workerId = null;
   j.progress = null;
   j.unread = [];
 }
+
+/**
+ * JobQueue.#fenceOldRuns: a new attempt (a requeue, a /retry) is fenced from `holder` (a lapsed
+ * lease) and from every worker of the job's endpoint whose record, in the registry or retired,
+ * has a stop pending for it (it may still run an old attempt), for a lease.
+ */
+function oldRunFences(c: Ctx, j: MJob, holder?: SimWorker): Map<string, number> {
+  const fences = new Map<string, number>();
+  for (const sw of c.workers) {
+    if (sw === holder || (sw.ep === j.ep && (sw.registered || retained(c, sw)) && sw.stops.has(j.id))) {
+      fences.set(sw.w.workerId, now(c) + LEASE);
+      sw.fenced.add(j.id);
+    }
+  }
+  return fences;
+}
+
+const fencesOf = (j: MJob) => JSON.stringify([...j.fences].map(([w, until]) => `${short(w)}<${until}`));
 
 /** What the reaper does at the current time (run after every clock move). */
 function reapModel(c: Ctx) {
@@ -303,7 +325,8 @@ function reapModel(c: Ctx) {
 /** May `sw` be handed `j` now? */
 function eligible(c: Ctx, j: MJob, sw: SimWorker): 'yes' | 'no' {
   if (j.ep !== sw.ep || j.status !== 'IN_QUEUE' || now(c) >= j.ttlAt) return 'no';
-  if (j.fence && j.fence.w === sw.w.workerId && now(c) < j.fence.until) return 'no';
+  const until = j.fences.get(sw.w.workerId);
+  if (until !== undefined && now(c) < until) return 'no';
   return 'yes';
 }
 
@@ -340,7 +363,7 @@ function outcomeOf(status: number, json: any): Outcome | string {
 function unfenceModel(c: Ctx, sw: SimWorker, j: MJob | undefined) {
   if (!j) return;
   sw.fenced.delete(j.id);
-  if (j.fence?.w === sw.w.workerId) j.fence = null;
+  j.fences.delete(sw.w.workerId);
   note(c, `model: unfence ${short(j.id)} from ${short(sw.w.workerId)}`);
 }
 
@@ -366,7 +389,7 @@ function newJob(c: Ctx, id: string, ep: string, o: { lowPriority: boolean; execT
   return {
     id, ep, status: 'IN_QUEUE', workerId: null, resultBy: null, output: null, error: null, progress: null, retries: 0, attempt: 0,
     lowPriority: o.lowPriority, execTimeout: o.execTimeout, ttl: o.ttl, ttlAt: now(c) + o.ttl, leaseAt: 0, execAt: 0, claimAt: 0, pinged: false, retention: o.retention,
-    expiresAt: null, unread: [], fence: null, finishedEpoch: -1, retried: 0, lastSeen: null,
+    expiresAt: null, unread: [], fences: new Map(), finishedEpoch: -1, retried: 0, lastSeen: null,
   };
 }
 
@@ -378,11 +401,11 @@ function applyTake(c: Ctx, sw: SimWorker, got: { id: string; input: any }[], max
     if (!j && unknownOk) j = unknownOk(job);
     if (!j) fail(c, `take by ${short(sw.w.workerId)} got unknown job ${job.id}`);
     const e = eligible(c, j, sw);
-    if (e === 'no') fail(c, `take by ${short(sw.w.workerId)} got job ${short(j.id)} (${j.status}, fence ${JSON.stringify(j.fence)}) it may not have`);
+    if (e === 'no') fail(c, `take by ${short(sw.w.workerId)} got job ${short(j.id)} (${j.status}, fences ${fencesOf(j)}) it may not have`);
     // Normal before low priority.
     if (j.lowPriority) {
       const normal = jobsOf(c, sw.ep).find((x) => !x.lowPriority && !got.some((g) => g.id === x.id) && eligible(c, x, sw) === 'yes');
-      if (normal) fail(c, `take by ${short(sw.w.workerId)} got low-priority ${short(j.id)} while normal ${short(normal.id)} was queued (fence ${JSON.stringify(normal.fence)}, ttlAt ${normal.ttlAt})`);
+      if (normal) fail(c, `take by ${short(sw.w.workerId)} got low-priority ${short(j.id)} while normal ${short(normal.id)} was queued (fences ${fencesOf(normal)}, ttlAt ${normal.ttlAt})`);
     }
     claim(c, j, sw);
   }
@@ -478,7 +501,7 @@ async function opPing(c: Ctx, sw: SimWorker, ids: string[]) {
   const wid = sw.w.workerId;
   // Restored fences join a record in the registry only (JobQueue.#adoptFences), not a retired one.
   if (sw.registered) {
-    for (const id of sw.restored) if (c.jobs.get(id)?.fence?.w === wid) sw.fenced.add(id);
+    for (const id of sw.restored) if (c.jobs.get(id)?.fences.has(wid)) sw.fenced.add(id);
     sw.restored.clear();
   }
   for (const id of [...sw.fenced]) if (!listed.has(id)) unfenceModel(c, sw, c.jobs.get(id));
@@ -497,10 +520,10 @@ async function opPing(c: Ctx, sw: SimWorker, ids: string[]) {
       const stop = sw.stops.get(id);
       if (stop) stop.keepUntil = 0;
       else requestStop(c, sw, id);
-      if (j?.fence?.w === wid) j.fence.until = now(c) + LEASE;
-      else if (j?.status === 'IN_QUEUE' && !j.fence) {
-        // It still runs an old attempt of a queued job: fenced from it.
-        j.fence = { w: wid, until: now(c) + LEASE };
+      if (j?.fences.has(wid)) j.fences.set(wid, now(c) + LEASE);
+      else if (j?.status === 'IN_QUEUE') {
+        // It still runs an old attempt of a queued job: fenced from it (beside any other fence).
+        j.fences.set(wid, now(c) + LEASE);
         sw.fenced.add(id);
       }
     }
@@ -560,16 +583,14 @@ async function opRetry(c: Ctx, j: MJob) {
     return;
   }
   if (res.status !== 200 || res.json.status !== 'IN_QUEUE') fail(c, `retry of a ${j.status} job: ${res.status} ${res.text}`);
-  const prev = j.workerId !== null && j.resultBy !== j.workerId ? holderOf(c, j) : undefined;
-  const holder = prev && (prev.registered || retained(c, prev)) && prev.stops.has(j.id) ? prev : undefined;
-  // Fenced from the worker that ran it while its stop is pending, also on its retired record
+  // Fenced from every worker whose stop for an old run is pending (the last holder's, and any
+  // earlier one's still running: a job retried twice may run on both), also on a retired record
   // (stopPod): a take from it brings that record back, and it may still run the old run.
-  queuedByRetry(c, j, holder ? { w: holder.w.workerId, until: now(c) + LEASE } : null);
-  if (holder) holder.fenced.add(j.id);
+  queuedByRetry(c, j, oldRunFences(c, j));
 }
 
 /** What a /retry answered 200 does to the model's job: a new run, queued, fenced or not. */
-function queuedByRetry(c: Ctx, j: MJob, fence: MJob['fence']) {
+function queuedByRetry(c: Ctx, j: MJob, fences: MJob['fences']) {
   j.status = 'IN_QUEUE';
   j.output = null;
   j.error = null;
@@ -582,7 +603,7 @@ function queuedByRetry(c: Ctx, j: MJob, fence: MJob['fence']) {
   j.attempt = 0;
   j.retried++;
   j.ttlAt = now(c) + j.ttl;
-  j.fence = fence;
+  j.fences = fences;
 }
 
 async function opPurge(c: Ctx) {
@@ -837,8 +858,9 @@ async function opRace(c: Ctx) {
     j.resultBy = sw.w.workerId;
     finish(c, j, 'FAILED', null, `e${n}`);
     if (x.status === 200) {
-      // The retry came after the result: a new run, not fenced (the worker posted the result itself).
-      queuedByRetry(c, j, null);
+      // The retry came after the result: a new run, not fenced from this worker (it posted the
+      // result itself), only from any other still running an earlier run.
+      queuedByRetry(c, j, oldRunFences(c, j));
     } else if (x.status !== 409) {
       fail(c, `race error/retry: retry ${x.status} ${x.text}`);
     }
@@ -867,11 +889,12 @@ async function restart(c: Ctx) {
     if (j.status === 'IN_PROGRESS') j.leaseAt = now(c) + LEASE;
     // A queued job's fence is in its row (migration 10): back for a lease from the start, and
     // taken into its worker's record at that worker's next ping. Other jobs' rows hold none.
-    if (j.status === 'IN_QUEUE' && j.fence) {
-      const fenced = j.fence.w;
-      j.fence = { w: fenced, until: now(c) + LEASE };
-      c.workers.find((x) => x.w.workerId === fenced)?.restored.add(j.id);
-    } else j.fence = null;
+    if (j.status === 'IN_QUEUE') {
+      for (const fenced of j.fences.keys()) {
+        j.fences.set(fenced, now(c) + LEASE);
+        c.workers.find((x) => x.w.workerId === fenced)?.restored.add(j.id);
+      }
+    } else j.fences = new Map();
   }
 }
 

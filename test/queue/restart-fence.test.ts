@@ -142,3 +142,28 @@ t.test('after a restart, a ping listing a job flashd ended while the worker held
   t.equal(await w.ping([id]), 200);
   t.same(await w.stops(), [id], 'it still runs a cancelled job: told to stop it');
 });
+
+t.test('a job requeued twice keeps its fences from both workers that may still run an old attempt across a restart', async (t) => {
+  const s = await scene(t);
+  let w1 = await s.worker();
+  let w2 = await s.worker();
+  let w3 = await s.worker();
+  const id = await s.run({ n: 1 });
+  t.equal((await w1.take())?.id, id);
+  s.lapse();
+  t.equal((await w2.take())?.id, id, 'the second attempt goes to w2');
+  // w1 still runs the first attempt: its heartbeat lists the job while w2 runs it.
+  t.equal(await w1.ping([id]), 200);
+  s.clock.advance(2000);
+  t.equal(await w1.ping([id]), 200);
+  s.clock.advance(1001);
+  s.a.agent.queue.reap();
+  t.equal((await s.a.req('GET', `/v2/${s.ep}/status/${id}`)).json.status, 'IN_QUEUE', 'requeued again: w2 lost its lease');
+
+  [w1, w2, w3] = (await s.restart(w1, w2, w3)) as [TestWorker, TestWorker, TestWorker];
+  t.equal(await w1.take(), null, 'w1, still running the first attempt, is not handed it after the restart');
+  t.equal(await w2.take(), null, 'nor w2, which may still run the second');
+  t.equal((await w3.take())?.id, id, 'another worker takes it');
+  t.equal((await w3.done(id, { output: 'new run' })).status, 200);
+  t.equal((await s.a.req('GET', `/v2/${s.ep}/status/${id}`)).json.output, 'new run');
+});
