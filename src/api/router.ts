@@ -59,9 +59,20 @@ export class Router<R> {
     const segs = parts.includes('') ? parts.filter(Boolean) : parts;
     const params: Record<string, string> = {};
     const node = this.#walk(this.#root, segs, 0, params);
-    if (!node) return {};
-    const route = node.routes.get(method) ?? (method === 'HEAD' ? node.routes.get('GET') : undefined);
+    const route = node?.routes.get(method) ?? (method === 'HEAD' ? node?.routes.get('GET') : undefined);
     if (route) return { match: { route, params } };
+    // `/v2/{endpointId}/status/` is `…/status/$JOB` with JOB unset, `DELETE /v2/serverless/` is
+    // `…/serverless/$EP` with EP unset: when the path without its trailing slash has no route
+    // for this method, its last segment is tried as an empty parameter too.
+    if (parts.length > 2 && parts.at(-1) === '' && parts.at(-2) !== '') {
+      const withEmpty: Record<string, string> = {};
+      const last = this.#walk(this.#root, [...segs, ''], 0, withEmpty);
+      if (last && (!node || last.routes.has(method) || (method === 'HEAD' && last.routes.has('GET')))) {
+        const empty = Object.keys(withEmpty).find((name) => withEmpty[name] === '');
+        if (empty !== undefined) return { emptyParam: empty };
+      }
+    }
+    if (!node) return {};
     return { allowed: [...node.routes.keys()] };
   }
 

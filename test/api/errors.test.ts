@@ -281,6 +281,15 @@ t.test('an empty id in the path (an unset shell variable) is a 404 that says so,
     ['GET', '/v2//health', 'endpoint id'],
     ['GET', `/v2/${ep}/status//`, 'job id'],
     ['POST', `/v2/${ep}/job-done//abc`, 'worker id'],
+    // A trailing slash where the last id should be: README's `curl $FLASHD/v2/$EP/status/$JOB`
+    // with JOB unset was `No route for GET /v2/…/status/.`, and `DELETE /v2/serverless/$EP` with
+    // EP unset a 405 of the endpoint list.
+    ['GET', `/v2/${ep}/status/`, 'job id'],
+    ['GET', `/v2/${ep}/stream/`, 'job id'],
+    ['POST', `/v2/${ep}/cancel/`, 'job id'],
+    ['POST', `/v2/${ep}/retry/`, 'job id'],
+    ['DELETE', '/v2/serverless/', 'endpoint id'],
+    ['PATCH', '/v2/serverless/', 'endpoint id'],
   ];
   for (const [method, path, what] of cases) {
     const r = await a.req(method, path, method === 'POST' || method === 'PATCH' ? { body: {} } : {});
@@ -292,4 +301,6 @@ t.test('an empty id in the path (an unset shell variable) is a 404 that says so,
   t.equal((await a.req('GET', '/v2//serverless')).status, 200, 'a doubled slash elsewhere still collapses');
   t.equal((await a.req('GET', `/v2/serverless//${ep}`)).status, 200, 'and so does one before a non-empty id');
   t.equal((await a.req('GET', `/v2/serverless/${ep}/logs/`)).status, 200, 'a trailing slash is still ignored');
+  t.equal((await a.req('GET', '/v2/serverless/')).status, 200, 'the endpoint list answers with a trailing slash too');
+  t.equal((await a.req('POST', `/v2/${ep}/run/`, { body: { input: {} } })).status, 200, 'as does /run');
 });
