@@ -296,8 +296,13 @@ export async function workerEnvCommand(args: string[], env: NodeJS.ProcessEnv): 
     const use = format === 'shell'
       ? '# single-quoted: for . ./file (sh, bash) and docker compose env_file; docker run --env-file needs --format dotenv'
       : '# values as they are: for docker/podman run --env-file; docker compose env_file and shells need --format shell';
+    // Loopback job URLs (the default --public-url) are the container's own loopback inside a
+    // container: `docker run --env-file` of this file would poll nothing, for ever.
+    const container = jobUrl && isLoopback(jobUrl)
+      ? `# the job URLs point at ${new URL(jobUrl).host}, this machine's loopback: a worker in a container reaches it only with --network host (docker/podman run --network host --env-file …; network_mode: host in docker compose), or start flashd with --public-url http://<an address the container reaches>:<port>\n`
+      : '';
     const revoke = body.keyId ? `# its key is ${body.keyId}: see it with GET /v2/api-keys?kind=worker, revoke it with DELETE /v2/api-keys/${body.keyId}\n` : '';
-    process.stdout.write(`# worker ${body.workerId} for endpoint ${endpointId}\n${revoke}${use}\n${lines.join('\n')}\n`);
+    process.stdout.write(`# worker ${body.workerId} for endpoint ${endpointId}\n${revoke}${use}\n${container}${lines.join('\n')}\n`);
   }
   return 0;
 }

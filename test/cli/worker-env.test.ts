@@ -85,6 +85,19 @@ t.test('worker-env formats: dotenv as the values are, shell single-quoted as sh 
   t.equal(sourced.status, 0, sourced.stderr);
   const seen = Object.fromEntries(sourced.stdout.split('\n').filter((l) => /^(RUNPOD|VENDOR)_/.test(l)).map((l) => [l.slice(0, l.indexOf('=')), l.slice(l.indexOf('=') + 1)]));
   t.same(seen, printed, 'sh reads back exactly the printed values, $ID included');
+
+  // The job URLs are flashd's --public-url, 127.0.0.1 by default: a worker container run with
+  // `docker run --env-file` (what dotenv is for) polls its own loopback and is refused forever.
+  const loopback = /^# the job URLs point at 127\.0\.0\.1:\d+, this machine's loopback: a worker in a container reaches it only with --network host \(docker\/podman run --network host --env-file …; network_mode: host in docker compose\), or start flashd with --public-url http:\/\/<an address the container reaches>:<port>$/m;
+  t.match(dotenv.stdout, loopback, 'dotenv: says a container needs --network host to reach loopback URLs');
+  t.match(shell.stdout, loopback, 'shell (docker compose env_file) alike');
+  const json = await run(process.execPath, [BUNDLE, 'worker-env', ep, '--url', a.url, '--format', 'json'], env);
+  t.notMatch(json.stdout, /network host/, 'json has no comments');
+  const published = await startAgent(t, { publicUrl: 'http://192.0.2.7:8123' });
+  const ep2 = (await published.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  const elsewhere = await run(process.execPath, [BUNDLE, 'worker-env', ep2, '--url', published.url], env);
+  t.equal(elsewhere.status, 0, elsewhere.stderr);
+  t.notMatch(elsewhere.stdout, /network host/, 'with a --public-url that is not loopback: no such line');
 });
 
 t.test('worker-env refuses a LOAD_BALANCER endpoint: its workers take no jobs', async (t) => {
