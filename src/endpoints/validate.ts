@@ -89,6 +89,44 @@ export function assertWithTimeoutHint<T>(schema: string, raw: unknown, field: st
 }
 
 /**
+ * Where each field of the older `/v1/endpoints` body (RunPod's REST names, which flashd's `/v1`
+ * takes too) lives in a `/v2` body: sent to `/v2/serverless`, such a field is an unknown property,
+ * and the error says where it goes rather than only that it is unknown.
+ */
+const V1_FIELDS: Readonly<Record<string, string>> = {
+  gpuTypeIds: 'gpu.pools with gpu.excludedTypes, or send it as it is to POST /v1/endpoints',
+  gpuCount: 'gpu.count',
+  cpuFlavorIds: 'cpu[].id',
+  vcpuCount: 'cpu[].vcpuCount',
+  computeType: 'gpu or cpu',
+  workersMin: 'workers.min',
+  workersMax: 'workers.max',
+  idleTimeout: 'workers.idleTimeout',
+  scalerType: 'scaling.type',
+  scalerValue: 'scaling.queueDelay or scaling.requestCount',
+  executionTimeoutMs: 'timeout',
+  networkVolumeId: 'mounts.network',
+};
+
+/** The schema check of an endpoint body, its top-level `/v1` field names pointed at their `/v2` place. */
+function assertEndpointBody(schema: 'EndpointCreate' | 'EndpointUpdate', raw: unknown): EndpointBody {
+  try {
+    return assertWithTimeoutHint<EndpointBody>(schema, raw, 'timeout');
+  } catch (err) {
+    if (!(err instanceof AgentError) || !err.errors) throw err;
+    let hinted = false;
+    const errors = err.errors.map((e) => {
+      const m = /^\/(\w+): unknown property$/.exec(e);
+      const place = m && Object.hasOwn(V1_FIELDS, m[1] as string) ? V1_FIELDS[m[1] as string] : undefined;
+      if (place === undefined) return e;
+      hinted = true;
+      return `${e} (a POST /v1/endpoints field); here it is ${place}`;
+    });
+    throw hinted ? validationError(errors) : err;
+  }
+}
+
+/**
  * Rule 2: CUDA constraints on a CPU endpoint are a 422, whether they come top level or as a
  * `gpu` object holding only CUDA fields. The schema runs first, so a body with other mistakes
  * gets the 400 listing them all; schema errors at the CUDA fields themselves (a malformed
@@ -96,7 +134,7 @@ export function assertWithTimeoutHint<T>(schema: string, raw: unknown, field: st
  * any value there is refused. Otherwise valid, the body gets the 422.
  */
 function validateWithCudaRule(schema: 'EndpointCreate' | 'EndpointUpdate', raw: unknown, resultIsCpu: (body: Record<string, unknown>) => boolean): EndpointBody {
-  const check = (): EndpointBody => assertWithTimeoutHint<EndpointBody>(schema, raw, 'timeout');
+  const check = (): EndpointBody => assertEndpointBody(schema, raw);
   if (!isObject(raw) || !resultIsCpu(raw)) return check();
   const topLevel = CUDA_KEYS.filter((k) => raw[k] !== undefined);
   const gpu = raw['gpu'];

@@ -614,3 +614,21 @@ t.test('delete removes the endpoint logs and job history for good', async (t) =>
   t.equal(jobs(keep.id), 1, 'other endpoints keep their jobs');
   t.equal((await a.req('GET', `/v2/${keep.id}/status/${otherJob.json.id}`)).status, 200);
 });
+
+t.test('a /v2 body with the older /v1/endpoints field names (workersMax, gpuTypeIds, …) says where each one goes here', async (t) => {
+  const a = await startAgent(t);
+  // What a RunPod user who knows the REST /v1/endpoints body sends to /v2/serverless: each was a
+  // bare "unknown property", which does not say that the field exists under another name.
+  const r = await createEndpoint(a, cpuBody({ workersMax: 2, idleTimeout: 5, executionTimeoutMs: 600000, foo: 1 }));
+  assertProblem(t, r, 400);
+  t.same(r.json.errors, [
+    '/workersMax: unknown property (a POST /v1/endpoints field); here it is workers.max',
+    '/idleTimeout: unknown property (a POST /v1/endpoints field); here it is workers.idleTimeout',
+    '/executionTimeoutMs: unknown property (a POST /v1/endpoints field); here it is timeout',
+    '/foo: unknown property',
+  ], 'each /v1 name gets the /v2 place; any other unknown property stays as it was');
+  const g = await createEndpoint(a, queueBody({ gpuTypeIds: ['NVIDIA L4'] }));
+  t.same(g.json.errors, ['/gpuTypeIds: unknown property (a POST /v1/endpoints field); here it is gpu.pools with gpu.excludedTypes, or send it as it is to POST /v1/endpoints']);
+  const p = await a.req('PATCH', `/v2/serverless/${(await mustCreate(t, a, cpuBody())).id}`, { body: { workersMin: 1 } });
+  t.same(p.json.errors, ['/workersMin: unknown property (a POST /v1/endpoints field); here it is workers.min'], 'a PATCH alike');
+});
