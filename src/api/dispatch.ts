@@ -156,7 +156,9 @@ export function createDispatcher(options: DispatcherOptions): (method: string, p
         if (allowed.includes('GET') && router.find('GET', path).match?.route.headRefused === undefined) allowed.push('HEAD');
         return staticError(new AgentError('METHOD_NOT_ALLOWED', `${method} is not allowed on ${echoPath(path)}; allowed: ${allowed.join(', ')}.`), { allow: allowed.join(', ') });
       }
-      return staticError(new AgentError('ROUTE_NOT_FOUND', `No route for ${method} ${echoPath(path)}.`));
+      // A near miss (`/runSync`, `/v2/serverless/{id}/run`) names the route meant.
+      const meant = router.suggest(method, path);
+      return staticError(new AgentError('ROUTE_NOT_FOUND', `No route for ${method} ${echoPath(path)}${meant === undefined ? '.' : `; did you mean ${method} ${echoPath(meant)}?`}`));
     }
     const route = match.route;
     if (method === 'HEAD' && route.headRefused !== undefined) {

@@ -76,6 +76,48 @@ export class Router<R> {
     return { allowed: [...node.routes.keys()] };
   }
 
+  /**
+   * For a path with no route: the path of a route for `method` that it nearly names, or
+   * undefined. Near: static segments that differ only in letter case, `-` or `_` (`/runSync`,
+   * the `requestUrls` key, for `/runsync`; `/purgeQueue`; `/v2/api_keys`), or a job route
+   * written under `/v2/serverless/`, `/v1/` or without `/v2/`. Parameter segments are kept as
+   * written. Only for a 404's detail: never routed to.
+   */
+  suggest(method: string, path: string): string | undefined {
+    const segs = path.split('/').filter(Boolean);
+    if (segs.length === 0 || segs.length > 16) return undefined;
+    const tries = [segs];
+    if (segs[0] === 'v2' && segs[1]?.toLowerCase() === 'serverless' && segs.length >= 4) tries.push(['v2', ...segs.slice(2)]);
+    if (segs[0] === 'v1') tries.push(['v2', ...segs.slice(1)]);
+    if (segs[0] !== 'v1' && segs[0] !== 'v2') tries.push(['v2', ...segs]);
+    for (const candidate of tries) {
+      const out: string[] = [];
+      const node = this.#nearWalk(this.#root, candidate, 0, out);
+      if (node && (node.routes.has(method) || (method === 'HEAD' && node.routes.has('GET')))) return `/${out.join('/')}`;
+    }
+    return undefined;
+  }
+
+  #nearWalk(node: Node<R>, segs: string[], i: number, out: string[]): Node<R> | undefined {
+    if (i === segs.length) return node.routes.size ? node : undefined;
+    const seg = segs[i] as string;
+    const near = seg.toLowerCase().replace(/[-_]/g, '');
+    for (const [name, next] of node.statics) {
+      if (name !== seg && name.replace(/-/g, '') !== near) continue;
+      out.push(name);
+      const found = this.#nearWalk(next, segs, i + 1, out);
+      if (found) return found;
+      out.pop();
+    }
+    if (node.param) {
+      out.push(seg);
+      const found = this.#nearWalk(node.param.node, segs, i + 1, out);
+      if (found) return found;
+      out.pop();
+    }
+    return undefined;
+  }
+
   #walk(node: Node<R>, segs: string[], i: number, params: Record<string, string>): Node<R> | undefined {
     if (i === segs.length) return node.routes.size ? node : undefined;
     const seg = segs[i] as string;

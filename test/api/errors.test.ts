@@ -304,3 +304,29 @@ t.test('an empty id in the path (an unset shell variable) is a 404 that says so,
   t.equal((await a.req('GET', '/v2/serverless/')).status, 200, 'the endpoint list answers with a trailing slash too');
   t.equal((await a.req('POST', `/v2/${ep}/run/`, { body: { input: {} } })).status, 200, 'as does /run');
 });
+
+t.test('an unknown route that is a near miss of a real one names it: /runSync, /purgeQueue, /v2/serverless/{id}/run', async (t) => {
+  const a = await startAgent(t);
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  // requestUrls names them runSync and purgeQueue; RunPod's paths are /runsync and /purge-queue.
+  const cases: [string, string, string][] = [
+    ['POST', `/v2/${ep}/runSync`, `POST /v2/${ep}/runsync`],
+    ['POST', `/v2/${ep}/purgeQueue`, `POST /v2/${ep}/purge-queue`],
+    ['GET', `/v2/${ep}/statusSync/abc`, `GET /v2/${ep}/status-sync/abc`],
+    ['POST', `/v2/${ep}/RUN`, `POST /v2/${ep}/run`],
+    // The job routes are not under /v2/serverless, and not under /v1 or without /v2.
+    ['POST', `/v2/serverless/${ep}/run`, `POST /v2/${ep}/run`],
+    ['GET', `/v2/serverless/${ep}/status/abc`, `GET /v2/${ep}/status/abc`],
+    ['POST', `/v1/${ep}/runsync`, `POST /v2/${ep}/runsync`],
+    ['GET', `/${ep}/health`, `GET /v2/${ep}/health`],
+    ['GET', '/v2/Serverless', 'GET /v2/serverless'],
+    ['GET', '/v2/api_keys', 'GET /v2/api-keys'],
+  ];
+  for (const [method, path, meant] of cases) {
+    const r = await a.req(method, path, method === 'POST' ? { body: { input: {} } } : {});
+    assertProblem(t, r, 404, `${method} ${path}`);
+    t.equal(r.json.detail, `No route for ${method} ${path}; did you mean ${meant}?`, `${method} ${path}: names ${meant}`);
+  }
+  const far = await a.req('GET', '/v2/nothing/here/at/all');
+  t.equal(far.json.detail, 'No route for GET /v2/nothing/here/at/all.', 'nothing near: no suggestion');
+});
