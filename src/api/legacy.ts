@@ -5,7 +5,7 @@
  * of this host the catalog does not know), with every other member of those pools excluded, and
  * the order is kept for placement.
  */
-import { GPU_POOLS, OTHER_POOL, gpuType, poolTypes } from '../catalog/index.js';
+import { GPU_POOLS, OTHER_POOL, gpuType, gpuTypeMeant, poolTypes } from '../catalog/index.js';
 import { AgentError, validationError } from '../core/errors.js';
 import { assertWithTimeoutHint, type EndpointSpec } from '../endpoints/index.js';
 import type { ResourceRow } from '../store/index.js';
@@ -50,7 +50,10 @@ export function gpuSelectionFor(typeIds: readonly string[], hostModels: readonly
     const t = gpuType(id);
     if (t) add(t.pool ?? OTHER_POOL);
     else if (hostModels.includes(id)) add(OTHER_POOL);
-    else errors.push(`/gpuTypeIds/${i}: unknown GPU type "${id}" (not in the GPU catalog, and no GPU of this host has that name)`);
+    else {
+      const meant = gpuTypeMeant(id);
+      errors.push(`/gpuTypeIds/${i}: unknown GPU type "${id}" (not in the GPU catalog, and no GPU of this host has that name)${meant ? `; did you mean "${meant.id}"?` : ''}`);
+    }
   });
   if (errors.length) throw validationError(errors);
   const excludedTypes = pools.flatMap((p) => (poolTypes(p) ?? []).filter((t) => !typeIds.includes(t)));

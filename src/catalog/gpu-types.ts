@@ -105,6 +105,23 @@ export function gpuType(id: string): GpuTypeInfo | undefined {
   return byId.get(id);
 }
 
+// displayName ("RTX 4090") → type, for hints only; a displayName two types share is left out.
+const byDisplayName = new Map<string, GpuTypeInfo | null>();
+for (const t of GPU_TYPES) {
+  const key = t.displayName.toLowerCase();
+  byDisplayName.set(key, byDisplayName.has(key) ? null : t);
+}
+
+/**
+ * The catalog type a name that is no type id nearly names, for an error's "did you mean" only:
+ * its id in another letter case, an `nvidia-smi` alias, or its `displayName` (`RTX 4090`, what
+ * `/v2/catalog/gpus` shows beside the id `NVIDIA GeForce RTX 4090`).
+ */
+export function gpuTypeMeant(name: string): GpuTypeInfo | undefined {
+  const key = name.trim().toLowerCase();
+  return byName.get(key) ?? byDisplayName.get(key) ?? undefined;
+}
+
 /** Maps a name printed by `nvidia-smi` onto a catalog type (undefined for unknown models). */
 export function gpuTypeForName(name: string): GpuTypeInfo | undefined {
   return byName.get(name.trim().toLowerCase());

@@ -7,7 +7,7 @@
 import { AgentError, validationError } from '../core/errors.js';
 import { sortedJson } from '../core/json-raw.js';
 import { assertSchema } from '../core/schemas.js';
-import { OTHER_POOL, POOL_IDS, cpuFlavor, gpuType, gpuTypeForName, poolTypes } from '../catalog/index.js';
+import { OTHER_POOL, POOL_IDS, cpuFlavor, gpuType, gpuTypeForName, gpuTypeMeant, poolTypes } from '../catalog/index.js';
 import { applyCommand, CommandError, type StoredCommand } from './command.js';
 import {
   DEFAULT_TIMEOUT_MS, DEFAULT_WORKERS, idleTimeoutApplies,
@@ -179,7 +179,11 @@ function checkGpu(gpu: GpuSpec, errors: string[], hostModels: readonly string[])
     if (errors.some((e) => e.startsWith('/gpu/pools')) || known.includes(t)) return;
     const meant = known.find((k) => k.toLowerCase() === t.toLowerCase());
     if (meant !== undefined || !(other && gpuTypeForName(t) === undefined)) {
-      errors.push(`/gpu/excludedTypes/${i}: "${t}" is not a GPU type in the selected pools (${gpu.pools.join(', ')})${meant !== undefined ? `; did you mean "${meant}" (names are case-sensitive)?` : ''}`);
+      // A type named by its displayName ("RTX 4090", as /v2/catalog/gpus shows it) gets its id.
+      const named = meant === undefined ? gpuTypeMeant(t)?.id : undefined;
+      const hint = meant !== undefined ? `; did you mean "${meant}" (names are case-sensitive)?`
+        : named !== undefined && known.includes(named) ? `; did you mean "${named}"?` : '';
+      errors.push(`/gpu/excludedTypes/${i}: "${t}" is not a GPU type in the selected pools (${gpu.pools.join(', ')})${hint}`);
     }
   });
   if (!other && types.size > 0 && [...types].every((t) => seen.has(t))) {

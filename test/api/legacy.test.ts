@@ -130,3 +130,21 @@ t.test('a v2 PATCH keeps the gpuTypeIds priority unless it brings a new selectio
   await patch({ gpu: { pools: ['AMPERE_24'], excludedTypes: ['NVIDIA RTX A5000'] } });
   t.same(await typeIds(), ['NVIDIA L4', 'NVIDIA GeForce RTX 3090'], 'and so are new pools');
 });
+
+t.test('a GPU named by its catalog displayName ("RTX 4090") or in another letter case is refused with the id meant', async (t) => {
+  const a = await startAgent(t);
+  const tpl = await makeTemplate(t, a, { name: 'v1-names', image: 'registry.local/v1:1' });
+  // /v2/catalog/gpus lists "displayName":"RTX 4090" beside "id":"NVIDIA GeForce RTX 4090": the
+  // short name is the one a RunPod console shows, and it was refused as an unknown type alone.
+  const r = await v1(a, { name: 'legacy', templateId: tpl.id, gpuTypeIds: ['RTX 4090', 'nvidia l4', 'Quantum 9000'] });
+  assertProblem(t, r, 400);
+  t.same(r.json.errors, [
+    '/gpuTypeIds/0: unknown GPU type "RTX 4090" (not in the GPU catalog, and no GPU of this host has that name); did you mean "NVIDIA GeForce RTX 4090"?',
+    '/gpuTypeIds/1: unknown GPU type "nvidia l4" (not in the GPU catalog, and no GPU of this host has that name); did you mean "NVIDIA L4"?',
+    '/gpuTypeIds/2: unknown GPU type "Quantum 9000" (not in the GPU catalog, and no GPU of this host has that name)',
+  ]);
+  // /v2 alike, for an exclusion named by its displayName.
+  const v2 = await a.req('POST', '/v2/serverless', { body: { name: 'x', type: 'QUEUE', image: 'busybox', scaling: { type: 'QUEUE_DELAY', queueDelay: 4 }, gpu: { pools: ['ADA_24'], excludedTypes: ['RTX 4090'] } } });
+  assertProblem(t, v2, 400);
+  t.same(v2.json.errors, ['/gpu/excludedTypes/0: "RTX 4090" is not a GPU type in the selected pools (ADA_24); did you mean "NVIDIA GeForce RTX 4090"?']);
+});
