@@ -250,7 +250,10 @@ export function createDispatcher(options: DispatcherOptions): (method: string, p
               });
             }
             if (route.body === 'json' && !isJsonContentType(req.headers['content-type'])) {
-              throw new AgentError('UNSUPPORTED_MEDIA_TYPE', `Send the body as application/json (got ${req.headers['content-type'] ? JSON.stringify(req.headers['content-type']) : 'no Content-Type'}).`);
+              const type = req.headers['content-type'];
+              // curl -d without a Content-Type header sends this one: name the header to add.
+              const curl = type !== undefined && /^\s*application\/x-www-form-urlencoded\s*(;|$)/i.test(type) ? ", what curl -d sends unless given -H 'Content-Type: application/json'" : '';
+              throw new AgentError('UNSUPPORTED_MEDIA_TYPE', `Send the body as application/json (got ${type ? JSON.stringify(type) : 'no Content-Type'}${curl}).`);
             }
             if (route.body === 'json' && !hasBody) throw new AgentError('BAD_REQUEST', 'A JSON request body is required.');
             if (hasBody && route.body !== 'raw') {

@@ -330,3 +330,15 @@ t.test('an unknown route that is a near miss of a real one names it: /runSync, /
   const far = await a.req('GET', '/v2/nothing/here/at/all');
   t.equal(far.json.detail, 'No route for GET /v2/nothing/here/at/all.', 'nothing near: no suggestion');
 });
+
+t.test('a body sent as curl -d sends it (form-urlencoded) gets a 415 that names the header to add', async (t) => {
+  const a = await startAgent(t);
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  for (const path of ['/v2/serverless', `/v2/${ep}/run`]) {
+    const r = await a.req('POST', path, { raw: '{"input":{}}', headers: { 'content-type': 'application/x-www-form-urlencoded' } });
+    assertProblem(t, r, 415, path);
+    t.equal(r.json.detail, 'Send the body as application/json (got "application/x-www-form-urlencoded", what curl -d sends unless given -H \'Content-Type: application/json\').', `${path}: says which header curl needs`);
+  }
+  const plain = await a.req('POST', `/v2/${ep}/run`, { raw: '{"input":{}}', headers: { 'content-type': 'text/plain' } });
+  t.equal(plain.json.detail, 'Send the body as application/json (got "text/plain").', 'another type: as before');
+});
