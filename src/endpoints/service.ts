@@ -9,7 +9,7 @@ import type { Db, ResourceRepo, ResourceRow } from '../store/index.js';
 import { DeletedVolumes, ResourceRepo as Repo } from '../store/index.js';
 import { parseArgs, CommandError } from './command.js';
 import type { EndpointSpec, GlobalVolumeSpec, NetworkVolumeSpec, RegistryCredentialSpec, TemplateSpec } from './types.js';
-import { buildEndpoint, CONTAINER_ONLY_REASONS, LAUNCH_REASONS, namesLaunchField, updateEndpoint, type UpdateOutcome, type ValidationContext } from './validate.js';
+import { assertTemplateBody, buildEndpoint, CONTAINER_ONLY_REASONS, LAUNCH_REASONS, namesLaunchField, updateEndpoint, type UpdateOutcome, type ValidationContext } from './validate.js';
 
 export interface EndpointEvents {
   /**
@@ -179,7 +179,7 @@ export class EndpointService {
   // Templates ---------------------------------------------------------------------------------
 
   createTemplate(ownerId: string, raw: unknown): ResourceRow<TemplateSpec> {
-    const body = assertSchema<Partial<TemplateSpec> & { name: string; image: string; isPublic?: boolean }>('TemplateCreate', raw);
+    const body = assertTemplateBody<Partial<TemplateSpec> & { name: string; image: string; isPublic?: boolean }>('TemplateCreate', raw);
     checkTemplateArgs(body.args);
     if (body.registry) this.#requireRegistry(ownerId, body.registry);
     const spec: TemplateSpec = {
@@ -201,7 +201,7 @@ export class EndpointService {
 
   updateTemplate(ownerId: string, id: string, raw: unknown): ResourceRow<TemplateSpec> {
     const current = this.getOwned(this.templates, ownerId, id, 'Template');
-    const body = assertSchema<Partial<TemplateSpec> & { isPublic?: boolean }>('TemplateUpdate', raw);
+    const body = assertTemplateBody<Partial<TemplateSpec> & { isPublic?: boolean }>('TemplateUpdate', raw);
     checkTemplateArgs(body.args);
     if (body.registry) this.#requireRegistry(ownerId, body.registry);
     const { isPublic, ...fields } = body;

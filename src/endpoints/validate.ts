@@ -108,22 +108,45 @@ const V1_FIELDS: Readonly<Record<string, string>> = {
   networkVolumeId: 'mounts.network',
 };
 
-/** The schema check of an endpoint body, its top-level `/v1` field names pointed at their `/v2` place. */
-function assertEndpointBody(schema: 'EndpointCreate' | 'EndpointUpdate', raw: unknown): EndpointBody {
+/** Where each field of RunPod's REST template body lives in a flashd template body (see {@link V1_FIELDS}). */
+const REST_TEMPLATE_FIELDS: Readonly<Record<string, string>> = {
+  imageName: 'image',
+  containerDiskInGb: 'disk',
+  dockerStartCmd: 'args',
+  dockerArgs: 'args',
+  dockerEntrypoint: 'args, as {"entrypoint": [...], "cmd": [...]}',
+  containerRegistryAuthId: 'registry',
+};
+
+/**
+ * `check()`, with each top-level unknown property that `fields` knows pointed at its place here:
+ * `/workersMax: unknown property (a POST /v1/endpoints field); here it is workers.max`.
+ */
+export function withFieldPlaces<T>(check: () => T, fields: Readonly<Record<string, string>>, origin: string): T {
   try {
-    return assertWithTimeoutHint<EndpointBody>(schema, raw, 'timeout');
+    return check();
   } catch (err) {
     if (!(err instanceof AgentError) || !err.errors) throw err;
     let hinted = false;
     const errors = err.errors.map((e) => {
       const m = /^\/(\w+): unknown property$/.exec(e);
-      const place = m && Object.hasOwn(V1_FIELDS, m[1] as string) ? V1_FIELDS[m[1] as string] : undefined;
+      const place = m && Object.hasOwn(fields, m[1] as string) ? fields[m[1] as string] : undefined;
       if (place === undefined) return e;
       hinted = true;
-      return `${e} (a POST /v1/endpoints field); here it is ${place}`;
+      return `${e} (${origin}); here it is ${place}`;
     });
     throw hinted ? validationError(errors) : err;
   }
+}
+
+/** The schema check of a template body, RunPod's REST template names pointed at their place here. */
+export function assertTemplateBody<T>(schema: 'TemplateCreate' | 'TemplateUpdate', raw: unknown): T {
+  return withFieldPlaces(() => assertSchema<T>(schema, raw), REST_TEMPLATE_FIELDS, "a field of RunPod's REST template body");
+}
+
+/** The schema check of an endpoint body, its top-level `/v1` field names pointed at their `/v2` place. */
+function assertEndpointBody(schema: 'EndpointCreate' | 'EndpointUpdate', raw: unknown): EndpointBody {
+  return withFieldPlaces(() => assertWithTimeoutHint<EndpointBody>(schema, raw, 'timeout'), V1_FIELDS, 'a POST /v1/endpoints field');
 }
 
 /**

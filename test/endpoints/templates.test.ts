@@ -4,7 +4,7 @@
  * allowedCudaVersions and sets no floor; pod-only flags ignored; own or public templates only.
  */
 import t from 'tap';
-import { cpuBody, queueBody, startAgent } from '../helpers/agent.js';
+import { assertProblem, cpuBody, queueBody, startAgent } from '../helpers/agent.js';
 import { assertErrorAt, createEndpoint, makeRegistry, makeTemplate, makeUser, mustCreate } from '../helpers/expect.js';
 
 const fromTemplate = (templateId: string, extra: Record<string, unknown> = {}) => {
@@ -145,4 +145,21 @@ t.test('own or public templates only; unknown is 404, non-serverless is 422', as
   t.equal((await a.req('PATCH', `/v2/templates/${pub.id}`, { body: { isPublic: false }, key: owner.key })).status, 200);
   assertErrorAt(t, await createEndpoint(a, fromTemplate(pub.id), caller.key), 404, '/templateId', 'once made private it is a 404 for others');
   t.equal((await a.req('GET', `/v2/serverless/${defaulted.id}`, { key: caller.key })).json.image, 'registry.local/public:1', 'endpoints made from it keep working');
+});
+
+t.test('a template body with RunPod REST template names (imageName, containerDiskInGb, …) says where each one goes here', async (t) => {
+  const a = await startAgent(t);
+  const r = await a.req('POST', '/v2/templates', { body: { name: 'rp', imageName: 'busybox', containerDiskInGb: 10, dockerStartCmd: ['python', 'h.py'], containerRegistryAuthId: 'x', volumeInGb: 0, isServerless: true } });
+  assertProblem(t, r, 400);
+  t.same(r.json.errors, [
+    '/image: is required',
+    "/imageName: unknown property (a field of RunPod's REST template body); here it is image",
+    "/containerDiskInGb: unknown property (a field of RunPod's REST template body); here it is disk",
+    "/dockerStartCmd: unknown property (a field of RunPod's REST template body); here it is args",
+    "/containerRegistryAuthId: unknown property (a field of RunPod's REST template body); here it is registry",
+    '/volumeInGb: unknown property',
+  ]);
+  const tpl = (await a.req('POST', '/v2/templates', { body: { name: 'ok', image: 'busybox', isServerless: true } })).json.id as string;
+  const p = await a.req('PATCH', `/v2/templates/${tpl}`, { body: { imageName: 'alpine' } });
+  t.same(p.json.errors, ["/imageName: unknown property (a field of RunPod's REST template body); here it is image"], 'a PATCH alike');
 });
