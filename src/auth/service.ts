@@ -268,7 +268,15 @@ export class AuthService {
     if (token.startsWith('fds_')) return this.#fromSession(token, headers['x-team-id']);
     if (checkKeyFormat(token) === 'malformed') throw unauthenticated('The API key is malformed (bad format or checksum).');
     const row = this.#repo.keyByHash(hashKey(token));
-    if (!row) throw unauthenticated('The API key is not valid.');
+    if (!row) {
+      // Two shell slips that no key explains: curl -H 'Authorization: Bearer $KEY' (single
+      // quotes send the name), and a key quoted inside the variable. Neither echoes the key.
+      if (/^\$(?:[A-Za-z_]\w*|\{[A-Za-z_]\w*\})$/.test(token)) {
+        throw unauthenticated(`The Authorization header holds ${token} literally, not a key: the shell did not expand it (a variable inside single quotes is not); write -H "Authorization: Bearer $KEY" in double quotes.`);
+      }
+      if (/^(['"]).+\1$/.test(token)) throw unauthenticated('The API key is not valid: it is wrapped in quotes; send the key without them.');
+      throw unauthenticated('The API key is not valid.');
+    }
     const expiresAt = this.#checkUsable(row);
     // A team key acts for the team only while its user belongs to it (spec, Authentication 3).
     if (row.teamId !== null && row.kind === 'user' && !this.#repo.member(row.teamId, row.userId)) {

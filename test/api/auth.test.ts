@@ -9,7 +9,7 @@ import { readdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { generateApiKey } from '../../src/auth/index.js';
 import { ManualClock } from '../../src/core/clock.js';
-import { assertProblem, cpuBody, queueBody, startAgent, type Reply, type TestAgent } from '../helpers/agent.js';
+import { ADMIN_KEY, assertProblem, cpuBody, queueBody, startAgent, type Reply, type TestAgent } from '../helpers/agent.js';
 import { assertErrorAt, createEndpoint, makeGlobalVolume, makeNetworkVolume, makeRegistry, makeTemplate, makeUser, mustCreate, mustPost } from '../helpers/expect.js';
 import { testDataDir } from '../helpers/data-dir.js';
 
@@ -414,4 +414,22 @@ t.test('a revoked FLASHD_ADMIN_API_KEY is not revived by a restart', async (t) =
   await t.rejects(startAgent(t, { adminApiKey: 'automation-key-to-revoke-0001' }, { dir }), /revoked/, 'start refuses the revoked value');
   const next = await startAgent(t, { adminApiKey: 'automation-key-new-value-0002' }, { dir });
   t.equal((await next.req('GET', '/v2/serverless', { key: 'automation-key-new-value-0002' })).status, 200, 'a new value works');
+});
+
+t.test('a header holding an unexpanded shell variable or a quoted key says so, without echoing the key', async (t) => {
+  const a = await startAgent(t);
+  const send = (authorization: string) => fetch(`${a.url}/v2/serverless`, { headers: { authorization } }).then(async (r) => ({ status: r.status, json: await r.json() as { detail: string } }));
+  // curl -H 'Authorization: Bearer $KEY' (single quotes) sends the variable's name, not its value.
+  for (const v of ['$KEY', '${KEY}', '$FLASHD_API_KEY']) {
+    const r = await send(`Bearer ${v}`);
+    t.equal(r.status, 401);
+    t.equal(r.json.detail, `The Authorization header holds ${v} literally, not a key: the shell did not expand it (a variable inside single quotes is not); write -H "Authorization: Bearer $KEY" in double quotes.`, `${v}: says the variable was not expanded`);
+  }
+  for (const q of [`'${ADMIN_KEY}'`, `"${ADMIN_KEY}"`]) {
+    const r = await send(`Bearer ${q}`);
+    t.equal(r.status, 401);
+    t.equal(r.json.detail, 'The API key is not valid: it is wrapped in quotes; send the key without them.', 'a quoted key: says so');
+    t.notMatch(r.json.detail, ADMIN_KEY.slice(7), 'the key is not echoed');
+  }
+  t.equal((await send('Bearer fd_usr_nonsense')).json.detail, 'The API key is malformed (bad format or checksum).', 'others as before');
 });
