@@ -183,9 +183,12 @@ function checkGpu(gpu: GpuSpec, errors: string[], hostModels: readonly string[])
       members.forEach((t) => types.add(t));
       return;
     }
-    const asType = gpuType(pool);
+    // A type id, or the display name /v2/catalog/gpus shows ("RTX 4090") in any letter case.
+    const exact = gpuType(pool);
+    const asType = exact ?? gpuTypeMeant(pool);
+    const what = exact ? `"${pool}" is a GPU type id` : `"${pool}" names the GPU type "${asType?.id}"`;
     errors.push(asType
-      ? `/gpu/pools/${i}: "${pool}" is a GPU type id, not a pool id${asType.pool
+      ? `/gpu/pools/${i}: ${what}, not a pool id${asType.pool
         ? `; use pool "${asType.pool}" (and excludedTypes for the others)`
         : `; it belongs to no RunPod serverless pool: use pool "${OTHER_POOL}" (flashd only; excludedTypes for the others)`}`
       : `/gpu/pools/${i}: unknown pool "${pool}"; pools are ${POOL_IDS.join(', ')}`);

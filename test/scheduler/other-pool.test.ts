@@ -73,6 +73,12 @@ t.test('OTHER in validation and in the older /v1 gpuTypeIds', async (t) => {
   const asPool = await create({ pools: ['Tesla T4'] });
   assertProblem(t, asPool, 400);
   t.match(asPool.json.errors, [/^\/gpu\/pools\/0: "Tesla T4" is a GPU type id, not a pool id; it belongs to no RunPod serverless pool: use pool "OTHER"/]);
+  // The display name /v2/catalog/gpus shows, in any letter case: named as the type it is.
+  for (const name of ['RTX 4090', 'nvidia geforce rtx 4090']) {
+    const byName = await create({ pools: [name] });
+    assertProblem(t, byName, 400);
+    t.match(byName.json.errors, [`/gpu/pools/0: "${name}" names the GPU type "NVIDIA GeForce RTX 4090", not a pool id; use pool "ADA_24" (and excludedTypes for the others)`], `${name}: its pool is named`);
+  }
   const unknown = await create({ pools: ['ADA_4090'] });
   t.match(unknown.json.errors, [/pools are .*BLACKWELL_180, OTHER$/], 'the pool list names OTHER');
   t.equal((await create({ pools: ['OTHER'], excludedTypes: ['Tesla T4', NAME, 'Some Future GPU'] })).status, 201, 'any type of OTHER may be excluded');
