@@ -921,7 +921,7 @@ export class JobQueue {
     this.#armDeadline(Math.min(job.execDeadline, job.ttlDeadline), mono);
     job.progress = null;
     job.fences = null;
-    worker.stops.delete(job.id);
+    this.workers.dropStop(worker, job.id);
     worker.letGo.delete(job.id);
     worker.ended.delete(job.id);
     worker.fenced.delete(job.id);
@@ -1374,7 +1374,7 @@ export class JobQueue {
       if (job && job.status === 'IN_PROGRESS' && job.workerId === workerId) {
         job.leaseDeadline = lease;
         job.pinged = true;
-        worker.stops.delete(id);
+        this.workers.dropStop(worker, id);
       } else if (job?.resultBy === workerId || worker.letGo.has(id) || (found === undefined && !worker.stops.has(id) && this.#postedBy(endpointId, workerId, id))) {
         // It posted its final result for the job: this heartbeat was made before the post
         // (runpod-python drops a job from its pings only after posting); nothing to stop.
@@ -1425,7 +1425,7 @@ export class JobQueue {
    * its idle timeout starts afresh (else it would be stopped at once).
    */
   #stopOver(worker: WorkerInfo, jobId: string): void {
-    if (!worker.stops.delete(jobId)) return;
+    if (!this.workers.dropStop(worker, jobId)) return;
     if (worker.stops.size === 0 && worker.jobs.size === 0) worker.idleSince = this.#clock.monotonic();
   }
 
@@ -1514,7 +1514,7 @@ export class JobQueue {
       const heldFor = job.startedAt === null ? 0 : Math.max(0, this.#clock.now() - job.startedAt);
       keepUntil = mono - heldFor + STOP_REOFFER_MS;
     }
-    worker.stops.set(jobId, { keepUntil, offered: -1, since: mono, why });
+    this.workers.addStop(worker, jobId, { keepUntil, offered: -1, since: mono, why });
     const waiters = worker.stopWaiters;
     worker.stopWaiters = [];
     for (const w of waiters) w();

@@ -8,6 +8,9 @@ import type { WorkerCounts } from './types.js';
 
 export type WorkerState = 'initializing' | 'idle' | 'running' | 'unhealthy';
 
+/** A stop pending on a worker (WorkerInfo.stops). */
+export interface PendingStop { keepUntil: number; offered: number; readonly since: number; readonly why: string }
+
 export interface WorkerInfo {
   readonly id: string;
   readonly endpointId: string;
@@ -44,7 +47,7 @@ export interface WorkerInfo {
    * `timed out: …`), for the log. A worker left running only such jobs past a bound is stopped
    * (WorkerRegistry.endedOnly, decide.ts).
    */
-  readonly stops: Map<string, { keepUntil: number; offered: number; readonly since: number; readonly why: string }>;
+  readonly stops: ReadonlyMap<string, PendingStop>;
   /**
    * Jobs the worker posted a final result for after flashd had taken them from it (cancelled,
    * timed out, reassigned): it let go of them, though a heartbeat made before its post may still
@@ -147,6 +150,14 @@ export class WorkerRegistry {
    */
   readonly #retired = new Map<string, { until: number; w: WorkerInfo }>();
   /**
+   * Job id → the records that have a stop pending for it (addStop), so stillRunning, called at
+   * every requeue and /retry, looks at those only, not at every worker of the endpoint: a mass
+   * requeue (a reap after a restart with thousands of jobs running, a worker holding 64 lost)
+   * was requeues × workers. A record may stay here after it left the registry (retired, or
+   * removed but still referenced): stillRunning checks each one against the registry, as its scan did.
+   */
+  readonly #stopping = new Map<string, Set<WorkerInfo>>();
+  /**
    * Called when a worker flashd launched first asks for a job (after taking one, if any was
    * waiting): a QUEUE_DELAY endpoint paces its next worker by those still starting (one more
    * each further queueDelay while they start), so the autoscaler looks again then. Not at its first ping, which may come before: it would
@@ -174,8 +185,36 @@ export class WorkerRegistry {
   launched(endpointId: string, workerId: string): WorkerInfo {
     const now = this.#clock.monotonic();
     const w = record(endpointId, workerId, now, { managed: true, phase: 'initializing' });
-    this.#map(endpointId).set(workerId, w);
+    const map = this.#map(endpointId);
+    const before = map.get(workerId);
+    if (before !== undefined) this.#unindexAll(before);
+    map.set(workerId, w);
     return w;
+  }
+
+  /** Puts a stop on the worker (WorkerInfo.stops), replacing any it had for the job. */
+  addStop(w: WorkerInfo, jobId: string, stop: PendingStop): void {
+    (w.stops as Map<string, PendingStop>).set(jobId, stop);
+    let ws = this.#stopping.get(jobId);
+    if (ws === undefined) this.#stopping.set(jobId, (ws = new Set()));
+    ws.add(w);
+  }
+
+  /** Ends the worker's stop for the job; false if it had none. */
+  dropStop(w: WorkerInfo, jobId: string): boolean {
+    if (!(w.stops as Map<string, PendingStop>).delete(jobId)) return false;
+    this.#unindex(w, jobId);
+    return true;
+  }
+
+  #unindex(w: WorkerInfo, jobId: string): void {
+    const ws = this.#stopping.get(jobId);
+    if (ws?.delete(w) && ws.size === 0) this.#stopping.delete(jobId);
+  }
+
+  /** A record forgotten for good: its stops leave the index (they stay on the record). */
+  #unindexAll(w: WorkerInfo): void {
+    for (const jobId of w.stops.keys()) this.#unindex(w, jobId);
   }
 
   /**
@@ -198,8 +237,10 @@ export class WorkerRegistry {
     if (!w && this.#retired.size > 0) {
       const key = `${endpointId} ${workerId}`;
       const retired = this.#retired.get(key);
-      if (retired !== undefined && now >= retired.until) this.#retired.delete(key);
-      else if (retired !== undefined && wantsJobs) {
+      if (retired !== undefined && now >= retired.until) {
+        this.#retired.delete(key);
+        this.#unindexAll(retired.w);
+      } else if (retired !== undefined && wantsJobs) {
         // It asked for work: it did not exit. Its own record comes back, with the stops still
         // pending on it (a job flashd ended there may still run), its ended and let-go jobs and
         // its fences; JobQueue.take withdraws its stopPod.
@@ -267,15 +308,22 @@ export class WorkerRegistry {
   /**
    * The workers of the endpoint, in the registry or retired (their last calls still get their
    * record, see `seen`), whose stop for `jobId` is pending: they may still run an old attempt of
-   * it, so a new attempt is fenced from each (JobQueue.#fenceOldRuns). A scan of the endpoint's
-   * workers, but only at a requeue or a /retry.
+   * it, so a new attempt is fenced from each (JobQueue.#fenceOldRuns). Only the records with a
+   * stop for the job are looked at (#stopping), each kept if it is the endpoint's record of its
+   * worker in the registry, or its retired record not yet forgotten.
    */
   stillRunning(endpointId: string, jobId: string): WorkerInfo[] {
+    const ws = this.#stopping.get(jobId);
+    if (ws === undefined) return [];
     const out: WorkerInfo[] = [];
-    for (const w of this.#byEndpoint.get(endpointId)?.values() ?? []) if (w.stops.has(jobId)) out.push(w);
-    if (this.#retired.size > 0) {
-      const now = this.#clock.monotonic();
-      for (const { until, w } of this.#retired.values()) if (w.endpointId === endpointId && now < until && w.stops.has(jobId)) out.push(w);
+    const map = this.#byEndpoint.get(endpointId);
+    for (const w of ws) {
+      if (w.endpointId !== endpointId || !w.stops.has(jobId)) continue;
+      if (map?.get(w.id) === w) out.push(w);
+      else {
+        const retired = this.#retired.get(`${endpointId} ${w.id}`);
+        if (retired?.w === w && this.#clock.monotonic() < retired.until) out.push(w);
+      }
     }
     return out;
   }
@@ -285,11 +333,14 @@ export class WorkerRegistry {
    * for its last calls (see `seen`), so the stops still pending on it reach the worker.
    */
   retire(endpointId: string, workerId: string): void {
-    const w = this.remove(endpointId, workerId);
+    const w = this.#removeKeepingStops(endpointId, workerId);
     if (!w) return;
     w.recycle = true;
     w.draining = true;
-    this.#retired.set(`${endpointId} ${workerId}`, { until: this.#clock.monotonic() + this.#forgetAfterMs, w });
+    const key = `${endpointId} ${workerId}`;
+    const before = this.#retired.get(key);
+    if (before !== undefined && before.w !== w) this.#unindexAll(before.w);
+    this.#retired.set(key, { until: this.#clock.monotonic() + this.#forgetAfterMs, w });
   }
 
   markUnhealthy(endpointId: string, workerId: string): void {
@@ -298,6 +349,13 @@ export class WorkerRegistry {
   }
 
   remove(endpointId: string, workerId: string): WorkerInfo | undefined {
+    const w = this.#removeKeepingStops(endpointId, workerId);
+    if (w) this.#unindexAll(w);
+    return w;
+  }
+
+  /** remove, its pending stops still indexed (a retired record's last calls still get them). */
+  #removeKeepingStops(endpointId: string, workerId: string): WorkerInfo | undefined {
     const map = this.#byEndpoint.get(endpointId);
     const w = map?.get(workerId);
     if (w) {
@@ -338,10 +396,17 @@ export class WorkerRegistry {
   /** Forgets external workers not heard from for a while (they hold no jobs by then). */
   sweep(): void {
     const now = this.#clock.monotonic();
-    for (const [key, { until }] of this.#retired) if (now >= until) this.#retired.delete(key);
+    for (const [key, { until, w }] of this.#retired) {
+      if (now < until) continue;
+      this.#retired.delete(key);
+      this.#unindexAll(w);
+    }
     for (const map of this.#byEndpoint.values()) {
       for (const w of map.values()) {
-        if (!w.managed && w.parked === 0 && w.jobs.size === 0 && now - w.lastSeen > this.#forgetAfterMs) map.delete(w.id);
+        if (!w.managed && w.parked === 0 && w.jobs.size === 0 && now - w.lastSeen > this.#forgetAfterMs) {
+          map.delete(w.id);
+          this.#unindexAll(w);
+        }
       }
     }
   }
