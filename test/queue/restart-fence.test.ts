@@ -167,3 +167,45 @@ t.test('a job requeued twice keeps its fences from both workers that may still r
   t.equal((await w3.done(id, { output: 'new run' })).status, 200);
   t.equal((await s.a.req('GET', `/v2/${s.ep}/status/${id}`)).json.output, 'new run');
 });
+
+t.test('a job fenced from two workers keeps both fences, and each stop, across a restart, and each fence ends on its own', async (t) => {
+  const s = await scene(t);
+  let w1 = await s.worker();
+  let w2 = await s.worker();
+  let w3 = await s.worker();
+  const id = await s.run({ n: 1 });
+  t.equal((await w1.take())?.id, id);
+  s.lapse();
+  t.equal((await w2.take())?.id, id, 'the second attempt goes to w2');
+  t.equal(await w1.ping([id]), 200, 'w1 still runs the first attempt');
+  s.clock.advance(2000);
+  t.equal(await w1.ping([id]), 200);
+  s.clock.advance(1001);
+  s.a.agent.queue.reap();
+  t.equal((await s.a.req('GET', `/v2/${s.ep}/status/${id}`)).json.status, 'IN_QUEUE', 'requeued again: fenced from w1 and w2');
+
+  [w1, w2, w3] = (await s.restart(w1, w2, w3)) as [TestWorker, TestWorker, TestWorker];
+  // Both heartbeats still list the job after the restart: each is told to stop its old run again
+  // (stops live in memory; a ping that lists a queued job it does not hold brings one back).
+  t.equal(await w1.ping([id]), 200);
+  t.equal(await w2.ping([id]), 200);
+  t.same(await w1.stops(), [id], 'w1 is told to stop the first attempt after the restart');
+  t.same(await w2.stops(), [id], 'w2 is told to stop the second');
+  // Their pings keep both fences past the lease the restart gave them.
+  for (let i = 0; i < 3; i++) {
+    s.clock.advance(2000);
+    s.a.agent.queue.reap();
+    t.equal(await w1.ping([id]), 200);
+    t.equal(await w2.ping([id]), 200);
+  }
+  t.equal(await w1.take(), null, 'w1 is still fenced while its pings list the job');
+  t.equal(await w2.take(), null, 'so is w2');
+  // w2 lets go: its fence ends, w1's stays.
+  t.equal(await w2.ping([]), 200);
+  t.equal(await w1.take(), null, "w1's fence does not end with w2's");
+  t.equal((await w2.take())?.id, id, 'w2, which let go, may take the next attempt');
+  t.equal((await w1.done(id, { output: 'first run' })).status, 409, "w1's late result does not complete w2's new attempt");
+  t.equal((await w2.done(id, { output: 'third run' })).status, 200);
+  t.equal((await s.a.req('GET', `/v2/${s.ep}/status/${id}`)).json.output, 'third run');
+  t.equal(await w3.take(), null, 'nothing left for w3');
+});
