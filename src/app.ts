@@ -484,7 +484,7 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
 
     const api = createApi({
       services: { endpoints, auth, urls, dataCenters: () => dataCenters, inventory: () => ledger.inventory(), version: VERSION,
-        commandsRunOnHost: config.runtime === 'process' },
+        commandsRunOnHost: config.runtime === 'process', containerRuntime: runtime && !runtime.runsOnHost ? runtime.name : null },
       auth, rateLimiter, jobRateLimiter, log: log.child({ component: 'api' }), storeFailures, maxBodyBytes: config.maxBodyBytes,
       extraRoutes: [
         ...jobRoutes({ queue, endpoints, now: () => clock.now(), webhookAllowPrivate: config.webhookAllowPrivate }),

@@ -18,4 +18,9 @@ export interface ApiServices {
    * creating an endpoint or changing what it runs needs the admin scope.
    */
   commandsRunOnHost: boolean;
+  /**
+   * The name of the container runtime that starts workers (`docker`), null with the process
+   * runtime or none: the endpoint view says when it cannot start an endpoint (`startBlocked`).
+   */
+  containerRuntime: string | null;
 }

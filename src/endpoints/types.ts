@@ -96,3 +96,22 @@ export const DEFAULT_HEALTH_CHECK_PATH = '/ping';
 export function idleTimeoutApplies(type: EndpointType, scaling: Scaling): boolean {
   return !(type === 'QUEUE' && scaling.type === 'REQUEST_COUNT');
 }
+
+/**
+ * The image an endpoint made for `--runtime process` names (README "3. Workers that flashd
+ * starts": image is required, that runtime ignores it): `none`, in any letter case. A container
+ * runtime starts no worker for it (Docker would pull `docker.io/library/none`, fail, and crash-loop).
+ */
+export function hasNoImage(image: string): boolean {
+  return image.trim().toLowerCase() === 'none';
+}
+
+/**
+ * Why the container runtime `runtime` (its name, e.g. `docker`) starts no worker for an endpoint
+ * with no image (`hasNoImage`): the endpoint log's `no worker can start: …` and the endpoint
+ * view's `startBlocked`.
+ */
+export function noImageReason(runtime: string): string {
+  return `the endpoint has no image for the ${runtime} runtime (image "none", as for --runtime process); `
+    + 'set one with a PATCH of image, or start flashd with --runtime process';
+}

@@ -2,7 +2,7 @@
 import { cpuFlavor } from '../catalog/index.js';
 import type { ResourceRow } from '../store/index.js';
 import {
-  DEFAULT_HEALTH_CHECK_PATH, idleTimeoutApplies,
+  DEFAULT_HEALTH_CHECK_PATH, hasNoImage, idleTimeoutApplies, noImageReason,
   type EndpointSpec, type GlobalVolumeSpec, type NetworkVolumeSpec, type RegistryCredentialSpec, type TemplateSpec,
 } from './types.js';
 
@@ -35,7 +35,12 @@ export function requestUrls(id: string, spec: Pick<EndpointSpec, 'type' | 'env'>
   };
 }
 
-export function endpointView(row: ResourceRow<EndpointSpec>, urls: PublicUrls): Record<string, unknown> {
+/**
+ * `containerRuntime`: the name of the container runtime flashd starts workers with (`docker`),
+ * null with another runtime or none; an endpoint it cannot start (no image) says why in
+ * `startBlocked`.
+ */
+export function endpointView(row: ResourceRow<EndpointSpec>, urls: PublicUrls, containerRuntime: string | null = null): Record<string, unknown> {
   const s = row.data;
   const workers: Record<string, number> = { min: s.workers.min, max: s.workers.max };
   if (idleTimeoutApplies(s.type, s.scaling)) workers['idleTimeout'] = s.workers.idleTimeout;
@@ -67,6 +72,7 @@ export function endpointView(row: ResourceRow<EndpointSpec>, urls: PublicUrls): 
     createdAt: iso(row.createdAt),
     updatedAt: iso(row.updatedAt),
   });
+  if (containerRuntime !== null && s.type === 'QUEUE' && hasNoImage(s.image)) out['startBlocked'] = noImageReason(containerRuntime);
   return out;
 }
 

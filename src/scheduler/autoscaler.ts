@@ -12,7 +12,7 @@ import type { Clock } from '../core/clock.js';
 import { newId } from '../core/ids.js';
 import { sortedJson } from '../core/json-raw.js';
 import type { Logger } from '../core/logger.js';
-import { idleTimeoutApplies, type EndpointService, type EndpointSpec } from '../endpoints/index.js';
+import { hasNoImage, idleTimeoutApplies, noImageReason, type EndpointService, type EndpointSpec } from '../endpoints/index.js';
 import { PAUSED_MS, SDK_DEFAULT_ENV, workerEnv, type JobQueue } from '../queue/index.js';
 import type { ExitInfo, LaunchSpec, WorkerRuntime } from '../runtime/index.js';
 import type { ResourceRow } from '../store/index.js';
@@ -219,6 +219,7 @@ export class Autoscaler {
     // The workers that count: answering, and not being stopped.
     const live = listed.filter((w) => !registry.silent(w) && !this.#managed.get(w.id)?.stopping);
     const blocked = this.#o.runtime?.runsOnHost && spec.commandByAdmin === false ? HOST_COMMAND_NOT_ADMIN
+      : this.#o.runtime && !this.#o.runtime.runsOnHost && hasNoImage(spec.image) ? noImageReason(this.#o.runtime.name)
       : spec.gpu ? (this.#o.runtime?.gpuBlocked?.() ?? null) : null;
     const runtimeRoom = this.#o.runtime && blocked === null ? this.#o.runtime.capacity(endpointId) : 0;
     const capacity = this.#o.runtime ? Math.min(runtimeRoom, this.#placement.capacity(endpointId, spec)) : 0;
