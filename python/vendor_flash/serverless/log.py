@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import sys
 from typing import Optional
 from urllib.parse import urlparse
@@ -29,6 +30,19 @@ _LEVELS = {"DEBUG": logging.DEBUG, "TRACE": TRACE, "INFO": logging.INFO, "WARN":
            "WARNING": logging.WARNING, "ERROR": logging.ERROR, "NOTSET": SILENT}
 
 
+#: A surrogate code point, which UTF-8 cannot hold: a str decoded with ``errors="surrogateescape"``
+#: (``os.fsdecode`` of a file name that is not UTF-8), or a client's string cut inside an emoji.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _json_escape_surrogates(text: str) -> str:
+    """JSON text with each surrogate as its ``\\uXXXX`` escape (it only occurs inside a string
+    literal), as :func:`.result.encode_body` sends one: the reader's JSON parser gives the same
+    string back, and the rest of the line stays as it is. Written as it was, the stream's UTF-8
+    encoder raised, and logging dropped the line (``--- Logging error ---`` on stderr)."""
+    return _SURROGATE.sub(lambda m: "\\u%04x" % ord(m.group()), text)
+
+
 def _level(record: logging.LogRecord) -> str:
     """runpod-python's level names: ``WARN``, not ``WARNING``."""
     return "WARN" if record.levelno == logging.WARNING else record.levelname
@@ -43,7 +57,7 @@ class _JsonFormatter(logging.Formatter):
         }
         if record.exc_info:
             line["message"] += "\n" + self.formatException(record.exc_info)
-        return json.dumps(line, ensure_ascii=False)
+        return _json_escape_surrogates(json.dumps(line, ensure_ascii=False))
 
 
 class _TextFormatter(logging.Formatter):
@@ -54,7 +68,9 @@ class _TextFormatter(logging.Formatter):
         text = prefix + record.getMessage()
         if record.exc_info:
             text += "\n" + self.formatException(record.exc_info)
-        return text
+        # A surrogate as U+FFFD, what a reader of invalid UTF-8 shows: UTF-8 cannot hold it, and
+        # the stream's encoder raised, so logging dropped the line.
+        return _SURROGATE.sub("\ufffd", text)
 
 
 def get_logger() -> logging.Logger:
