@@ -205,13 +205,13 @@ export function jobRoutes(s: JobRouteServices): RouteDef[] {
       method: 'GET', path: `${P}/stream/{jobId}`, operationId: 'jobStream', jobRateGroup: 'status', summary: 'Stream chunks posted since the last poll',
       headRefused: 'hands out the chunks posted since the last poll',
       tag: 'Jobs', auth: 'user', scope: 'jobs:read', successStatus: 200, responseSchema: 'JobStream', problems: READ,
-      query: [{ name: 'wait', description: 'ms to hold a poll that has no chunks yet, until one comes or the job ends (at most 300000; RunPod\'s Go SDK sends it). Without it, or when it is not a positive integer, the poll answers at once.', schema: { type: 'integer', minimum: 0, maximum: 300000 } }],
+      query: [{ name: 'wait', description: 'ms to hold a poll that has no chunks yet, until one comes or the job ends 0 to 300000 (RunPod\'s Go SDK sends it). Without it, or 0, the poll answers at once; any other value (not an integer, out of range, given twice) is a 400.', schema: { type: 'integer', minimum: 0, maximum: 300000 } }],
       handle: async ({ req, principal, params }) => {
         const ep = queueEndpoint(endpointFor(principal, params['endpointId'] as string));
         const jobId = params['jobId'] as string;
-        // Lenient, unlike /runsync's: /stream had no ?wait before, and a client may send anything.
-        const rawWait = req.query.get('wait');
-        const wait = rawWait !== null && /^\d+$/.test(rawWait) ? Math.min(Number(rawWait), 300_000) : 0;
+        // Checked as /status-sync's, from 0: RunPod's Go SDK sends its timeout in ms (90000 at
+        // most, 0 when told 0); runpod-python and runpod-sdk send none.
+        const wait = intQuery(req.query, 'wait', 0, 300_000) ?? 0;
         await s.queue.durable();
         // Gone while the writes in flight were synced: nothing is drained into a reply nobody
         // reads; the chunks stay for its next poll.

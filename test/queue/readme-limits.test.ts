@@ -137,3 +137,35 @@ t.test('input nests at most 512 levels deep on /run and /runsync; 513 is a 400 n
   const br = await submit(a, `/v2/${ep}/run`, `{ "input" : { "s" : "${'['.repeat(2000)}" , "b" : [ { "c" : "}}}" } ] } }`);
   t.equal(br.status, 200, `brackets in strings are text: ${br.text}`);
 });
+
+t.test('/stream ?wait takes 0 to 300000 as RunPod\'s Go SDK sends it; a malformed one is the 400 /status-sync gives', async (t) => {
+  const a = await startAgent(t, { takeHoldMs: 2000 });
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  const w = await TestWorker.create(a, ep);
+  const id = (await a.req('POST', `/v2/${ep}/run`, { body: { input: {} } })).json.id as string;
+  const job = await w.take();
+  await w.done(job!.id, { output: 'ok' });
+  // The Go SDK's Stream() sends its timeout in ms, 90000 at most (0 when told 0), by POST.
+  for (const wait of ['0', '1000', '90000', '300000']) {
+    for (const method of ['GET', 'POST']) {
+      const r = await a.req(method, `/v2/${ep}/stream/${id}?wait=${wait}`);
+      t.equal(r.status, 200, `${method} wait=${wait} accepted`);
+      t.equal(r.json.status, 'COMPLETED', `${method} wait=${wait}: a finished job, at once`);
+    }
+  }
+  for (const wait of ['abc', '-5', '1e9', '', '1.5', '300001', '1000000000']) {
+    for (const method of ['GET', 'POST']) {
+      const r = await a.req(method, `/v2/${ep}/stream/${id}?wait=${wait}`);
+      assertProblem(t, r, 400, `${method} wait=${wait} refused`);
+      t.equal(r.json.detail, '?wait must be an integer from 0 to 300000 (milliseconds).', `${method} wait=${wait}: names the parameter and its range`);
+      t.same(r.json.errors, ['?wait: must be an integer from 0 to 300000'], `${method} wait=${wait}: errors`);
+    }
+  }
+  const twice = await a.req('GET', `/v2/${ep}/stream/${id}?wait=0&wait=1000`);
+  assertProblem(t, twice, 400, 'wait twice refused');
+  t.match(twice.json.detail, /^\?wait was given 2 times; give it once/, 'wait twice: says so');
+  // The same shape of reply as /status-sync's.
+  const sync = await a.req('GET', `/v2/${ep}/status-sync/${id}?wait=abc`);
+  assertProblem(t, sync, 400, 'status-sync wait=abc');
+  t.same(sync.json.errors, ['?wait: must be an integer from 1000 to 300000'], '/status-sync names its own range');
+});
