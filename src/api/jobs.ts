@@ -82,8 +82,13 @@ export function jobRoutes(s: JobRouteServices): RouteDef[] {
   const endpointFor = (principal: Principal, id: string) => endpointOf(s.endpoints, principal, id);
   const P = '/v2/{endpointId}';
   const READ = [400, 401, 403, 404, 429];
-  /** The routes whose body may be left out: one sent must be uncompressed UTF-8 JSON within the limit. */
-  const OPTIONAL_BODY = [...READ, 413, 415];
+  /**
+   * POSTs that take no body (/cancel, /retry, /purge-queue, the Go SDK's POSTed reads): one sent
+   * is read up to the limit and dropped unparsed, as a management DELETE's is. runpod-python and
+   * the Go SDK send none (with a JSON Content-Type), `curl -X POST -d x` sends a form: refusing
+   * it (400 bad JSON, or /run's 415) would stop a cancel over bytes nothing reads.
+   */
+  const NO_BODY = [...READ, 413];
 
   /** The endpoint was deleted while the job waited (/runsync, /status-sync, /stream?wait=): its jobs went with it. */
   const deletedWhileWaiting = (job: Job): boolean => (job.status === 'IN_QUEUE' || job.status === 'IN_PROGRESS') && s.queue.live(job.id) !== job;
@@ -234,7 +239,7 @@ export function jobRoutes(s: JobRouteServices): RouteDef[] {
     },
     {
       method: 'POST', path: `${P}/cancel/{jobId}`, operationId: 'cancelJob', jobRateGroup: 'cancel', summary: 'Cancel a queued or running job',
-      tag: 'Jobs', auth: 'user', scope: 'jobs:run', body: 'optional-json', successStatus: 200, responseSchema: 'JobRef', problems: OPTIONAL_BODY,
+      tag: 'Jobs', auth: 'user', scope: 'jobs:run', successStatus: 200, responseSchema: 'JobRef', problems: NO_BODY,
       handle: async ({ principal, params }) => {
         const ep = queueEndpoint(endpointFor(principal, params['endpointId'] as string));
         return json(200, ref(await s.queue.cancel(ep.id, params['jobId'] as string)));
@@ -242,7 +247,7 @@ export function jobRoutes(s: JobRouteServices): RouteDef[] {
     },
     {
       method: 'POST', path: `${P}/retry/{jobId}`, operationId: 'retryJob', jobRateGroup: 'run', summary: 'Queue a FAILED or TIMED_OUT job again (same id and input)',
-      tag: 'Jobs', auth: 'user', scope: 'jobs:run', body: 'optional-json', successStatus: 200, responseSchema: 'JobRef', problems: [...OPTIONAL_BODY, 409],
+      tag: 'Jobs', auth: 'user', scope: 'jobs:run', successStatus: 200, responseSchema: 'JobRef', problems: [...NO_BODY, 409],
       handle: async ({ principal, params }) => {
         const ep = queueEndpoint(endpointFor(principal, params['endpointId'] as string));
         const job = await s.queue.retry(ep.id, params['jobId'] as string);
@@ -252,7 +257,7 @@ export function jobRoutes(s: JobRouteServices): RouteDef[] {
     },
     {
       method: 'POST', path: `${P}/purge-queue`, operationId: 'purgeQueue', jobRateGroup: 'purge-queue', summary: 'Remove every queued job; running jobs go on',
-      tag: 'Jobs', auth: 'user', scope: 'jobs:run', body: 'optional-json', successStatus: 200, responseSchema: 'PurgeResult', problems: OPTIONAL_BODY,
+      tag: 'Jobs', auth: 'user', scope: 'jobs:run', successStatus: 200, responseSchema: 'PurgeResult', problems: NO_BODY,
       handle: async ({ principal, params }) => {
         const ep = queueEndpoint(endpointFor(principal, params['endpointId'] as string));
         const removed = await s.queue.purge(ep.id);
@@ -271,8 +276,8 @@ export function jobRoutes(s: JobRouteServices): RouteDef[] {
   // RunPod's Go SDK (runpod/go-sdk) POSTs, with an empty body, what the other clients GET.
   for (const id of ['jobStatus', 'jobStatusSync', 'jobStream']) {
     const get = routes.find((r) => r.operationId === id) as RouteDef;
-    routes.push({ ...get, method: 'POST', operationId: `${id}Post`, summary: `${get.summary} (POST, as RunPod's Go SDK sends it)`, body: 'optional-json',
-      problems: [...new Set([...get.problems, ...OPTIONAL_BODY])].sort((x, y) => x - y) });
+    routes.push({ ...get, method: 'POST', operationId: `${id}Post`, summary: `${get.summary} (POST, as RunPod's Go SDK sends it)`,
+      problems: [...new Set([...get.problems, ...NO_BODY])].sort((x, y) => x - y) });
   }
   return routes;
 }

@@ -43,8 +43,11 @@ export interface RouteDef {
   /** `none`: public. `user`: API key or session. `worker`: worker key of the endpoint and worker id in the path (or an admin). */
   auth: 'none' | 'user' | 'worker';
   scope?: Scope;
-  /** `json`: the body must be JSON (415 otherwise). `raw`: any content type, parsed as JSON anyway. */
-  body?: 'json' | 'raw' | 'optional-json';
+  /**
+   * `json`: the body must be JSON (415 otherwise). `raw`: any content type, parsed as JSON anyway.
+   * Left out: a body sent is read (up to maxBodyBytes) and dropped unparsed.
+   */
+  body?: 'json' | 'raw';
   /** Schema component that documents the body (validation happens in the domain). */
   requestSchema?: string;
   successStatus: number;

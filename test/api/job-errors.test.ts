@@ -112,3 +112,32 @@ t.test('?wait and ?ttl given twice are refused, whichever of the two is wrong; n
   assertProblem(t, sync, 400, 'status-sync wait twice');
   t.equal((await a.req('GET', `/v2/${ep}/status/${job}?ttl=5000`)).status, 200, 'once is fine');
 });
+
+t.test('a body on /cancel, /retry, /purge-queue and the POSTed reads is ignored, as they read none (curl -X POST -d x)', async (t) => {
+  // No quotas: /purge-queue takes 2 per 10 s.
+  const a = await startAgent(t, { jobRateLimitPercent: 0 });
+  const ep = (await a.req('POST', '/v2/serverless', { body: queueBody() })).json.id as string;
+  const bodies: [string, Record<string, string>][] = [
+    ['x', { 'content-type': 'application/x-www-form-urlencoded' }], // curl -d x
+    ['x', { 'content-type': 'text/plain' }],
+    ['{', { 'content-type': 'application/json' }],
+    ['\xff', {}],
+    ['{"input":{}}', { 'content-type': 'application/json', 'content-encoding': 'gzip' }],
+  ];
+  for (const [raw, headers] of bodies) {
+    const what = `${JSON.stringify(raw)} ${JSON.stringify(headers)}`;
+    const job = (await a.req('POST', `/v2/${ep}/run`, { body: { input: {} } })).json.id as string;
+    const status = await a.req('POST', `/v2/${ep}/status/${job}`, { raw, headers });
+    t.equal(status.status, 200, `POST /status with ${what}: ${status.text}`);
+    t.equal(status.json.status, 'IN_QUEUE', `POST /status with ${what}: the job's status`);
+    t.equal((await a.req('POST', `/v2/${ep}/stream/${job}`, { raw, headers })).status, 200, `POST /stream with ${what}`);
+    t.equal((await a.req('POST', `/v2/${ep}/status-sync/${job}?wait=1000`, { raw, headers })).status, 200, `POST /status-sync with ${what}`);
+    const cancel = await a.req('POST', `/v2/${ep}/cancel/${job}`, { raw, headers });
+    t.equal(cancel.status, 200, `cancel with ${what}: ${cancel.text}`);
+    t.same(cancel.json, { id: job, status: 'CANCELLED' }, `cancel with ${what}: cancelled`);
+    const retry = await a.req('POST', `/v2/${ep}/retry/${job}`, { raw, headers });
+    t.equal(retry.status, 409, `retry with ${what}: the 409 of a CANCELLED job, not a complaint about the body: ${retry.text}`);
+    const purge = await a.req('POST', `/v2/${ep}/purge-queue`, { raw, headers });
+    t.equal(purge.status, 200, `purge-queue with ${what}: ${purge.text}`);
+  }
+});
