@@ -2,7 +2,7 @@
  * `flashd [serve] [flags]` runs the server; `flashd --help` describes every flag. Exit codes:
  * 0 clean shutdown, 1 runtime failure, 2 bad usage or configuration.
  */
-import { closestName, configHelp, loadConfig } from '../config/index.js';
+import { closestName, configHelp, loadConfig, strayArguments } from '../config/index.js';
 import { AgentError } from '../core/errors.js';
 import { survivePipeLoss } from '../core/logger.js';
 import { defaultSignals } from './signals.js';
@@ -13,7 +13,7 @@ const USAGE = `flashd: self-hosted serverless GPU endpoints
 Usage:
   flashd [serve] [flags]     run the server (management API, queue API, workers)
   flashd worker-env <id>     print the environment an external worker needs (see flashd worker-env --help)
-  flashd --help              show this help
+  flashd --help              show this help (flashd help worker-env: that command's)
   flashd --version           print the version
 
 Settings come from embedded defaults, then a JSON file (--config FILE), then FLASHD_* environment
@@ -29,6 +29,12 @@ ${configHelp()}
 Exit codes: 0 clean shutdown, 1 runtime failure, 2 invalid usage or configuration.
 `;
 
+/** A usage error: one line on stderr, exit 2. */
+function usage(message: string): number {
+  process.stderr.write(`flashd: ${message} (see flashd --help)\n`);
+  return 2;
+}
+
 export async function main(argv: readonly string[], env: NodeJS.ProcessEnv, version: string): Promise<number> {
   survivePipeLoss();
   const args = [...argv];
@@ -36,20 +42,30 @@ export async function main(argv: readonly string[], env: NodeJS.ProcessEnv, vers
     defaultSignals();
     return workerEnvCommand(args.slice(1), env);
   }
-  if (args.includes('--help') || args.includes('-h') || args[0] === 'help') {
+  const command = args[0] !== undefined && !args[0].startsWith('-') ? (args.shift() as string) : 'serve';
+  if (command === 'help') {
+    // `flashd help worker-env`: that command's help; `help serve` is this one.
+    const topic = args[0] !== undefined && !args[0].startsWith('-') ? args.shift() : undefined;
+    if (topic === 'worker-env' && strayArguments(args).length === 0) return workerEnvCommand(['--help'], env);
+    const stray = topic === undefined || topic === 'serve' || topic === 'worker-env' ? strayArguments(args)[0] : topic;
+    if (stray !== undefined) return usage(`unexpected argument ${JSON.stringify(stray)}: help takes a command (serve, worker-env) or nothing`);
     process.stdout.write(USAGE);
     return 0;
   }
-  if (args.includes('--version') || args.includes('-v')) {
-    process.stdout.write(`flashd ${version}\n`);
-    return 0;
-  }
-  const command = args[0] !== undefined && !args[0].startsWith('-') ? (args.shift() as string) : 'serve';
   if (command !== 'serve') {
     // `flashd server`, `flashd worker_env`: the command meant, as an unknown flag gets its flag.
     const meant = closestName(command, ['serve', 'worker-env', 'help']);
     process.stderr.write(`flashd: unknown command "${command}" (${meant === undefined ? '' : `did you mean ${meant}? `}see flashd --help)\n`);
     return 2;
+  }
+  // --help and --version read no flags, but a bare word among them is a mistake, as it is
+  // without them (`flashd --version extra` printed the version, exit 0).
+  const asked = args.find((a) => a === '--help' || a === '-h') ?? args.find((a) => a === '--version' || a === '-v');
+  if (asked !== undefined) {
+    const stray = strayArguments(args.filter((a) => !['--help', '-h', '--version', '-v'].includes(a)))[0];
+    if (stray !== undefined) return usage(`unexpected argument ${JSON.stringify(stray)}: ${asked} takes none`);
+    process.stdout.write(asked === '--help' || asked === '-h' ? USAGE : `flashd ${version}\n`);
+    return 0;
   }
   let config;
   try {

@@ -152,6 +152,9 @@ export async function workerEnvCommand(args: string[], env: NodeJS.ProcessEnv): 
   for (let i = 0; i < args.length; i++) {
     const a = args[i] as string;
     if (a === '--help' || a === '-h') {
+      // `worker-env $EP --help` is fine; a second bare word is a mistake, as without --help.
+      const words = args.filter((w, j) => !w.startsWith('-') && !((OPTIONS as readonly string[]).includes((args[j - 1] ?? '').slice(2)) && (args[j - 1] ?? '').startsWith('--')));
+      if (words.length > 1) return usageError(`--help takes at most the endpoint id (got ${words.length} arguments that are no option)`);
       process.stdout.write(WORKER_ENV_USAGE);
       return 0;
     }

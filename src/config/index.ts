@@ -134,6 +134,8 @@ interface ParsedFlags {
   sources: Record<string, string>;
   configFile?: string;
   errors: string[];
+  /** Bare words that are neither a flag nor a flag's value. */
+  stray: string[];
 }
 
 function collectFlags(argv: readonly string[]): ParsedFlags {
@@ -142,7 +144,7 @@ function collectFlags(argv: readonly string[]): ParsedFlags {
     if (schema['x-flag']) byFlag.set(schema['x-flag'], [key, schema]);
   }
   // Null-prototype: a key such as "__proto__" or "constructor" must not find Object.prototype's.
-  const out: ParsedFlags = { values: {}, sources: Object.create(null) as Record<string, string>, errors: [] };
+  const out: ParsedFlags = { values: {}, sources: Object.create(null) as Record<string, string>, errors: [], stray: [] };
   for (let i = 0; i < argv.length; i++) {
     const arg = argv[i] as string;
     const eq = arg.indexOf('=');
@@ -167,6 +169,7 @@ function collectFlags(argv: readonly string[]): ParsedFlags {
     }
     // A bare word is no flag: `flashd --port 9000 serve` put the command after the flags.
     if (!arg.startsWith('-')) {
+      out.stray.push(arg);
       out.errors.push(arg === 'serve' || arg === 'worker-env'
         ? `the command ${arg} must come before the flags: flashd ${arg} [flags] (see flashd --help)`
         : `unexpected argument ${JSON.stringify(arg)}: not a flag, and a command (serve, worker-env) comes before the flags (see flashd --help)`);
@@ -201,6 +204,14 @@ function collectFlags(argv: readonly string[]): ParsedFlags {
     out.sources[key] = `flag ${name}`;
   }
   return out;
+}
+
+/**
+ * The bare words of `argv` that are neither a flag nor a flag's value (`extra` in
+ * `--port 9000 extra`), for `flashd --help` and `--version`, which read no flags.
+ */
+export function strayArguments(argv: readonly string[]): string[] {
+  return collectFlags(argv).stray;
 }
 
 /** Parses `--flag value` and `--flag=value`. Unknown flags are an error listing the valid ones. */

@@ -44,6 +44,34 @@ t.test('--version prints the package version', async (t) => {
   t.equal(r.stdout, `flashd ${pkg.version}\n`);
 });
 
+t.test('a stray argument after --version, --help or help is a usage error (exit 2, one line naming it), not ignored', async (t) => {
+  // Few runs: each starts node, which takes seconds on a loaded box.
+  const cases: [string[], string][] = [
+    [['--port', '9000', '--version', 'extra'], 'flashd: unexpected argument "extra": --version takes none (see flashd --help)\n'],
+    [['-h', 'extra'], 'flashd: unexpected argument "extra": -h takes none (see flashd --help)\n'],
+    [['help', 'extra'], 'flashd: unexpected argument "extra": help takes a command (serve, worker-env) or nothing (see flashd --help)\n'],
+    [['server', '--help'], 'flashd: unknown command "server" (did you mean serve? see flashd --help)\n'],
+    // Not echoed, as worker-env's other usage errors: one may be a key meant for --api-key.
+    [['worker-env', 'ep', 'extra', '--help'], 'flashd worker-env: --help takes at most the endpoint id (got 2 arguments that are no option)\nUsage: flashd worker-env <endpoint_id> [options] (see flashd worker-env --help)\n'],
+  ];
+  for (const [args, stderr] of cases) {
+    const r = run(node, [BUNDLE, ...args]);
+    t.equal(r.status, 2, `${args.join(' ')}: exit 2`);
+    t.equal(r.stderr, stderr, `${args.join(' ')}: names it`);
+    t.equal(r.stdout, '', `${args.join(' ')}: nothing on stdout`);
+  }
+  // A flag's or an option's value is no stray argument.
+  const version = run(node, [BUNDLE, '--data-dir', 'x', '--version', '--port', '1']);
+  t.equal(version.status, 0, `flag values beside --version: exit 0 (${version.stderr})`);
+  t.equal(version.stdout, `flashd ${pkg.version}\n`);
+  const helpWorkerEnv = run(node, [BUNDLE, 'help', 'worker-env']);
+  t.equal(helpWorkerEnv.status, 0, 'help worker-env: exit 0');
+  t.match(helpWorkerEnv.stdout, /^Usage: flashd worker-env <endpoint_id>/, 'help worker-env is worker-env --help');
+  const epHelp = run(node, [BUNDLE, 'worker-env', '--format', 'json', 'ep', '--help']);
+  t.equal(epHelp.status, 0, 'worker-env --format json EP --help: exit 0');
+  t.equal(epHelp.stdout, helpWorkerEnv.stdout, 'worker-env --format json EP --help: the help');
+});
+
 t.test('bad usage exits 2 with a message on stderr', async (t) => {
   const unknown = run(node, [BUNDLE, '--no-such-flag', '1']);
   t.equal(unknown.status, 2, 'unknown flag');
