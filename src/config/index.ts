@@ -253,12 +253,17 @@ function editDistance(a: string, b: string): number {
   return (d[a.length] as number[])[b.length] as number;
 }
 
-/** How close `wanted` is to `form` (both normalised): 0 the same, lower closer, Infinity not close. */
+/**
+ * How close `wanted` is to `form` (both normalised): 0 the same, lower closer, Infinity not close.
+ * A typo or two first, fewest edits first, a prefix breaking a tie (`apikeys` is `apikey`); a
+ * prefix alone after every typo: `apikeyflie` begins with `apikey` but is one edit from `apikeyfile`.
+ */
 function nameScore(wanted: string, form: string): number {
   if (form === wanted) return 0;
-  if (wanted.length >= 4 && (form.startsWith(wanted) || wanted.startsWith(form))) return 1 + Math.abs(form.length - wanted.length) / 100;
+  const prefix = wanted.length >= 4 && (form.startsWith(wanted) || wanted.startsWith(form));
   const distance = editDistance(wanted, form);
-  return distance <= Math.max(1, Math.floor(wanted.length / 4)) ? 2 + distance : Infinity;
+  if (distance <= Math.max(1, Math.floor(wanted.length / 4))) return distance + (prefix ? 0 : 0.5);
+  return prefix ? 10 + Math.abs(form.length - wanted.length) / 100 : Infinity;
 }
 
 /** The one of `names` that `name` probably meant (a typo or two, a prefix), for the CLI's commands. */
@@ -287,6 +292,7 @@ export function closestSetting(name: string, options: { secrets?: boolean } = {}
     if (schema['x-secret'] && !options.secrets) continue;
     const forms = [key, schema['x-flag'] ?? '', (schema['x-env'] ?? '').replace(/^FLASHD_/, '')].map(normalizeName).filter((f) => f !== '');
     let score = Math.min(...forms.map((form) => nameScore(wanted, form)));
+    // After a typo or two of another setting's name, before a name it only begins.
     if (schema['x-secret'] && secretNearMiss(wanted)) score = Math.min(score, 2.5);
     if (score < (best?.score ?? Infinity)) best = { key, score };
   }

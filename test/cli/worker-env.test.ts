@@ -146,6 +146,8 @@ t.test('worker-env usage errors end with the cause and a usage line, not 40 line
     [[], 'name exactly one endpoint id'],
     [['ep', '--api-kye-file', 'k'], 'bad option --api-kye-file (did you mean --api-key-file?)'],
     [['ep', '--fromat', 'json'], 'bad option --fromat (did you mean --format?)'],
+    // Not --api-key, which it begins with: the file's path would go in as the key.
+    [['ep', '--api-key-flie', 'k'], 'bad option --api-key-flie (did you mean --api-key-file?)'],
     [['ep', '--verbose'], 'bad option --verbose'],
     [['ep', '--prot', '9000'], 'bad option --prot (to reach a flashd on another port or host, give --url http://HOST:PORT)'],
     [['ep', '--port=9000'], 'bad option --port=9000 (to reach a flashd on another port or host, give --url http://HOST:PORT)'],

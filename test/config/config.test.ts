@@ -6,7 +6,7 @@ import t from 'tap';
 import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import configSchema from '../../schema/config.schema.json' with { type: 'json' };
-import { configHelp, loadConfig, parseFlags } from '../../src/config/index.js';
+import { closestName, closestSetting, configHelp, loadConfig, parseFlags } from '../../src/config/index.js';
 import { AgentError } from '../../src/core/errors.js';
 
 type Option = { 'x-flag'?: string; 'x-env'?: string; default?: unknown; description: string; type?: unknown };
@@ -310,4 +310,22 @@ t.test('an empty FLASHD_ADMIN_API_KEY (a secret missing from the deploy) is unse
   t.same(c.emptySecretEnv, ['FLASHD_ADMIN_API_KEY']);
   t.same(loadConfig({ env: {} }).emptySecretEnv, [], 'unset: nothing to say');
   t.same(loadConfig({ env: { FLASHD_PORT: '' } }).emptySecretEnv, [], 'an empty setting that is no secret: unset, as before, with no warning');
+});
+
+t.test('a one-letter typo of a name is suggested before a shorter name it begins with', async (t) => {
+  const workerEnv = ['url', 'api-key', 'api-key-file', 'data-dir', 'format', 'gpu'];
+  // Was --api-key, which it begins with: the key file's path then went in as the key.
+  t.equal(closestName('api-key-flie', workerEnv), 'api-key-file', 'a transposition near the end');
+  t.equal(closestName('api-key-fille', workerEnv), 'api-key-file', 'a doubled letter');
+  t.equal(closestName('api-key-fle', workerEnv), 'api-key-file', 'a dropped letter');
+  // A prefix still wins where no name is a typo away, and breaks a tie between typos.
+  t.equal(closestName('api-kye-file', workerEnv), 'api-key-file');
+  t.equal(closestName('form', workerEnv), 'format', 'a name it begins');
+  t.equal(closestName('api-keys', workerEnv), 'api-key', 'one letter more than api-key');
+  t.equal(closestName('worker', ['serve', 'worker-env', 'help']), 'worker-env');
+  t.equal(closestName('server', ['serve', 'worker-env', 'help']), 'serve');
+  t.equal(closestName('frobnicate', ['serve', 'worker-env', 'help']), undefined);
+  t.equal(closestSetting('sessionTtl'), 'sessionTtlSeconds');
+  t.equal(closestSetting('prot'), 'port');
+  t.equal(closestSetting('FLASHD_ADMIN_KEY', { secrets: true }), 'adminApiKey');
 });
