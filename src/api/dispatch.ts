@@ -15,7 +15,7 @@ import type { FailureStreak } from '../core/failure-streak.js';
 import type { Logger } from '../core/logger.js';
 import type { IncomingRequest, OutgoingReply, RouteDecision } from '../http/index.js';
 import { echoPath, problemReply, toAgentError } from './problem.js';
-import type { RouteDef } from './route.js';
+import { queryHint, type RouteDef } from './route.js';
 import { Router } from './router.js';
 
 export interface DispatcherOptions {
@@ -273,6 +273,9 @@ export function createDispatcher(options: DispatcherOptions): (method: string, p
             return result.reply;
           }
           const headers: Record<string, string> = rateHeaders === NO_HEADERS && result.headers ? result.headers : { ...rateHeaders, ...result.headers };
+          // A job route ignores parameters it does not know; a near miss of one it takes is said.
+          const hint = route.jobRateGroup !== undefined && route.query !== undefined && route.strictQuery === undefined && req.query.size > 0 ? queryHint(req.query, route.query) : undefined;
+          if (hint !== undefined) headers['flashd-hint'] = hint;
           if (result.body === undefined) return { status: result.status, headers };
           headers['content-type'] ??= 'application/json';
           return { status: result.status, headers, body: typeof result.body === 'string' ? result.body : JSON.stringify(result.body) };

@@ -1,5 +1,6 @@
 import type { JobRateGroup, Principal, Scope } from '../auth/index.js';
 import type { IncomingRequest, OutgoingReply } from '../http/index.js';
+import { closestName } from '../core/names.js';
 import { echoId } from './problem.js';
 
 export interface QueryParam {
@@ -123,3 +124,24 @@ export function unknownQuery(query: URLSearchParams, accepted: readonly QueryPar
   if (names.length > UNKNOWN_QUERY_NAMED) errors.push(`${names.length - UNKNOWN_QUERY_NAMED} more unknown parameters; ${takes}`);
   return errors;
 }
+
+/**
+ * A `Flashd-Hint` header for a lenient route (the queue job API) given a query parameter it does
+ * not take that nearly names one it does (`?wiat=5000`, `?wait_ms=`, `?Wait=`, `?tll=`): the
+ * request is still served as if the parameter were absent (RunPod clients may send parameters
+ * flashd does not know), but the reply says it was ignored. Undefined when there is none. Only
+ * plain names are echoed, so the header holds no control or non-ASCII characters.
+ */
+export function queryHint(query: URLSearchParams, accepted: readonly QueryParam[]): string | undefined {
+  if (accepted.length === 0) return undefined;
+  const known = accepted.map((q) => q.name);
+  const hints: string[] = [];
+  for (const name of new Set(query.keys())) {
+    if (known.includes(name) || !/^[A-Za-z0-9_.\-]{1,64}$/.test(name)) continue;
+    const meant = closestName(name, known);
+    if (meant !== undefined) hints.push(`?${name} is no parameter of this route and was ignored; did you mean ?${meant}?`);
+    if (hints.length === 3) break;
+  }
+  return hints.length === 0 ? undefined : hints.join(' ');
+}
+

@@ -141,3 +141,28 @@ t.test('a body on /cancel, /retry, /purge-queue and the POSTed reads is ignored,
     t.equal(purge.status, 200, `purge-queue with ${what}: ${purge.text}`);
   }
 });
+
+t.test('a near miss of a job route\'s query parameter (?wiat, ?wait_ms, ?tll) is served as before, with a Flashd-Hint header naming it', async (t) => {
+  const a = await startAgent(t, { jobRateLimitPercent: 0 });
+  const ep = (await a.req('POST', '/v2/serverless', { body: queueBody() })).json.id as string;
+  const job = (await a.req('POST', `/v2/${ep}/run`, { body: { input: {} } })).json.id as string;
+  t.equal((await a.req('POST', `/v2/${ep}/cancel/${job}`)).status, 200, 'the job has ended: the waits below answer at once');
+  const cases: [string, string, string][] = [
+    ['GET', `status/${job}?tll=5000`, '?tll is no parameter of this route and was ignored; did you mean ?ttl?'],
+    ['GET', `status/${job}?ttl_ms=5000`, '?ttl_ms is no parameter of this route and was ignored; did you mean ?ttl?'],
+    ['GET', `status-sync/${job}?wiat=5000`, '?wiat is no parameter of this route and was ignored; did you mean ?wait?'],
+    ['POST', `status-sync/${job}?Wait=5000`, '?Wait is no parameter of this route and was ignored; did you mean ?wait?'],
+    ['GET', `stream/${job}?wait_ms=5000&foo=1`, '?wait_ms is no parameter of this route and was ignored; did you mean ?wait?'],
+  ];
+  for (const [method, path, hint] of cases) {
+    const r = await a.req(method, `/v2/${ep}/${path}`);
+    t.equal(r.status, 200, `${method} ${path}: served, not refused`);
+    t.equal(r.headers.get('flashd-hint'), hint, `${method} ${path}: the hint`);
+  }
+  // Nothing said for a parameter that is no near miss, nor for the right one, nor on a route with none.
+  for (const path of [`status/${job}?foo=1&gpu=x`, `status/${job}?ttl=5000`, `status/${job}`, `stream/${job}?%0d%0await=1`, 'health?wiat=1']) {
+    const r = await a.req('GET', `/v2/${ep}/${path}`);
+    t.equal(r.status, 200, `${path}: served`);
+    t.equal(r.headers.get('flashd-hint'), null, `${path}: no hint`);
+  }
+});
