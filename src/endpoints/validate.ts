@@ -139,14 +139,30 @@ export function withFieldPlaces<T>(check: () => T, fields: Readonly<Record<strin
   }
 }
 
+const ENV_NOT_OBJECT = '/env: must be object';
+const ENV_SHAPE = `/env: must be an object of variable names to string values ({"NAME": "value"}), not an array (RunPod GraphQL's list of {key, value} pairs)`;
+
+/**
+ * `check()`, with an `env` sent as an array (RunPod's GraphQL takes `[{key, value}, …]`) told
+ * the shape taken here instead of the schema's bare `must be object`.
+ */
+function withEnvShape<T>(check: () => T, raw: unknown): T {
+  try {
+    return check();
+  } catch (err) {
+    if (!(err instanceof AgentError) || !err.errors?.includes(ENV_NOT_OBJECT) || !isObject(raw) || !Array.isArray(raw['env'])) throw err;
+    throw validationError(err.errors.map((e) => (e === ENV_NOT_OBJECT ? ENV_SHAPE : e)));
+  }
+}
+
 /** The schema check of a template body, RunPod's REST template names pointed at their place here. */
 export function assertTemplateBody<T>(schema: 'TemplateCreate' | 'TemplateUpdate', raw: unknown): T {
-  return withFieldPlaces(() => assertSchema<T>(schema, raw), REST_TEMPLATE_FIELDS, "a field of RunPod's REST template body");
+  return withEnvShape(() => withFieldPlaces(() => assertSchema<T>(schema, raw), REST_TEMPLATE_FIELDS, "a field of RunPod's REST template body"), raw);
 }
 
 /** The schema check of an endpoint body, its top-level `/v1` field names pointed at their `/v2` place. */
 function assertEndpointBody(schema: 'EndpointCreate' | 'EndpointUpdate', raw: unknown): EndpointBody {
-  return withFieldPlaces(() => assertWithTimeoutHint<EndpointBody>(schema, raw, 'timeout'), V1_FIELDS, 'a POST /v1/endpoints field');
+  return withEnvShape(() => withFieldPlaces(() => assertWithTimeoutHint<EndpointBody>(schema, raw, 'timeout'), V1_FIELDS, 'a POST /v1/endpoints field'), raw);
 }
 
 /**

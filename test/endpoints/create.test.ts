@@ -632,3 +632,20 @@ t.test('a /v2 body with the older /v1/endpoints field names (workersMax, gpuType
   const p = await a.req('PATCH', `/v2/serverless/${(await mustCreate(t, a, cpuBody())).id}`, { body: { workersMin: 1 } });
   t.same(p.json.errors, ['/workersMin: unknown property (a POST /v1/endpoints field); here it is workers.min'], 'a PATCH alike');
 });
+
+t.test('env sent as a list of {key, value} pairs (RunPod GraphQL\'s shape) says which shape is taken, on endpoints and templates', async (t) => {
+  const a = await startAgent(t);
+  const expected = '/env: must be an object of variable names to string values ({"NAME": "value"}), not an array (RunPod GraphQL\'s list of {key, value} pairs)';
+  const pairs = [{ key: 'A', value: 'b' }];
+  const create = await createEndpoint(a, { ...queueBody(), env: pairs });
+  assertErrorAt(t, create, 400, '/env', 'endpoint create');
+  t.same(create.json.errors, [expected], 'endpoint create: errors');
+  t.equal(create.json.detail, expected, 'endpoint create: detail');
+  const ep = (await createEndpoint(a, queueBody())).json.id as string;
+  const patch = await a.req('PATCH', `/v2/serverless/${ep}`, { body: { env: pairs, workers: { min: '1' } } });
+  t.same([...patch.json.errors].sort(), ['/workers/min: must be integer', expected].sort(), 'endpoint PATCH: each error, env\'s said');
+  const template = await a.req('POST', '/v2/templates', { body: { name: 't', image: 'x/y:1', env: pairs } });
+  t.same(template.json.errors, [expected], 'template create: errors');
+  // Other wrong shapes keep the schema's words.
+  t.same((await createEndpoint(a, { ...queueBody(), env: 'A=b' })).json.errors, ['/env: must be object'], 'a string: as before');
+});
