@@ -41,5 +41,11 @@ export function workerEnv(i: WorkerEnvInput): Record<string, string> {
     env[`VENDOR_${name}`] = value;
     env[`RUNPOD_${name}`] = value;
   }
+  // runpod-python with RUNPOD_REALTIME_PORT set (not 0) serves its local FastAPI app on that
+  // port instead of taking jobs, its heartbeat pinging on (research/worker-protocol.md §1.1):
+  // flashd hands jobs only through the queue, so that worker would count idle while every job
+  // waited for its TTL. Images bake `ENV RUNPOD_REALTIME_PORT=8000` in for local tests; this
+  // comes after the image's ENV and the endpoint's env, as the URLs above do.
+  env['RUNPOD_REALTIME_PORT'] = '0';
   return env;
 }
