@@ -177,6 +177,9 @@ function createContainerRuntime(config: FlashdConfig, dataDir: string, log: Logg
   });
 }
 
+/** Three of runpod-python's shortest heartbeat period (1 s): a lease shorter than this is warned about at start. */
+const RUNPOD_MIN_SAFE_LEASE_MS = 3000;
+
 /** The files in the data directory that flashd writes besides its secrets (store/db.ts). */
 const DATA_DIR_FILES = ['flashd.lock', 'flashd.pid', 'flashd.db', 'flashd.db-wal', 'flashd.db-shm'] as const;
 
@@ -189,6 +192,12 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
   // Empty is unset, but an empty secret is most often one the deploy failed to fill in: said
   // before flashd, having no admin key of that value, makes one of its own.
   for (const name of config.emptySecretEnv) log.warn('secret variable set but empty: ignored, as if unset', { name, hint: `is a secret missing from the deploy (${name}=\${SECRET} with SECRET unset)?` });
+  // runpod-python reads RUNPOD_PING_INTERVAL in whole seconds (int(v) // 1000; flashd hands out
+  // at least 1000): its heartbeat comes once a second at most, plus the request's own time, so a
+  // shorter lease than three of them can lapse between two pings while the job runs.
+  if (config.leaseMs < RUNPOD_MIN_SAFE_LEASE_MS) {
+    log.warn('--lease-ms is under 3 s: runpod-python workers ping once a second at most, so their running jobs can lose the lease between two pings and run again', { leaseMs: config.leaseMs, hint: `give --lease-ms ${RUNPOD_MIN_SAFE_LEASE_MS} or more` });
+  }
   const dataDir = resolve(config.dataDir);
   // Made 0700, or an existing one that group or others may write tightened (or refused when
   // another user owns it): before any file in it is opened. One flashd's user may not write, or
