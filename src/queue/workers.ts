@@ -218,7 +218,8 @@ export class WorkerRegistry {
   }
 
   /**
-   * Any contact from a worker: marks it up, creating the record for external workers. A worker
+   * Any contact from a worker: marks it up (one flashd launched: once it asks for a job, a ping
+   * alone leaves it initializing), creating the record for external workers. A worker
    * that retired (stopPod) is not brought back by the last ping or job-stop poll of the process
    * on its way out (runpod-python's heartbeat runs in its own process): those get its retired
    * record, draining and out of the registry, whose pending stops job-stop still offers (a job
@@ -266,7 +267,11 @@ export class WorkerRegistry {
     // a worker taking jobs is up (a restarted incarnation with the same id, a passing check).
     const firstAsk = wantsJobs && w.managed && !w.asked;
     if (wantsJobs) w.asked = true;
-    if (w.phase !== 'unhealthy' || wantsJobs) w.phase = 'up';
+    // One flashd launched is up once it asks for work, not at its first ping: runpod-python's
+    // heartbeat, a process of its own, pings just as well from the local test API
+    // (--rp_serve_api) or realtime mode, which take no job from the queue; counted idle, such a
+    // worker held its place for good while the queue waited, out of the init timeout's reach.
+    if (wantsJobs || (w.phase === 'initializing' && !w.managed)) w.phase = 'up';
     if (keyId !== undefined && keyId !== w.keyId) {
       w.keyId = keyId;
       w.revoked = false;

@@ -207,6 +207,25 @@ t.test('a worker that never asks for a job is stopped after the init timeout and
   t.equal((await a.req('GET', `/v2/${ep}/status/${id}`)).json.status, 'IN_QUEUE', 'the job waits for a worker that works');
 });
 
+t.test('a worker that pings but never asks for a job (runpod-python --rp_serve_api) is initializing, not idle, and stopped after the init timeout', async (t) => {
+  // Its heartbeat process pings as usual, its local HTTP API takes no job from the queue: counted
+  // idle from its first ping, it held its place for good while every job waited for its TTL.
+  const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT, takeHoldMs: 1000, leaseMs: 3000 });
+  const ep = (await a.req('POST', '/v2/serverless', {
+    body: cpuBody({ args: 'python3 -u test/fixtures/workers/ping_only.py', env: { RUNPOD_INIT_TIMEOUT: '3' }, workers: { min: 0, max: 1, idleTimeout: 30 } }),
+  })).json.id as string;
+  const id = (await a.req('POST', `/v2/${ep}/run`, { body: { input: {} } })).json.id as string;
+  await until('a worker to start', async () => (await health(a, ep)).workers.initializing === 1, 10_000);
+  await new Promise((r) => setTimeout(r, 1500)); // its pings (at once, then every second) have come by now
+  t.match((await health(a, ep)).workers, { initializing: 1, idle: 0 }, 'a ping is no ask for work');
+  const lines = await until('the stop for the init timeout', async () => {
+    const l = (await a.req('GET', `/v2/serverless/${ep}/logs`)).json as { line: string }[];
+    return l.some((x) => /did not ask for a job within 3 s/.test(x.line)) && l;
+  }, 15_000);
+  t.ok(lines.length > 0, 'the log says why');
+  t.equal((await a.req('GET', `/v2/${ep}/status/${id}`)).json.status, 'IN_QUEUE', 'the job waits for a worker that works');
+});
+
 t.test('a worker stopped for the init timeout holds its place under max until it has exited', async (t) => {
   // It ignores SIGTERM, so it exits only when the stop grace period ends (SIGKILL).
   const a = await startAgent(t, { runtime: 'process', processWorkdir: REPO_ROOT, takeHoldMs: 1000, leaseMs: 3000, workerStopGraceMs: 3000 });
