@@ -152,3 +152,45 @@ export function applyCommand(current: StoredCommand, input: CommandInput): Store
   const cmd = input.cmd ?? current.cmd;
   return { args: encodeArgs({ entrypoint, cmd }), entrypoint: [...entrypoint], cmd: [...cmd] };
 }
+
+/**
+ * runpod-python's local-test flags that keep a worker from ever taking a job from the queue
+ * (worker-protocol.md §1.1): `--test_input` runs that one input and exits 0, so the worker is
+ * restarted in a loop; `--rp_serve_api` serves a local HTTP test API instead. Its other flags
+ * (`--rp_log_level`, `--rp_debugger`, `--rp_api_*`) are harmless. argparse also takes a unique
+ * prefix (`--rp_serve`, `--test_in`) and `--flag=value`.
+ */
+const LOCAL_TEST_FLAGS = ['--test_input', '--rp_serve_api'] as const;
+/** Every long option of runpod-python's parser: a prefix counts only when it names one of them. */
+const RUNPOD_OPTIONS = ['--rp_log_level', '--rp_debugger', '--rp_serve_api', '--rp_api_port', '--rp_api_concurrency', '--rp_api_host', '--test_input'];
+
+/** The local-test flag `word` is (exactly, as `--flag=value` or as a unique prefix), if any. */
+function localTestFlagOf(word: string): string | undefined {
+  const name = word.split('=', 1)[0] as string;
+  if (!name.startsWith('--test_') && !name.startsWith('--rp_serve')) return undefined;
+  const matches = RUNPOD_OPTIONS.filter((o) => o.startsWith(name));
+  const flag = matches.includes(name) ? name : matches.length === 1 ? matches[0] : undefined;
+  return (LOCAL_TEST_FLAGS as readonly string[]).includes(flag ?? '') ? flag : undefined;
+}
+
+/**
+ * The first local-test flag in `words` and the index of the word holding it. A word with white
+ * space in it (a `bash -c` script) is searched for the flags spelt out in full.
+ */
+export function findLocalTestFlag(words: readonly string[]): { index: number; flag: string } | undefined {
+  for (const [index, word] of words.entries()) {
+    const flag = /\s/.test(word)
+      ? word.split(/[\s'";&|()]+/).map((w) => w.split('=', 1)[0] as string).find((w) => (LOCAL_TEST_FLAGS as readonly string[]).includes(w))
+      : localTestFlagOf(word);
+    if (flag) return { index, flag };
+  }
+  return undefined;
+}
+
+/** Why `flag` is refused in a queue worker's command, and what to do instead. */
+export function localTestFlagMessage(flag: string): string {
+  const why = flag === '--test_input'
+    ? 'runpod-python runs that one test input and exits, so the worker is restarted over and over and never takes a queued job'
+    : 'runpod-python then serves its local HTTP test API and never takes a job from the queue';
+  return `${flag} is runpod-python's local-test flag: ${why}; drop it (the worker takes its jobs from flashd), and use ${flag} only when testing the handler locally`;
+}

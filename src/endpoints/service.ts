@@ -7,7 +7,7 @@ import { assertSchema } from '../core/schemas.js';
 import type { SecretBox } from '../core/secret-box.js';
 import type { Db, ResourceRepo, ResourceRow } from '../store/index.js';
 import { DeletedVolumes, ResourceRepo as Repo } from '../store/index.js';
-import { parseArgs, CommandError } from './command.js';
+import { parseArgs, CommandError, findLocalTestFlag, localTestFlagMessage } from './command.js';
 import type { EndpointSpec, GlobalVolumeSpec, NetworkVolumeSpec, RegistryCredentialSpec, TemplateSpec } from './types.js';
 import { assertTemplateBody, buildEndpoint, CONTAINER_ONLY_REASONS, LAUNCH_REASONS, namesLaunchField, updateEndpoint, type UpdateOutcome, type ValidationContext } from './validate.js';
 
@@ -180,7 +180,7 @@ export class EndpointService {
 
   createTemplate(ownerId: string, raw: unknown): ResourceRow<TemplateSpec> {
     const body = assertTemplateBody<Partial<TemplateSpec> & { name: string; image: string; isPublic?: boolean }>('TemplateCreate', raw);
-    checkTemplateArgs(body.args);
+    checkTemplateArgs(body.args, body.isServerless ?? false);
     if (body.registry) this.#requireRegistry(ownerId, body.registry);
     const spec: TemplateSpec = {
       name: body.name,
@@ -202,7 +202,7 @@ export class EndpointService {
   updateTemplate(ownerId: string, id: string, raw: unknown): ResourceRow<TemplateSpec> {
     const current = this.getOwned(this.templates, ownerId, id, 'Template');
     const body = assertTemplateBody<Partial<TemplateSpec> & { isPublic?: boolean }>('TemplateUpdate', raw);
-    checkTemplateArgs(body.args);
+    checkTemplateArgs(body.args, body.isServerless ?? current.data.isServerless);
     if (body.registry) this.#requireRegistry(ownerId, body.registry);
     const { isPublic, ...fields } = body;
     return this.templates.update(current, { ...current.data, ...fields }, this.#clock.now(), isPublic ?? current.isPublic);
@@ -310,12 +310,23 @@ function capitalised(what: string): string {
   return what.charAt(0).toUpperCase() + what.slice(1);
 }
 
-function checkTemplateArgs(args: string | undefined): void {
+/**
+ * A template's `args` must parse; a serverless one's must not hold `--test_input`, with which
+ * runpod-python runs one input and exits on any endpoint. (`--rp_serve_api` is refused only when
+ * a QUEUE endpoint is created from the template: see checkLocalTestFlags.)
+ */
+function checkTemplateArgs(args: string | undefined, isServerless: boolean): void {
   if (args === undefined) return;
+  let parsed: ReturnType<typeof parseArgs>;
   try {
-    parseArgs(args);
+    parsed = parseArgs(args);
   } catch (err) {
     if (err instanceof CommandError) throw new AgentError('VALIDATION_FAILED', err.message, { errors: [`/args: ${err.message}`] });
     throw err;
+  }
+  const hit = isServerless ? findLocalTestFlag([...parsed.entrypoint ?? [], ...parsed.cmd ?? []]) : undefined;
+  if (hit?.flag === '--test_input') {
+    const message = localTestFlagMessage(hit.flag);
+    throw new AgentError('VALIDATION_FAILED', message, { errors: [`/args: ${message}`] });
   }
 }

@@ -8,7 +8,7 @@ import { AgentError, validationError } from '../core/errors.js';
 import { sortedJson } from '../core/json-raw.js';
 import { assertSchema } from '../core/schemas.js';
 import { OTHER_POOL, POOL_IDS, cpuFlavor, gpuType, gpuTypeForName, gpuTypeMeant, poolTypes } from '../catalog/index.js';
-import { applyCommand, CommandError, type StoredCommand } from './command.js';
+import { applyCommand, CommandError, findLocalTestFlag, localTestFlagMessage, type StoredCommand } from './command.js';
 import {
   DEFAULT_TIMEOUT_MS, DEFAULT_WORKERS, idleTimeoutApplies,
   type CpuSpec, type EndpointSpec, type GpuSpec, type NetworkVolumeSpec, type Scaling, type TemplateSpec, type WorkersSpec,
@@ -367,6 +367,26 @@ function command(current: Pick<EndpointSpec, 'args' | 'entrypoint' | 'cmd'>, bod
   return { args: result.args, entrypoint: [...result.entrypoint], cmd: [...result.cmd] };
 }
 
+/**
+ * A QUEUE endpoint's worker must take jobs: runpod-python's local-test flags (`--test_input`,
+ * `--rp_serve_api`) keep it from ever doing so. Only the halves of the command the body sets are
+ * checked, each error pointing where the body set it; `otherPointer` is where the halves it does
+ * not set came from (`/templateId` on create), or null to leave them alone (a PATCH keeps them).
+ */
+function checkLocalTestFlags(result: StoredCommand, body: EndpointBody, errors: string[], otherPointer: string | null): void {
+  if (body.args !== undefined) {
+    const hit = findLocalTestFlag([...result.entrypoint, ...result.cmd]);
+    if (hit) errors.push(`/args: ${localTestFlagMessage(hit.flag)}`);
+    return;
+  }
+  for (const half of ['entrypoint', 'cmd'] as const) {
+    const given = body[half] !== undefined;
+    if (!given && otherPointer === null) continue;
+    const hit = findLocalTestFlag(result[half]);
+    if (hit) errors.push(`${given ? `/${half}/${hit.index}` : otherPointer}: ${localTestFlagMessage(hit.flag)}`);
+  }
+}
+
 function normalizeGpu(input: GpuInput, base: GpuSpec | null): GpuSpec {
   const pools = input.pools ?? base?.pools ?? [];
   // pools and excludedTypes are one selection: new pools without exclusions clear them.
@@ -432,6 +452,7 @@ export function buildEndpoint(raw: unknown, ctx: ValidationContext): EndpointSpe
   if (cpu) checkCpu(cpu, errors);
 
   const type = body.type as EndpointSpec['type'];
+  if (type !== 'LOAD_BALANCER') checkLocalTestFlags(fromTemplate, body, errors, '/templateId');
   const scaling = body.scaling as Scaling;
   checkScaling(type, scaling, errors);
   if (!idleTimeoutApplies(type, scaling) && body.workers?.idleTimeout !== undefined) {
@@ -535,6 +556,7 @@ export function updateEndpoint(current: EndpointSpec, raw: unknown, ctx: Validat
   const networkPointer = body.mounts?.network === undefined && body.networkVolumes !== undefined ? '/networkVolumes' : '/mounts/network';
   const global = body.mounts?.global !== undefined ? body.mounts.global.map((m) => m.volumeId) : current.mounts.global;
   const cmd = command(current, body, errors);
+  if (current.type !== 'LOAD_BALANCER') checkLocalTestFlags(cmd, body, errors, null);
 
   const spec: EndpointSpec = {
     ...current,

@@ -5,7 +5,7 @@
 import t from 'tap';
 import { applyCommand, CommandError, encodeArgs, parseArgs, shellSplit } from '../../src/endpoints/index.js';
 import { queueBody, startAgent } from '../helpers/agent.js';
-import { assertErrorAt, createEndpoint, mustCreate } from '../helpers/expect.js';
+import { assertErrorAt, createEndpoint, makeTemplate, mustCreate } from '../helpers/expect.js';
 
 t.test('shellSplit: quotes and escapes, no expansion', async (t) => {
   const cases: [string, string[]][] = [
@@ -185,4 +185,44 @@ t.test('a PATCH whose command parses the same (other whitespace, the JSON form o
 
   t.same((await patch({ args: 'python3 -u "stream_handler.py  "' })).restartReasons, ['args'], 'whitespace inside quotes changes the command: a restart');
   t.same((await patch({ args: '{"entrypoint": ["python3"], "cmd": ["-u", "stream_handler.py"]}' })).restartReasons, ['args'], 'the same words split otherwise between entrypoint and cmd: a restart');
+});
+
+t.test("runpod-python's local-test flags (--test_input, --rp_serve_api) in a QUEUE endpoint's command are refused on create and PATCH", async (t) => {
+  const a = await startAgent(t);
+  const refused = async (r: Awaited<ReturnType<typeof createEndpoint>>, pointer: string, flag: string, what: string) => {
+    assertErrorAt(t, r, 400, pointer, what);
+    const e = (r.json?.errors as string[] | undefined)?.find((x) => x.startsWith(`${pointer}:`)) ?? '';
+    t.match(e, flag, `${what}: the error names the flag`);
+    t.match(e, /drop it/, `${what}: the error says what to do`);
+    t.match(e, /locally/, `${what}: and where the flag belongs`);
+  };
+  await refused(await createEndpoint(a, queueBody({ args: `python -u handler.py --test_input '{"input": {"x": 1}}'` })), '/args', '--test_input', 'args with --test_input');
+  await refused(await createEndpoint(a, queueBody({ args: 'python handler.py --rp_serve_api --rp_api_port 8000' })), '/args', '--rp_serve_api', 'args with --rp_serve_api');
+  await refused(await createEndpoint(a, queueBody({ args: '{"cmd": ["handler.py", "--test_input={\\"input\\": {}}"]}' })), '/args', '--test_input', '--test_input=<json> in the JSON form');
+  await refused(await createEndpoint(a, queueBody({ cmd: ['python', 'handler.py', '--rp_serve_api'] })), '/cmd/2', '--rp_serve_api', 'cmd as an array: the item is named');
+  await refused(await createEndpoint(a, queueBody({ entrypoint: ['python', 'handler.py', '--test_input', '{}'] })), '/entrypoint/2', '--test_input', 'entrypoint');
+  await refused(await createEndpoint(a, queueBody({ args: 'bash -c "pip install x && python handler.py --rp_serve_api"' })), '/args', '--rp_serve_api', 'inside a bash -c script');
+  await refused(await createEndpoint(a, queueBody({ args: 'python handler.py --rp_serve' })), '/args', '--rp_serve_api', 'an abbreviation argparse takes for it');
+
+  const ok = await mustCreate(t, a, queueBody({ args: 'python -u handler.py --rp_log_level INFO --rp_debugger' }));
+  t.same(ok.cmd, ['python', '-u', 'handler.py', '--rp_log_level', 'INFO', '--rp_debugger'], '--rp_log_level and --rp_debugger are harmless: allowed');
+  t.equal((await createEndpoint(a, queueBody({ args: 'python handler.py --test --rp_serve_api_docs' }))).status, 201, 'other flags that only look alike are allowed');
+  const lb = await createEndpoint(a, queueBody({ type: 'LOAD_BALANCER', scaling: { type: 'REQUEST_COUNT', requestCount: 2 }, args: 'python app.py --rp_serve_api' }));
+  t.equal(lb.status, 201, 'a LOAD_BALANCER endpoint takes no job from a queue: not refused');
+
+  const tpl = await makeTemplate(t, a, { name: 'serve', args: 'python handler.py --rp_serve_api' });
+  const { image: _image, ...viaTemplate } = queueBody({ templateId: tpl.id });
+  await refused(await createEndpoint(a, viaTemplate), '/templateId', '--rp_serve_api', "a QUEUE endpoint from a template whose command has the flag");
+  t.equal((await createEndpoint(a, { ...viaTemplate, args: 'python handler.py' })).status, 201, 'the body overriding the template command is fine');
+
+  const patch = (body: unknown) => a.req('PATCH', `/v2/serverless/${ok.id}`, { body });
+  await refused(await patch({ args: 'python handler.py --test_input "{}"' }), '/args', '--test_input', 'PATCH args');
+  await refused(await patch({ cmd: ['python', 'handler.py', '--rp_serve_api'] }), '/cmd/2', '--rp_serve_api', 'PATCH cmd');
+  t.same((await a.req('GET', `/v2/serverless/${ok.id}`)).json.cmd, ok.cmd, 'a refused PATCH changed nothing');
+  t.equal((await patch({ name: 'renamed' })).status, 200, 'a PATCH that does not touch the command is not refused');
+
+  const badTpl = await a.req('POST', '/v2/templates', { body: { name: 't2', image: 'registry.local/tpl:1', isServerless: true, args: 'python handler.py --test_input \'{"input": {}}\'' } });
+  await refused(badTpl, '/args', '--test_input', 'a serverless template with --test_input (it exits on any endpoint)');
+  const tplPatch = await a.req('PATCH', `/v2/templates/${tpl.id}`, { body: { args: 'python handler.py --test_input "{}"' } });
+  await refused(tplPatch, '/args', '--test_input', 'PATCH of a template');
 });
