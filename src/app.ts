@@ -491,10 +491,24 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
       reclaimer.close();
     });
 
+    // A worker refused for a key that is no flashd key: runpod-python sends the api_key of a
+    // ~/.runpod/config.toml baked into the image instead of RUNPOD_AI_API_KEY (for job-take,
+    // job-done, job-stream and job-stop; its ping uses the variable). Once a minute per endpoint.
+    const foreignKeyLogged = new Map<string, number>();
+    const onForeignWorkerKey = (endpointId: string, workerId: string | undefined): void => {
+      if (!endpoints.byId(endpointId)) return;
+      const now = clock.now();
+      const last = foreignKeyLogged.get(endpointId);
+      if (last !== undefined && now - last < 60_000) return;
+      if (foreignKeyLogged.size > 10_000) foreignKeyLogged.clear();
+      foreignKeyLogged.set(endpointId, now);
+      const who = workerId === undefined ? 'a worker' : `worker ${JSON.stringify(workerId.slice(0, 64))}`;
+      logs.append(endpointId, null, 'system', `${who} sent a key that is no flashd key (flashd's keys start with fd_) and was refused (401): a RunPod API key baked into the image may be replacing the one flashd gives (runpod-python sends the api_key of a ~/.runpod/config.toml, when the image has one, instead of RUNPOD_AI_API_KEY on job-take, job-done and job-stream); remove that file from the image (said at most once a minute)`);
+    };
     const api = createApi({
       services: { endpoints, auth, urls, dataCenters: () => dataCenters, inventory: () => ledger.inventory(), version: VERSION,
         commandsRunOnHost: config.runtime === 'process', containerRuntime: runtime && !runtime.runsOnHost ? runtime.name : null },
-      auth, rateLimiter, jobRateLimiter, log: log.child({ component: 'api' }), storeFailures, maxBodyBytes: config.maxBodyBytes,
+      auth, rateLimiter, jobRateLimiter, log: log.child({ component: 'api' }), storeFailures, maxBodyBytes: config.maxBodyBytes, onForeignWorkerKey,
       extraRoutes: [
         ...jobRoutes({ queue, endpoints, now: () => clock.now(), webhookAllowPrivate: config.webhookAllowPrivate }),
         ...workerRoutes({

@@ -12,6 +12,7 @@ import { isUtf8 } from 'node:buffer';
 import { JOB_RATE_WINDOW_SECONDS, requireScope, type AuthService, type JobRateGroup, type JobRateLimiter, type Principal, type RateLimiter } from '../auth/index.js';
 import { AgentError, storageFailureCode } from '../core/errors.js';
 import type { FailureStreak } from '../core/failure-streak.js';
+import { checkKeyFormat } from '../core/key-format.js';
 import type { Logger } from '../core/logger.js';
 import type { IncomingRequest, OutgoingReply, RouteDecision } from '../http/index.js';
 import { echoPath, problemReply, toAgentError } from './problem.js';
@@ -34,6 +35,12 @@ export interface DispatcherOptions {
    */
   storeFailures: FailureStreak;
   maxBodyBytes: number;
+  /**
+   * Told of a worker route refused with a 401 for a key that is not in flashd's format (no
+   * `fd_` key): runpod-python sends the key of a `~/.runpod/config.toml` in the image instead of
+   * RUNPOD_AI_API_KEY. `workerId` is the one in the path. Never given the key.
+   */
+  onForeignWorkerKey?: (endpointId: string, workerId: string | undefined) => void;
   /** A host-based handler (load-balancing endpoints) tried before the route table. */
   hostHandler?: (method: string, path: string, headers: Readonly<Record<string, string>>) => RouteDecision | undefined;
 }
@@ -70,6 +77,16 @@ export function jsonSyntaxDetail(err: unknown): string {
  */
 export function withoutBom(text: string): string {
   return text.charCodeAt(0) === 0xfeff ? text.slice(1) : text;
+}
+
+/**
+ * Whether the Authorization header holds a key that is not in flashd's format: not an `fd_` key
+ * (a malformed one included) nor a session token. An operator's FLASHD_ADMIN_API_KEY is foreign
+ * too, but it authenticates and is never refused.
+ */
+function presentsForeignKey(headers: Readonly<Record<string, string>>): boolean {
+  const m = /^\s*(?:Bearer\s+)?(\S+)\s*$/i.exec(headers['authorization'] ?? '');
+  return m !== null && !/^Bearer$/i.test(m[1] as string) && !(m[1] as string).startsWith('fds_') && checkKeyFormat(m[1] as string) === 'foreign';
 }
 
 export function createDispatcher(options: DispatcherOptions): (method: string, path: string, headers: Readonly<Record<string, string>>) => RouteDecision {
@@ -210,6 +227,10 @@ export function createDispatcher(options: DispatcherOptions): (method: string, p
         return true;
       } catch (err) {
         refused = err;
+        const endpointId = match.params['endpointId'];
+        if (route.auth === 'worker' && endpointId !== undefined && options.onForeignWorkerKey && toAgentError(err).status === 401 && presentsForeignKey(req.headers)) {
+          options.onForeignWorkerKey(endpointId, match.params['workerId']);
+        }
         return false;
       }
     };

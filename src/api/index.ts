@@ -38,6 +38,8 @@ export interface CreateApiOptions {
   maxBodyBytes: number;
   /** Routes contributed by other components (queue, workers, logs). */
   extraRoutes?: readonly RouteDef[];
+  /** See DispatcherOptions.onForeignWorkerKey. */
+  onForeignWorkerKey?: (endpointId: string, workerId: string | undefined) => void;
 }
 
 const EARLY_CODES = { 'payload-too-large': 'PAYLOAD_TOO_LARGE', 'bad-request': 'BAD_REQUEST', internal: 'INTERNAL', unavailable: 'UNAVAILABLE' } as const;
@@ -68,6 +70,7 @@ export function createApi(options: CreateApiOptions): Api {
   const resolve = createDispatcher({
     routes, auth: options.auth, rateLimiter: options.rateLimiter, jobRateLimiter: options.jobRateLimiter,
     endpointOwner: (id) => s.endpoints.byId(id)?.ownerId, log: options.log, storeFailures: options.storeFailures, maxBodyBytes: options.maxBodyBytes,
+    ...(options.onForeignWorkerKey ? { onForeignWorkerKey: options.onForeignWorkerKey } : {}),
     // A load-balancing endpoint's host: a 404 for any path, not flashd's own routes.
     hostHandler: loadBalancerHosts(s.urls, options.maxBodyBytes, (id) => s.endpoints.byId(id)?.data.type),
   });

@@ -227,3 +227,37 @@ t.test('revoking a worker key answers its parked polls at once and takes its wor
   const good = await TestWorker.create(a, ep);
   t.match(await good.take(), { id: queued }, 'a worker with a good key takes the queued job');
 });
+
+t.test('a worker route refused for a key that is no flashd key says once a minute in the endpoint log that a RunPod key baked into the image may replace the one flashd gives', async (t) => {
+  const clock = new ManualClock(Date.now());
+  const a = await startAgent(t, {}, { clock });
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  const runpodKey = 'rpa_ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789abcdefgh';
+  const lines = async () => ((await a.req('GET', `/v2/serverless/${ep}/logs`)).json as { line: string }[]).map((l) => l.line).filter((l) => /no flashd key/.test(l));
+  // runpod-python sends the raw key, without "Bearer ".
+  const call = (path: string, key: string) => a.req('GET', `/v2/${ep}/${path}`, { key: null, headers: { authorization: key } });
+
+  assertProblem(t, await call('ping/w1?gpu=x', runpodKey), 401);
+  assertProblem(t, await call('job-stop/w1?gpu=x', runpodKey), 401);
+  const first = await lines();
+  t.equal(first.length, 1, `one line for both refusals: ${JSON.stringify(first)}`);
+  t.match(first[0], /~\/\.runpod\/config\.toml/, 'it names the config file that replaces the key');
+  t.match(first[0], /RUNPOD_AI_API_KEY/, 'and the variable it replaces');
+  t.notOk(first[0]?.includes(runpodKey) || first[0]?.includes(runpodKey.slice(4, 12)), 'never the key itself');
+  t.notOk(a.logs.some((l) => l.includes(runpodKey.slice(4, 12))), 'nor in flashd\'s own log');
+
+  clock.advance(61_000);
+  assertProblem(t, await call('ping/w1?gpu=x', runpodKey), 401);
+  t.equal((await lines()).length, 2, 'again after a minute');
+
+  clock.advance(61_000);
+  assertProblem(t, await call('ping/w1?gpu=x', 'fd_wkr_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAA000000'), 401);
+  assertProblem(t, await call('ping/w1?gpu=x', ''), 401);
+  const envKey = (await a.req('GET', `/v2/serverless/${ep}/worker-env`)).json;
+  t.equal((await a.req('DELETE', `/v2/api-keys/${envKey.keyId}`)).status, 204);
+  assertProblem(t, await call('ping/w1?gpu=x', envKey.env?.RUNPOD_AI_API_KEY ?? envKey.RUNPOD_AI_API_KEY), 401);
+  t.equal((await lines()).length, 2, 'a malformed, missing or revoked flashd key is no such case');
+  assertProblem(t, await a.req('GET', '/v2/nosuchendpoint1/ping/w1?gpu=x', { key: null, headers: { authorization: runpodKey } }), 401);
+  assertProblem(t, await a.req('GET', `/v2/serverless/${ep}`, { key: runpodKey }), 401);
+  t.equal((await lines()).length, 2, 'nor an unknown endpoint, nor a route that is not a worker route');
+});
