@@ -550,6 +550,17 @@ export class JobQueue {
    * that worker's first ping takes them into its record (#adoptFences).
    */
   readonly #restoredFences = new Map<string, Set<string>>();
+  /**
+   * Jobs running at start whose row names other workers in `fenced_from` (job id → worker ids):
+   * each may still run an older attempt (the fence its requeue wrote stays in the row while the
+   * job runs, the claim leaves it), its pending stop lost with the restart. Until that worker's
+   * first ping (#adoptFences: a ping listing the job puts its stop back, one without it says it
+   * let go), the job's next attempt is fenced from it (#fenceOldRuns), for as long as the
+   * registry would have kept a silent worker's record and stops: 2 × the lease from the start
+   * (#bootFencesUntil). Also in #restoredFences, under each worker; no worker record is made.
+   */
+  readonly #bootFences = new Map<string, Set<string>>();
+  #bootFencesUntil = 0;
 
   readonly #endpointExists: (id: string) => boolean;
 
@@ -602,6 +613,7 @@ export class JobQueue {
     let running = 0;
     const orphaned = new Set<string>();
     this.#floor = this.#repo.floor();
+    this.#bootFencesUntil = mono + 2 * this.settings.leaseMs;
     this.#maxRowid = this.#repo.rowidRange()?.hi ?? 0;
     const restore = (row: ActiveJobRow): void => {
       if (orphaned.has(row.endpointId)) return;
@@ -623,6 +635,14 @@ export class JobQueue {
         this.#enqueue(q, job, row.attempt > 0);
         queued++;
       } else {
+        // Workers its row is still fenced from (other than its holder) may run older attempts.
+        for (const workerId of decodeFences(row.fencedFrom)) {
+          if (workerId === row.workerId) continue;
+          let ids = this.#bootFences.get(job.id);
+          if (!ids) this.#bootFences.set(job.id, (ids = new Set()));
+          ids.add(workerId);
+          this.#addRestoredFence(job.endpointId, workerId, job.id);
+        }
         job.leaseDeadline = mono + this.settings.leaseMs;
         const elapsed = row.startedAt === null ? 0 : Math.max(0, now - row.startedAt);
         // Past already when it ran out while flashd was down: reap ends it at once, dated then.
@@ -1439,14 +1459,23 @@ export class JobQueue {
    */
   #fenceOldRuns(job: Job, holder?: WorkerInfo, mayStillRun = false): Map<string, number> | null {
     const until = this.#clock.monotonic() + this.settings.leaseMs;
-    let fences: Map<string, number> | null = null;
+    const fences = new Map<string, number>();
     const fence = (w: WorkerInfo): void => {
-      (fences ??= new Map()).set(w.id, until);
+      fences.set(w.id, until);
       w.fenced.add(job.id);
     };
     if (holder && mayStillRun) fence(holder);
     for (const w of this.workers.stillRunning(job.endpointId, job.id)) if (w !== holder) fence(w);
-    return fences;
+    // Running at start, its row fenced from workers that have not pinged since (#bootFences):
+    // fenced from each too; the worker's record, once it pings, takes the fence over (#adoptFences).
+    const boot = this.#bootFences.get(job.id);
+    if (boot !== undefined) {
+      this.#bootFences.delete(job.id);
+      if (this.#clock.monotonic() < this.#bootFencesUntil) {
+        for (const workerId of boot) if (workerId !== holder?.id && !fences.has(workerId)) fences.set(workerId, until);
+      }
+    }
+    return fences.size === 0 ? null : fences;
   }
 
   /** The worker let go of a job fenced from it: the job may go to it again (its other fences stay). */
@@ -1483,7 +1512,13 @@ export class JobQueue {
     const ids = this.#restoredFences.get(key);
     if (!ids || this.workers.get(worker.endpointId, worker.id) !== worker) return;
     this.#restoredFences.delete(key);
-    for (const id of ids) if (this.#get(id)?.fences?.has(worker.id)) worker.fenced.add(id);
+    for (const id of ids) {
+      if (this.#get(id)?.fences?.has(worker.id)) worker.fenced.add(id);
+      // A job running at start: this ping says whether it still runs an older attempt (listed:
+      // a stop, which fences the next attempt as any pending stop does) or not.
+      const boot = this.#bootFences.get(id);
+      if (boot?.delete(worker.id) && boot.size === 0) this.#bootFences.delete(id);
+    }
   }
 
   /**
@@ -2721,9 +2756,10 @@ export class JobQueue {
     if (ends) this.#retryIfUnstored(ends);
     if (more) this.#reapAfterCommit();
     // Restored fences of workers that have not called since the start, once no job holds them.
+    if (this.#bootFences.size > 0 && this.#clock.monotonic() >= this.#bootFencesUntil) this.#bootFences.clear();
     for (const [key, ids] of this.#restoredFences) {
       const workerId = key.slice(key.indexOf(' ') + 1);
-      for (const id of ids) if (!this.#get(id)?.fences?.has(workerId)) ids.delete(id);
+      for (const id of ids) if (!this.#get(id)?.fences?.has(workerId) && !this.#bootFences.get(id)?.has(workerId)) ids.delete(id);
       if (ids.size === 0) this.#restoredFences.delete(key);
     }
     this.workers.sweep();

@@ -73,6 +73,16 @@ interface MJob {
    * still run an old attempt, not only the last holder.
    */
   fences: Map<string, number>;
+  /**
+   * The workers its row's `fenced_from` names: its fences when last claimed (a claim leaves the
+   * column as the requeue, /retry or ping wrote it while queued).
+   */
+  rowFenced: string[];
+  /**
+   * Running at the last restart: the workers its row named (but its holder) that have not pinged
+   * since (JobQueue.#bootFences). Its next attempt is fenced from each, within 2 leases of the restart.
+   */
+  bootFenced: Set<string>;
   /** The restart epoch it ended in (a job ended before a restart is read from its row, not memory). */
   finishedEpoch: number;
   /** Count of /retry calls (a terminal FAILED/TIMED_OUT may change only after one). */
@@ -131,6 +141,8 @@ interface Ctx {
   counter: number;
   /** Restarts so far. */
   epoch: number;
+  /** Until when a job running at the last restart is fenced from the workers of its row's `fenced_from` (#bootFencesUntil). */
+  bootUntil: number;
 }
 
 const stats = new Map<string, number>();
@@ -262,6 +274,7 @@ function claim(c: Ctx, j: MJob, sw: SimWorker) {
   j.claimAt = now(c);
   j.pinged = false;
   j.progress = null;
+  j.rowFenced = [...j.fences.keys()];
   j.fences = new Map();
   sw.fenced.delete(j.id);
   sw.stops.delete(j.id);
@@ -302,6 +315,10 @@ function oldRunFences(c: Ctx, j: MJob, holder?: SimWorker): Map<string, number> 
       sw.fenced.add(j.id);
     }
   }
+  // Running at the restart, its row naming workers that have not pinged since: fenced from each
+  // (it may still run an older attempt, its stop lost with the restart), taken over at its ping.
+  if (now(c) < c.bootUntil) for (const wid of j.bootFenced) if (wid !== holder?.w.workerId && !fences.has(wid)) fences.set(wid, now(c) + LEASE);
+  j.bootFenced = new Set();
   return fences;
 }
 
@@ -389,7 +406,7 @@ function newJob(c: Ctx, id: string, ep: string, o: { lowPriority: boolean; execT
   return {
     id, ep, status: 'IN_QUEUE', workerId: null, resultBy: null, output: null, error: null, progress: null, retries: 0, attempt: 0,
     lowPriority: o.lowPriority, execTimeout: o.execTimeout, ttl: o.ttl, ttlAt: now(c) + o.ttl, leaseAt: 0, execAt: 0, claimAt: 0, pinged: false, retention: o.retention,
-    expiresAt: null, unread: [], fences: new Map(), finishedEpoch: -1, retried: 0, lastSeen: null,
+    expiresAt: null, unread: [], fences: new Map(), rowFenced: [], bootFenced: new Set(), finishedEpoch: -1, retried: 0, lastSeen: null,
   };
 }
 
@@ -501,7 +518,11 @@ async function opPing(c: Ctx, sw: SimWorker, ids: string[]) {
   const wid = sw.w.workerId;
   // Restored fences join a record in the registry only (JobQueue.#adoptFences), not a retired one.
   if (sw.registered) {
-    for (const id of sw.restored) if (c.jobs.get(id)?.fences.has(wid)) sw.fenced.add(id);
+    for (const id of sw.restored) {
+      if (c.jobs.get(id)?.fences.has(wid)) sw.fenced.add(id);
+      // A job running at the restart: this ping lists it (a stop) or says it let go.
+      c.jobs.get(id)?.bootFenced.delete(wid);
+    }
     sw.restored.clear();
   }
   for (const id of [...sw.fenced]) if (!listed.has(id)) unfenceModel(c, sw, c.jobs.get(id));
@@ -874,6 +895,7 @@ async function restart(c: Ctx) {
   c.a = await startAgent(c.t, agentConfig, { clock: c.clock, dir: c.dir });
   note(c, 'restart');
   c.epoch++;
+  c.bootUntil = now(c) + 2 * LEASE;
   for (const sw of c.workers) {
     sw.w = sw.w.rebase(from, c.a.url);
     // The registry starts empty (fences, stops and retirements are gone), but for the workers of running jobs; leases are fresh.
@@ -895,6 +917,15 @@ async function restart(c: Ctx) {
         c.workers.find((x) => x.w.workerId === fenced)?.restored.add(j.id);
       }
     } else j.fences = new Map();
+    // A running job's row still names the workers its last requeue fenced it from (JobQueue.#bootFences).
+    j.bootFenced = new Set();
+    if (j.status === 'IN_PROGRESS') {
+      for (const fenced of j.rowFenced) {
+        if (fenced === j.workerId) continue;
+        j.bootFenced.add(fenced);
+        c.workers.find((x) => x.w.workerId === fenced)?.restored.add(j.id);
+      }
+    }
   }
 }
 
@@ -912,7 +943,7 @@ async function runSeed(t: Test, seed: number, steps: number) {
   const a = await startAgent(t, agentConfig, { clock, dir });
   const eps: string[] = [];
   for (let i = 0; i < 2; i++) eps.push((await a.req('POST', '/v2/serverless', { body: cpuBody({ name: `ep${i}`, workers: { min: 0, max: 0 } }) })).json.id);
-  const c: Ctx = { t, seed, r: rng(seed), clock, a, dir, eps, workers: [], jobs: new Map(), log: [], counter: 0, epoch: 0 };
+  const c: Ctx = { t, seed, r: rng(seed), clock, a, dir, eps, workers: [], jobs: new Map(), log: [], counter: 0, epoch: 0, bootUntil: 0 };
   for (const ep of eps) for (let i = 0; i < 3; i++) c.workers.push({ w: await TestWorker.create(a, ep), ep, held: new Set(), deadFor: 0, zombie: false, fenced: new Set(), restored: new Set(), lastSeen: 0, stops: new Map(), letGo: new Set(), ended: new Set(), registered: false, retiredUntil: 0, asked: false });
   const ops: [number, () => Promise<void>][] = [
     [12, () => opRun(c)],

@@ -209,3 +209,48 @@ t.test('a job fenced from two workers keeps both fences, and each stop, across a
   t.equal((await s.a.req('GET', `/v2/${s.ep}/status/${id}`)).json.output, 'third run');
   t.equal(await w3.take(), null, 'nothing left for w3');
 });
+
+t.test("a worker still running an older attempt of a job that was running at the restart is fenced from the job's next attempt, though it did not call since", async (t) => {
+  const s = await scene(t);
+  let w1 = await s.worker();
+  let w2 = await s.worker();
+  let w3 = await s.worker();
+  const id = await s.run({ n: 1 });
+  t.equal((await w1.take())?.id, id);
+  s.lapse();
+  t.equal((await w2.take())?.id, id, 'the second attempt goes to w2');
+  // w1 still runs the first attempt: its stop is pending, and the row names it (fenced_from).
+  t.equal(await w1.ping([id]), 200);
+  t.same(await w1.stops(), [id]);
+
+  [w1, w2, w3] = (await s.restart(w1, w2, w3)) as [TestWorker, TestWorker, TestWorker];
+  const health = (await s.a.req('GET', `/v2/${s.ep}/health`)).json;
+  t.equal(health.workers.running + health.workers.idle, 1, 'only the worker holding the job has a record (w1 gets none at the start)');
+  // Neither w1 nor w2 calls for a lease: w2's lease lapses and the job is requeued.
+  s.lapse();
+  t.equal((await s.a.req('GET', `/v2/${s.ep}/status/${id}`)).json.status, 'IN_QUEUE', 'requeued: w2 lost its lease');
+  t.equal(await w1.take(), null, 'w1, which may still run the first attempt, is not handed the new one');
+  t.equal(await w2.take(), null, 'nor w2, which may still run the second');
+  t.equal((await w3.take())?.id, id, 'another worker takes it');
+  t.equal((await w1.done(id, { output: 'first run' })).status, 409, "w1's late result is refused");
+  t.equal((await w3.done(id, { output: 'third run' })).status, 200);
+  t.equal((await s.a.req('GET', `/v2/${s.ep}/status/${id}`)).json.output, 'third run');
+});
+
+t.test('a worker whose first ping after the restart leaves out a job running on another is not fenced from its next attempt', async (t) => {
+  const s = await scene(t);
+  let w1 = await s.worker();
+  let w2 = await s.worker();
+  const id = await s.run({ n: 1 });
+  t.equal((await w1.take())?.id, id);
+  s.lapse();
+  t.equal((await w2.take())?.id, id);
+  t.equal(await w1.ping([id]), 200);
+
+  [w1, w2] = (await s.restart(w1, w2)) as [TestWorker, TestWorker];
+  t.equal(await w1.ping([]), 200, 'w1 let go of the first attempt');
+  s.clock.advance(3001);
+  s.a.agent.queue.reap();
+  t.equal((await s.a.req('GET', `/v2/${s.ep}/status/${id}`)).json.status, 'IN_QUEUE', 'requeued: w2 lost its lease');
+  t.equal((await w1.take())?.id, id, 'w1 may take the next attempt');
+});
