@@ -7,10 +7,11 @@ import { readFileSync } from 'node:fs';
 import { Ajv2020 } from 'ajv/dist/2020.js';
 import configSchema from '../../schema/config.schema.json' with { type: 'json' };
 import { AgentError } from '../core/errors.js';
+import { checkKeyFormat } from '../core/key-format.js';
 import { closestName, nameScore, normalizeName } from '../core/names.js';
 
+/** Near-miss names live in core/names.ts (the job API's query hints use them too); the CLI takes them from here. */
 export { closestName };
-import { checkKeyFormat } from '../core/key-format.js';
 
 export interface FlashdConfig {
   readonly host: string;
