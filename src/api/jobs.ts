@@ -3,6 +3,7 @@
  * `Authorization` works with or without `Bearer ` (runpod clients send the raw key).
  * Limited per endpoint with RunPod's quotas (`jobRateGroup`, auth/job-rate-limit.ts), not per user.
  */
+import type { Cancellation } from '../core/abort.js';
 import { AgentError } from '../core/errors.js';
 import { jsonDepth, rawMember, rawMemberDepth } from '../core/json-raw.js';
 import { assertSchema } from '../core/schemas.js';
@@ -10,7 +11,7 @@ import type { EndpointService, EndpointSpec } from '../endpoints/index.js';
 import { TERMINAL, checkWebhookUrl, jobNotFound, statusBody, type Job, type JobQueue, type JobSnapshot } from '../queue/index.js';
 import type { ResourceRow } from '../store/index.js';
 import type { Principal } from '../auth/index.js';
-import type { ApiResult, RouteDef } from './route.js';
+import type { ApiContext, ApiResult, RouteDef } from './route.js';
 
 export interface JobRouteServices {
   queue: JobQueue;
@@ -23,6 +24,27 @@ export interface JobRouteServices {
 const MB = 1024 * 1024;
 /** Longest `/status?ttl=`: 7 days, as `policy.ttl`. */
 const MAX_STATUS_TTL_MS = 7 * 86_400_000;
+/**
+ * A `/stream` poll without `?wait` that comes within this long of the last answer for its job
+ * (runpod-sdk's stream() polls again at once, no pause) is answered this long after it: at most
+ * 10 polls a second of one job, well within the "status" quota, with chunks in between batched.
+ */
+const STREAM_PACE_MS = 100;
+/** ... and held this long at most, as `?wait=` holds one, when it has nothing to read. */
+const STREAM_HOT_WAIT_MS = 1000;
+
+/** Resolves after `ms`, or at once when the client goes away. */
+function pause(ms: number, cancel: Cancellation): Promise<void> {
+  return new Promise((resolve) => {
+    const done = () => {
+      clearTimeout(timer);
+      unhook();
+      resolve();
+    };
+    const timer = setTimeout(done, ms);
+    const unhook = cancel.onAbort(done);
+  });
+}
 
 /** `null` members are taken as left out (a Python client's `"webhook": None`). */
 interface SubmitBody {
@@ -94,6 +116,44 @@ export function jobRoutes(s: JobRouteServices): RouteDef[] {
   const deletedWhileWaiting = (job: Job): boolean => (job.status === 'IN_QUEUE' || job.status === 'IN_PROGRESS') && s.queue.live(job.id) !== job;
   const endpointDeletedWhileWaiting = (job: Job): AgentError =>
     new AgentError('NOT_FOUND', `Endpoint ${job.endpointId} was deleted while job ${job.id} waited; the job is gone.`);
+
+  /**
+   * When the last `/stream` poll without `?wait` of each job was answered (performance.now()),
+   * oldest first; entries older than STREAM_PACE_MS are dropped at each answer, so it holds only
+   * the jobs polled within the last 100 ms.
+   */
+  const streamPolls = new Map<string, number>();
+  const answeredStream = (jobId: string): void => {
+    const now = performance.now();
+    streamPolls.delete(jobId);
+    streamPolls.set(jobId, now);
+    for (const [id, at] of streamPolls) {
+      if (now - at < STREAM_PACE_MS) break;
+      streamPolls.delete(id);
+    }
+  };
+
+  /** One `/stream` poll: the chunks since the last one, after holding it up to `wait` ms while there are none. */
+  const stream = async (req: ApiContext['req'], endpointId: string, jobId: string, wait: number): Promise<ApiResult> => {
+    await s.queue.durable();
+    // Gone while the writes in flight were synced: nothing is drained into a reply nobody
+    // reads; the chunks stay for its next poll.
+    if (req.cancel.aborted) return json(200, '{"stream":[]}');
+    let drained = s.queue.drainStream(endpointId, jobId);
+    const live = wait > 0 && drained?.stream.length === 0 && !TERMINAL.has(drained.status) ? s.queue.live(jobId) : undefined;
+    if (live && live.endpointId === endpointId) {
+      await s.queue.waitStream(live, wait, req.cancel);
+      // Gone: the chunks stay for its next poll.
+      if (req.cancel.aborted) return json(200, `{"status":"${live.status}","stream":[]}`);
+      if (deletedWhileWaiting(live)) throw endpointDeletedWhileWaiting(live);
+      await s.queue.durable();
+      if (req.cancel.aborted) return json(200, `{"status":"${live.status}","stream":[]}`);
+      drained = s.queue.drainStream(endpointId, jobId);
+    }
+    if (!drained) throw jobNotFound(jobId);
+    // Each chunk is stored as the JSON text of its element.
+    return json(200, `{"status":"${drained.status}","stream":[${drained.stream.join(',')}]}`);
+  };
 
   const submit = (principal: Principal, endpointId: string, body: unknown, text: string | undefined, retentionMs: number, deferInsert = false) => {
     const ep = queueEndpoint(endpointFor(principal, endpointId));
@@ -210,31 +270,26 @@ export function jobRoutes(s: JobRouteServices): RouteDef[] {
       method: 'GET', path: `${P}/stream/{jobId}`, operationId: 'jobStream', jobRateGroup: 'status', summary: 'Stream chunks posted since the last poll',
       headRefused: 'hands out the chunks posted since the last poll',
       tag: 'Jobs', auth: 'user', scope: 'jobs:read', successStatus: 200, responseSchema: 'JobStream', problems: READ,
-      query: [{ name: 'wait', description: 'ms to hold a poll that has no chunks yet, until one comes or the job ends 0 to 300000 (RunPod\'s Go SDK sends it). Without it, or 0, the poll answers at once; any other value (not an integer, out of range, given twice) is a 400.', schema: { type: 'integer', minimum: 0, maximum: 300000 } }],
+      query: [{ name: 'wait', description: `ms to hold a poll that has no chunks yet, until one comes or the job ends 0 to 300000 (RunPod's Go SDK sends it). 0: the poll answers at once. Without it, the poll answers at once too, unless it comes within ${STREAM_PACE_MS} ms of the last answer for the job (a loop with no pause, as runpod-sdk's stream()): then it is answered ${STREAM_PACE_MS} ms after that one, held up to ${STREAM_HOT_WAIT_MS} ms when there is nothing to read. Any other value (not an integer, out of range, given twice) is a 400.`, schema: { type: 'integer', minimum: 0, maximum: 300000 } }],
       handle: async ({ req, principal, params }) => {
         const ep = queueEndpoint(endpointFor(principal, params['endpointId'] as string));
         const jobId = params['jobId'] as string;
         // Checked as /status-sync's, from 0: RunPod's Go SDK sends its timeout in ms (90000 at
         // most, 0 when told 0); runpod-python and runpod-sdk send none.
-        const wait = intQuery(req.query, 'wait', 0, 300_000) ?? 0;
-        await s.queue.durable();
-        // Gone while the writes in flight were synced: nothing is drained into a reply nobody
-        // reads; the chunks stay for its next poll.
-        if (req.cancel.aborted) return json(200, '{"stream":[]}');
-        let drained = s.queue.drainStream(ep.id, jobId);
-        const live = wait > 0 && drained?.stream.length === 0 && !TERMINAL.has(drained.status) ? s.queue.live(jobId) : undefined;
-        if (live && live.endpointId === ep.id) {
-          await s.queue.waitStream(live, wait, req.cancel);
-          // Gone: the chunks stay for its next poll.
-          if (req.cancel.aborted) return json(200, `{"status":"${live.status}","stream":[]}`);
-          if (deletedWhileWaiting(live)) throw endpointDeletedWhileWaiting(live);
-          await s.queue.durable();
-          if (req.cancel.aborted) return json(200, `{"status":"${live.status}","stream":[]}`);
-          drained = s.queue.drainStream(ep.id, jobId);
+        const given = intQuery(req.query, 'wait', 0, 300_000);
+        if (given !== undefined) return stream(req, ep.id, jobId, given);
+        // runpod-sdk's stream() polls again as soon as an answer comes, which over loopback is
+        // hundreds of polls a second: it spun and ran into the "status" quota (a 429 ended its
+        // stream). A poll within STREAM_PACE_MS of the last answer for the job waits out the
+        // rest of it, and is held like a ?wait= poll when there is nothing to read.
+        const since = performance.now() - (streamPolls.get(jobId) ?? -Infinity);
+        try {
+          if (since >= STREAM_PACE_MS) return await stream(req, ep.id, jobId, 0);
+          await pause(STREAM_PACE_MS - since, req.cancel);
+          return await stream(req, ep.id, jobId, STREAM_HOT_WAIT_MS);
+        } finally {
+          answeredStream(jobId);
         }
-        if (!drained) throw jobNotFound(jobId);
-        // Each chunk is stored as the JSON text of its element.
-        return json(200, `{"status":"${drained.status}","stream":[${drained.stream.join(',')}]}`);
       },
     },
     {

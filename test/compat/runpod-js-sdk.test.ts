@@ -137,6 +137,22 @@ t.test('runpod-sdk 1.1.2 against flashd', async (t) => {
     t.same(chunks, [0, 1, 2].map((i) => ({ output: { i } })));
   });
 
+  t.test('stream of a job running for seconds, with a jobs key (not exempt from the quotas)', async (t) => {
+    // stream() polls /stream with no pause of its own: flashd paces it (at most one poll per
+    // 100 ms of a job, an empty one held until the next chunk), so it neither spins nor runs
+    // into the endpoint's 2000-per-10 s "status" quota (a 429 that ended the stream).
+    const made = await a.req('POST', '/v2/api-keys', { body: { name: 'app', scopes: ['jobs:run', 'jobs:read'] } });
+    t.equal(made.status, 201, made.text);
+    const app = client(a, genEp, made.json.key as string);
+    const run = (await app.run({ input: { n: 6, delay: 0.5 } })) as { id: string };
+    const chunks: unknown[] = [];
+    const { sent } = await recording(async () => {
+      for await (const c of app.stream(run.id)) chunks.push(c);
+    });
+    t.same(chunks, Array.from({ length: 6 }, (_, i) => ({ output: { i } })), 'every chunk, in order');
+    t.ok(sent.length <= 40, `${sent.length} polls over ~2.5 s`);
+  });
+
   t.test('cancel (running and queued), purgeQueue, health', async (t) => {
     const running = (await echo.run({ input: { sleep: 30 } })) as { id: string };
     await until('the sleeping job to start', async () => (await echo.status(running.id)).status === 'IN_PROGRESS');

@@ -666,8 +666,16 @@ function sortKeys(o: Record<string, unknown>) {
   return Object.fromEntries(Object.entries(o).sort(([a], [b]) => a.localeCompare(b)));
 }
 
+/**
+ * The model's /stream polls carry `?wait=0`, which answers at once: steps take no real time, and
+ * a poll without `wait` within 100 ms of the job's last answer is paced and held up to 1 s
+ * (api/jobs.ts STREAM_PACE_MS, test/queue/stream-poll-pace.test.ts), which would outlast a
+ * pending /runsync's real 1 s wait.
+ */
+const STREAM_NOW = '?wait=0';
+
 async function checkStream(c: Ctx, j: MJob) {
-  const res = await c.a.req('GET', `/v2/${j.ep}/stream/${j.id}`);
+  const res = await c.a.req('GET', `/v2/${j.ep}/stream/${j.id}${STREAM_NOW}`);
   if (expired(c, j)) {
     if (res.status !== 404) fail(c, `/stream of an expired job: ${res.status}`);
     return;
@@ -858,14 +866,14 @@ async function opRace(c: Ctx) {
     const post = fetch(sw.w.postUrl('stream', j.id), {
       method: 'POST', headers: { authorization: sw.w.key, 'content-type': 'application/x-www-form-urlencoded' }, body: JSON.stringify({ output: chunk }),
     }).then(async (r) => ({ status: r.status, text: await r.text() }));
-    const [p, poll] = await Promise.all([post, c.a.req('GET', `/v2/${j.ep}/stream/${j.id}`)]);
+    const [p, poll] = await Promise.all([post, c.a.req('GET', `/v2/${j.ep}/stream/${j.id}${STREAM_NOW}`)]);
     contact(c, sw);
     note(c, `race stream/poll ${short(j.id)}: post ${p.status}, poll ${poll.text.slice(0, 120)}`);
     if (p.status !== 200) fail(c, `race stream/poll: post ${p.status} ${p.text}`);
     j.leaseAt = now(c) + LEASE;
     const want = [...j.unread, chunk];
     const first = (poll.json.stream as { output: unknown }[]).map((x) => x.output);
-    const again = await c.a.req('GET', `/v2/${j.ep}/stream/${j.id}`);
+    const again = await c.a.req('GET', `/v2/${j.ep}/stream/${j.id}${STREAM_NOW}`);
     const rest = (again.json.stream as { output: unknown }[]).map((x) => x.output);
     if (JSON.stringify([...first, ...rest]) !== JSON.stringify(want)) fail(c, `race stream/poll of ${short(j.id)}: ${JSON.stringify(first)} then ${JSON.stringify(rest)}, model ${JSON.stringify(want)}`);
     j.unread = [];
