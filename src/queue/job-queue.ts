@@ -2193,7 +2193,10 @@ export class JobQueue {
       // row up to `upTo` is deleted by then, so its read from -1 sees only the new ones.
       if (this.#unread.get(jobId) === unread && unread.read >= unread.upTo) this.#unread.delete(jobId);
     });
-    return { status: snap.status, stream };
+    // Chunks left for the next poll: not a final status yet, whatever the job's, so a client
+    // that stops at the final status (runpod-sdk's stream(), runpod-python's AsyncioJob.stream())
+    // polls again and gets them; the poll that hands out the last one says how the job ended.
+    return { status: upTo < unread.upTo && TERMINAL.has(snap.status) ? 'IN_PROGRESS' : snap.status, stream };
   }
 
   async cancel(endpointId: string, jobId: string): Promise<JobSnapshot> {

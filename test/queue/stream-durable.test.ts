@@ -147,7 +147,7 @@ t.test('chunks are not held in memory: 20 MB streamed and never polled, read aft
   t.equal(chunkRows(a, id), 20, 'in SQLite');
   // A poll hands out at most 16 MB of chunk text (STREAM_POLL_BYTES): the rest come with the next.
   const read = await poll(a, ep, id);
-  t.equal(read.status, 'COMPLETED');
+  t.equal(read.status, 'IN_PROGRESS', 'a poll that leaves chunks for the next says IN_PROGRESS, so a client that stops at COMPLETED polls again');
   for (let more = await poll(a, ep, id); more.stream.length; more = await poll(a, ep, id)) read.stream.push(...more.stream);
   t.same(read.stream.map((c) => (c.output as string).slice(0, 2)), Array.from({ length: 20 }, (_, i) => String(i).padStart(2, '0')), 'all 20, in order');
   t.ok(read.stream.every((c) => (c.output as string).length === MB), 'whole');

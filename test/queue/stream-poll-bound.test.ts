@@ -22,15 +22,22 @@ t.test('a poll hands out a bounded share of a large backlog of chunks; the next 
 
   const seen: number[] = [];
   const sizes: number[] = [];
+  const statuses: string[] = [];
   for (let polls = 0; polls < CHUNKS + 2; polls++) {
-    const r = await a.req('GET', `/v2/${ep}/stream/${id}`);
+    // ?wait=0: answered at once, not paced as a poll right after the last one is.
+    const r = await a.req('GET', `/v2/${ep}/stream/${id}?wait=0`);
     t.equal(r.status, 200);
     const body = r.json as { status: string; stream: { output: string }[] };
-    t.equal(body.status, 'COMPLETED');
+    statuses.push(body.status);
     if (body.stream.length === 0) break;
     sizes.push(r.text.length);
     for (const c of body.stream) seen.push(Number(c.output.slice(0, c.output.indexOf(':'))));
   }
+  // A client that stops at a final status (runpod-sdk's stream()) must not stop while chunks
+  // are left: each poll that leaves some says IN_PROGRESS; the one with the last says COMPLETED.
+  const last = sizes.length - 1;
+  t.same(statuses.slice(0, last), Array(last).fill('IN_PROGRESS'), 'polls that left chunks for the next one say IN_PROGRESS');
+  t.same(statuses.slice(last), statuses.slice(last).map(() => 'COMPLETED'), 'the poll with the last chunks, and any after it, say COMPLETED');
   t.same(seen, Array.from({ length: CHUNKS }, (_, i) => i), 'every chunk once, in order');
   t.ok(sizes.length > 1, `the ${CHUNKS} chunks (${(CHUNKS * pad.length / 1048576).toFixed(0)} MB) came in ${sizes.length} polls`);
   t.ok(Math.max(...sizes) <= STREAM_POLL_BYTES + 1_000_000, `the largest poll was ${(Math.max(...sizes) / 1048576).toFixed(1)} MB`);
