@@ -1419,7 +1419,18 @@ export class JobQueue {
         const stop = worker.stops.get(id);
         // Listed, so registered: its first ping without the job ends the stop (#requestStop).
         if (stop) stop.keepUntil = 0;
-        else this.#requestStop(worker, id, 'not its job');
+        else {
+          this.#requestStop(worker, id, 'not its job');
+          // Running on another worker, while this one still runs an older attempt: the next
+          // attempt is fenced from it while the stop is pending (#fenceOldRuns), and its row
+          // names it too, so a restart keeps that (#bootFences) rather than forget it until this
+          // worker's next ping. Written once, when the stop begins (not on every ping), in the
+          // batch's next commit; its claim first if not written yet, so the row is running.
+          if (job?.status === 'IN_PROGRESS' && worker.stops.has(id)) {
+            this.#writeClaim(job);
+            this.#batch.write(() => this.#repo.addRunningFence(id, workerId));
+          }
+        }
         // Still running a job it was fenced from: the fence lasts while its pings list the job.
         if (job?.fences?.has(workerId)) job.fences.set(workerId, lease);
         // A queued job it still runs, not fenced from it (its row predates migration 10, or the

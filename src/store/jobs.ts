@@ -44,7 +44,9 @@ export interface JobRow {
   expiresAt: number | null;
   /**
    * A queued job: the workers it is fenced from (they may still run old attempts), as written by
-   * encodeFences (decodeFences reads it), or null.
+   * encodeFences (decodeFences reads it), or null. A running job: those of its last requeue (the
+   * claim leaves the column) and each worker told to stop an older attempt while it ran
+   * (addRunningFence).
    */
   fencedFrom: string | null;
 }
@@ -200,6 +202,8 @@ export class JobsRepo {
   readonly #chunkedJobs: Statement;
   readonly #endedByFlashd: Statement;
   readonly #setFence: Statement;
+  readonly #runningFence: Statement;
+  readonly #setRunningFence: Statement;
 
   /**
    * `secrets` seals extra keys at rest; `unreadable` hears of a row whose sealed extra keys do
@@ -223,6 +227,10 @@ export class JobsRepo {
       completed_at = NULL, expires_at = NULL, ended_by_flashd = 0, retries = ?, attempt = ?, queued_at = ?, lost_ms = ?, fenced_from = ? WHERE id = ?`);
     // Migration 10: a queued job's fence set or ended outside a requeue (a ping, a worker letting go).
     this.#setFence = db.prepare("UPDATE jobs SET fenced_from = ? WHERE id = ? AND status = 'IN_QUEUE'");
+    // A running job's row keeps the fence of its last requeue (the claim leaves it), and names a
+    // worker whose stop for it began while it ran (addRunningFence).
+    this.#runningFence = db.prepare("SELECT fenced_from FROM jobs WHERE id = ? AND status = 'IN_PROGRESS'").pluck();
+    this.#setRunningFence = db.prepare("UPDATE jobs SET fenced_from = ? WHERE id = ? AND status = 'IN_PROGRESS'");
     // Migration 8: a FAILED row that flashd ended, not a worker's result (rare: attempts used up).
     this.#endedByFlashd = db.prepare("UPDATE jobs SET ended_by_flashd = 1 WHERE id = ? AND status = 'FAILED'");
     // A running job's last progress update, in `output` until its final state overwrites it (a
@@ -505,6 +513,21 @@ export class JobsRepo {
   /** A queued job's fences: the workers it is fenced from (encodeFences), or null when none (a no-op once not queued). */
   setFence(id: string, fencedFrom: string | null): void {
     this.#setFence.run(fencedFrom, id);
+  }
+
+  /**
+   * Adds `workerId` to a running job's `fenced_from` (a no-op when the row names it already or
+   * the job is not running): a worker told to stop an older attempt while the job runs on
+   * another, so a restart still knows it may run one (JobQueue.#bootFences). Read and written
+   * in the same transaction, after the writes queued before it, so a requeue's fence in the
+   * same commit is kept.
+   */
+  addRunningFence(id: string, workerId: string): void {
+    const text = this.#runningFence.get(id) as string | null | undefined;
+    if (text === undefined) return;
+    const ids = decodeFences(text);
+    if (ids.includes(workerId)) return;
+    this.#setRunningFence.run(encodeFences([...ids, workerId]), id);
   }
 
   /** How long the result of an unfinished job will be kept (`/status?ttl=`). */

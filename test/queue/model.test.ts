@@ -75,7 +75,8 @@ interface MJob {
   fences: Map<string, number>;
   /**
    * The workers its row's `fenced_from` names: its fences when last claimed (a claim leaves the
-   * column as the requeue, /retry or ping wrote it while queued).
+   * column as the requeue, /retry or ping wrote it while queued), and each worker whose stop
+   * for it began while it ran (a ping listing it while another worker holds it).
    */
   rowFenced: string[];
   /**
@@ -540,7 +541,12 @@ async function opPing(c: Ctx, sw: SimWorker, ids: string[]) {
       // Listed, so registered: its next ping without the job ends the stop, whenever it took it.
       const stop = sw.stops.get(id);
       if (stop) stop.keepUntil = 0;
-      else requestStop(c, sw, id);
+      else {
+        requestStop(c, sw, id);
+        // Running on another worker: the stop that begins now is written into its row too
+        // (fenced_from), so a restart fences the next attempt from this worker (bootFenced).
+        if (j?.status === 'IN_PROGRESS' && sw.stops.has(id) && !j.rowFenced.includes(wid)) j.rowFenced = [...j.rowFenced, wid];
+      }
       if (j?.fences.has(wid)) j.fences.set(wid, now(c) + LEASE);
       else if (j?.status === 'IN_QUEUE') {
         // It still runs an old attempt of a queued job: fenced from it (beside any other fence).
@@ -925,7 +931,8 @@ async function restart(c: Ctx) {
         c.workers.find((x) => x.w.workerId === fenced)?.restored.add(j.id);
       }
     } else j.fences = new Map();
-    // A running job's row still names the workers its last requeue fenced it from (JobQueue.#bootFences).
+    // A running job's row still names the workers its last requeue fenced it from, and those told
+    // to stop an older attempt while it ran (JobQueue.#bootFences).
     j.bootFenced = new Set();
     if (j.status === 'IN_PROGRESS') {
       for (const fenced of j.rowFenced) {

@@ -5,7 +5,9 @@
  * attempt. A ping that lists a queued job its worker does not hold fences it again, and the
  * fenced worker is kept in the job's row (migration 10), so a job-take before any ping is
  * refused too. A ping listing a job whose result the same worker posted before the restart
- * asks for no stop: its row says who posted it.
+ * asks for no stop: its row says who posted it. A worker told to stop an older attempt while
+ * the job runs on another (its ping lists the job) is written into the running row as well, so
+ * a restart fences the job's next attempt from it before it pings again.
  */
 import t, { type Test } from 'tap';
 import { ManualClock } from '../../src/core/clock.js';
@@ -17,10 +19,10 @@ import { testDataDir } from '../helpers/data-dir.js';
  * One agent on a data dir with a manual clock (lease 3 s), an endpoint without managed workers,
  * and `restart()`: close and start again on the same dir, the given workers moved to it.
  */
-async function scene(t: Test) {
+async function scene(t: Test, extra: Record<string, unknown> = {}) {
   const clock = new ManualClock();
   const dir = testDataDir(t);
-  const config = { takeHoldMs: 100, leaseMs: 3000 };
+  const config = { takeHoldMs: 100, leaseMs: 3000, ...extra };
   const s = {
     clock,
     a: (await startAgent(t, config, { clock, dir })) as TestAgent,
@@ -253,4 +255,42 @@ t.test('a worker whose first ping after the restart leaves out a job running on 
   s.a.agent.queue.reap();
   t.equal((await s.a.req('GET', `/v2/${s.ep}/status/${id}`)).json.status, 'IN_QUEUE', 'requeued: w2 lost its lease');
   t.equal((await w1.take())?.id, id, 'w1 may take the next attempt');
+});
+
+t.test("a stop that begins while the job runs on another worker (a ping of a worker it was presumed gone from) is kept across a restart: the job's next attempt is fenced from it", async (t) => {
+  const s = await scene(t, { maxAttempts: 5 });
+  let w1 = await s.worker();
+  let w2 = await s.worker();
+  let w3 = await s.worker();
+  let w4 = await s.worker();
+  const id = await s.run({ n: 1 });
+  const row = () => s.a.agent.db.prepare('SELECT status, worker_id AS workerId, fenced_from AS fencedFrom FROM jobs WHERE id = ?').get(id);
+  t.equal((await w1.take())?.id, id, 'w1 runs the first attempt');
+  // w1 goes silent (a partition) while it still runs it: its lease lapses, and two leases on
+  // the registry presumes it gone and forgets it, its stop with it.
+  s.lapse();
+  s.clock.advance(6001);
+  s.a.agent.queue.reap();
+  t.equal((await w2.take())?.id, id, 'the second attempt goes to w2 (the fence on w1 ran out)');
+  // w2 loses its lease too: the requeue's fence names w2, not w1 (nothing said it still runs).
+  s.lapse();
+  t.equal((await w3.take())?.id, id, 'the third attempt goes to w3');
+  s.clock.advance(200);
+  await new Promise((resolve) => setTimeout(resolve, 250)); // its claim is written (CLAIM_SAVE_DELAY_MS)
+  // w1 comes back: its heartbeat still lists the job of its first attempt, which w3 now runs.
+  t.equal(await w1.ping([id]), 200);
+  t.same(await w1.stops(), [id], 'w1 is told to stop its old run');
+  await s.a.agent.queue.durable();
+  t.match(row(), { status: 'IN_PROGRESS', workerId: w3.workerId }, 'the job runs on w3');
+  t.ok(String((row() as { fencedFrom: string | null }).fencedFrom).includes(w1.workerId), "and its row names w1, whose stop began while it ran (so a restart keeps it)");
+
+  [w1, w2, w3, w4] = (await s.restart(w1, w2, w3, w4)) as [TestWorker, TestWorker, TestWorker, TestWorker];
+  // w3 goes silent: its lease lapses after the restart, before w1 has pinged again.
+  s.lapse();
+  t.equal((await s.a.req('GET', `/v2/${s.ep}/status/${id}`)).json.status, 'IN_QUEUE', 'requeued: w3 lost its lease');
+  t.equal(await w1.take(), null, 'w1, which still runs the first attempt, is not handed the fourth (its first call since the restart)');
+  t.equal((await w4.take())?.id, id, 'another worker takes it');
+  t.equal((await w1.done(id, { output: 'first run' })).status, 409, "w1's late result of the first attempt is refused");
+  t.equal((await w4.done(id, { output: 'fourth run' })).status, 200);
+  t.equal((await s.a.req('GET', `/v2/${s.ep}/status/${id}`)).json.output, 'fourth run', "the job's output is the fourth attempt's, not the first's");
 });
