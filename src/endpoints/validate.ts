@@ -89,11 +89,21 @@ export function assertWithTimeoutHint<T>(schema: string, raw: unknown, field: st
 }
 
 /**
+ * RunPod's names for a setting that a flashd body has under another name: a value is its place
+ * here (said `here it is workers.max`), or `{ say }`, the whole of what to say instead.
+ */
+type FieldPlaces = Readonly<Record<string, string | { say: string }>>;
+
+/** Where a table's names come from, said in the error; null: RunPod's word, from no body of its own. */
+interface NameSource { readonly fields: FieldPlaces; readonly origin: string | null }
+
+/**
  * Where each field of the older `/v1/endpoints` body (RunPod's REST names, which flashd's `/v1`
  * takes too) lives in a `/v2` body: sent to `/v2/serverless`, such a field is an unknown property,
- * and the error says where it goes rather than only that it is unknown.
+ * and the error says where it goes rather than only that it is unknown. RunPod GraphQL's
+ * `saveEndpoint` shares these names (`workersMax`, `scalerType`, `gpuCount`, …).
  */
-const V1_FIELDS: Readonly<Record<string, string>> = {
+const V1_FIELDS: FieldPlaces = {
   gpuTypeIds: 'gpu.pools with gpu.excludedTypes, or send it as it is to POST /v1/endpoints',
   gpuCount: 'gpu.count',
   cpuFlavorIds: 'cpu[].id',
@@ -108,8 +118,17 @@ const V1_FIELDS: Readonly<Record<string, string>> = {
   networkVolumeId: 'mounts.network',
 };
 
+/** The names of RunPod GraphQL's `saveEndpoint` (what flash and the console send) not in {@link V1_FIELDS}. */
+const GRAPHQL_ENDPOINT_FIELDS: FieldPlaces = {
+  gpuIds: 'gpu.pools, an array of pool ids (not a comma-separated string), with each "-TYPE" of it in gpu.excludedTypes',
+  locations: 'dataCenterIds, an array of data center ids (not a comma-separated string)',
+  instanceIds: 'cpu, a list of {"id": CPU flavor id, "vcpuCount": N}',
+  networkVolumeIds: 'mounts.network, a list of {"volumeId": ID}',
+  flashBootType: 'flashboot: "OFF", "FLASHBOOT" or "PRIORITY_FLASHBOOT"',
+};
+
 /** Where each field of RunPod's REST template body lives in a flashd template body (see {@link V1_FIELDS}). */
-const REST_TEMPLATE_FIELDS: Readonly<Record<string, string>> = {
+const REST_TEMPLATE_FIELDS: FieldPlaces = {
   imageName: 'image',
   containerDiskInGb: 'disk',
   dockerStartCmd: 'args',
@@ -118,51 +137,81 @@ const REST_TEMPLATE_FIELDS: Readonly<Record<string, string>> = {
   containerRegistryAuthId: 'registry',
 };
 
+const REST_TEMPLATE = "a field of RunPod's REST template body";
+
+/** The names RunPod users type in an endpoint create or PATCH, first table first. */
+const ENDPOINT_NAME_SOURCES: readonly NameSource[] = [
+  { fields: V1_FIELDS, origin: 'a POST /v1/endpoints field' },
+  { fields: GRAPHQL_ENDPOINT_FIELDS, origin: "a field of RunPod GraphQL's saveEndpoint" },
+  // An endpoint body holds a template's fields too, and takes the command as cmd and entrypoint.
+  { fields: { ...REST_TEMPLATE_FIELDS, dockerStartCmd: 'cmd', dockerEntrypoint: 'entrypoint' }, origin: REST_TEMPLATE },
+  // RunPod's console and docs call it the scaler; only a create takes templateId here.
+  { fields: { scaler: 'scaling: {"type": "QUEUE_DELAY", "queueDelay": N} or {"type": "REQUEST_COUNT", "requestCount": N}' }, origin: null },
+  { fields: { templateId: { say: 'here a template is read only at create: send the fields to change (image, args, env, …) themselves' } }, origin: "RunPod's REST PATCH takes it" },
+];
+
 /**
- * `check()`, with each top-level unknown property that `fields` knows pointed at its place here:
+ * `check()`, with each top-level unknown property that `sources` know pointed at its place here:
  * `/workersMax: unknown property (a POST /v1/endpoints field); here it is workers.max`.
  */
-export function withFieldPlaces<T>(check: () => T, fields: Readonly<Record<string, string>>, origin: string): T {
+function withFieldPlaces<T>(check: () => T, sources: readonly NameSource[]): T {
   try {
     return check();
   } catch (err) {
     if (!(err instanceof AgentError) || !err.errors) throw err;
     let hinted = false;
     const errors = err.errors.map((e) => {
-      const m = /^\/(\w+): unknown property$/.exec(e);
-      const place = m && Object.hasOwn(fields, m[1] as string) ? fields[m[1] as string] : undefined;
-      if (place === undefined) return e;
+      const name = /^\/(\w+): unknown property$/.exec(e)?.[1];
+      const source = name === undefined ? undefined : sources.find((s) => Object.hasOwn(s.fields, name));
+      if (name === undefined || source === undefined) return e;
       hinted = true;
-      return `${e} (${origin}); here it is ${place}`;
+      const place = source.fields[name] as string | { say: string };
+      return `${e}${source.origin === null ? '' : ` (${source.origin})`}; ${typeof place === 'string' ? `here it is ${place}` : place.say}`;
     });
     throw hinted ? validationError(errors) : err;
   }
 }
 
-const ENV_NOT_OBJECT = '/env: must be object';
-const ENV_SHAPE = `/env: must be an object of variable names to string values ({"NAME": "value"}), not an array (RunPod GraphQL's list of {key, value} pairs)`;
+/**
+ * A schema error at a top-level field that a value of another shape is told more about: `error`
+ * is the schema's words, `when` picks the values it applies to, `say` the entry instead.
+ */
+interface ShapeHint { readonly field: string; readonly error: string; when(value: unknown): boolean; say(error: string): string }
+
+const ENV_SHAPE_HINT: ShapeHint = {
+  field: 'env', error: '/env: must be object', when: Array.isArray,
+  say: () => '/env: must be an object of variable names to string values ({"NAME": "value"}), not an array (RunPod GraphQL\'s list of {key, value} pairs)',
+};
+
+const FLASHBOOT_SHAPE_HINT: ShapeHint = {
+  field: 'flashboot', error: '/flashboot: must be one of "OFF", "FLASHBOOT", "PRIORITY_FLASHBOOT"', when: (v) => typeof v === 'boolean',
+  say: (e) => `${e} (POST /v1/endpoints takes a boolean; here true is "FLASHBOOT" and false "OFF")`,
+};
 
 /**
- * `check()`, with an `env` sent as an array (RunPod's GraphQL takes `[{key, value}, …]`) told
- * the shape taken here instead of the schema's bare `must be object`.
+ * `check()`, with a field sent in another API's shape (RunPod GraphQL's `env` list of
+ * `{key, value}`, `/v1`'s boolean `flashboot`) told the shape taken here instead of the schema's
+ * bare words.
  */
-function withEnvShape<T>(check: () => T, raw: unknown): T {
+function withShapeHints<T>(check: () => T, raw: unknown, hints: readonly ShapeHint[]): T {
   try {
     return check();
   } catch (err) {
-    if (!(err instanceof AgentError) || !err.errors?.includes(ENV_NOT_OBJECT) || !isObject(raw) || !Array.isArray(raw['env'])) throw err;
-    throw validationError(err.errors.map((e) => (e === ENV_NOT_OBJECT ? ENV_SHAPE : e)));
+    if (!(err instanceof AgentError) || !err.errors || !isObject(raw)) throw err;
+    const apply = hints.filter((h) => err.errors?.includes(h.error) && h.when(raw[h.field]));
+    if (!apply.length) throw err;
+    throw validationError(err.errors.map((e) => apply.find((h) => h.error === e)?.say(e) ?? e));
   }
 }
 
 /** The schema check of a template body, RunPod's REST template names pointed at their place here. */
 export function assertTemplateBody<T>(schema: 'TemplateCreate' | 'TemplateUpdate', raw: unknown): T {
-  return withEnvShape(() => withFieldPlaces(() => assertSchema<T>(schema, raw), REST_TEMPLATE_FIELDS, "a field of RunPod's REST template body"), raw);
+  return withShapeHints(() => withFieldPlaces(() => assertSchema<T>(schema, raw), [{ fields: REST_TEMPLATE_FIELDS, origin: REST_TEMPLATE }]), raw, [ENV_SHAPE_HINT]);
 }
 
-/** The schema check of an endpoint body, its top-level `/v1` field names pointed at their `/v2` place. */
+/** The schema check of an endpoint body, RunPod's names for its fields pointed at their `/v2` place. */
 function assertEndpointBody(schema: 'EndpointCreate' | 'EndpointUpdate', raw: unknown): EndpointBody {
-  return withEnvShape(() => withFieldPlaces(() => assertWithTimeoutHint<EndpointBody>(schema, raw, 'timeout'), V1_FIELDS, 'a POST /v1/endpoints field'), raw);
+  return withShapeHints(() => withFieldPlaces(() => assertWithTimeoutHint<EndpointBody>(schema, raw, 'timeout'), ENDPOINT_NAME_SOURCES), raw, [ENV_SHAPE_HINT, FLASHBOOT_SHAPE_HINT]);
 }
 
 /**

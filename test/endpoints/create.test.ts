@@ -633,6 +633,47 @@ t.test('a /v2 body with the older /v1/endpoints field names (workersMax, gpuType
   t.same(p.json.errors, ['/workersMin: unknown property (a POST /v1/endpoints field); here it is workers.min'], 'a PATCH alike');
 });
 
+t.test('a /v2 body with RunPod GraphQL, template or console names (scaler, gpuIds, locations, imageName, flashboot: true, …) says where each one goes here', async (t) => {
+  const a = await startAgent(t);
+  const GQL = "(a field of RunPod GraphQL's saveEndpoint)";
+  const TPL = "(a field of RunPod's REST template body)";
+  // Each was a bare "unknown property" (or the enum alone for a boolean flashboot): a RunPod user
+  // types the names of RunPod's console, GraphQL and REST bodies, too far from flashd's for a guess.
+  const { scaling, image: _image, ...rest } = cpuBody();
+  const r = await createEndpoint(a, {
+    ...rest, scaler: scaling, locations: 'EU-RO-1', flashBootType: 'FLASHBOOT', instanceIds: ['cpu3c-2-4'], networkVolumeIds: ['v1'],
+    imageName: 'a/b:1', containerDiskInGb: 20, dockerArgs: 'python h.py', dockerStartCmd: ['python', 'h.py'], dockerEntrypoint: ['bash'], foo: 1,
+  });
+  assertProblem(t, r, 400);
+  t.same([...r.json.errors].sort(), [
+    '/scaling: is required',
+    '/scaler: unknown property; here it is scaling: {"type": "QUEUE_DELAY", "queueDelay": N} or {"type": "REQUEST_COUNT", "requestCount": N}',
+    `/locations: unknown property ${GQL}; here it is dataCenterIds, an array of data center ids (not a comma-separated string)`,
+    `/flashBootType: unknown property ${GQL}; here it is flashboot: "OFF", "FLASHBOOT" or "PRIORITY_FLASHBOOT"`,
+    `/instanceIds: unknown property ${GQL}; here it is cpu, a list of {"id": CPU flavor id, "vcpuCount": N}`,
+    `/networkVolumeIds: unknown property ${GQL}; here it is mounts.network, a list of {"volumeId": ID}`,
+    `/imageName: unknown property ${TPL}; here it is image`,
+    `/containerDiskInGb: unknown property ${TPL}; here it is disk`,
+    `/dockerArgs: unknown property ${TPL}; here it is args`,
+    `/dockerStartCmd: unknown property ${TPL}; here it is cmd`,
+    `/dockerEntrypoint: unknown property ${TPL}; here it is entrypoint`,
+    '/foo: unknown property',
+  ].sort(), 'each RunPod name gets its place here; any other unknown property stays as it was');
+  const g = await createEndpoint(a, omit(queueBody({ gpuIds: 'AMPERE_24,-NVIDIA L4', flashboot: true }), 'gpu'));
+  t.same([...g.json.errors].sort(), [
+    '/flashboot: must be one of "OFF", "FLASHBOOT", "PRIORITY_FLASHBOOT" (POST /v1/endpoints takes a boolean; here true is "FLASHBOOT" and false "OFF")',
+    `/gpuIds: unknown property ${GQL}; here it is gpu.pools, an array of pool ids (not a comma-separated string), with each "-TYPE" of it in gpu.excludedTypes`,
+  ].sort(), 'gpuIds and a boolean flashboot');
+  t.same((await createEndpoint(a, queueBody({ flashboot: 'ON' }))).json.errors, ['/flashboot: must be one of "OFF", "FLASHBOOT", "PRIORITY_FLASHBOOT"'], 'a string flashboot: as before');
+  const ep = (await mustCreate(t, a, cpuBody())).id as string;
+  const p = await a.req('PATCH', `/v2/serverless/${ep}`, { body: { scaler: scaling, templateId: 'tpl1', flashboot: false } });
+  t.same([...p.json.errors].sort(), [
+    '/flashboot: must be one of "OFF", "FLASHBOOT", "PRIORITY_FLASHBOOT" (POST /v1/endpoints takes a boolean; here true is "FLASHBOOT" and false "OFF")',
+    '/scaler: unknown property; here it is scaling: {"type": "QUEUE_DELAY", "queueDelay": N} or {"type": "REQUEST_COUNT", "requestCount": N}',
+    "/templateId: unknown property (RunPod's REST PATCH takes it); here a template is read only at create: send the fields to change (image, args, env, …) themselves",
+  ].sort(), 'a PATCH alike, templateId included');
+});
+
 t.test('env sent as a list of {key, value} pairs (RunPod GraphQL\'s shape) says which shape is taken, on endpoints and templates', async (t) => {
   const a = await startAgent(t);
   const expected = '/env: must be an object of variable names to string values ({"NAME": "value"}), not an array (RunPod GraphQL\'s list of {key, value} pairs)';
