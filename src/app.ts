@@ -6,7 +6,7 @@ import { randomBytes } from 'node:crypto';
 import { lstatSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import pkg from '../package.json' with { type: 'json' };
-import { createApi, jobRoutes, workerRoutes, type Api } from './api/index.js';
+import { createApi, jobRoutes, workerRoutes, type Api, type WorkerKeyMistake } from './api/index.js';
 import { AuthService, JobRateLimiter, RateLimiter } from './auth/index.js';
 import type { FlashdConfig } from './config/index.js';
 import { systemClock, type Clock } from './core/clock.js';
@@ -493,22 +493,26 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
 
     // A worker refused for a key that is no flashd key: runpod-python sends the api_key of a
     // ~/.runpod/config.toml baked into the image instead of RUNPOD_AI_API_KEY (for job-take,
-    // job-done, job-stream and job-stop; its ping uses the variable). Once a minute per endpoint.
-    const foreignKeyLogged = new Map<string, number>();
-    const onForeignWorkerKey = (endpointId: string, workerId: string | undefined): void => {
+    // job-done, job-stream and job-stop; its ping uses the variable), and an empty header when
+    // that file's [default] profile has no api_key. Once a minute per endpoint and kind.
+    const keyMistakeLogged = new Map<string, number>();
+    const onWorkerKeyMistake = (endpointId: string, workerId: string | undefined, kind: WorkerKeyMistake): void => {
       if (!endpoints.byId(endpointId)) return;
       const now = clock.now();
-      const last = foreignKeyLogged.get(endpointId);
+      const at = `${kind} ${endpointId}`;
+      const last = keyMistakeLogged.get(at);
       if (last !== undefined && now - last < 60_000) return;
-      if (foreignKeyLogged.size > 10_000) foreignKeyLogged.clear();
-      foreignKeyLogged.set(endpointId, now);
+      if (keyMistakeLogged.size > 10_000) keyMistakeLogged.clear();
+      keyMistakeLogged.set(at, now);
       const who = workerId === undefined ? 'a worker' : `worker ${JSON.stringify(workerId.slice(0, 64))}`;
-      logs.append(endpointId, null, 'system', `${who} sent a key that is no flashd key (flashd's keys start with fd_) and was refused (401): a RunPod API key baked into the image may be replacing the one flashd gives (runpod-python sends the api_key of a ~/.runpod/config.toml, when the image has one, instead of RUNPOD_AI_API_KEY on job-take, job-done and job-stream); remove that file from the image (said at most once a minute)`);
+      logs.append(endpointId, null, 'system', kind === 'foreign'
+        ? `${who} sent a key that is no flashd key (flashd's keys start with fd_) and was refused (401): a RunPod API key baked into the image may be replacing the one flashd gives (runpod-python sends the api_key of a ~/.runpod/config.toml, when the image has one, instead of RUNPOD_AI_API_KEY on job-take, job-done and job-stream); remove that file from the image (said at most once a minute)`
+        : `${who} sent an empty Authorization header and was refused (401): a ~/.runpod/config.toml in the image with a [default] profile but no api_key line makes runpod-python send an empty key instead of RUNPOD_AI_API_KEY on job-take, job-done and job-stream (its ping, which uses the variable, still works); remove that file from the image. A worker started by hand sends one too when RUNPOD_AI_API_KEY is unset or empty (flashd worker-env gives it) (said at most once a minute)`);
     };
     const api = createApi({
       services: { endpoints, auth, urls, dataCenters: () => dataCenters, inventory: () => ledger.inventory(), version: VERSION,
         commandsRunOnHost: config.runtime === 'process', containerRuntime: runtime && !runtime.runsOnHost ? runtime.name : null },
-      auth, rateLimiter, jobRateLimiter, log: log.child({ component: 'api' }), storeFailures, maxBodyBytes: config.maxBodyBytes, onForeignWorkerKey,
+      auth, rateLimiter, jobRateLimiter, log: log.child({ component: 'api' }), storeFailures, maxBodyBytes: config.maxBodyBytes, onWorkerKeyMistake,
       extraRoutes: [
         ...jobRoutes({ queue, endpoints, now: () => clock.now(), webhookAllowPrivate: config.webhookAllowPrivate }),
         ...workerRoutes({

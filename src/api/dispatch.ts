@@ -37,10 +37,12 @@ export interface DispatcherOptions {
   maxBodyBytes: number;
   /**
    * Told of a worker route refused with a 401 for a key that is not in flashd's format (no
-   * `fd_` key): runpod-python sends the key of a `~/.runpod/config.toml` in the image instead of
-   * RUNPOD_AI_API_KEY. `workerId` is the one in the path. Never given the key.
+   * `fd_` key, `foreign`) or for an Authorization header that is there but empty (`empty`):
+   * runpod-python sends the `api_key` of a `~/.runpod/config.toml` in the image instead of
+   * RUNPOD_AI_API_KEY, and "" when that file's `[default]` has none. `workerId` is the one in
+   * the path. Never given the key.
    */
-  onForeignWorkerKey?: (endpointId: string, workerId: string | undefined) => void;
+  onWorkerKeyMistake?: (endpointId: string, workerId: string | undefined, kind: WorkerKeyMistake) => void;
   /** A host-based handler (load-balancing endpoints) tried before the route table. */
   hostHandler?: (method: string, path: string, headers: Readonly<Record<string, string>>) => RouteDecision | undefined;
 }
@@ -79,14 +81,21 @@ export function withoutBom(text: string): string {
   return text.charCodeAt(0) === 0xfeff ? text.slice(1) : text;
 }
 
+/** What a worker refused with a 401 sent that its image may be the cause of. */
+export type WorkerKeyMistake = 'foreign' | 'empty';
+
 /**
- * Whether the Authorization header holds a key that is not in flashd's format: not an `fd_` key
- * (a malformed one included) nor a session token. An operator's FLASHD_ADMIN_API_KEY is foreign
- * too, but it authenticates and is never refused.
+ * `foreign` when the Authorization header holds a key that is not in flashd's format: not an
+ * `fd_` key (a malformed one included) nor a session token (an operator's FLASHD_ADMIN_API_KEY is
+ * foreign too, but it authenticates and is never refused); `empty` when the header is there with
+ * nothing in it (no header at all, as a hand-written client sends, is neither).
  */
-function presentsForeignKey(headers: Readonly<Record<string, string>>): boolean {
-  const m = /^\s*(?:Bearer\s+)?(\S+)\s*$/i.exec(headers['authorization'] ?? '');
-  return m !== null && !/^Bearer$/i.test(m[1] as string) && !(m[1] as string).startsWith('fds_') && checkKeyFormat(m[1] as string) === 'foreign';
+function workerKeyMistake(headers: Readonly<Record<string, string>>): WorkerKeyMistake | undefined {
+  const raw = headers['authorization'];
+  if (raw === undefined) return undefined;
+  if (raw.trim() === '') return 'empty';
+  const m = /^\s*(?:Bearer\s+)?(\S+)\s*$/i.exec(raw);
+  return m !== null && !/^Bearer$/i.test(m[1] as string) && !(m[1] as string).startsWith('fds_') && checkKeyFormat(m[1] as string) === 'foreign' ? 'foreign' : undefined;
 }
 
 export function createDispatcher(options: DispatcherOptions): (method: string, path: string, headers: Readonly<Record<string, string>>) => RouteDecision {
@@ -228,8 +237,9 @@ export function createDispatcher(options: DispatcherOptions): (method: string, p
       } catch (err) {
         refused = err;
         const endpointId = match.params['endpointId'];
-        if (route.auth === 'worker' && endpointId !== undefined && options.onForeignWorkerKey && toAgentError(err).status === 401 && presentsForeignKey(req.headers)) {
-          options.onForeignWorkerKey(endpointId, match.params['workerId']);
+        if (route.auth === 'worker' && endpointId !== undefined && options.onWorkerKeyMistake && toAgentError(err).status === 401) {
+          const mistake = workerKeyMistake(req.headers);
+          if (mistake !== undefined) options.onWorkerKeyMistake(endpointId, match.params['workerId'], mistake);
         }
         return false;
       }

@@ -3,7 +3,7 @@ import type { FailureStreak } from '../core/failure-streak.js';
 import type { Logger } from '../core/logger.js';
 import type { OutgoingReply, RouteDecision } from '../http/index.js';
 import { catalogRoutes } from './catalog.js';
-import { createDispatcher } from './dispatch.js';
+import { createDispatcher, type WorkerKeyMistake } from './dispatch.js';
 import { identityRoutes } from './identity.js';
 import { loadBalancerHosts } from './lb-host.js';
 import { legacyRoutes } from './legacy.js';
@@ -16,6 +16,7 @@ import type { ApiServices } from './services.js';
 
 export type { ApiServices, InventoryGpu } from './services.js';
 export type { RouteDef } from './route.js';
+export type { WorkerKeyMistake } from './dispatch.js';
 export { buildOpenApi } from './openapi.js';
 export { jobRoutes, type JobRouteServices } from './jobs.js';
 export { workerRoutes, type WorkerRouteServices } from './worker.js';
@@ -38,8 +39,8 @@ export interface CreateApiOptions {
   maxBodyBytes: number;
   /** Routes contributed by other components (queue, workers, logs). */
   extraRoutes?: readonly RouteDef[];
-  /** See DispatcherOptions.onForeignWorkerKey. */
-  onForeignWorkerKey?: (endpointId: string, workerId: string | undefined) => void;
+  /** See DispatcherOptions.onWorkerKeyMistake. */
+  onWorkerKeyMistake?: (endpointId: string, workerId: string | undefined, kind: WorkerKeyMistake) => void;
 }
 
 const EARLY_CODES = { 'payload-too-large': 'PAYLOAD_TOO_LARGE', 'bad-request': 'BAD_REQUEST', internal: 'INTERNAL', unavailable: 'UNAVAILABLE' } as const;
@@ -70,7 +71,7 @@ export function createApi(options: CreateApiOptions): Api {
   const resolve = createDispatcher({
     routes, auth: options.auth, rateLimiter: options.rateLimiter, jobRateLimiter: options.jobRateLimiter,
     endpointOwner: (id) => s.endpoints.byId(id)?.ownerId, log: options.log, storeFailures: options.storeFailures, maxBodyBytes: options.maxBodyBytes,
-    ...(options.onForeignWorkerKey ? { onForeignWorkerKey: options.onForeignWorkerKey } : {}),
+    ...(options.onWorkerKeyMistake ? { onWorkerKeyMistake: options.onWorkerKeyMistake } : {}),
     // A load-balancing endpoint's host: a 404 for any path, not flashd's own routes.
     hostHandler: loadBalancerHosts(s.urls, options.maxBodyBytes, (id) => s.endpoints.byId(id)?.data.type),
   });

@@ -2,6 +2,7 @@
  * Worker keys handed out by worker-env can be found and revoked like API keys, act only as the
  * worker they were made for, and replies that carry a credential are never cached.
  */
+import { connect } from 'node:net';
 import { join } from 'node:path';
 import Database from 'better-sqlite3';
 import t from 'tap';
@@ -260,4 +261,51 @@ t.test('a worker route refused for a key that is no flashd key says once a minut
   assertProblem(t, await a.req('GET', '/v2/nosuchendpoint1/ping/w1?gpu=x', { key: null, headers: { authorization: runpodKey } }), 401);
   assertProblem(t, await a.req('GET', `/v2/serverless/${ep}`, { key: runpodKey }), 401);
   t.equal((await lines()).length, 2, 'nor an unknown endpoint, nor a route that is not a worker route');
+});
+
+t.test('a worker route refused for an EMPTY Authorization header, as runpod-python sends when the image\'s ~/.runpod/config.toml has [default] without api_key, says so once a minute in the endpoint log', async (t) => {
+  const clock = new ManualClock(Date.now());
+  const a = await startAgent(t, {}, { clock });
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  const lines = async (re: RegExp) => ((await a.req('GET', `/v2/serverless/${ep}/logs`)).json as { line: string }[]).map((l) => l.line).filter((l) => re.test(l));
+  // runpod-python's aiohttp session, its headers from http_client.get_auth_header(): with a
+  // config.toml whose [default] has no api_key, credentials.get("api_key", "") is "", sent as is.
+  // (A refused job-take is answered after a hold; the other worker routes at once.)
+  const sdkRequest = (path: string, authorization: string | null) => new Promise<number>((resolve, reject) => {
+    const { port } = new URL(a.url);
+    const socket = connect(Number(port), '127.0.0.1', () => {
+      socket.write(`GET /v2/${ep}/${path} HTTP/1.1\r\nHost: 127.0.0.1:${port}\r\nContent-Type: application/json\r\n`
+        + (authorization === null ? '' : `Authorization: ${authorization}\r\n`)
+        + 'User-Agent: RunPod-Python-SDK/1.12.0 (Linux 6.8; x86_64) Language/Python 3.11.9\r\nAccept: */*\r\nAccept-Encoding: gzip, deflate\r\nConnection: close\r\n\r\n');
+    });
+    let head = '';
+    socket.on('data', (d) => { head += d.toString('latin1'); });
+    socket.on('end', () => resolve(Number(/^HTTP\/1\.1 (\d{3})/.exec(head)?.[1])));
+    socket.on('error', reject);
+  });
+
+  t.equal(await sdkRequest('job-take/w1?gpu=x&job_in_progress=0', ''), 401, 'an empty Authorization is refused');
+  t.equal(await sdkRequest('job-stop/w1?gpu=x', ''), 401);
+  const first = await lines(/empty Authorization/);
+  t.equal(first.length, 1, `one line for both refusals: ${JSON.stringify(first)}`);
+  t.match(first[0], /worker "w1"/, 'it names the worker');
+  t.match(first[0], /~\/\.runpod\/config\.toml/, 'it names the config file');
+  t.match(first[0], /api_key/, 'and the line it lacks');
+  t.match(first[0], /RUNPOD_AI_API_KEY/, 'and the variable it replaces');
+  t.equal((await lines(/no flashd key/)).length, 0, 'not the line of a foreign key');
+
+  t.equal(await sdkRequest('job-stop/w1?gpu=x', '   '), 401);
+  t.equal(await sdkRequest('job-stop/w1?gpu=x', 'rpa_ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789abcdefgh'), 401);
+  t.equal((await lines(/empty Authorization/)).length, 1, 'at most once a minute');
+  t.equal((await lines(/no flashd key/)).length, 1, 'a foreign key still gets its own line');
+
+  clock.advance(61_000);
+  t.equal(await sdkRequest('job-stop/w1?gpu=x', null), 401);
+  t.equal(await sdkRequest('job-stop/w1?gpu=x', 'Bearer'), 401);
+  t.equal((await lines(/empty Authorization/)).length, 1, 'no header at all, or "Bearer" alone, is no such case');
+  t.equal(await sdkRequest('job-take/w1?gpu=x&job_in_progress=0', ''), 401);
+  t.equal((await lines(/empty Authorization/)).length, 2, 'again after a minute');
+  const other = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  t.equal((await a.req('GET', `/v2/serverless/${other}`, { key: null, headers: { authorization: '' } })).status, 401);
+  t.equal(((await a.req('GET', `/v2/serverless/${other}/logs`)).json as unknown[]).length, 0, 'nor a route that is not a worker route');
 });
