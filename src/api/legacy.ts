@@ -7,7 +7,7 @@
  */
 import { GPU_POOLS, OTHER_POOL, gpuType, gpuTypeMeant, poolTypes } from '../catalog/index.js';
 import { AgentError, validationError } from '../core/errors.js';
-import { assertWithTimeoutHint, type EndpointSpec } from '../endpoints/index.js';
+import { assertWithTimeoutHint, withShapeHints, type EndpointSpec } from '../endpoints/index.js';
 import type { ResourceRow } from '../store/index.js';
 import { requireAdminForHostCommand } from './management.js';
 import type { RouteDef } from './route.js';
@@ -162,7 +162,7 @@ export function legacyRoutes(s: ApiServices): RouteDef[] {
       problems: [400, 401, 403, 404, 413, 415, 422, 429],
       handle: ({ principal, body }) => {
         requireAdminForHostCommand(s, principal, 'creating an endpoint');
-        const b = assertWithTimeoutHint<LegacyBody>('LegacyEndpointCreate', body, 'executionTimeoutMs');
+        const b = withShapeHints(() => assertWithTimeoutHint<LegacyBody>('LegacyEndpointCreate', body, 'executionTimeoutMs'), body);
         const v2 = toV2(b, hostModels());
         let row: ResourceRow<EndpointSpec>;
         try {

@@ -6,6 +6,7 @@
  */
 import { AgentError, validationError } from '../core/errors.js';
 import { sortedJson } from '../core/json-raw.js';
+import { normalizeName } from '../core/names.js';
 import { assertSchema } from '../core/schemas.js';
 import { OTHER_POOL, POOL_IDS, cpuFlavor, gpuType, gpuTypeForName, gpuTypeMeant, poolTypes } from '../catalog/index.js';
 import { applyCommand, CommandError, findLocalTestFlag, localTestFlagMessage, type StoredCommand } from './command.js';
@@ -173,45 +174,111 @@ function withFieldPlaces<T>(check: () => T, sources: readonly NameSource[]): T {
 }
 
 /**
- * A schema error at a top-level field that a value of another shape is told more about: `error`
- * is the schema's words, `when` picks the values it applies to, `say` the entry instead.
+ * A schema entry that a value in another API's shape, or a RunPod console habit, is told more
+ * about: `error` matches the schema's entry, `when` picks the values (the one its pointer
+ * names) it applies to, `say` gives the entry instead. Nothing more is accepted.
  */
-interface ShapeHint { readonly field: string; readonly error: string; when(value: unknown): boolean; say(error: string): string }
+interface ShapeHint { readonly error: RegExp; when(value: unknown): boolean; say(error: string, value: unknown): string }
 
-const ENV_SHAPE_HINT: ShapeHint = {
-  field: 'env', error: '/env: must be object', when: Array.isArray,
-  say: () => '/env: must be an object of variable names to string values ({"NAME": "value"}), not an array (RunPod GraphQL\'s list of {key, value} pairs)',
-};
+/** A number written as a JSON string ("3", "0.5"), short enough to say again. */
+const QUOTED_NUMBER = /^-?\d{1,15}(\.\d{1,6})?$/;
 
-const FLASHBOOT_SHAPE_HINT: ShapeHint = {
-  field: 'flashboot', error: '/flashboot: must be one of "OFF", "FLASHBOOT", "PRIORITY_FLASHBOOT"', when: (v) => typeof v === 'boolean',
-  say: (e) => `${e} (POST /v1/endpoints takes a boolean; here true is "FLASHBOOT" and false "OFF")`,
-};
+const SHAPE_HINTS: readonly ShapeHint[] = [
+  {
+    error: /^\/env: must be object$/, when: Array.isArray,
+    say: () => '/env: must be an object of variable names to string values ({"NAME": "value"}), not an array (RunPod GraphQL\'s list of {key, value} pairs)',
+  },
+  { error: /^\/flashboot: must be one of "OFF", /, when: (v) => typeof v === 'boolean', say: (e) => `${e} (POST /v1/endpoints takes a boolean; here true is "FLASHBOOT" and false "OFF")` },
+  { error: /^\/type: must be one of "QUEUE", "LOAD_BALANCER"$/, when: (v) => v === 'QB', say: (e) => `${e} (RunPod's "QB" is "QUEUE" here)` },
+  { error: /^\/type: must be one of "QUEUE", "LOAD_BALANCER"$/, when: (v) => v === 'LB', say: (e) => `${e} (RunPod's "LB" is "LOAD_BALANCER" here)` },
+  // Another letter case or separator of an allowed value: "queue_delay", "flashboot", "Queue".
+  {
+    error: /^[^:]*: must be one of "/, when: (v) => typeof v === 'string' && v.length <= 64,
+    say: (e, v) => {
+      let allowed: unknown[];
+      try {
+        allowed = JSON.parse(`[${e.slice(e.indexOf(': must be one of ') + 17)}]`) as unknown[];
+      } catch {
+        return e;
+      }
+      const meant = allowed.find((a) => typeof a === 'string' && normalizeName(a) === normalizeName(v as string));
+      return meant === undefined ? e : `${e} (did you mean ${JSON.stringify(meant)}?)`;
+    },
+  },
+  {
+    error: /^[^:]*: must be (integer|number)$/, when: (v) => typeof v === 'string' && QUOTED_NUMBER.test(v),
+    // "1.5" for an integer: the schema's words say enough.
+    say: (e, v) => (e.endsWith('integer') && String(v).includes('.') ? e : `${e} (a JSON number: ${String(v)}, not the string "${String(v)}")`),
+  },
+  { error: /^[^:]*: must be boolean$/, when: (v) => v === 'true' || v === 'false', say: (e, v) => `${e} (${String(v)}, not the string "${String(v)}")` },
+  {
+    error: /^\/(cmd|entrypoint): must be array$/, when: (v) => typeof v === 'string',
+    say: (e) => `${e} (a JSON array of arguments such as ["python", "handler.py"]; a whole command line as one string goes in args)`,
+  },
+  { error: /^[^:]*: must be array$/, when: (v) => typeof v === 'string', say: (e) => `${e} (a JSON array of strings, not one comma-separated string)` },
+  { error: /^\/cpu: must be array or null$/, when: isObject, say: (e) => `${e} (a list, even of one: [{"id": "cpu3c", "vcpuCount": 2}])` },
+  { error: /^\/mounts\/(network|global)\/\d+: must be object$/, when: (v) => typeof v === 'string', say: (e) => `${e} ({"volumeId": ID}, not the id alone)` },
+  { error: /^\/env\/[^:]+: must be string$/, when: (v) => typeof v === 'number' || typeof v === 'boolean', say: (e) => `${e} (every env value is a string: put numbers and booleans in quotes)` },
+  // Seconds here and in RunPod's idleTimeout; a value in ms (as executionTimeoutMs is) is over the hour.
+  {
+    error: /^\/(workers\/)?idleTimeout: must be <= 3600$/, when: (v) => typeof v === 'number',
+    say: (e, v) => `${e} (it is in seconds, not milliseconds${Number.isInteger((v as number) / 1000) && (v as number) / 1000 <= 3600 ? `: did you mean ${(v as number) / 1000}?` : ''})`,
+  },
+  {
+    error: /^\/scaling\/(value|scalerValue): unknown property$/, when: () => true,
+    say: (e) => `${e}; here it is scaling.queueDelay (seconds, for QUEUE_DELAY) or scaling.requestCount (for REQUEST_COUNT)`,
+  },
+];
+
+/** The value a JSON pointer of a schema entry names in `raw` (undefined when there is none). */
+function valueAt(raw: unknown, pointer: string): unknown {
+  let v = raw;
+  for (const token of pointer.split('/').slice(1)) {
+    const key = token.replace(/~1/g, '/').replace(/~0/g, '~');
+    if (Array.isArray(v)) v = /^\d+$/.test(key) ? v[Number(key)] : undefined;
+    else if (isObject(v) && Object.hasOwn(v, key)) v = v[key];
+    else return undefined;
+  }
+  return v;
+}
 
 /**
- * `check()`, with a field sent in another API's shape (RunPod GraphQL's `env` list of
- * `{key, value}`, `/v1`'s boolean `flashboot`) told the shape taken here instead of the schema's
- * bare words.
+ * `check()`, with each schema entry that {@link SHAPE_HINTS} knows for the value sent told what
+ * the field takes (RunPod GraphQL's `env` list of `{key, value}`, `/v1`'s boolean `flashboot`, a
+ * number as a string, a comma-separated list, an idle timeout in ms, "QB"), instead of the
+ * schema's bare words. The first hint that applies to an entry wins.
  */
-function withShapeHints<T>(check: () => T, raw: unknown, hints: readonly ShapeHint[]): T {
+export function withShapeHints<T>(check: () => T, raw: unknown): T {
   try {
     return check();
   } catch (err) {
-    if (!(err instanceof AgentError) || !err.errors || !isObject(raw)) throw err;
-    const apply = hints.filter((h) => err.errors?.includes(h.error) && h.when(raw[h.field]));
-    if (!apply.length) throw err;
-    throw validationError(err.errors.map((e) => apply.find((h) => h.error === e)?.say(e) ?? e));
+    if (!(err instanceof AgentError) || !err.errors) throw err;
+    let hinted = false;
+    const errors = err.errors.map((e) => {
+      const pointer = e.startsWith('/') ? e.slice(0, e.indexOf(': ')) : undefined;
+      if (pointer === undefined) return e;
+      const value = valueAt(raw, pointer);
+      for (const h of SHAPE_HINTS) {
+        if (!h.error.test(e) || !h.when(value)) continue;
+        const said = h.say(e, value);
+        if (said === e) continue;
+        hinted = true;
+        return said;
+      }
+      return e;
+    });
+    throw hinted ? validationError(errors) : err;
   }
 }
 
 /** The schema check of a template body, RunPod's REST template names pointed at their place here. */
 export function assertTemplateBody<T>(schema: 'TemplateCreate' | 'TemplateUpdate', raw: unknown): T {
-  return withShapeHints(() => withFieldPlaces(() => assertSchema<T>(schema, raw), [{ fields: REST_TEMPLATE_FIELDS, origin: REST_TEMPLATE }]), raw, [ENV_SHAPE_HINT]);
+  return withShapeHints(() => withFieldPlaces(() => assertSchema<T>(schema, raw), [{ fields: REST_TEMPLATE_FIELDS, origin: REST_TEMPLATE }]), raw);
 }
 
 /** The schema check of an endpoint body, RunPod's names for its fields pointed at their `/v2` place. */
 function assertEndpointBody(schema: 'EndpointCreate' | 'EndpointUpdate', raw: unknown): EndpointBody {
-  return withShapeHints(() => withFieldPlaces(() => assertWithTimeoutHint<EndpointBody>(schema, raw, 'timeout'), ENDPOINT_NAME_SOURCES), raw, [ENV_SHAPE_HINT, FLASHBOOT_SHAPE_HINT]);
+  return withShapeHints(() => withFieldPlaces(() => assertWithTimeoutHint<EndpointBody>(schema, raw, 'timeout'), ENDPOINT_NAME_SOURCES), raw);
 }
 
 /**

@@ -148,3 +148,16 @@ t.test('a GPU named by its catalog displayName ("RTX 4090") or in another letter
   assertProblem(t, v2, 400);
   t.same(v2.json.errors, ['/gpu/excludedTypes/0: "RTX 4090" is not a GPU type in the selected pools (ADA_24); did you mean "NVIDIA GeForce RTX 4090"?']);
 });
+
+t.test('RunPod console habits in a POST /v1/endpoints body (numbers and booleans as strings, idleTimeout in ms) say what the field takes', async (t) => {
+  const a = await startAgent(t);
+  const tpl = await makeTemplate(t, a, { name: 'v1-habits' });
+  const r = await a.req('POST', '/v1/endpoints', { body: { name: 'v1', templateId: tpl.id, workersMax: '3', gpuCount: '1', idleTimeout: 60000, flashboot: 'true' } });
+  assertProblem(t, r, 400);
+  t.same([...r.json.errors].sort(), [
+    '/workersMax: must be integer (a JSON number: 3, not the string "3")',
+    '/gpuCount: must be integer (a JSON number: 1, not the string "1")',
+    '/idleTimeout: must be <= 3600 (it is in seconds, not milliseconds: did you mean 60?)',
+    '/flashboot: must be boolean (true, not the string "true")',
+  ].sort());
+});

@@ -674,6 +674,49 @@ t.test('a /v2 body with RunPod GraphQL, template or console names (scaler, gpuId
   ].sort(), 'a PATCH alike, templateId included');
 });
 
+t.test('RunPod console habits in a create or PATCH body (numbers as strings, comma-separated lists, idleTimeout in ms, "QB", lower case) get errors[] entries that say what the field takes', async (t) => {
+  const a = await startAgent(t);
+  // Each entry was the schema's words alone ("/workers/max: must be integer" for "3"), which do
+  // not say why a value that reads right is refused. Nothing more is accepted than before.
+  const r = await createEndpoint(a, queueBody({
+    type: 'QB', gpu: { pools: 'AMPERE_24,ADA_24', count: '2' }, workers: { max: '3', idleTimeout: 60000 }, dataCenterIds: 'EU-RO-1',
+    cmd: 'python handler.py', env: { PORT: 8000, DEBUG: true }, scaling: { type: 'QUEUE_DELAY', value: 4 }, flashboot: 'flashboot', disk: '20',
+  }));
+  assertProblem(t, r, 400);
+  t.same([...r.json.errors].sort(), [
+    '/type: must be one of "QUEUE", "LOAD_BALANCER" (RunPod\'s "QB" is "QUEUE" here)',
+    '/gpu/pools: must be array (a JSON array of strings, not one comma-separated string)',
+    '/gpu/count: must be integer (a JSON number: 2, not the string "2")',
+    '/workers/max: must be integer (a JSON number: 3, not the string "3")',
+    '/workers/idleTimeout: must be <= 3600 (it is in seconds, not milliseconds: did you mean 60?)',
+    '/dataCenterIds: must be array (a JSON array of strings, not one comma-separated string)',
+    '/cmd: must be array (a JSON array of arguments such as ["python", "handler.py"]; a whole command line as one string goes in args)',
+    '/env/PORT: must be string (every env value is a string: put numbers and booleans in quotes)',
+    '/env/DEBUG: must be string (every env value is a string: put numbers and booleans in quotes)',
+    '/scaling/queueDelay: is required',
+    '/scaling/value: unknown property; here it is scaling.queueDelay (seconds, for QUEUE_DELAY) or scaling.requestCount (for REQUEST_COUNT)',
+    '/flashboot: must be one of "OFF", "FLASHBOOT", "PRIORITY_FLASHBOOT" (did you mean "FLASHBOOT"?)',
+    '/disk: must be integer (a JSON number: 20, not the string "20")',
+  ].sort(), 'each entry says what the field takes');
+  const c = await createEndpoint(a, omit(queueBody({ type: 'LB', cpu: { id: 'cpu3c', vcpuCount: 2 }, mounts: { network: ['nv1'] }, workers: { idleTimeout: 4500 }, scaling: { type: 'request_count', requestCount: 1 } }), 'gpu'));
+  t.same([...c.json.errors].sort(), [
+    '/type: must be one of "QUEUE", "LOAD_BALANCER" (RunPod\'s "LB" is "LOAD_BALANCER" here)',
+    '/cpu: must be array or null (a list, even of one: [{"id": "cpu3c", "vcpuCount": 2}])',
+    '/mounts/network/0: must be object ({"volumeId": ID}, not the id alone)',
+    '/workers/idleTimeout: must be <= 3600 (it is in seconds, not milliseconds)',
+    '/scaling/type: must be one of "QUEUE_DELAY", "REQUEST_COUNT" (did you mean "REQUEST_COUNT"?)',
+  ].sort(), 'a single cpu object, a bare volume id, an idleTimeout in ms not a whole number of seconds, a scaling type in lower case');
+  t.same((await createEndpoint(a, queueBody({ workers: { max: 'three', min: 1.5 }, type: 'SERVERLESS', gpu: { pools: 7 }, disk: '1.5' }))).json.errors.sort(), [
+    '/type: must be one of "QUEUE", "LOAD_BALANCER"', '/workers/min: must be integer', '/workers/max: must be integer', '/gpu/pools: must be array', '/disk: must be integer',
+  ].sort(), 'anything else keeps the schema\'s words ("1.5" for an integer too)');
+  const ep = (await mustCreate(t, a, cpuBody())).id as string;
+  const p = await a.req('PATCH', `/v2/serverless/${ep}`, { body: { workers: { min: '1' }, timeout: '600000' } });
+  t.same([...p.json.errors].sort(), [
+    '/timeout: must be integer (a JSON number: 600000, not the string "600000")',
+    '/workers/min: must be integer (a JSON number: 1, not the string "1")',
+  ].sort(), 'a PATCH alike');
+});
+
 t.test('env sent as a list of {key, value} pairs (RunPod GraphQL\'s shape) says which shape is taken, on endpoints and templates', async (t) => {
   const a = await startAgent(t);
   const expected = '/env: must be an object of variable names to string values ({"NAME": "value"}), not an array (RunPod GraphQL\'s list of {key, value} pairs)';
@@ -684,7 +727,7 @@ t.test('env sent as a list of {key, value} pairs (RunPod GraphQL\'s shape) says 
   t.equal(create.json.detail, expected, 'endpoint create: detail');
   const ep = (await createEndpoint(a, queueBody())).json.id as string;
   const patch = await a.req('PATCH', `/v2/serverless/${ep}`, { body: { env: pairs, workers: { min: '1' } } });
-  t.same([...patch.json.errors].sort(), ['/workers/min: must be integer', expected].sort(), 'endpoint PATCH: each error, env\'s said');
+  t.same([...patch.json.errors].sort(), ['/workers/min: must be integer (a JSON number: 1, not the string "1")', expected].sort(), 'endpoint PATCH: each error, env\'s said');
   const template = await a.req('POST', '/v2/templates', { body: { name: 't', image: 'x/y:1', env: pairs } });
   t.same(template.json.errors, [expected], 'template create: errors');
   // Other wrong shapes keep the schema's words.

@@ -163,3 +163,15 @@ t.test('a template body with RunPod REST template names (imageName, containerDis
   const p = await a.req('PATCH', `/v2/templates/${tpl}`, { body: { imageName: 'alpine' } });
   t.same(p.json.errors, ["/imageName: unknown property (a field of RunPod's REST template body); here it is image"], 'a PATCH alike');
 });
+
+t.test('RunPod habits in a template body (disk as a string, ports as "8888/http,22/tcp", numeric env values) say what the field takes', async (t) => {
+  const a = await startAgent(t);
+  const r = await a.req('POST', '/v2/templates', { body: { name: 't', image: 'busybox', disk: '20', ports: '8888/http,22/tcp', env: { N: 1 }, isServerless: 'true' } });
+  assertProblem(t, r, 400);
+  t.same([...r.json.errors].sort(), [
+    '/disk: must be integer (a JSON number: 20, not the string "20")',
+    '/ports: must be array (a JSON array of strings, not one comma-separated string)',
+    '/env/N: must be string (every env value is a string: put numbers and booleans in quotes)',
+    '/isServerless: must be boolean (true, not the string "true")',
+  ].sort());
+});
