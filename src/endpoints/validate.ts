@@ -224,9 +224,18 @@ const SHAPE_HINTS: readonly ShapeHint[] = [
     error: /^\/(workers\/)?idleTimeout: must be <= 3600$/, when: (v) => typeof v === 'number',
     say: (e, v) => `${e} (it is in seconds, not milliseconds${Number.isInteger((v as number) / 1000) && (v as number) / 1000 <= 3600 ? `: did you mean ${(v as number) / 1000}?` : ''})`,
   },
+  // RunPod's names one level down, where withFieldPlaces (top level only) does not look.
   {
     error: /^\/scaling\/(value|scalerValue): unknown property$/, when: () => true,
     say: (e) => `${e}; here it is scaling.queueDelay (seconds, for QUEUE_DELAY) or scaling.requestCount (for REQUEST_COUNT)`,
+  },
+  { error: /^\/workers\/workersMin: unknown property$/, when: () => true, say: (e) => `${e}; here it is workers.min` },
+  { error: /^\/workers\/workersMax: unknown property$/, when: () => true, say: (e) => `${e}; here it is workers.max` },
+  { error: /^\/gpu\/gpuCount: unknown property$/, when: () => true, say: (e) => `${e}; here it is gpu.count` },
+  { error: /^\/gpu\/gpuIds: unknown property$/, when: () => true, say: (e) => `${e}; here it is gpu.pools with gpu.excludedTypes` },
+  {
+    error: /^\/gpu\/gpuTypeIds: unknown property$/, when: () => true,
+    say: (e) => `${e}; here it is gpu.pools with gpu.excludedTypes (GPU type ids go in gpuTypeIds of POST /v1/endpoints)`,
   },
 ];
 

@@ -717,6 +717,20 @@ t.test('RunPod console habits in a create or PATCH body (numbers as strings, com
   ].sort(), 'a PATCH alike');
 });
 
+t.test('RunPod names one level down (workers.workersMax, gpu.gpuCount, gpu.gpuTypeIds) say where each one goes here', async (t) => {
+  const a = await startAgent(t);
+  const r = await createEndpoint(a, queueBody({ workers: { workersMin: 0, workersMax: 2, foo: 1 }, gpu: { pools: ['ADA_24'], gpuCount: 2, gpuTypeIds: ['NVIDIA L4'], gpuIds: 'ADA_24' } }));
+  assertProblem(t, r, 400);
+  t.same([...r.json.errors].sort(), [
+    '/workers/workersMin: unknown property; here it is workers.min',
+    '/workers/workersMax: unknown property; here it is workers.max',
+    '/workers/foo: unknown property',
+    '/gpu/gpuCount: unknown property; here it is gpu.count',
+    '/gpu/gpuTypeIds: unknown property; here it is gpu.pools with gpu.excludedTypes (GPU type ids go in gpuTypeIds of POST /v1/endpoints)',
+    '/gpu/gpuIds: unknown property; here it is gpu.pools with gpu.excludedTypes',
+  ].sort(), 'each gets its place; any other unknown property stays as it was');
+});
+
 t.test('env sent as a list of {key, value} pairs (RunPod GraphQL\'s shape) says which shape is taken, on endpoints and templates', async (t) => {
   const a = await startAgent(t);
   const expected = '/env: must be an object of variable names to string values ({"NAME": "value"}), not an array (RunPod GraphQL\'s list of {key, value} pairs)';
