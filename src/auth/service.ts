@@ -260,7 +260,10 @@ export class AuthService {
         return hit.principal;
       }
     }
-    if (raw === undefined || raw.trim() === '') throw unauthenticated('Missing Authorization header. Send "Authorization: Bearer <API key>".');
+    if (raw === undefined) throw unauthenticated('Missing Authorization header. Send "Authorization: Bearer <API key>".');
+    // Sent, but empty: a key read from an unset variable, or runpod-python with a config.toml
+    // whose [default] has no api_key (it sends that file's key, "" there, instead of its env's).
+    if (raw.trim() === '') throw unauthenticated('The Authorization header is empty: the key it should carry was empty where it was read from (an unset variable, or a ~/.runpod/config.toml without api_key). Send "Authorization: Bearer <API key>".');
     const m = /^\s*(?:Bearer\s+)?(\S+)\s*$/i.exec(raw);
     if (!m) throw unauthenticated('Malformed Authorization header. Send "Authorization: Bearer <API key>".');
     const token = m[1] as string;

@@ -47,6 +47,10 @@ t.test('a key keeps working across many requests, in every header form; malforme
   assert401(t, await withAuth(`Bearer ${u1.key} extra`), /^Malformed Authorization header/, 'a cached key followed by another token');
   assert401(t, await withAuth(`Bearer ${u1.key}x`), /malformed/, 'a cached key with a trailing character');
   assert401(t, await withAuth('Bearer'), /no token/, '"Bearer" alone');
+  // runpod-python sends an empty one when a config.toml's [default] has no api_key; a program
+  // that reads the key from an unset variable does too: not the same slip as no header at all.
+  assert401(t, await withAuth(''), /^The Authorization header is empty/, 'an empty header');
+  assert401(t, await a.req('GET', '/v2/serverless', { key: null }), /^Missing Authorization header/, 'no header');
 });
 
 t.test('revoking a key makes the very next request 401', async (t) => {
