@@ -136,6 +136,9 @@ const REST_TEMPLATE_FIELDS: FieldPlaces = {
   dockerArgs: 'args',
   dockerEntrypoint: 'args, as {"entrypoint": [...], "cmd": [...]}',
   containerRegistryAuthId: 'registry',
+  // RunPod's serverless templates take 0 here too: a pod's own disk, which workers do not have.
+  volumeInGb: { say: 'workers have no volume of their own here (a RunPod serverless template takes 0): leave it out, and attach a network volume to the endpoint (mounts.network), mounted at /vendor-volume' },
+  volumeMountPath: { say: 'volumes are mounted at the fixed path /vendor-volume (a network volume attached to the endpoint, mounts.network): leave it out' },
 };
 
 const REST_TEMPLATE = "a field of RunPod's REST template body";

@@ -149,7 +149,7 @@ t.test('own or public templates only; unknown is 404, non-serverless is 422', as
 
 t.test('a template body with RunPod REST template names (imageName, containerDiskInGb, …) says where each one goes here', async (t) => {
   const a = await startAgent(t);
-  const r = await a.req('POST', '/v2/templates', { body: { name: 'rp', imageName: 'busybox', containerDiskInGb: 10, dockerStartCmd: ['python', 'h.py'], containerRegistryAuthId: 'x', volumeInGb: 0, isServerless: true } });
+  const r = await a.req('POST', '/v2/templates', { body: { name: 'rp', imageName: 'busybox', containerDiskInGb: 10, dockerStartCmd: ['python', 'h.py'], containerRegistryAuthId: 'x', volumeInGb: 0, volumeMountPath: '/workspace', isServerless: true } });
   assertProblem(t, r, 400);
   t.same(r.json.errors, [
     '/image: is required',
@@ -157,7 +157,8 @@ t.test('a template body with RunPod REST template names (imageName, containerDis
     "/containerDiskInGb: unknown property (a field of RunPod's REST template body); here it is disk",
     "/dockerStartCmd: unknown property (a field of RunPod's REST template body); here it is args",
     "/containerRegistryAuthId: unknown property (a field of RunPod's REST template body); here it is registry",
-    '/volumeInGb: unknown property',
+    "/volumeInGb: unknown property (a field of RunPod's REST template body); workers have no volume of their own here (a RunPod serverless template takes 0): leave it out, and attach a network volume to the endpoint (mounts.network), mounted at /vendor-volume",
+    "/volumeMountPath: unknown property (a field of RunPod's REST template body); volumes are mounted at the fixed path /vendor-volume (a network volume attached to the endpoint, mounts.network): leave it out",
   ]);
   const tpl = (await a.req('POST', '/v2/templates', { body: { name: 'ok', image: 'busybox', isServerless: true } })).json.id as string;
   const p = await a.req('PATCH', `/v2/templates/${tpl}`, { body: { imageName: 'alpine' } });
