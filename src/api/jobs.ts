@@ -4,10 +4,10 @@
  * Limited per endpoint with RunPod's quotas (`jobRateGroup`, auth/job-rate-limit.ts), not per user.
  */
 import type { Cancellation } from '../core/abort.js';
-import { AgentError } from '../core/errors.js';
+import { AgentError, validationError } from '../core/errors.js';
 import { jsonDepth, rawMember, rawMemberDepth } from '../core/json-raw.js';
 import { assertSchema } from '../core/schemas.js';
-import type { EndpointService, EndpointSpec } from '../endpoints/index.js';
+import { withMillisecondHint, type EndpointService, type EndpointSpec } from '../endpoints/index.js';
 import { TERMINAL, checkWebhookUrl, jobNotFound, statusBody, type Job, type JobQueue, type JobSnapshot } from '../queue/index.js';
 import type { ResourceRow } from '../store/index.js';
 import type { Principal } from '../auth/index.js';
@@ -55,6 +55,26 @@ interface SubmitBody {
   /** Its members too; other members are dropped. */
   policy?: { executionTimeout?: number | null; ttl?: number | null; lowPriority?: boolean | null } | null;
   s3Config?: Record<string, unknown> | null;
+}
+
+/** The floors of `policy`'s millisecond members (schema/jobs.schema.json `JobPolicy`). */
+const POLICY_FLOORS_MS = { executionTimeout: 5000, ttl: 10_000 } as const;
+
+/**
+ * `assertSchema('JobSubmit')`, with the unit spelled out when a `policy.executionTimeout` or
+ * `policy.ttl` is under its floor, as for an endpoint's `timeout`: RunPod's console shows both in
+ * seconds, so `600` meant as ten minutes would otherwise get only `must be >= 5000`.
+ */
+function assertSubmitBody(body: unknown): SubmitBody {
+  try {
+    return assertSchema<SubmitBody>('JobSubmit', body);
+  } catch (err) {
+    const policy = (body as { policy?: unknown } | null)?.policy;
+    if (!(err instanceof AgentError) || !err.errors || policy === null || typeof policy !== 'object') throw err;
+    const members = policy as Record<string, unknown>;
+    throw validationError(err.errors.map((e) => Object.entries(POLICY_FLOORS_MS)
+      .reduce((msg, [name, floor]) => withMillisecondHint(msg, `/policy/${name}`, members[name], floor), e)));
+  }
 }
 
 /** The caller's endpoint (cached by EndpointService.byId), or a 404 for anyone else's. */
@@ -157,7 +177,7 @@ export function jobRoutes(s: JobRouteServices): RouteDef[] {
 
   const submit = (principal: Principal, endpointId: string, body: unknown, text: string | undefined, retentionMs: number, deferInsert = false) => {
     const ep = queueEndpoint(endpointFor(principal, endpointId));
-    const b = assertSchema<SubmitBody>('JobSubmit', body);
+    const b = assertSubmitBody(body);
     for (const name of ['webhook', 'webhookV2'] as const) {
       const url = b[name];
       if (url == null) continue;

@@ -81,12 +81,23 @@ export function assertWithTimeoutHint<T>(schema: string, raw: unknown, field: st
   try {
     return assertSchema<T>(schema, raw);
   } catch (err) {
+    if (!(err instanceof AgentError) || !err.errors) throw err;
     const ms = isObject(raw) ? raw[field] : undefined;
-    if (!(err instanceof AgentError) || !err.errors || typeof ms !== 'number' || !Number.isInteger(ms) || ms < 1 || ms >= MIN_TIMEOUT_MS) throw err;
-    const meant = ms * 1000 >= MIN_TIMEOUT_MS ? `; did you mean ${ms * 1000}?` : '';
-    const hint = ` (${MIN_TIMEOUT_MS / 1000} s): it is in milliseconds, so ${ms} is ${ms / 1000} s${meant}`;
-    throw validationError(err.errors.map((e) => e === `/${field}: must be >= ${MIN_TIMEOUT_MS}` ? e + hint : e));
+    throw validationError(err.errors.map((e) => withMillisecondHint(e, `/${field}`, ms, MIN_TIMEOUT_MS)));
   }
+}
+
+/**
+ * `error` with the unit spelled out when it is Ajv's `<pointer>: must be >= <floorMs>` for a
+ * positive integer `ms` (a value in milliseconds under its floor, most likely meant in seconds):
+ * what it is in seconds and, when the value read as seconds is in range, which number of ms that
+ * would be. Any other error comes back as it is. An endpoint's `timeout` and a job's
+ * `policy.executionTimeout` and `policy.ttl` (api/jobs.ts) use it.
+ */
+export function withMillisecondHint(error: string, pointer: string, ms: unknown, floorMs: number): string {
+  if (error !== `${pointer}: must be >= ${floorMs}` || typeof ms !== 'number' || !Number.isInteger(ms) || ms < 1 || ms >= floorMs) return error;
+  const meant = ms * 1000 >= floorMs ? `; did you mean ${ms * 1000}?` : '';
+  return `${error} (${floorMs / 1000} s): it is in milliseconds, so ${ms} is ${ms / 1000} s${meant}`;
 }
 
 /**

@@ -144,7 +144,7 @@ t.test('a member that may also be null is not reported as "must be null" when it
   t.equal(ep.status, 201);
   const id = ep.json.id as string;
   const cases: [string, Record<string, unknown>, string[]][] = [
-    ['policy member out of range', { input: {}, policy: { executionTimeout: 1000 } }, ['/policy/executionTimeout: must be >= 5000']],
+    ['policy member out of range', { input: {}, policy: { executionTimeout: 1000 } }, ['/policy/executionTimeout: must be >= 5000 (5 s): it is in milliseconds, so 1000 is 1 s; did you mean 1000000?']],
     ['policy member of the wrong type', { input: {}, policy: { ttl: 'x', foo: 1 } }, ['/policy/ttl: must be integer or null']],
     ['policy of the wrong type', { input: {}, policy: 5 }, ['/policy: must be object or null']],
   ];

@@ -45,6 +45,28 @@ t.test('the known members are still checked', async (t) => {
   assertProblem(t, await a.req('POST', `/v2/${ep}/run`, { body: { input: {}, extra: 1, webhook: 'not a url' } }), 400, 'a bad webhook still refused');
 });
 
+t.test('a policy executionTimeout or ttl under its floor says it is in milliseconds, as an endpoint timeout does', async (t) => {
+  // RunPod's console shows both in seconds; its API, like flashd's, takes milliseconds: a client
+  // that sends 600 meaning ten minutes is told what 600 is and what it most likely meant.
+  const a = await startAgent(t, {});
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  const exec = await a.req('POST', `/v2/${ep}/run`, { body: { input: {}, policy: { executionTimeout: 600 } } });
+  assertProblem(t, exec, 400, 'executionTimeout 600');
+  t.same(exec.json.errors, ['/policy/executionTimeout: must be >= 5000 (5 s): it is in milliseconds, so 600 is 0.6 s; did you mean 600000?']);
+  t.equal(exec.json.detail, exec.json.errors[0], 'the detail is that one error');
+  const ttl = await a.req('POST', `/v2/${ep}/runsync`, { body: { input: {}, policy: { ttl: 3600 } } });
+  assertProblem(t, ttl, 400, 'ttl 3600');
+  t.same(ttl.json.errors, ['/policy/ttl: must be >= 10000 (10 s): it is in milliseconds, so 3600 is 3.6 s; did you mean 3600000?']);
+  const tiny = await a.req('POST', `/v2/${ep}/run`, { body: { input: {}, policy: { executionTimeout: 2, ttl: 5 } } });
+  t.same(tiny.json.errors, [
+    '/policy/executionTimeout: must be >= 5000 (5 s): it is in milliseconds, so 2 is 0.002 s',
+    '/policy/ttl: must be >= 10000 (10 s): it is in milliseconds, so 5 is 0.005 s',
+  ], 'no suggestion where 1000 times the value is still under the floor; both members named');
+  const zero = await a.req('POST', `/v2/${ep}/run`, { body: { input: {}, policy: { executionTimeout: 0 } } });
+  t.same(zero.json.errors, ['/policy/executionTimeout: must be >= 5000'], '0 was meant in no unit: no hint');
+  t.same((await a.req('GET', `/v2/${ep}/health`)).json.jobs.inQueue, 0, 'nothing was queued');
+});
+
 t.test('null webhook, webhookV2, policy and s3Config are taken as left out', async (t) => {
   // a Python client that builds its body with `"webhook": None`
   const a = await startAgent(t, { takeHoldMs: 500 });
@@ -70,7 +92,7 @@ t.test('inside policy too: a null member is left out, and an unknown one is acce
   t.equal(newer.status, 200, `an unknown member: ${newer.text.slice(0, 300)}`);
   const bad = await a.req('POST', `/v2/${ep}/run`, { body: { input: {}, policy: { executionTimeout: 1000, newRunPodField: 1 } } });
   assertProblem(t, bad, 400, 'a present value is still checked');
-  t.same(bad.json.errors, ['/policy/executionTimeout: must be >= 5000']);
+  t.same(bad.json.errors, ['/policy/executionTimeout: must be >= 5000 (5 s): it is in milliseconds, so 1000 is 1 s; did you mean 1000000?']);
   assertProblem(t, await a.req('POST', `/v2/${ep}/run`, { body: { input: {}, policy: { lowPriority: 'true' } } }), 400, 'and its type');
   await a.agent.close();
   const db = new Database(join(a.dir, 'flashd.db'), { readonly: true });
