@@ -23,7 +23,8 @@ Options:
   --api-key-file <f>   read the admin API key from file <f>, or from stdin with -
   --api-key <key>      the admin API key itself: other users of this machine can see it in ps,
                        so prefer FLASHD_API_KEY or --api-key-file
-  --data-dir <dir>     where to find admin-api-key (default: FLASHD_DATA_DIR, else ./data)
+  --data-dir <dir>     where to find admin-api-key (default: FLASHD_DATA_DIR, else ./data);
+                       it does not say which flashd to ask: for one not at the default, give --url
   --format <fmt>       dotenv (default): KEY=value with values as they are, for docker/podman run
                        --env-file (not for docker compose's env_file, which would expand $ID, nor
                        for a shell); shell: export KEY='value', for . ./worker.env (sh, bash) and
@@ -276,8 +277,13 @@ export async function workerEnvCommand(args: string[], env: NodeJS.ProcessEnv): 
     const parsed = parseJson(text);
     const detail = problemDetail(parsed);
     const from = res.status === 401 || res.status === 403 ? ` (key from ${keySource})` : '';
+    // Asked at the default address, a key or endpoint unknown there most likely belongs to another
+    // flashd on this machine (its --data-dir given, not its --url): say which one refused it.
+    const asked = (res.status === 401 || res.status === 404) && opts['url'] === undefined && !env['FLASHD_URL']
+      ? ` Asked ${url}, the default address: for a flashd on another port or machine, give --url http://HOST:PORT (or set FLASHD_URL).`
+      : '';
     process.stderr.write(detail !== undefined
-      ? `flashd worker-env: ${res.status}: ${detail}${from}\n`
+      ? `flashd worker-env: ${res.status}: ${detail}${from}${asked}\n`
       : `flashd worker-env: ${url} did not answer like flashd (HTTP ${res.status}, ${'notJson' in parsed ? parsed.notJson : 'no detail in its JSON'})\n`);
     return 1;
   }

@@ -405,3 +405,24 @@ t.test('worker-env takes FLASHD_ADMIN_API_KEY, the server\'s own variable, after
   const help = (await run(process.execPath, [BUNDLE, 'worker-env', '--help'], cleanEnv())).stdout;
   t.match(help, /The API key is the first of --api-key, --api-key-file, FLASHD_API_KEY, FLASHD_ADMIN_API_KEY and <data-dir>\/admin-api-key/);
 });
+
+t.test('a 401 or 404 from the address worker-env asked by default names it and how to ask another flashd', async (t) => {
+  // Two flashd on one machine: worker-env given the other one's --data-dir, without --url, asked
+  // the one at the default address, and its 401 (or the 404 of an endpoint that lives on the
+  // other) named the key's file but not the flashd that refused it.
+  const a = await startAgent(t);
+  const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
+  const port = new URL(a.url).port;
+  const asked = `http://127.0.0.1:${port}`;
+  const hint = ` Asked ${asked}, the default address: for a flashd on another port or machine, give --url http://HOST:PORT (or set FLASHD_URL).\n`;
+  const keyDir = testDataDir(t);
+  writeFileSync(join(keyDir, 'admin-api-key'), 'not-the-key-0123456789\n', { mode: 0o600 });
+  const otherKey = await run(process.execPath, [BUNDLE, 'worker-env', ep, '--data-dir', keyDir], cleanEnv({ FLASHD_PORT: port }));
+  t.equal(otherKey.status, 1);
+  t.equal(otherKey.stderr, `flashd worker-env: 401: The API key is not valid. (key from ${join(keyDir, 'admin-api-key')})${hint}`);
+  const otherEndpoint = await run(process.execPath, [BUNDLE, 'worker-env', 'zzzzzzzzzzzzzz'], cleanEnv({ FLASHD_PORT: port, FLASHD_API_KEY: ADMIN_KEY }));
+  t.equal(otherEndpoint.status, 1);
+  t.equal(otherEndpoint.stderr, `flashd worker-env: 404: Endpoint zzzzzzzzzzzzzz not found.${hint}`);
+  const given = await run(process.execPath, [BUNDLE, 'worker-env', 'zzzzzzzzzzzzzz', '--url', a.url], cleanEnv({ FLASHD_API_KEY: ADMIN_KEY }));
+  t.equal(given.stderr, 'flashd worker-env: 404: Endpoint zzzzzzzzzzzzzz not found.\n', 'with --url, the address is the one the user gave: no hint');
+});
