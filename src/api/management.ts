@@ -73,7 +73,7 @@ function crudRoutes<T>(s: ApiServices, c: CrudSpec<T>): RouteDef[] {
 }
 
 export function managementRoutes(s: ApiServices): RouteDef[] {
-  const view = (row: Parameters<typeof endpointView>[0]) => endpointView(row, s.urls, s.containerRuntime);
+  const view = (row: Parameters<typeof endpointView>[0]) => endpointView(row, s.urls, s.containerRuntime, s.commandsRunOnHost);
   return [
     {
       method: 'POST', path: '/v2/serverless', operationId: 'createEndpoint', summary: 'Create a serverless endpoint', tag: 'Endpoints',

@@ -111,6 +111,20 @@ export function hasNoImage(image: string): boolean {
  * with no image (`hasNoImage`): the endpoint log's `no worker can start: …` and the endpoint
  * view's `startBlocked`.
  */
+/**
+ * Why the process runtime starts no worker for an endpoint that names no command (no args,
+ * entrypoint or cmd, as one made for `worker-env` workers with image `none`): a host process has
+ * no image to take a command from, so each start failed at once, in a crash loop. The endpoint
+ * log's `no worker can start: …` and the endpoint view's `startBlocked`.
+ */
+export const NO_COMMAND_REASON = 'the endpoint has no command for the process runtime (no args, entrypoint or cmd: a host process takes none from an image); '
+  + 'set args (or entrypoint/cmd) with a PATCH, or run flashd with a container runtime, which runs the image\'s own command';
+
+/** An endpoint whose command is empty (`NO_COMMAND_REASON`). */
+export function hasNoCommand(spec: { entrypoint: readonly string[]; cmd: readonly string[] }): boolean {
+  return spec.entrypoint.length + spec.cmd.length === 0;
+}
+
 export function noImageReason(runtime: string): string {
   return `the endpoint has no image for the ${runtime} runtime (image "none", as for --runtime process); `
     + 'set one with a PATCH of image, or start flashd with --runtime process';

@@ -2,7 +2,7 @@
 import { cpuFlavor } from '../catalog/index.js';
 import type { ResourceRow } from '../store/index.js';
 import {
-  DEFAULT_HEALTH_CHECK_PATH, hasNoImage, idleTimeoutApplies, noImageReason,
+  DEFAULT_HEALTH_CHECK_PATH, NO_COMMAND_REASON, hasNoCommand, hasNoImage, idleTimeoutApplies, noImageReason,
   type EndpointSpec, type GlobalVolumeSpec, type NetworkVolumeSpec, type RegistryCredentialSpec, type TemplateSpec,
 } from './types.js';
 
@@ -38,9 +38,10 @@ export function requestUrls(id: string, spec: Pick<EndpointSpec, 'type' | 'env'>
 /**
  * `containerRuntime`: the name of the container runtime flashd starts workers with (`docker`),
  * null with another runtime or none; an endpoint it cannot start (no image) says why in
- * `startBlocked`.
+ * `startBlocked`. `hostRuntime`: workers run as host processes (`--runtime process`), where an
+ * endpoint with no command cannot start, said there too.
  */
-export function endpointView(row: ResourceRow<EndpointSpec>, urls: PublicUrls, containerRuntime: string | null = null): Record<string, unknown> {
+export function endpointView(row: ResourceRow<EndpointSpec>, urls: PublicUrls, containerRuntime: string | null = null, hostRuntime = false): Record<string, unknown> {
   const s = row.data;
   const workers: Record<string, number> = { min: s.workers.min, max: s.workers.max };
   if (idleTimeoutApplies(s.type, s.scaling)) workers['idleTimeout'] = s.workers.idleTimeout;
@@ -73,6 +74,7 @@ export function endpointView(row: ResourceRow<EndpointSpec>, urls: PublicUrls, c
     updatedAt: iso(row.updatedAt),
   });
   if (containerRuntime !== null && s.type === 'QUEUE' && hasNoImage(s.image)) out['startBlocked'] = noImageReason(containerRuntime);
+  if (hostRuntime && s.type === 'QUEUE' && hasNoCommand(s)) out['startBlocked'] = NO_COMMAND_REASON;
   return out;
 }
 

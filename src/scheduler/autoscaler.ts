@@ -12,7 +12,7 @@ import type { Clock } from '../core/clock.js';
 import { newId } from '../core/ids.js';
 import { sortedJson } from '../core/json-raw.js';
 import type { Logger } from '../core/logger.js';
-import { hasNoImage, idleTimeoutApplies, noImageReason, type EndpointService, type EndpointSpec } from '../endpoints/index.js';
+import { NO_COMMAND_REASON, hasNoCommand, hasNoImage, idleTimeoutApplies, noImageReason, type EndpointService, type EndpointSpec } from '../endpoints/index.js';
 import { PAUSED_MS, SDK_DEFAULT_ENV, workerEnv, type JobQueue } from '../queue/index.js';
 import type { ExitInfo, LaunchSpec, WorkerRuntime } from '../runtime/index.js';
 import type { ResourceRow } from '../store/index.js';
@@ -87,14 +87,6 @@ const DEFAULT_INIT_TIMEOUT_MS = 7 * 60_000;
 const HOST_COMMAND_NOT_ADMIN = 'its image, command or env was last set by a key without the "admin" scope, and the process runtime '
   + "runs commands on the host as flashd's user; a PATCH from an admin key that names image, args, entrypoint, cmd or env (the same values will do) "
   + 'lets it start, or run flashd with a container runtime';
-
-/**
- * Why the process runtime starts no worker for an endpoint that names no command (no args,
- * entrypoint or cmd, as one made for `worker-env` workers with image `none`): a host process has
- * no image to take a command from, so each start failed at once, in a crash loop.
- */
-const HOST_NO_COMMAND = 'the endpoint has no command for the process runtime (no args, entrypoint or cmd: a host process takes none from an image); '
-  + 'set args (or entrypoint/cmd) with a PATCH, or run flashd with a container runtime, which runs the image\'s own command';
 
 /** How long past the stop grace a shutdown waits for the runtime to confirm its workers' exits. */
 const DRAIN_SLACK_MS = 5000;
@@ -227,7 +219,7 @@ export class Autoscaler {
     // The workers that count: answering, and not being stopped.
     const live = listed.filter((w) => !registry.silent(w) && !this.#managed.get(w.id)?.stopping);
     const blocked = this.#o.runtime?.runsOnHost && spec.commandByAdmin === false ? HOST_COMMAND_NOT_ADMIN
-      : this.#o.runtime?.runsOnHost && spec.entrypoint.length + spec.cmd.length === 0 ? HOST_NO_COMMAND
+      : this.#o.runtime?.runsOnHost && hasNoCommand(spec) ? NO_COMMAND_REASON
       : this.#o.runtime && !this.#o.runtime.runsOnHost && hasNoImage(spec.image) ? noImageReason(this.#o.runtime.name)
       : spec.gpu ? (this.#o.runtime?.gpuBlocked?.() ?? null) : null;
     const runtimeRoom = this.#o.runtime && blocked === null ? this.#o.runtime.capacity(endpointId) : 0;

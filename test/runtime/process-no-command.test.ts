@@ -4,7 +4,8 @@
  * its `workers.max` is raised) has nothing to run on the host. flashd starts no worker for it,
  * rather than a loop of workers that fail to start (`the endpoint has no command`, `unhealthy`,
  * a growing crash backoff), counts the workers it wants as `throttled`, says why once in the
- * endpoint log, and starts one as soon as a PATCH gives it a command.
+ * endpoint log and in the endpoint view's `startBlocked`, and starts one as soon as a PATCH gives
+ * it a command.
  * Real flashd, real HTTP, real SQLite, a real worker process once it has a command.
  */
 import t from 'tap';
@@ -20,6 +21,7 @@ t.test('process runtime: an endpoint with no command starts no worker and says w
   t.equal(created.status, 201, created.text.slice(0, 300));
   const ep = created.json.id as string;
   t.same([created.json.entrypoint, created.json.cmd], [[], []], 'the endpoint names no command');
+  t.match(created.json.startBlocked, /^the endpoint has no command for the process runtime .*set args \(or entrypoint\/cmd\) with a PATCH/, 'the endpoint view says why it cannot start, as for an image "none" under a container runtime');
   const job = await a.req('POST', `/v2/${ep}/run`, { body: { input: { n: 1 } } });
   t.equal(job.status, 200);
 
@@ -37,6 +39,7 @@ t.test('process runtime: an endpoint with no command starts no worker and says w
   const handler = "import vendor_flash; vendor_flash.serverless.start({'handler': lambda job: {'ran': job['input']}})";
   const patched = await a.req('PATCH', `/v2/serverless/${ep}`, { body: { cmd: ['python3', '-u', '-c', handler], env: { PYTHONPATH: join(REPO_ROOT, 'python') } } });
   t.equal(patched.status, 200, patched.text.slice(0, 300));
+  t.equal(patched.json.startBlocked, undefined, 'no longer blocked');
   const done = await until('the job completes once the endpoint has a command', async () => {
     const s = (await a.req('GET', `/v2/${ep}/status/${job.json.id}`)).json;
     return s.status === 'COMPLETED' ? s : undefined;
