@@ -10,6 +10,7 @@
  */
 import { isUtf8 } from 'node:buffer';
 import { JOB_RATE_WINDOW_SECONDS, requireScope, type AuthService, type JobRateGroup, type JobRateLimiter, type Principal, type RateLimiter } from '../auth/index.js';
+import { pause } from '../core/abort.js';
 import { AgentError, storageFailureCode } from '../core/errors.js';
 import type { FailureStreak } from '../core/failure-streak.js';
 import { checkKeyFormat } from '../core/key-format.js';
@@ -312,17 +313,7 @@ export function createDispatcher(options: DispatcherOptions): (method: string, p
           return { status: result.status, headers, body: typeof result.body === 'string' ? result.body : JSON.stringify(result.body) };
         } catch (err) {
           const reply = fail(err, req, rateHeaders, route, principal, match.params);
-          if (route.holdErrorsMs && !req.cancel.aborted) {
-            await new Promise<void>((resolve) => {
-              const timer = setTimeout(done, route.holdErrorsMs);
-              const unhook = req.cancel.onAbort(done);
-              function done() {
-                clearTimeout(timer);
-                unhook();
-                resolve();
-              }
-            });
-          }
+          if (route.holdErrorsMs && !req.cancel.aborted) await pause(route.holdErrorsMs, req.cancel);
           return reply;
         }
       },

@@ -3,7 +3,7 @@
  * `Authorization` works with or without `Bearer ` (runpod clients send the raw key).
  * Limited per endpoint with RunPod's quotas (`jobRateGroup`, auth/job-rate-limit.ts), not per user.
  */
-import type { Cancellation } from '../core/abort.js';
+import { pause } from '../core/abort.js';
 import { AgentError, validationError } from '../core/errors.js';
 import { jsonDepth, rawMember, rawMemberDepth } from '../core/json-raw.js';
 import { assertSchema } from '../core/schemas.js';
@@ -32,19 +32,6 @@ const MAX_STATUS_TTL_MS = 7 * 86_400_000;
 const STREAM_PACE_MS = 100;
 /** ... and held this long at most, as `?wait=` holds one, when it has nothing to read. */
 const STREAM_HOT_WAIT_MS = 1000;
-
-/** Resolves after `ms`, or at once when the client goes away. */
-function pause(ms: number, cancel: Cancellation): Promise<void> {
-  return new Promise((resolve) => {
-    const done = () => {
-      clearTimeout(timer);
-      unhook();
-      resolve();
-    };
-    const timer = setTimeout(done, ms);
-    const unhook = cancel.onAbort(done);
-  });
-}
 
 /** `null` members are taken as left out (a Python client's `"webhook": None`). */
 interface SubmitBody {

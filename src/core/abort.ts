@@ -8,3 +8,16 @@ export interface Cancellation {
   /** Calls `cb` once when the client goes away; the returned function unregisters it. */
   onAbort(cb: () => void): () => void;
 }
+
+/** Resolves after `ms`, or at once when the client goes away (a held error reply, a paced poll). */
+export function pause(ms: number, cancel: Cancellation): Promise<void> {
+  return new Promise((resolve) => {
+    const done = (): void => {
+      clearTimeout(timer);
+      unhook();
+      resolve();
+    };
+    const timer = setTimeout(done, ms);
+    const unhook = cancel.onAbort(done);
+  });
+}
