@@ -101,10 +101,10 @@ t.test('retention: /run 30 min, /runsync 1 min, /runsync?wait=300000 5 min', asy
   t.notOk(await kept(run), 'and gone after 30 min');
 });
 
-t.test('a webhook URL with credentials in it is refused at submit, as README says, and a token in its query is not logged', async (t) => {
-  const readme = readFileSync(new URL('../../README.md', import.meta.url), 'utf8');
-  t.match(readme, /a URL with credentials in it \(`https:\/\/user:password@host\/…`\) refused at submit \(400 `webhook must not carry credentials in the URL`\)/, 'README states the rule');
-  t.match(readme, /put a token in the query or the path instead/, 'and what to do instead');
+t.test('a webhook URL with credentials in it is refused at submit, as docs/jobs.md says, and a token in its query is not logged', async (t) => {
+  const doc = readFileSync(new URL('../../docs/jobs.md', import.meta.url), 'utf8');
+  t.match(doc, /a URL with credentials in it \(`https:\/\/user:password@host\/…`\) refused at submit \(400 `webhook must not carry credentials in the URL`\)/i, 'docs/jobs.md states the rule');
+  t.match(doc, /put a token in the query or the path instead/, 'and what to do instead');
   const a = await startAgent(t, { webhookAllowPrivate: true });
   const ep = (await a.req('POST', '/v2/serverless', { body: cpuBody({ workers: { min: 0, max: 0 } }) })).json.id as string;
   for (const name of ['webhook', 'webhookV2']) {
