@@ -330,6 +330,10 @@ export function workerRoutes(s: WorkerRouteServices): RouteDef[] {
           description: 'true when the 16 MiB cap on line text ended the reply before ?limit lines while more lines were there: with ?since, read on with since set to the last seq; without it, older lines were left out (read them with ?since). Not sent on a follow with ?since, which sends the rest.',
           schema: { type: 'string', enum: ['true'] },
         },
+        'X-Accel-Buffering': {
+          description: 'no, on a follow: tells nginx in front to pass the lines on as they come, even where proxy_buffering is on.',
+          schema: { type: 'string', enum: ['no'] },
+        },
       },
       handle: ({ req, principal, params }) => {
         const ep = s.endpoints.get(principal.ownerId, params['endpointId'] as string);
@@ -367,7 +371,9 @@ export function workerRoutes(s: WorkerRouteServices): RouteDef[] {
           status: 200,
           reply: {
             status: 200,
-            headers: { 'content-type': 'application/x-ndjson', 'cache-control': 'no-store', ...logHeaders },
+            // X-Accel-Buffering: nginx in front (README "Behind a TLS proxy") passes the lines on as they
+            // come even where proxy_buffering is on, its default; it drops the header itself.
+            headers: { 'content-type': 'application/x-ndjson', 'cache-control': 'no-store', 'x-accel-buffering': 'no', ...logHeaders },
             stream: (w) => {
               // The stream outlives the request's authentication: each new line is sent only
               // while the credential that opened it is still good (a key revoked or expired since,
