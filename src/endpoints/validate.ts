@@ -7,7 +7,7 @@
 import { AgentError, validationError } from '../core/errors.js';
 import { sortedJson } from '../core/json-raw.js';
 import { normalizeName } from '../core/names.js';
-import { assertSchema } from '../core/schemas.js';
+import { assertSchema, SCHEMA_DOCUMENTS } from '../core/schemas.js';
 import { OTHER_POOL, POOL_IDS, cpuFlavor, gpuType, gpuTypeForName, gpuTypeMeant, poolTypes } from '../catalog/index.js';
 import { applyCommand, CommandError, findLocalTestFlag, localTestFlagMessage, type StoredCommand } from './command.js';
 import {
@@ -154,6 +154,22 @@ const REST_TEMPLATE_FIELDS: FieldPlaces = {
 
 const REST_TEMPLATE = "a field of RunPod's REST template body";
 
+/**
+ * The names of runpod-flash's `Endpoint(...)` arguments (Python, snake_case) that are not
+ * another table's name in snake_case (`idle_timeout` is `idleTimeout`, found through
+ * {@link camelCase}), for the flash user who writes the JSON body by hand.
+ */
+const FLASH_FIELDS: FieldPlaces = {
+  datacenter: 'dataCenterIds, an array of data center ids',
+  volume: 'mounts.network, a list of {"volumeId": ID}',
+  max_concurrency: { say: 'a worker takes as many jobs at once as its SDK asks for (concurrency_modifier in serverless.start): leave it out' },
+  dependencies: { say: 'flashd installs nothing into a worker: put the packages in the image' },
+  system_dependencies: { say: 'flashd installs nothing into a worker: put the packages in the image' },
+  accelerate_downloads: { say: 'flashd has no such setting: leave it out' },
+};
+
+const FLASH = "an argument of runpod-flash's Endpoint";
+
 /** The names RunPod users type in an endpoint create or PATCH, first table first. */
 const ENDPOINT_NAME_SOURCES: readonly NameSource[] = [
   { fields: V1_FIELDS, origin: 'a POST /v1/endpoints field' },
@@ -162,14 +178,22 @@ const ENDPOINT_NAME_SOURCES: readonly NameSource[] = [
   { fields: { ...REST_TEMPLATE_FIELDS, dockerStartCmd: 'cmd', dockerEntrypoint: 'entrypoint' }, origin: REST_TEMPLATE },
   // RunPod's console and docs call it the scaler; only a create takes templateId here.
   { fields: { scaler: 'scaling: {"type": "QUEUE_DELAY", "queueDelay": N} or {"type": "REQUEST_COUNT", "requestCount": N}' }, origin: null },
-  { fields: { templateId: { say: 'here a template is read only at create: send the fields to change (image, args, env, …) themselves' } }, origin: "RunPod's REST PATCH takes it" },
+  { fields: { templateId: { say: 'here a template is read only at create: send the fields to change (image, args, env, …) themselves' } }, origin: "RunPod's REST PATCH takes it" },  { fields: FLASH_FIELDS, origin: FLASH },
 ];
+
+
+/** `idle_timeout` → `idleTimeout`. */
+const camelCase = (name: string): string => name.replace(/_+([a-z0-9])/g, (_, c: string) => c.toUpperCase());
 
 /**
  * `check()`, with each top-level unknown property that `sources` know pointed at its place here:
- * `/workersMax: unknown property (a POST /v1/endpoints field); here it is workers.max`.
+ * `/workersMax: unknown property (a POST /v1/endpoints field); here it is workers.max`. A
+ * snake_case name is looked up as camelCase too, in `sources` and among the body's own
+ * properties (`known`): `/idle_timeout: unknown property (idleTimeout in snake_case, as a POST
+ * /v1/endpoints field); here it is workers.idleTimeout`, `/min_cuda_version: …; here it is
+ * minCudaVersion (flashd's names are camelCase)`.
  */
-function withFieldPlaces<T>(check: () => T, sources: readonly NameSource[]): T {
+function withFieldPlaces<T>(check: () => T, sources: readonly NameSource[], known: readonly string[] = []): T {
   try {
     return check();
   } catch (err) {
@@ -177,14 +201,37 @@ function withFieldPlaces<T>(check: () => T, sources: readonly NameSource[]): T {
     let hinted = false;
     const errors = err.errors.map((e) => {
       const name = /^\/(\w+): unknown property$/.exec(e)?.[1];
-      const source = name === undefined ? undefined : sources.find((s) => Object.hasOwn(s.fields, name));
-      if (name === undefined || source === undefined) return e;
+      if (name === undefined) return e;
+      const source = sources.find((s) => Object.hasOwn(s.fields, name));
+      if (source !== undefined) {
+        hinted = true;
+        const place = source.fields[name] as string | { say: string };
+        return `${e}${source.origin === null ? '' : ` (${source.origin})`}; ${typeof place === 'string' ? `here it is ${place}` : place.say}`;
+      }
+      const camel = camelCase(name);
+      if (camel === name) return e;
+      if (known.includes(camel)) {
+        hinted = true;
+        return `${e}; here it is ${camel} (flashd's names are camelCase)`;
+      }
+      const camelSource = sources.find((s) => Object.hasOwn(s.fields, camel));
+      if (camelSource === undefined) return e;
       hinted = true;
-      const place = source.fields[name] as string | { say: string };
-      return `${e}${source.origin === null ? '' : ` (${source.origin})`}; ${typeof place === 'string' ? `here it is ${place}` : place.say}`;
+      const place = camelSource.fields[camel] as string | { say: string };
+      const origin = camelSource.origin === null ? '' : `, as ${camelSource.origin}`;
+      return `${e} (${camel} in snake_case${origin}); ${typeof place === 'string' ? `here it is ${place}` : place.say}`;
     });
     throw hinted ? validationError(errors) : err;
   }
+}
+
+/** The top-level property names of a schema entry (`EndpointCreate`), for {@link withFieldPlaces}. */
+function propertiesOf(name: string): readonly string[] {
+  for (const doc of Object.values(SCHEMA_DOCUMENTS)) {
+    const entry = doc.$defs[name] as { properties?: Record<string, unknown> } | undefined;
+    if (entry) return Object.keys(entry.properties ?? {});
+  }
+  return [];
 }
 
 /**
@@ -296,12 +343,12 @@ export function withShapeHints<T>(check: () => T, raw: unknown): T {
 
 /** The schema check of a template body, RunPod's REST template names pointed at their place here. */
 export function assertTemplateBody<T>(schema: 'TemplateCreate' | 'TemplateUpdate', raw: unknown): T {
-  return withShapeHints(() => withFieldPlaces(() => assertSchema<T>(schema, raw), [{ fields: REST_TEMPLATE_FIELDS, origin: REST_TEMPLATE }]), raw);
+  return withShapeHints(() => withFieldPlaces(() => assertSchema<T>(schema, raw), [{ fields: REST_TEMPLATE_FIELDS, origin: REST_TEMPLATE }], propertiesOf(schema)), raw);
 }
 
 /** The schema check of an endpoint body, RunPod's names for its fields pointed at their `/v2` place. */
 function assertEndpointBody(schema: 'EndpointCreate' | 'EndpointUpdate', raw: unknown): EndpointBody {
-  return withShapeHints(() => withFieldPlaces(() => assertWithTimeoutHint<EndpointBody>(schema, raw, 'timeout'), ENDPOINT_NAME_SOURCES), raw);
+  return withShapeHints(() => withFieldPlaces(() => assertWithTimeoutHint<EndpointBody>(schema, raw, 'timeout'), ENDPOINT_NAME_SOURCES, propertiesOf(schema)), raw);
 }
 
 /**

@@ -633,6 +633,34 @@ t.test('a /v2 body with the older /v1/endpoints field names (workersMax, gpuType
   t.same(p.json.errors, ['/workersMin: unknown property (a POST /v1/endpoints field); here it is workers.min'], 'a PATCH alike');
 });
 
+t.test("snake_case names (runpod-flash's Endpoint arguments, Python habits) say where each one goes here", async (t) => {
+  const a = await startAgent(t);
+  const FLASH = "(an argument of runpod-flash's Endpoint)";
+  // Each was a bare "unknown property": a flash user writing the body by hand keeps flash's
+  // Python names, which are RunPod's or flashd's own in snake_case, or flash-only.
+  const r = await createEndpoint(a, cpuBody({
+    idle_timeout: 5, workers_max: 2, execution_timeout_ms: 600000, min_cuda_version: '12.8', data_center_ids: ['LOCAL-1'],
+    max_concurrency: 4, dependencies: ['torch'], datacenter: 'EU-RO-1', some_thing: 1,
+  }));
+  assertProblem(t, r, 400);
+  t.same([...r.json.errors].sort(), [
+    '/idle_timeout: unknown property (idleTimeout in snake_case, as a POST /v1/endpoints field); here it is workers.idleTimeout',
+    '/workers_max: unknown property (workersMax in snake_case, as a POST /v1/endpoints field); here it is workers.max',
+    '/execution_timeout_ms: unknown property (executionTimeoutMs in snake_case, as a POST /v1/endpoints field); here it is timeout',
+    "/min_cuda_version: unknown property; here it is minCudaVersion (flashd's names are camelCase)",
+    "/data_center_ids: unknown property; here it is dataCenterIds (flashd's names are camelCase)",
+    `/max_concurrency: unknown property ${FLASH}; a worker takes as many jobs at once as its SDK asks for (concurrency_modifier in serverless.start): leave it out`,
+    `/dependencies: unknown property ${FLASH}; flashd installs nothing into a worker: put the packages in the image`,
+    `/datacenter: unknown property ${FLASH}; here it is dataCenterIds, an array of data center ids`,
+    '/some_thing: unknown property',
+  ].sort(), 'each gets its place; an unknown snake_case name stays as it was');
+  const tpl = await a.req('POST', '/v2/templates', { body: { name: 't', image_name: 'x/y:1' } });
+  t.same([...tpl.json.errors].sort(), ['/image: is required', "/image_name: unknown property (imageName in snake_case, as a field of RunPod's REST template body); here it is image"].sort(), 'a template body alike');
+  const ep = (await mustCreate(t, a, cpuBody())).id;
+  const p = await a.req('PATCH', `/v2/serverless/${ep}`, { body: { scaler_value: 3 } });
+  t.same(p.json.errors, ['/scaler_value: unknown property (scalerValue in snake_case, as a POST /v1/endpoints field); here it is scaling.queueDelay or scaling.requestCount'], 'a PATCH alike');
+});
+
 t.test('a /v2 body with RunPod GraphQL, template or console names (scaler, gpuIds, locations, imageName, flashboot: true, …) says where each one goes here', async (t) => {
   const a = await startAgent(t);
   const GQL = "(a field of RunPod GraphQL's saveEndpoint)";
