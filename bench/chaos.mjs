@@ -44,7 +44,10 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import Database from 'better-sqlite3';
 import { Conn, head } from './lib/http.mjs';
+import { handleArgs, headerUsage } from './lib/args.mjs';
 import { benchKey, createEndpoint, freePort, sleep, startFlashd, track, workerEnv } from './lib/procs.mjs';
+
+handleArgs('chaos', `${headerUsage(import.meta.url)}\nIt passes only with lost=0 duplicated=0 unexpected=0 and every owed webhook delivered.\ne.g. CHAOS_JOBS=500 CHAOS_KILLS=8 npm run chaos   (test/e2e/chaos.test.ts, in CI, runs 300 jobs and 6 kills)\n`);
 
 const env = process.env;
 const int = (name, def) => (env[name] !== undefined && env[name] !== '' ? Number(env[name]) : def);

@@ -22,7 +22,10 @@ import http from 'node:http';
 import os from 'node:os';
 import path from 'node:path';
 import { call } from './lib/http.mjs';
+import { handleArgs, headerUsage } from './lib/args.mjs';
 import { FLASHD, REPO_ROOT, benchKey, freePort, sleep, startFlashd, track } from './lib/procs.mjs';
+
+handleArgs('bench:cold-start', headerUsage(import.meta.url));
 
 const RUNS = Number(process.env.COLD_START_RUNS ?? 20);
 const WARMUP = Number(process.env.COLD_START_WARMUP ?? 2);
