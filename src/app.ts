@@ -161,7 +161,7 @@ function loadSecretKey(dataDir: string, keyText: string | null, identity: Identi
  * `--runtime docker`, or `auto` when an engine socket is found; null otherwise. `docker`
  * without a socket is a start error; `auto` without one logs that flashd starts no workers.
  */
-function createContainerRuntime(config: FlashdConfig, dataDir: string, log: Logger, volumes: VolumeRecords): ContainerRuntime | null {
+function createContainerRuntime(config: FlashdConfig, dataDir: string, log: Logger, volumes: VolumeRecords, hostGpus: () => number | undefined): ContainerRuntime | null {
   if (config.runtime !== 'docker' && config.runtime !== 'auto') return null;
   const socketPath = findEngineSocket(config.containerSocketCandidates);
   const looked = config.containerSocketCandidates.join(', ');
@@ -173,7 +173,7 @@ function createContainerRuntime(config: FlashdConfig, dataDir: string, log: Logg
     return null;
   }
   return new ContainerRuntime({
-    socketPath, dataDir, workerUrl: config.workerUrl, gpuDriver: config.containerGpuDriver, pullIdleTimeoutMs: config.imagePullIdleTimeoutMs, volumes, log: log.child({ component: 'runtime' }),
+    socketPath, dataDir, workerUrl: config.workerUrl, gpuDriver: config.containerGpuDriver, pullIdleTimeoutMs: config.imagePullIdleTimeoutMs, volumes, hostGpus, log: log.child({ component: 'runtime' }),
   });
 }
 
@@ -334,11 +334,14 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
     const gpuStartLines = new Set<string>();
     const hardwareProbe = probeHost({ dataCenterId: config.dataCenterId, log: startDiscoveryLogger(gpuLog, gpuStartLines) });
     hardwareProbe.catch(() => undefined);
+    // The host's GPUs, for the engine's line on GPU support: known once the probe is in (the
+    // engine connects after it, at start()).
+    let hostLedger: ResourceLedger | undefined;
     const containers = createContainerRuntime(config, dataDir, log, {
       state: (id) => endpoints.networkVolumes.getUnscoped(id) !== undefined || endpoints.globalVolumes.getUnscoped(id) !== undefined ? 'exists'
         : endpoints.deletedVolumes.has(id) ? 'deleted' : 'unknown',
       removed: (id) => endpoints.deletedVolumes.remove(id),
-    });
+    }, () => hostLedger?.host.gpus.length);
     // A copy of this data directory beside its live original is refused here, before recovery
     // and the release of the previous run's workers below change this database and log as
     // though the work were this flashd's (start() refuses it too, but only after them).
@@ -391,6 +394,7 @@ export async function createAgent(options: AgentOptions): Promise<Agent> {
       vcpus: hardware.cpu.vcpus, memoryGb: Math.round(hardware.cpu.memoryGb * 10) / 10,
     });
     const ledger = new ResourceLedger(hardware);
+    hostLedger = ledger;
     const gpuWatch = new GpuWatch({ ledger, intervalMs: config.gpuRediscoverMs, log: gpuLog, startLines: gpuStartLines });
     gpuWatch.start();
     closers.push(() => gpuWatch.close());

@@ -61,6 +61,12 @@ export interface ContainerRuntimeOptions {
    * the engine's progress stream reports them); 0: none. @defaultValue 15000
    */
   pullProgressMs?: number;
+  /**
+   * How many GPUs the host has now (the hardware probe, then `--gpu-rediscover-ms`), or
+   * undefined while not known. With none, an engine that cannot attach GPUs is said at `info`
+   * level (no GPU worker could start anyway); otherwise, and without this, it is a warning.
+   */
+  hostGpus?(): number | undefined;
 }
 
 /** The database's word on flashd volumes, for their engine volumes (`flashd-volume-<id>`). */
@@ -380,7 +386,12 @@ export class ContainerRuntime implements WorkerRuntime {
           socket: this.client.socketPath, engine, version: v.Version, api: this.client.apiVersion, workerUrl: this.#workerUrl, instance: this.instanceId,
           gpus: this.#gpu.driver ?? 'none',
         });
-        if (this.#gpu.reason) this.#log.warn('GPU workers cannot start on this engine', { reason: this.#gpu.reason });
+        if (this.#gpu.reason) {
+          // A warning where GPU endpoints would wait for it; on a host with no GPU, nothing to meet.
+          const hostGpus = this.#o.hostGpus?.();
+          if (hostGpus === 0) this.#log.info('GPU workers cannot start on this engine', { reason: this.#gpu.reason, hostGpus });
+          else this.#log.warn('GPU workers cannot start on this engine', { reason: this.#gpu.reason });
+        }
         return true;
       } catch (err) {
         this.#unreachable(err);
