@@ -157,7 +157,7 @@ const REST_TEMPLATE = "a field of RunPod's REST template body";
 /**
  * The names of runpod-flash's `Endpoint(...)` arguments (Python, snake_case) that are not
  * another table's name in snake_case (`idle_timeout` is `idleTimeout`, found through
- * {@link camelCase}), for the flash user who writes the JSON body by hand.
+ * {@link normalizeName}), for the flash user who writes the JSON body by hand.
  */
 const FLASH_FIELDS: FieldPlaces = {
   datacenter: 'dataCenterIds, an array of data center ids',
@@ -178,22 +178,24 @@ const ENDPOINT_NAME_SOURCES: readonly NameSource[] = [
   { fields: { ...REST_TEMPLATE_FIELDS, dockerStartCmd: 'cmd', dockerEntrypoint: 'entrypoint' }, origin: REST_TEMPLATE },
   // RunPod's console and docs call it the scaler; only a create takes templateId here.
   { fields: { scaler: 'scaling: {"type": "QUEUE_DELAY", "queueDelay": N} or {"type": "REQUEST_COUNT", "requestCount": N}' }, origin: null },
-  { fields: { templateId: { say: 'here a template is read only at create: send the fields to change (image, args, env, …) themselves' } }, origin: "RunPod's REST PATCH takes it" },  { fields: FLASH_FIELDS, origin: FLASH },
+  { fields: { templateId: { say: 'here a template is read only at create: send the fields to change (image, args, env, …) themselves' } }, origin: "RunPod's REST PATCH takes it" },
+  { fields: FLASH_FIELDS, origin: FLASH },
 ];
 
 
-/** `idle_timeout` → `idleTimeout`. */
-const camelCase = (name: string): string => name.replace(/_+([a-z0-9])/g, (_, c: string) => c.toUpperCase());
+/** What an errors[] entry says of a field's place here. */
+const placeText = (place: string | { say: string }): string => (typeof place === 'string' ? `here it is ${place}` : place.say);
 
 /**
  * `check()`, with each top-level unknown property that `sources` know pointed at its place here:
  * `/workersMax: unknown property (a POST /v1/endpoints field); here it is workers.max`. A
- * snake_case name is looked up as camelCase too, in `sources` and among the body's own
- * properties (`known`): `/idle_timeout: unknown property (idleTimeout in snake_case, as a POST
- * /v1/endpoints field); here it is workers.idleTimeout`, `/min_cuda_version: …; here it is
- * minCudaVersion (flashd's names are camelCase)`.
+ * snake_case name is looked up as the same name in camelCase too ({@link normalizeName} compares
+ * them alike), among the properties of `schema` and in `sources`: `/min_cuda_version: unknown
+ * property; here it is minCudaVersion (flashd's names are camelCase)`, `/idle_timeout: unknown
+ * property (idleTimeout in snake_case, as a POST /v1/endpoints field); here it is
+ * workers.idleTimeout`.
  */
-function withFieldPlaces<T>(check: () => T, sources: readonly NameSource[], known: readonly string[] = []): T {
+function withFieldPlaces<T>(check: () => T, sources: readonly NameSource[], schema?: string): T {
   try {
     return check();
   } catch (err) {
@@ -205,21 +207,22 @@ function withFieldPlaces<T>(check: () => T, sources: readonly NameSource[], know
       const source = sources.find((s) => Object.hasOwn(s.fields, name));
       if (source !== undefined) {
         hinted = true;
-        const place = source.fields[name] as string | { say: string };
-        return `${e}${source.origin === null ? '' : ` (${source.origin})`}; ${typeof place === 'string' ? `here it is ${place}` : place.say}`;
+        return `${e}${source.origin === null ? '' : ` (${source.origin})`}; ${placeText(source.fields[name] as string | { say: string })}`;
       }
-      const camel = camelCase(name);
-      if (camel === name) return e;
-      if (known.includes(camel)) {
+      if (!name.includes('_')) return e;
+      const same = (other: string): boolean => normalizeName(other) === normalizeName(name);
+      const own = schema === undefined ? undefined : propertiesOf(schema).find(same);
+      if (own !== undefined) {
         hinted = true;
-        return `${e}; here it is ${camel} (flashd's names are camelCase)`;
+        return `${e}; here it is ${own} (flashd's names are camelCase)`;
       }
-      const camelSource = sources.find((s) => Object.hasOwn(s.fields, camel));
-      if (camelSource === undefined) return e;
-      hinted = true;
-      const place = camelSource.fields[camel] as string | { say: string };
-      const origin = camelSource.origin === null ? '' : `, as ${camelSource.origin}`;
-      return `${e} (${camel} in snake_case${origin}); ${typeof place === 'string' ? `here it is ${place}` : place.say}`;
+      for (const s of sources) {
+        const camel = Object.keys(s.fields).find(same);
+        if (camel === undefined) continue;
+        hinted = true;
+        return `${e} (${camel} in snake_case${s.origin === null ? '' : `, as ${s.origin}`}); ${placeText(s.fields[camel] as string | { say: string })}`;
+      }
+      return e;
     });
     throw hinted ? validationError(errors) : err;
   }
@@ -343,12 +346,12 @@ export function withShapeHints<T>(check: () => T, raw: unknown): T {
 
 /** The schema check of a template body, RunPod's REST template names pointed at their place here. */
 export function assertTemplateBody<T>(schema: 'TemplateCreate' | 'TemplateUpdate', raw: unknown): T {
-  return withShapeHints(() => withFieldPlaces(() => assertSchema<T>(schema, raw), [{ fields: REST_TEMPLATE_FIELDS, origin: REST_TEMPLATE }], propertiesOf(schema)), raw);
+  return withShapeHints(() => withFieldPlaces(() => assertSchema<T>(schema, raw), [{ fields: REST_TEMPLATE_FIELDS, origin: REST_TEMPLATE }], schema), raw);
 }
 
 /** The schema check of an endpoint body, RunPod's names for its fields pointed at their `/v2` place. */
 function assertEndpointBody(schema: 'EndpointCreate' | 'EndpointUpdate', raw: unknown): EndpointBody {
-  return withShapeHints(() => withFieldPlaces(() => assertWithTimeoutHint<EndpointBody>(schema, raw, 'timeout'), ENDPOINT_NAME_SOURCES, propertiesOf(schema)), raw);
+  return withShapeHints(() => withFieldPlaces(() => assertWithTimeoutHint<EndpointBody>(schema, raw, 'timeout'), ENDPOINT_NAME_SOURCES, schema), raw);
 }
 
 /**
