@@ -5,9 +5,10 @@
  * the worker would run without the GPU flashd counted as its own. flashd must not start it: the
  * endpoint's jobs wait, and its log says why. The host's GPU comes from the fake nvidia-smi
  * (the RTX 4090 recording). On an engine that can attach GPUs this file has nothing to check
- * without a real GPU and the NVIDIA toolkit, and says so.
+ * without a real GPU and the NVIDIA toolkit, and says so. On a host with no GPU (the no-driver
+ * recording) the engine's lack is an info line at start, not the warning a GPU host gets.
  */
-import t from 'tap';
+import t, { type Test } from 'tap';
 import { join } from 'node:path';
 import { queueBody, startAgent } from '../helpers/agent.js';
 import { REPO_ROOT } from '../helpers/spawn-flashd.js';
@@ -20,16 +21,22 @@ if (!SOCKET) {
   process.exit(0);
 }
 process.env['PATH'] = `${join(REPO_ROOT, 'test/fixtures/nvidia-smi/bin')}:${process.env['PATH'] ?? ''}`;
-process.env['FAKE_NVIDIA_SMI_SCENARIO'] = 'rtx4090-single';
 
-t.test('an engine that would drop the GPU request starts no GPU worker, and says why', async (t) => {
+/** How the engine under test attaches GPUs, and its name for a comment. */
+async function engineGpuAttach(t: Test): Promise<{ attach: ReturnType<typeof gpuAttachFor>; engine: string }> {
   const docker = new DockerClient({ socketPath: SOCKET });
   t.teardown(() => docker.close());
   const v = await docker.version();
   const engine = v.Components?.find((c) => /engine/i.test(c.Name));
   const attach = gpuAttachFor({ name: engine?.Name ?? 'Docker Engine', version: engine?.Version ?? v.Version ?? '' }, 'auto');
+  return { attach, engine: `${engine?.Name} ${engine?.Version}` };
+}
+
+t.test('an engine that would drop the GPU request starts no GPU worker, and says why', async (t) => {
+  process.env['FAKE_NVIDIA_SMI_SCENARIO'] = 'rtx4090-single';
+  const { attach, engine } = await engineGpuAttach(t);
   if (attach.driver !== null) {
-    t.comment(`${engine?.Name} ${engine?.Version} attaches GPUs (${attach.driver}); checking that needs a real GPU`);
+    t.comment(`${engine} attaches GPUs (${attach.driver}); checking that needs a real GPU`);
     return;
   }
   const a = await startAgent(t, { runtime: 'docker', containerSocket: SOCKET, takeHoldMs: 1000, leaseMs: 6000 });
@@ -49,4 +56,22 @@ t.test('an engine that would drop the GPU request starts no GPU worker, and says
   const gpus = (await a.req('GET', '/v2/catalog/gpus?include=AVAILABILITY')).json as { id: string; availability: { available: number } }[];
   t.equal(gpus.find((g) => g.id === 'NVIDIA GeForce RTX 4090')?.availability.available, 1, 'the GPU stays free');
   t.ok(a.logs.some((l) => l.includes('GPU workers cannot start on this engine')), 'flashd says so at start');
+});
+
+// A CPU-only box: a warning at every start named a problem its user has no GPU to meet. The
+// host's "no GPU" is the fake nvidia-smi's no-driver recording (NVIDIA-SMI has failed …).
+t.test('no GPU on the host: the engine that cannot attach GPUs is an info line, not a warning', async (t) => {
+  process.env['FAKE_NVIDIA_SMI_SCENARIO'] = 'no-driver';
+  const { attach, engine } = await engineGpuAttach(t);
+  if (attach.driver !== null) {
+    t.comment(`${engine} attaches GPUs (${attach.driver}): nothing to say either way`);
+    return;
+  }
+  const a = await startAgent(t, { runtime: 'docker', containerSocket: SOCKET });
+  t.ok(a.logs.some((l) => /\bhardware\b.*\bgpus=0\b/.test(l)), 'the host has no GPU');
+  const lines = a.logs.filter((l) => l.includes('GPU workers cannot start on this engine'));
+  t.equal(lines.length, 1, 'said once');
+  t.match(lines[0], /\binfo\b/, 'at info level');
+  t.notMatch(lines[0], /\bwarn\b/, 'not as a warning');
+  t.match(lines[0], /hostGpus=0/, 'saying the host has none');
 });
