@@ -6,17 +6,9 @@
 import t from 'tap';
 import { spawn } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
-import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { cleanEnv, REPO_ROOT } from '../helpers/spawn-flashd.js';
-
-const freePort = () => new Promise<number>((resolve, reject) => {
-  const s = createServer().listen(0, '127.0.0.1', () => {
-    const { port } = s.address() as { port: number };
-    s.close(() => resolve(port));
-  }).on('error', reject);
-});
+import { cleanEnv, freePort, REPO_ROOT } from '../helpers/spawn-flashd.js';
 
 t.test('on-gpu.py passes every check against a recorded RTX 4090 host', async (t) => {
   const out = mkdtempSync(join(tmpdir(), 'flashd-on-gpu-'));

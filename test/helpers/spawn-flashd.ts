@@ -4,10 +4,19 @@
  * url=...` log line on stderr. Used by the CLI and e2e tests; in-process tests use agent.ts.
  */
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
+import { createServer } from 'node:net';
 import { fileURLToPath } from 'node:url';
 import type { Test } from 'tap';
 
 export const REPO_ROOT = fileURLToPath(new URL('../..', import.meta.url));
+
+/** A TCP port free on 127.0.0.1 now, for a server the test starts itself (nginx, on-gpu.py's flashd). */
+export const freePort = (): Promise<number> => new Promise<number>((resolve, reject) => {
+  const s = createServer().listen(0, '127.0.0.1', () => {
+    const { port } = s.address() as { port: number };
+    s.close(() => resolve(port));
+  }).on('error', reject);
+});
 
 /** The parent's environment without tap's loader options and without any FLASHD_* setting. */
 export function cleanEnv(extra: Record<string, string> = {}): NodeJS.ProcessEnv {

@@ -12,11 +12,10 @@ import t, { type Test } from 'tap';
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { request, type RequestOptions } from 'node:https';
-import { createServer } from 'node:net';
 import { join } from 'node:path';
 import { ADMIN_KEY, cpuBody, startAgent } from '../helpers/agent.js';
 import { testDataDir } from '../helpers/data-dir.js';
-import { REPO_ROOT } from '../helpers/spawn-flashd.js';
+import { freePort, REPO_ROOT } from '../helpers/spawn-flashd.js';
 
 const MiB = 1024 * 1024;
 
@@ -36,14 +35,6 @@ function readmeBlock(): string {
   const m = at < 0 ? null : /```nginx\n([\s\S]*?)```/.exec(readme.slice(at));
   if (!m) throw new Error('README "Behind a TLS proxy" has no nginx block');
   return m[1] as string;
-}
-
-async function freePort(): Promise<number> {
-  const srv = createServer();
-  await new Promise<void>((resolve) => srv.listen(0, '127.0.0.1', resolve));
-  const port = (srv.address() as { port: number }).port;
-  await new Promise((resolve) => srv.close(resolve));
-  return port;
 }
 
 interface Reply { status: number; headers: Record<string, string | string[] | undefined>; text: string; json: any }
